@@ -1,0 +1,194 @@
+"""The reference scorers (model.attention / attention_weights) against SCORERS.md, written here independently:
+row by row, in float64, straight from the formulas."""
+import math
+
+import pytest
+import torch
+
+import model
+from model import attention, attention_weights
+
+SCORER_CASES = [  # (scorer, kwargs that make every parameter matter)
+    ("softmax", {}),
+    ("ssmax", {}),
+    ("ssmax", dict(s=[0.7, 1.3], b=[0.2, -0.4])),
+    ("ssa", {}),
+    ("ssa", dict(b=[0.5, 2.0], n=[1.1, 2.5])),
+    ("lssa", {}),
+    ("lssar", {}),
+    ("lssar", dict(p=3.0)),
+    ("softmax", dict(p=3.0)),
+    ("ssmax", dict(s=[0.5, 2.0], p=15.0)),
+]
+
+
+def _t(kw):
+    return {k: torch.tensor(v, dtype=torch.float64) if isinstance(v, list) else v for k, v in kw.items()}
+
+
+def spec_weights(q, k, scorer, s=None, b=None, n=None, p=None, offset=0):
+    """SCORERS.md, one row at a time (float64, no vectorisation tricks)."""
+    B, H, Tq, d = q.shape
+    out = torch.zeros(B, H, Tq, k.shape[2], dtype=torch.float64)
+    for bb in range(B):
+        for h in range(H):
+            for t in range(Tq):
+                i = offset + t
+                n_i = i + 1
+                qi, kj = q[bb, h, t].double(), k[bb, h, : i + 1].double()
+                z = kj @ qi / math.sqrt(d)
+                if scorer == "softmax":
+                    w = torch.exp(z - z.max())
+                elif scorer == "ssmax":
+                    sh = 1.0 if s is None else float(s[h])
+                    bh = 0.0 if b is None else float(b[h])
+                    x = (sh * math.log(n_i) + bh) * z
+                    w = torch.exp(x - x.max())
+                elif scorer == "ssa":
+                    bh = 1.0 if b is None else float(b[h])
+                    nh = 1.5 if n is None else float(n[h])
+                    w = (1 + bh * z.abs()) ** (torch.sign(z) * nh)
+                else:  # lssa, lssar
+                    cos = (kj / kj.norm(dim=-1, keepdim=True)) @ (qi / qi.norm())
+                    w = torch.nn.functional.softplus(math.log(d) * math.log(n_i) * cos)
+                P = w / w.sum()
+                pp = 15.0 if scorer == "lssar" and p is None else p
+                if pp is not None:
+                    o = 0.0 if i < 3 else 1.0
+                    R = torch.relu(n_i * P - o)
+                    if R.sum() > 0:
+                        R = R / R.max()  # scaling a row does not change its normalised weights; avoids overflow
+                        R = R ** pp
+                        P = R / R.sum()
+                out[bb, h, t, : i + 1] = P
+    return out
+
+
+def _qk(B=2, H=2, T=7, d=8, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, d, generator=g, dtype=torch.float64) * scale
+    k = torch.randn(B, H, T, d, generator=g, dtype=torch.float64) * scale
+    v = torch.randn(B, H, T, d, generator=g, dtype=torch.float64)
+    return q, k, v
+
+
+@pytest.mark.parametrize("scorer,kw", SCORER_CASES)
+def test_weights_match_the_spec_rows_sum_to_one_and_future_is_zero(scorer, kw):
+    q, k, v = _qk(T=9, scale=1.5)
+    P = attention_weights(q, k, scorer, **_t(kw))
+    torch.testing.assert_close(P, spec_weights(q, k, scorer, **_t(kw)), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(P.sum(-1), torch.ones(2, 2, 9, dtype=torch.float64))
+    assert (P.triu(diagonal=1) == 0).all()
+    torch.testing.assert_close(attention(q, k, v, scorer, **_t(kw)), P @ v)
+
+
+@pytest.mark.parametrize("scorer,kw", SCORER_CASES)
+def test_query_block_at_an_offset_gives_the_rows_of_the_full_computation(scorer, kw):
+    q, k, v = _qk(T=11)
+    full = attention(q, k, v, scorer, **_t(kw))
+    for offset in (1, 4, 10):  # 10: decode, one query against a cache of 10 keys
+        part = attention(q[:, :, offset:], k, v, scorer, offset=offset, **_t(kw))
+        torch.testing.assert_close(part, full[:, :, offset:], rtol=1e-12, atol=1e-12)
+
+
+def test_reference_chunking_equals_unchunked():
+    q, k, v = _qk(T=13)
+    for scorer in ("ssmax", "lssar"):
+        torch.testing.assert_close(attention(q, k, v, scorer, chunk=4), attention(q, k, v, scorer, chunk=1024))
+
+
+def test_ssmax_differs_from_softmax_unless_s_log_n_is_one():
+    q, k, _ = _qk(T=12)
+    P_soft = attention_weights(q, k, "softmax")
+    P_ss = attention_weights(q, k, "ssmax")  # s = 1: the scale log(n_i) is != 1 on every row (n_i = 1..12)
+    for i in range(1, 12):
+        assert not torch.allclose(P_ss[..., i, :], P_soft[..., i, :]), f"row {i} unchanged: ssmax did not run"
+    # choose s so that s*log(n_i) = 1 on row i = 6 (n_i = 7): that row equals softmax, others do not
+    s = torch.full((2,), 1 / math.log(7), dtype=torch.float64)
+    P = attention_weights(q, k, "ssmax", s=s)
+    torch.testing.assert_close(P[..., 6, :], P_soft[..., 6, :])
+    assert not torch.allclose(P[..., 11, :], P_soft[..., 11, :])
+
+
+def test_ssmax_variants_no_s_is_s_one_and_bias_adds_to_the_scale():
+    q, k, _ = _qk(T=10)
+    ones, zeros = torch.ones(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
+    torch.testing.assert_close(attention_weights(q, k, "ssmax"), attention_weights(q, k, "ssmax", s=ones, b=zeros))
+    # b only: scale b on every row, so row 0 (log 1 = 0) equals softmax with temperature 1/b
+    b = torch.full((2,), 1.0, dtype=torch.float64)
+    P = attention_weights(q, k, "ssmax", s=zeros, b=b)
+    torch.testing.assert_close(P, attention_weights(q, k, "softmax"))
+
+
+def test_lssar_is_lssa_reweighted_with_p_15():
+    q, k, _ = _qk(T=10)
+    torch.testing.assert_close(attention_weights(q, k, "lssar"), attention_weights(q, k, "lssa", p=15.0))
+    assert not torch.allclose(attention_weights(q, k, "lssar"), attention_weights(q, k, "lssa"))
+
+
+def test_reweighting_fallback_row_keeps_uniform_weights():
+    # all-equal scores: every P_ij = 1/n_i, so n_i P_ij - 1 = 0 and ReLU(.) = 0 on rows i >= 3 -> keep P
+    q = torch.zeros(1, 1, 6, 4, dtype=torch.float64)
+    k = torch.randn(1, 1, 6, 4, dtype=torch.float64)
+    for scorer in ("softmax", "lssa"):
+        P = attention_weights(q, k, scorer, p=15.0)
+        expect = torch.tril(torch.ones(6, 6, dtype=torch.float64)) / torch.arange(1, 7, dtype=torch.float64)[:, None]
+        torch.testing.assert_close(P[0, 0], expect)
+
+
+@pytest.mark.parametrize("scorer,kw", SCORER_CASES + [("lssar", dict(p=100.0)), ("softmax", dict(p=100.0))])
+@pytest.mark.parametrize("case", ["T1", "equal", "huge"])
+def test_edge_cases_are_finite(scorer, kw, case):
+    if case == "T1":
+        q, k, v = _qk(T=1)
+    elif case == "equal":
+        q, k, v = _qk(T=9)
+        q = torch.zeros_like(q)
+    else:  # |z| ~ 1e4
+        q, k, v = _qk(T=9)
+        q, k = q / q.norm(dim=-1, keepdim=True) * 300, k / k.norm(dim=-1, keepdim=True) * 300 * math.sqrt(8) / 9
+    for dtype in (torch.float32, torch.float64):
+        kwd = {key: (val.to(dtype) if torch.is_tensor(val) else val) for key, val in _t(kw).items()}
+        P = attention_weights(q.to(dtype), k.to(dtype), scorer, **kwd)
+        assert torch.isfinite(P).all()
+        torch.testing.assert_close(P.sum(-1), torch.ones_like(P.sum(-1)))
+        q2, k2, v2 = (x.to(dtype).requires_grad_() for x in (q, k, v))
+        attention(q2, k2, v2, scorer, **kwd).square().sum().backward()
+        assert all(torch.isfinite(x.grad).all() for x in (q2, k2, v2))
+
+
+def test_reweighting_large_n_and_p_does_not_overflow():
+    q, k, v = _qk(B=1, H=2, T=3000, d=8, seed=1)
+    P = attention_weights(q[:, :, -2:].float(), k.float(), "lssar", p=100.0, offset=2998)
+    assert torch.isfinite(P).all() and torch.allclose(P.sum(-1), torch.ones(1, 2, 2))
+
+
+@pytest.mark.parametrize("scorer,kw", [("ssmax", dict(s=[0.7, 1.3], b=[0.2, -0.4])),
+                                       ("ssa", dict(b=[0.5, 2.0], n=[1.1, 2.5])),
+                                       ("lssa", {}), ("lssar", dict(p=3.0)), ("softmax", dict(p=2.0))])
+def test_gradients_match_finite_differences_in_float64(scorer, kw):
+    q, k, v = _qk(B=1, H=2, T=6, d=4, seed=3)
+    params = {key: val.requires_grad_() for key, val in _t(kw).items() if torch.is_tensor(val)}
+    other = {key: val for key, val in _t(kw).items() if not torch.is_tensor(val)}
+    names = list(params)
+
+    def f(q, k, v, *ps):
+        return attention(q, k, v, scorer, **dict(zip(names, ps)), **other)
+
+    assert torch.autograd.gradcheck(f, (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), *params.values()))
+
+
+def test_unknown_scorer_and_bad_offset_are_clear_errors():
+    q, k, v = _qk()
+    with pytest.raises(ValueError, match="unknown scorer 'sofmax'"):
+        attention_weights(q, k, "sofmax")
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        attention(q, k, v, "softmax", backend="cuda")
+    with pytest.raises(AssertionError, match="offset"):
+        attention(q[:, :, 2:], k, v, "softmax", offset=1)
+
+
+def test_ssmax_switch_s_is_one_over_mean_log_n():
+    assert abs(model.ssmax_s_for_switch(1024) - 0.168) < 1e-3
+    N = 37
+    assert math.isclose(model.ssmax_s_for_switch(N), 1 / (sum(math.log(n) for n in range(1, N + 1)) / N))
