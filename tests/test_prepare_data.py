@@ -1,0 +1,185 @@
+"""prepare_data.py: the offline GPT-2 tokenizer, the embedded corpus, the streaming loader, idempotence, errors."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import prepare_data as pdata
+
+REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EOT = 50256
+
+def split_docs(tokens):
+    """uint16 tokens -> list of documents (tuples of ids), each of which must end with <|endoftext|>."""
+    assert len(tokens) > 0 and tokens[-1] == EOT
+    ends = np.flatnonzero(tokens == EOT)
+    return [tuple(d) for d in np.split(np.asarray(tokens), ends + 1)[:-1]]
+
+def read_all(data_dir):
+    with open(os.path.join(data_dir, "meta.json")) as f:
+        meta = json.load(f)
+    return meta, {s: np.fromfile(os.path.join(data_dir, f"{s}.bin"), dtype=np.uint16) for s in pdata.SPLITS}
+
+def mtimes(data_dir):
+    return {f: os.stat(os.path.join(data_dir, f)).st_mtime_ns for f in ("train.bin", "val.bin", "meta.json")}
+
+# -----------------------------------------------------------------------------
+# tokenizer
+
+def test_tokenizer_is_gpt2_offline(tmp_path, monkeypatch):
+    def no_network(*args, **kwargs):
+        raise OSError("network disabled in this test")
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty_cache"))
+    enc = pdata.get_tokenizer.__wrapped__()  # built afresh, not the process-wide cached one
+    assert enc.encode("Hello world") == [15496, 995]
+    assert enc.eot_token == EOT and enc.n_vocab == 50257
+    assert enc.encode("<|endoftext|>", allowed_special="all") == [EOT]
+    text = "To be, or not to be, that is the question:\n\tWhether 'tis nobler in the mind — 1603 ünïcödé 🎭\n\n"
+    assert enc.decode(enc.encode_ordinary(text)) == text
+    assert pdata.get_tokenizer().encode("Hello world") == [15496, 995]
+
+def test_import_has_no_side_effects(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TIKTOKEN_CACHE_DIR"}
+    code = (f"import sys, os; sys.path.insert(0, {REPO_DIR!r}); import prepare_data; "
+            "assert 'TIKTOKEN_CACHE_DIR' not in os.environ")
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True, timeout=60)
+    assert os.listdir(tmp_path) == []
+
+# -----------------------------------------------------------------------------
+# the embedded default corpus
+
+@pytest.fixture(scope="module")
+def shakespeare(tmp_path_factory):
+    return pdata.prepare("shakespeare", out_dir=str(tmp_path_factory.mktemp("data")))
+
+def test_shakespeare_files_and_meta(shakespeare):
+    assert os.path.basename(shakespeare) == "shakespeare"
+    meta, toks = read_all(shakespeare)
+    for s in pdata.SPLITS:
+        assert toks[s].dtype == np.uint16 and len(toks[s]) > 0 and toks[s].max() < 50257
+        assert meta["tokens"][s] == len(toks[s]) == os.path.getsize(os.path.join(shakespeare, f"{s}.bin")) // 2
+        assert meta["documents"][s] == int((toks[s] == EOT).sum())  # one <|endoftext|> after each document
+        assert np.array_equal(pdata.load_split(shakespeare, s), toks[s])
+    assert meta["tokens"]["train"] >= 1_000_000
+    assert meta["tokenizer"] == "gpt2" and meta["vocab_size"] == 50257 and meta["eot_token"] == EOT
+    assert meta["documents"]["train"] + meta["documents"]["val"] == 42  # plays and poems, no First Folio copies
+    assert not any(f.endswith(".tmp") for f in os.listdir(shakespeare))
+
+def test_shakespeare_split_is_by_whole_documents(shakespeare):
+    _, toks = read_all(shakespeare)
+    train, val = split_docs(toks["train"]), split_docs(toks["val"])
+    assert all(len(d) > 1 for d in train + val)  # no empty documents
+    assert not set(train) & set(val)
+    enc = pdata.get_tokenizer()
+    # every document decodes to exactly one source work, and every work is present once
+    assert sorted(enc.decode(list(d[:-1])) for d in train + val) == sorted(pdata.shakespeare_docs())
+
+def test_second_run_is_up_to_date(shakespeare, capsys):
+    before = mtimes(shakespeare)
+    pdata.main(["--source", "shakespeare", "--out_dir", os.path.dirname(shakespeare)])
+    assert "up to date" in capsys.readouterr().out
+    assert mtimes(shakespeare) == before
+
+def test_kjv_one_document_per_book():
+    docs = pdata.kjv_docs()
+    assert len(docs) == 66 and docs[0].startswith("In the beginning God created the heaven and the earth.")
+
+# -----------------------------------------------------------------------------
+# the streaming loader on local files
+
+def write_jsonl(path, n=60):
+    with open(path, "w") as f:
+        for i in range(n):  # "url" is the first string column; "content" must still be chosen
+            row = {"url": f"https://example.org/{i}", "id": i, "content": f"Document {i}: " + "words " * (i % 7 + 3)}
+            f.write(json.dumps(row) + "\n")
+
+def test_jsonl_auto_field_budget_and_determinism(tmp_path):
+    src = tmp_path / "corpus.jsonl"
+    write_jsonl(src)
+    d = pdata.prepare(str(src), out_dir=str(tmp_path / "a"), max_tokens=300)
+    meta, toks = read_all(d)
+    assert os.path.basename(d) == "corpus" and meta["text_field"] == "content"
+    assert len(toks["train"]) + len(toks["val"]) == 300  # the budget holds exactly: the last document is cut
+    assert len(toks["val"]) > 0 and toks["val"][-1] == EOT and toks["train"][-1] == EOT
+    enc = pdata.get_tokenizer()
+    assert enc.decode(list(split_docs(toks["train"])[0][:-1])).startswith("Document 0: words")
+    # the same args in another folder give the same bytes
+    d2 = pdata.prepare(str(src), out_dir=str(tmp_path / "b"), max_tokens=300)
+    assert read_all(d2)[0]["sha256"] == meta["sha256"]
+    # without a budget every document is there, split between train and val
+    full = pdata.prepare(str(src), out_dir=str(tmp_path / "c"), val_frac=0.2)
+    meta, toks = read_all(full)
+    assert meta["documents"]["train"] + meta["documents"]["val"] == 60 and meta["documents"]["val"] > 0
+    assert not set(split_docs(toks["train"])) & set(split_docs(toks["val"]))
+
+def test_rebuilds_when_args_or_files_change(tmp_path, capsys):
+    src = tmp_path / "corpus.jsonl"
+    write_jsonl(src)
+    d = pdata.prepare(str(src), out_dir=str(tmp_path))
+    before = mtimes(d)
+    pdata.prepare(str(src), out_dir=str(tmp_path))
+    assert "up to date" in capsys.readouterr().out and mtimes(d) == before
+    pdata.prepare(str(src), out_dir=str(tmp_path), seed=7)  # other args: rebuilt
+    assert "up to date" not in capsys.readouterr().out
+    with open(os.path.join(d, "val.bin"), "ab") as f:  # a damaged .bin no longer matches meta.json: rebuilt
+        f.write(b"\0\0")
+    pdata.prepare(str(src), out_dir=str(tmp_path), seed=7)
+    assert "up to date" not in capsys.readouterr().out
+    meta, toks = read_all(d)
+    assert meta["tokens"]["val"] == len(toks["val"]) and meta["seed"] == 7
+
+def test_parquet_named_field(tmp_path):
+    bodies = [f"Body number {i}, with some text." for i in range(20)]
+    pq.write_table(pa.table({"title": [f"t{i}" for i in range(20)], "body": bodies}), tmp_path / "part-0.parquet")
+    d = pdata.prepare(str(tmp_path / "*.parquet"), name="pq", out_dir=str(tmp_path / "out"), text_field="body")
+    meta, toks = read_all(d)
+    assert meta["text_field"] == "body" and meta["documents"]["val"] >= 1
+    enc = pdata.get_tokenizer()
+    got = [enc.decode(list(doc[:-1])) for s in pdata.SPLITS for doc in split_docs(toks[s])]
+    assert sorted(got) == sorted(bodies)
+    # auto-detection takes the first string column here; a budget cuts the corpus short
+    d = pdata.prepare(str(tmp_path / "*.parquet"), name="pq2", out_dir=str(tmp_path / "out"), max_tokens=50)
+    meta, toks = read_all(d)
+    assert meta["text_field"] == "title" and len(toks["train"]) + len(toks["val"]) <= 50
+
+def test_txt_files_are_one_document_each(tmp_path):
+    (tmp_path / "a.txt").write_text("First file.\nSecond line.\n")
+    (tmp_path / "b.txt").write_text("Another file,\n\nwith a paragraph.\n")
+    d = pdata.prepare(str(tmp_path / "*.txt"), out_dir=str(tmp_path / "out"))
+    meta, toks = read_all(d)
+    assert meta["documents"] == {"train": 1, "val": 1}
+
+# -----------------------------------------------------------------------------
+# errors: one line, exit status 2
+
+@pytest.mark.parametrize("args, words", [
+    (["no_such_source"], ["unknown source 'no_such_source'", "shakespeare, kjv, hf:"]),
+    (["{tmp}/nothing/*.jsonl"], ["no files match"]),
+    (["{tmp}/empty.jsonl"], ["empty.jsonl", "no rows"]),
+    (["{tmp}/c.jsonl", "--text_field", "body"], ["text field 'body' not found", "'content'"]),
+    (["{tmp}/blank.txt"], ["0 non-empty documents"]),
+    (["hf:nobody/no-such-dataset"], ["cannot load 'hf:nobody/no-such-dataset'"]),  # offline in tests: fails fast
+    (["kjv", "--val_frac", "1.5"], ["val_frac=1.5"]),
+])
+def test_errors_are_one_line(tmp_path, capsys, args, words):
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "blank.txt").write_text("  \n")
+    write_jsonl(tmp_path / "c.jsonl", n=3)
+    with pytest.raises(SystemExit) as e:
+        pdata.main([a.format(tmp=tmp_path) for a in args] + ["--out_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1
+    assert all(w in err for w in words), err
+
+def test_cli_bad_glob_subprocess(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(REPO_DIR, "prepare_data.py"), str(tmp_path / "*.parquet")],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == f"error: no files match {str(tmp_path / '*.parquet')!r}"
