@@ -11,6 +11,8 @@ Scorers (exact definitions and contracts in SCORERS.md):
 - lssa / lssar: Gao & Spratling 2025 "Softplus Attention with Re-weighting Boosts Length Extrapolation" (eq. 4, 5):
   softplus of log(d)*log(N)-scaled cosine scores, l1-normalised; then ReLU(N*A - O)^p, l1-normalised again.
 """
+import importlib.metadata
+import importlib.util
 import math
 import os
 import subprocess
@@ -90,22 +92,23 @@ def _masked_softmax(logits, mask):
     return torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
 
 
+def _z(q, k):
+    return q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk) raw scaled logits
+
+
 def score_softmax(q, k, n_i, mask, **_):
-    z = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-    return _masked_softmax(z, mask)
+    return _masked_softmax(_z(q, k), mask)
 
 
 def score_ssmax(q, k, n_i, mask, s=None, b=None, **_):
-    H = q.size(1)
-    z = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-    scale = _per_head(s, 1.0, H, z) * torch.log(n_i.to(z.dtype)) + _per_head(b, 0.0, H, z)  # (H, Tq, 1)
-    return _masked_softmax(scale * z, mask)  # multiplies the logits: not a (no-op) shift
+    z = _z(q, k)
+    scale = _per_head(s, 1.0, q.size(1), z) * torch.log(n_i.to(z.dtype)) + _per_head(b, 0.0, q.size(1), z)
+    return _masked_softmax(scale * z, mask)  # (H, Tq, 1) scale multiplies the logits: not a (no-op) shift
 
 
 def score_ssa(q, k, n_i, mask, b=None, n=None, **_):
-    H = q.size(1)
-    z = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-    b, n = _per_head(b, 1.0, H, z), _per_head(n, 1.5, H, z)
+    z = _z(q, k)
+    b, n = _per_head(b, 1.0, q.size(1), z), _per_head(n, 1.5, q.size(1), z)
     # w = (1 + b|z|)^(sgn(z) n), normalised = softmax of its log: no pow on negative bases, no overflow
     return _masked_softmax(torch.sign(z) * n * torch.log1p(b * z.abs()), mask)
 
@@ -233,10 +236,6 @@ class RMSNorm(nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
-def _softplus_inv(y):
-    return math.log(math.expm1(y))
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -244,22 +243,18 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.scorer, self.p, self.backend = H, config.scorer, config.p, config.backend
         self.c_attn = nn.Linear(C, 3 * C, bias=False)
         self.c_proj = nn.Linear(C, C, bias=False)
-        # Scorer parameters, per head. b and n of SSA are stored through softplus so that b > 0 and n > 1 always.
+        # Scorer parameters, per head; a fixed one is a buffer, so it is still saved with the weights.
+        # b and n of SSA are stored through softplus so that b > 0 and n > 1 always.
+        def add(name, value, learn=True):
+            value = torch.full((H,), float(value))
+            setattr(self, name, nn.Parameter(value)) if learn else self.register_buffer(name, value)
         if config.scorer == "ssmax":
-            s = torch.full((H,), config.ssmax_s_init)
-            if config.ssmax_learn_s:
-                self.ssmax_s = nn.Parameter(s)
-            else:
-                self.register_buffer("ssmax_s", s)
+            add("ssmax_s", config.ssmax_s_init, config.ssmax_learn_s)
             if config.ssmax_bias:
-                self.ssmax_b = nn.Parameter(torch.zeros(H))
+                add("ssmax_b", 0.0)
         if config.scorer == "ssa":
-            self.ssa_b_raw = nn.Parameter(torch.full((H,), _softplus_inv(config.ssa_b_init)))
-            n_raw = torch.full((H,), _softplus_inv(config.ssa_n - 1.0))
-            if config.ssa_learn_n:
-                self.ssa_n_raw = nn.Parameter(n_raw)
-            else:
-                self.register_buffer("ssa_n_raw", n_raw)
+            add("ssa_b_raw", math.log(math.expm1(config.ssa_b_init)))
+            add("ssa_n_raw", math.log(math.expm1(config.ssa_n - 1.0)), config.ssa_learn_n)
 
     def scorer_params(self):
         """s, b, n as (H,) tensors (or None), in the form the equations use."""
@@ -274,16 +269,14 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         offset = 0 if cache is None or "k" not in cache else cache["k"].size(2)
-        q, k = apply_rope(q, cos[offset:offset + T], sin[offset:offset + T]), apply_rope(k, cos[offset:offset + T],
-                                                                                      sin[offset:offset + T])
+        cos, sin = cos[offset:offset + T], sin[offset:offset + T]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:  # KV cache: keys before `offset` come from earlier calls
             if "k" in cache:
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
             cache["k"], cache["v"] = k, v
         params = self.scorer_params()
-        backend = self.backend
-        if backend == "auto":
-            backend = "triton" if x.is_cuda else "torch"
+        backend = ("triton" if x.is_cuda else "torch") if self.backend == "auto" else self.backend
         y = attention(q, k, v, self.scorer, p=self.p, offset=offset, backend=backend, **params)
         if capture is not None:  # attention analysis: weights of chosen query rows only, never a T x T matrix
             rows = [r % (offset + T) - offset for r in capture["rows"]]
@@ -440,11 +433,8 @@ PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "GH200": 989e
 def device_peak_flops(device=None):
     if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
         return None
-    name = torch.cuda.get_device_name(device)
-    for key, flops in PEAK_BF16_FLOPS.items():  # dict order: more specific names first where it matters
-        if key in name:
-            return flops
-    return None
+    name = torch.cuda.get_device_name(device)  # dict order: "A100" is tried before "A10", "L40S" before "L4"
+    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
 
 
 def run_info(seed=None):
@@ -454,13 +444,9 @@ def run_info(seed=None):
                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         sha = None
-    try:
-        import triton
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
+    triton = importlib.util.find_spec("triton") and importlib.metadata.version("triton")
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return dict(git_sha=sha, torch=torch.__version__, triton=triton_version, device=device, seed=seed)
+    return dict(git_sha=sha, torch=torch.__version__, triton=triton or None, device=device, seed=seed)
 
 
 def save_checkpoint(obj, path):
