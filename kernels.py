@@ -1,0 +1,668 @@
+"""
+Fused causal attention for every nanoscorer scorer (SCORERS.md), in Triton, laid out like Triton's fused-attention
+tutorial (FlashAttention-2, Dao 2023): O(T) memory, per-row statistics, recompute-style backward.
+
+- softmax; ssmax (Nakanishi 2025, eq. 2, 4): logits of row i times s*log(n_i) + b; ssa (Naim et al. 2025, eq. 5):
+  weights (1 + b|z|)^(sgn(z) n); lssa (Gao & Spratling 2025, eq. 4): softplus(log(d) log(n_i) cos) / sum;
+  re-weighting (Gao & Spratling eq. 5) with p on top of any of them (lssar = lssa + p).
+- Stage 1 (the scorer): P_ij = exp2(x_ij - M_i) with x a base-2 logit and M its running logsumexp; lssa's weights
+  A = softplus(u) are bounded (|u| <= log(d) log(n)), so plain sums and P = A * exp2(-M), M = log2(sum A).
+- Stage 2 (re-weighting, p given): a second pass recomputes P and runs an online softmax of p*log2(n_i P - o_i)
+  over the entries with n_i P > o_i, which never overflows (p = 100, n = 1e5). Rows with no such entry keep P.
+- Backward: dq (row blocks) then dk/dv (key blocks), no atomics. With re-weighting the dq kernel first makes one more
+  pass per row for sigma_i = sum_k P_ik dP_ik, which dk/dv then reads. Scorer parameters get per-row partial sums,
+  reduced in PyTorch.
+- Decode (Tq <= 16): BLOCK_M = 16 and the keys split over programs (flash-decoding), merged in PyTorch.
+- lssa takes raw q, k and per-row inverse norms (cos = q.k * |q|^-1 * |k|^-1), so bf16 q, k keep their precision.
+Public: attention(...) (Triton, differentiable) and flex_attention(...) (torch FlexAttention peer).
+"""
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # CPU: kernels run in Triton's interpreter
+SCORER_IDS = {"softmax": 0, "ssmax": 1, "ssa": 2, "lssa": 3, "lssar": 3}
+LSSAR_DEFAULT_P = 15.0
+LOG2E = tl.constexpr(1.4426950408889634)
+NEG = tl.constexpr(-1.0e30)  # finite "-inf": exp2(NEG - NEG) stays a number for rows that saw no key yet
+DECODE_M = 16  # the smallest tl.dot M on a GPU: decode and short chunks use it, with split keys
+DECODE_N = 32 if INTERPRET else 64
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# @triton.jit helpers: the scorers on a (BLOCK_M, BLOCK_N) tile of raw dot products qk
+
+@triton.jit
+def _softplus(u):
+    # no log1p in Triton: log(w) * t / (w - 1) is log1p(t) to full precision even when w = 1 + t rounds to 1,
+    # so lssa rows with every u << 0 (cos ~ -1 at large n) keep their tiny, non-zero weights
+    t = tl.exp(-tl.abs(u))
+    w = 1.0 + t
+    return tl.maximum(u, 0.0) + tl.where(w == 1.0, t, tl.log(w) * t / tl.where(w == 1.0, 1.0, w - 1.0))
+
+
+@triton.jit
+def _row_scale(s_h, b_h, qs, ln_n, sm_scale, SCORER: tl.constexpr):
+    """Per-row multiplier of q.k: the base-2 logit scale, or for lssa the exponent log(d) log(n_i) / |q_i|."""
+    if SCORER == 1:  # ssmax: z times s log n_i + b, folded into the scale with 1/sqrt(d) and log2(e): free
+        c = (s_h * ln_n + b_h) * (sm_scale * LOG2E)
+    elif SCORER == 3:  # lssa: sm_scale carries log(d)
+        c = ln_n * sm_scale * qs
+    else:
+        c = ln_n * 0.0 + sm_scale * LOG2E
+    return c
+
+
+@triton.jit
+def _logit(qk, c, ks, sm_scale, b_h, n_h, SCORER: tl.constexpr):
+    """Stage-1 score: base-2 logit x (P = exp2(x - M)); for lssa the weight A itself (P = A exp2(-M))."""
+    if SCORER == 2:  # ssa in the log domain: no pow on negative bases; sgn(0) is moot since log(1) = 0
+        z = qk * sm_scale
+        x = tl.where(z < 0, -n_h, n_h) * tl.log2(1.0 + b_h * tl.abs(z))
+    elif SCORER == 3:
+        x = _softplus(qk * c[:, None] * ks[None, :])
+    else:
+        x = qk * c[:, None]
+    return x
+
+
+@triton.jit
+def _prob(x, m1, SCORER: tl.constexpr):
+    if SCORER == 3:
+        P = x * tl.exp2(-m1)[:, None]
+    else:
+        P = tl.exp2(x - m1[:, None])
+    return P
+
+
+@triton.jit
+def _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p,
+              SCORER: tl.constexpr, REWEIGHT: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):
+    """Recompute a tile: final weights Pf, stage-1 P, g = dL/dPf, dP = dL/dP, W with dL/dqk = (dP - sigma_i) W."""
+    qk = tl.dot(q, kT, input_precision=PREC)
+    P = _prob(_logit(qk, c, ks, sm_scale, b_h, n_h, SCORER), m1, SCORER)
+    if MASK:
+        P = tl.where(keep, P, 0.0)
+    g = tl.dot(do, vT, input_precision=PREC)  # dL/dPf_ij = dO_i . v_j
+    if REWEIGHT:  # Pf = softmax of p log(y) on y = n P - o > 0; a fallback row (fb) has Pf = P
+        y = n_i[:, None] * P - o_i[:, None]
+        pos = y > 0
+        ys = tl.where(pos, y, 1.0)
+        Pf = tl.where(pos, tl.exp2(p * tl.log2(ys) - m2[:, None]), 0.0)
+        h = tl.where(fb[:, None], 0.0, Pf * p * n_i[:, None] / ys)  # dlog R / dP = p n / y; softmax backward
+        dP = tl.where(fb[:, None], g, h * (g - delta[:, None]))
+        Pf = tl.where(fb[:, None], P, Pf)
+    else:
+        Pf = P
+        dP = g
+    if SCORER == 3:  # lssa: dP/dA = 1/l_i, dA/du = sigmoid(u), du/dqk = c_i ks_j
+        u = qk * c[:, None] * ks[None, :]
+        W = (c * tl.exp2(-m1))[:, None] * ks[None, :] / (1.0 + tl.exp(-u))
+        if MASK:
+            W = tl.where(keep, W, 0.0)
+    elif SCORER == 2:  # ssa: dlogit/dz = n b / (1 + b|z|)
+        W = P * (n_h * b_h * sm_scale) / (1.0 + b_h * tl.abs(qk * sm_scale))
+    else:  # softmax, ssmax: dlogit/dqk = c_i / log2(e)
+        W = P * (c / LOG2E)[:, None]
+    return Pf, P, dP, W, qk, g
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Autotune lists: one config under the interpreter (more fail there), a few on GPU
+
+def _configs(pairs):
+    if INTERPRET:
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in pairs]
+
+
+FWD_CONFIGS = _configs([(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (64, 128, 4, 2),
+                        (128, 128, 8, 2)])
+BWD_CONFIGS = _configs([(64, 64, 4, 2), (64, 64, 8, 3), (128, 64, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2),
+                        (128, 128, 8, 2)])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Kernels. q, k, v: any strides; o, do, dq, dk, dv and row statistics (B*H, T[, D]): contiguous.
+
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk, offset, c, m1, n_i, o_i,
+               sm_scale, b_h, n_h, p, stride_kn, stride_vn,
+               SCORER: tl.constexpr, STAGE: tl.constexpr, MASK: tl.constexpr, BLOCK_N: tl.constexpr,
+               DT: tl.constexpr, PREC: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        if MASK:  # the diagonal blocks (and the ragged end of k): causal mask j <= offset + t
+            kT = tl.load(k_ptrs + start_n * stride_kn, mask=cols[None, :] < Tk, other=0.0).to(DT)
+            v = tl.load(v_ptrs + start_n * stride_vn, mask=cols[:, None] < Tk, other=0.0).to(DT)
+            keep = cols[None, :] <= offset + offs_m[:, None]
+        else:
+            kT = tl.load(k_ptrs + start_n * stride_kn).to(DT)
+            v = tl.load(v_ptrs + start_n * stride_vn).to(DT)
+        ks = cols * 0.0
+        if SCORER == 3:
+            ks = tl.load(KS + cols, mask=cols < Tk, other=0.0)
+        x = _logit(tl.dot(q, kT, input_precision=PREC), c, ks, sm_scale, b_h, n_h, SCORER)
+        if STAGE == 2:  # re-weighting: base-2 logit p log2(n P - o), only where n P > o
+            y = n_i[:, None] * _prob(x, m1, SCORER) - o_i[:, None]
+            if MASK:
+                keep = keep & (y > 0)
+            else:
+                keep = y > 0
+            x = p * tl.log2(tl.where(keep, y, 1.0))
+        if STAGE == 1 and SCORER == 3:  # lssa: bounded weights, plain sums
+            a = x
+            if MASK:
+                a = tl.where(keep, a, 0.0)
+            l_i += tl.sum(a, 1)
+        else:  # online softmax of base-2 logits
+            if STAGE == 2 or MASK:
+                x = tl.where(keep, x, NEG)
+            m_new = tl.maximum(m_i, tl.max(x, 1))
+            a = tl.exp2(x - m_new[:, None])
+            if STAGE == 2 or MASK:
+                a = tl.where(keep, a, 0.0)  # a row may have no kept key yet (m_new = NEG)
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(a, 1)
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        acc = tl.dot(a.to(DT), v, acc, input_precision=PREC)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, O, LSE,
+              stride_qz, stride_qh, stride_qm, stride_qk, stride_kz, stride_kh, stride_kn, stride_kk,
+              stride_vz, stride_vh, stride_vn, stride_vk,
+              H, Tq, Tk, offset, sm_scale, p, split_size, T_BUCKET,
+              SCORER: tl.constexpr, STAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    off_hz = tl.program_id(1)
+    split = tl.program_id(2)  # > 0 only when decoding: this program's share of the keys
+    off_z, off_h = (off_hz // H).to(tl.int64), off_hz % H
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < Tq
+    rows = off_hz.to(tl.int64) * Tq + offs_m
+    q = tl.load(Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk,
+                mask=row_ok[:, None], other=0.0).to(DT)
+    k_ptrs = K + off_z * stride_kz + off_h * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kk
+    v_ptrs = V + off_z * stride_vz + off_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vk
+    n_i = (offset + offs_m + 1).to(tl.float32)  # keys that row attends to
+    o_i = tl.where(n_i > 3.0, 1.0, 0.0)  # re-weighting offset: 0 for absolute rows i < 3
+    b_h, n_h = tl.load(Bp + off_h), tl.load(Np + off_h)
+    qs = 0.0
+    if SCORER == 3:
+        qs = tl.load(QS + rows, mask=row_ok, other=0.0)
+    c = _row_scale(tl.load(S + off_h), b_h, qs, tl.log(n_i), sm_scale, SCORER)
+    m1 = n_i * 0.0
+    if STAGE == 2:
+        m1 = tl.load(M1 + rows, mask=row_ok, other=0.0)
+    if STAGE == 1 and SCORER == 3:
+        m_i = tl.zeros([BLOCK_M], tl.float32)
+    else:
+        m_i = tl.zeros([BLOCK_M], tl.float32) + NEG
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    KSb = KS + off_hz.to(tl.int64) * Tk
+    lo = split * split_size
+    hi = lo + split_size
+    diag = (offset + start_m + 1) // BLOCK_N * BLOCK_N  # keys below are seen by every row of the block: no mask
+    end = tl.minimum(offset + start_m + BLOCK_M, Tk)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KSb, lo, tl.minimum(hi, diag), offs_m, offs_n,
+                               Tk, offset, c, m1, n_i, o_i, sm_scale, b_h, n_h, p, stride_kn, stride_vn,
+                               SCORER, STAGE, False, BLOCK_N, DT, PREC)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KSb, tl.maximum(lo, diag), tl.minimum(hi, end),
+                               offs_m, offs_n, Tk, offset, c, m1, n_i, o_i, sm_scale, b_h, n_h, p, stride_kn,
+                               stride_vn, SCORER, STAGE, True, BLOCK_N, DT, PREC)
+    ok = l_i > 0  # l_i = 0: no key in this split, or (stage 2) a fallback row
+    l_safe = tl.where(ok, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(ok, m_i + tl.log2(l_safe), -float("inf"))
+    rows_s = split.to(tl.int64) * tl.num_programs(1) * Tq + rows  # (splits, B*H, Tq) layout
+    tl.store(O + rows_s[:, None] * HEAD_DIM + offs_d[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(LSE + rows_s, lse, mask=row_ok)
+
+
+@triton.jit
+def _bwd_dq_inner(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk, offset, c, m1, m2, fb,
+                  delta, n_i, o_i, sm_scale, b_h, n_h, p, stride_kn, stride_vn,
+                  SCORER: tl.constexpr, REWEIGHT: tl.constexpr, MASK: tl.constexpr, PASS: tl.constexpr,
+                  BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    # PASS 0: sum_j Pf g (delta'), 1: sum_j P dP (sigma), both into `sigma`; 2: dq and the parameter sums
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        kT = tl.load(k_ptrs + start_n * stride_kn, mask=cols[None, :] < Tk, other=0.0).to(DT)
+        vT = tl.load(v_ptrs + start_n * stride_vn, mask=cols[None, :] < Tk, other=0.0).to(DT)
+        keep = cols[None, :] <= offset + offs_m[:, None]
+        ks = cols * 0.0
+        if SCORER == 3:
+            ks = tl.load(KS + cols, mask=cols < Tk, other=0.0)
+        Pf, P, dP, W, qk, g = _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h,
+                                           n_h, p, SCORER, REWEIGHT, MASK, PREC)
+        if PASS == 0:  # also sum Pf into g2 (reset after the pass)
+            sigma += tl.sum(Pf * g, 1)
+            g2 += tl.sum(Pf, 1)
+        elif PASS == 1:  # also sum P into g2
+            sigma += tl.sum(P * dP, 1)
+            g2 += tl.sum(P, 1)
+        else:
+            dl = dP - sigma[:, None]  # dL/dlogit = P (dP - sigma): the softmax (or l1-normalisation) backward
+            acc = tl.dot((dl * W).to(DT), tl.trans(kT), acc, input_precision=PREC)
+            if SCORER == 1:  # ssmax: sum_j dL/dlogit * qk (times 1/sqrt(d) and log n_i later)
+                g1 += tl.sum(dl * P * qk, 1)
+            if SCORER == 2:  # ssa: dlogit/db = n z / (1 + b|z|), dlogit/dn = sgn(z) log(1 + b|z|)
+                z = qk * sm_scale
+                den = 1.0 + b_h * tl.abs(z)
+                g1 += tl.sum(dl * P * (n_h * z / den), 1)
+                g2 += tl.sum(dl * P * tl.where(z < 0, -1.0, 1.0) * tl.log(den), 1)
+            if SCORER == 3:  # lssa: d|q|^-1 = sum_j dL/dqk qk / |q|^-1 (divided in PyTorch)
+                g1 += tl.sum(dl * W * qk, 1)
+    return acc, g1, g2, sigma
+
+
+@triton.jit
+def _bwd_dq_pass(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, diag, end, offs_m, offs_n, Tk, offset, c, m1, m2, fb,
+                 delta, n_i, o_i, sm_scale, b_h, n_h, p, stride_kn, stride_vn,
+                 SCORER: tl.constexpr, REWEIGHT: tl.constexpr, PASS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 DT: tl.constexpr, PREC: tl.constexpr):
+    """One pass over the keys of a row block: below the diagonal without a mask, then the diagonal blocks."""
+    acc, g1, g2, sigma = _bwd_dq_inner(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, 0, diag, offs_m, offs_n, Tk,
+                                       offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, stride_kn,
+                                       stride_vn, SCORER, REWEIGHT, False, PASS, BLOCK_N, DT, PREC)
+    acc, g1, g2, sigma = _bwd_dq_inner(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, diag, end, offs_m, offs_n, Tk,
+                                       offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, stride_kn,
+                                       stride_vn, SCORER, REWEIGHT, True, PASS, BLOCK_N, DT, PREC)
+    return acc, g1, g2, sigma
+
+
+@triton.jit
+def _attn_bwd_dq(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G, M2R,
+                 stride_qz, stride_qh, stride_qm, stride_qk, stride_kz, stride_kh, stride_kn, stride_kk,
+                 stride_vz, stride_vh, stride_vn, stride_vk,
+                 H, Tq, Tk, offset, sm_scale, p, T_BUCKET,
+                 SCORER: tl.constexpr, REWEIGHT: tl.constexpr, EXACT_SIGMA: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    off_hz = tl.program_id(1)
+    off_z, off_h = (off_hz // H).to(tl.int64), off_hz % H
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < Tq
+    rows = off_hz.to(tl.int64) * Tq + offs_m
+    q = tl.load(Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk,
+                mask=row_ok[:, None], other=0.0).to(DT)
+    do = tl.load(DO + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(DT)
+    k_ptrs = K + off_z * stride_kz + off_h * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kk
+    v_ptrs = V + off_z * stride_vz + off_h * stride_vh + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vk
+    KSb = KS + off_hz.to(tl.int64) * Tk
+    n_i = (offset + offs_m + 1).to(tl.float32)
+    o_i = tl.where(n_i > 3.0, 1.0, 0.0)
+    b_h, n_h = tl.load(Bp + off_h), tl.load(Np + off_h)
+    qs = 0.0
+    if SCORER == 3:
+        qs = tl.load(QS + rows, mask=row_ok, other=0.0)
+    c = _row_scale(tl.load(S + off_h), b_h, qs, tl.log(n_i), sm_scale, SCORER)
+    m1 = tl.load(M1 + rows, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + rows, mask=row_ok, other=0.0)
+    m2 = tl.load(M2 + rows, mask=row_ok, other=0.0)
+    fb = m2 == -float("inf")  # re-weighting found no n P > o in this row: it kept P
+    m2 = tl.where(fb, 0.0, m2)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    g1 = tl.zeros([BLOCK_M], tl.float32)
+    g2 = tl.zeros([BLOCK_M], tl.float32)
+    diag = (offset + start_m + 1) // BLOCK_N * BLOCK_N
+    end = tl.minimum(offset + start_m + BLOCK_M, Tk)
+    # sigma_i = sum_k P_ik dP_ik is needed before any dq term. Without re-weighting it is delta_i = rowsum(dO * O)
+    # (FlashAttention-2), but O (rounded to bf16) is not exactly consistent with the recomputed P, and s, b sum
+    # that error over every row, times z: then one more pass computes it from the recomputed P. With re-weighting two more: delta' = sum_j Pf g / sum_j Pf first
+    # (from the recomputed Pf, so a one-hot re-weighted row gets exactly zero gradient, not noise times p n / y)
+    zero = tl.zeros([BLOCK_M], tl.float32)
+    if REWEIGHT:
+        acc, g1, g2, delta = _bwd_dq_pass(acc, g1, g2, zero, q, do, k_ptrs, v_ptrs, KSb, diag, end, offs_m, offs_n,
+                                          Tk, offset, c, m1, m2, fb, zero, n_i, o_i, sm_scale, b_h, n_h, p, stride_kn,
+                                          stride_vn, SCORER, REWEIGHT, 0, BLOCK_N, DT, PREC)
+        # renormalise the recomputed Pf: rounding in P moves it by ~p n / y ulps, and dP multiplies by p n / y again
+        lf = tl.where(fb, 1.0, g2)
+        delta = delta / lf
+        m2 = m2 + tl.log2(lf)
+        g2 = g2 * 0
+        tl.store(DELTA + rows, delta, mask=row_ok)
+        tl.store(M2R + rows, tl.where(fb, -float("inf"), m2), mask=row_ok)  # for dk, dv
+    if REWEIGHT or EXACT_SIGMA:
+        acc, g1, g2, sigma = _bwd_dq_pass(acc, g1, g2, zero, q, do, k_ptrs, v_ptrs, KSb, diag, end, offs_m, offs_n,
+                                          Tk, offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, stride_kn,
+                                          stride_vn, SCORER, REWEIGHT, 1, BLOCK_N, DT, PREC)
+        # divided by the recomputed sum P (1 up to rounding): then sum_j P (dP - sigma) = 0 exactly, as in the forward,
+        # and logits rounded at |z| ~ 1e4 cost a relative error, not an absolute one
+        sigma = sigma / tl.where(g2 > 0, g2, 1.0)
+        g2 = g2 * 0
+        tl.store(SIGMA + rows, sigma, mask=row_ok)
+    else:
+        sigma = delta
+    acc, g1, g2, sigma = _bwd_dq_pass(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KSb, diag, end, offs_m, offs_n,
+                                      Tk, offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, stride_kn,
+                                      stride_vn, SCORER, REWEIGHT, 2, BLOCK_N, DT, PREC)
+    tl.store(DQ + rows[:, None] * HEAD_DIM + offs_d[None, :], acc.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+    if SCORER == 1:
+        g1 = g1 * sm_scale  # z = qk / sqrt(d)
+    tl.store(G + rows, g1, mask=row_ok)
+    tl.store(G + tl.num_programs(1) * Tq + rows, g2, mask=row_ok)
+
+
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGMA, QS, lo, hi, offs_m, offs_n,
+                    Tq, offset, s_h, sm_scale, b_h, n_h, p, stride_qm,
+                    SCORER: tl.constexpr, REWEIGHT: tl.constexpr, MASK: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    BLOCK_M: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    for start_m in range(lo, hi, BLOCK_M):
+        t = start_m + offs_m
+        row_ok = t < Tq
+        q = tl.load(q_ptrs + start_m * stride_qm, mask=row_ok[:, None], other=0.0).to(DT)
+        do = tl.load(do_ptrs + start_m * HEAD_DIM, mask=row_ok[:, None], other=0.0).to(DT)
+        m1 = tl.load(M1 + t, mask=row_ok, other=0.0)
+        sigma = tl.load(SIGMA + t, mask=row_ok, other=0.0)
+        delta = tl.load(DELTA + t, mask=row_ok, other=0.0)
+        m2 = tl.load(M2 + t, mask=row_ok, other=0.0)
+        fb = m2 == -float("inf")
+        m2 = tl.where(fb, 0.0, m2)
+        n_i = (offset + t + 1).to(tl.float32)
+        o_i = tl.where(n_i > 3.0, 1.0, 0.0)
+        qs = 0.0
+        if SCORER == 3:
+            qs = tl.load(QS + t, mask=row_ok, other=0.0)
+        c = _row_scale(s_h, b_h, qs, tl.log(n_i), sm_scale, SCORER)
+        keep = (offs_n[None, :] <= offset + t[:, None]) & row_ok[:, None]
+        Pf, P, dP, W, qk, g = _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h,
+                                           n_h, p, SCORER, REWEIGHT, MASK, PREC)
+        dv = tl.dot(tl.trans(Pf).to(DT), do, dv, input_precision=PREC)
+        dqk = (dP - sigma[:, None]) * W
+        dk = tl.dot(tl.trans(dqk).to(DT), q, dk, input_precision=PREC)
+        if SCORER == 3:
+            gk += tl.sum(dqk * qk, 0)
+    return dk, dv, gk
+
+
+@triton.jit
+def _attn_bwd_dkdv(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DK, DV, GK,
+                   stride_qz, stride_qh, stride_qm, stride_qk, stride_kz, stride_kh, stride_kn, stride_kk,
+                   stride_vz, stride_vh, stride_vn, stride_vk,
+                   H, Tq, Tk, offset, sm_scale, p, T_BUCKET,
+                   SCORER: tl.constexpr, REWEIGHT: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    start_n = tl.program_id(0) * BLOCK_N
+    off_hz = tl.program_id(1)
+    off_z, off_h = (off_hz // H).to(tl.int64), off_hz % H
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    col_ok = offs_n < Tk
+    kT = tl.load(K + off_z * stride_kz + off_h * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kk,
+                 mask=col_ok[None, :], other=0.0).to(DT)
+    vT = tl.load(V + off_z * stride_vz + off_h * stride_vh + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vk,
+                 mask=col_ok[None, :], other=0.0).to(DT)
+    cols = off_hz.to(tl.int64) * Tk + offs_n
+    ks = offs_n * 0.0
+    if SCORER == 3:
+        ks = tl.load(KS + cols, mask=col_ok, other=0.0)
+    row0 = off_hz.to(tl.int64) * Tq
+    q_ptrs = Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
+    do_ptrs = DO + (row0 + offs_m[:, None]) * HEAD_DIM + offs_d[None, :]
+    s_h, b_h, n_h = tl.load(S + off_h), tl.load(Bp + off_h), tl.load(Np + off_h)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    gk = tl.zeros([BLOCK_N], tl.float32)
+    # query rows t see key j iff offset + t >= j; rows from `full` on see this whole key block
+    lo = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M
+    full = tl.maximum(start_n + BLOCK_N - 1 - offset, 0)
+    mid = tl.minimum((full + BLOCK_M - 1) // BLOCK_M * BLOCK_M, (Tq + BLOCK_M - 1) // BLOCK_M * BLOCK_M)
+    hi_full = Tq // BLOCK_M * BLOCK_M  # the last, ragged query block needs the row mask
+    M1, M2, DELTA, SIGMA, QS = M1 + row0, M2 + row0, DELTA + row0, SIGMA + row0, QS + row0  # this (b, h)'s rows
+    dk, dv, gk = _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGMA, QS, lo, mid, offs_m,
+                                 offs_n, Tq, offset, s_h, sm_scale, b_h, n_h, p, stride_qm, SCORER, REWEIGHT, True,
+                                 HEAD_DIM, BLOCK_M, DT, PREC)
+    dk, dv, gk = _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGMA, QS, mid, hi_full,
+                                 offs_m, offs_n, Tq, offset, s_h, sm_scale, b_h, n_h, p, stride_qm, SCORER, REWEIGHT,
+                                 False, HEAD_DIM, BLOCK_M, DT, PREC)
+    dk, dv, gk = _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGMA, QS,
+                                 tl.maximum(mid, hi_full), Tq, offs_m, offs_n, Tq, offset, s_h, sm_scale, b_h, n_h, p,
+                                 stride_qm, SCORER, REWEIGHT, True, HEAD_DIM, BLOCK_M, DT, PREC)
+    tl.store(DK + cols[:, None] * HEAD_DIM + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(DV + cols[:, None] * HEAD_DIM + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(GK + cols, gk, mask=col_ok)
+
+
+_attn_fwd_tuned = triton.autotune(FWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", "SCORER", "STAGE"])(_attn_fwd)
+_attn_bwd_dq_tuned = triton.autotune(BWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", "SCORER", "REWEIGHT", "EXACT_SIGMA"])(
+    _attn_bwd_dq)
+_attn_bwd_dkdv_tuned = triton.autotune(BWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", "SCORER", "REWEIGHT"])(_attn_bwd_dkdv)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Launchers
+
+def _dot_types(dtype):
+    # bf16 arithmetic is wrong in the interpreter: dot in fp32 there; fp32 inputs get exact (ieee) dots, not tf32
+    if dtype == torch.float32 or (INTERPRET and dtype == torch.bfloat16):
+        return tl.float32, "ieee"
+    return (tl.float16 if dtype == torch.float16 else tl.bfloat16), "tf32"
+
+
+def _num_splits(BH, Tk, device):
+    """Flash-decoding: enough programs to fill the GPU (about two per SM), each at least one key block."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    return max(1, min(triton.cdiv(Tk, DECODE_N), triton.cdiv(2 * sms, BH)))
+
+
+def _merge(o, lse):
+    """Combine per-split outputs (each normalised over its keys) with their base-2 logsumexps."""
+    m = lse.amax(0)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    w = torch.exp2(lse - m)  # 0 for splits that saw no key
+    l = w.sum(0)
+    out = (w.unsqueeze(-1) * o).sum(0) / torch.where(l > 0, l, torch.ones_like(l)).unsqueeze(-1)
+    return out, torch.where(l > 0, m + torch.log2(l), torch.full_like(l, -math.inf))
+
+
+def _forward(q, k, v, s, b, n, qs, ks, sid, p, offset, sm_scale):
+    B, H, Tq, D = q.shape
+    Tk, BH = k.shape[2], B * H
+    DT, PREC = _dot_types(q.dtype)
+    decode = Tq <= DECODE_M
+    splits = _num_splits(BH, Tk, q.device) if decode else 1
+    chunk = triton.cdiv(triton.cdiv(Tk, splits), DECODE_N) * DECODE_N if decode else Tk
+    splits = triton.cdiv(Tk, chunk)
+
+    def run(stage, m1):
+        if splits == 1:
+            o = torch.empty(B, H, Tq, D, device=q.device, dtype=q.dtype)
+            lse = torch.empty(BH, Tq, device=q.device, dtype=torch.float32)
+        else:  # fp32 partials, merged below
+            o = torch.empty(splits, BH, Tq, D, device=q.device, dtype=torch.float32)
+            lse = torch.empty(splits, BH, Tq, device=q.device, dtype=torch.float32)
+        args = (q, k, v, s, b, n, qs, ks, m1, o, lse, *q.stride(), *k.stride(), *v.stride(), H, Tq, Tk, offset,
+                sm_scale, p or 0.0, chunk, triton.next_power_of_2(Tk))
+        meta = dict(SCORER=sid, STAGE=stage, HEAD_DIM=D, DT=DT, PREC=PREC)
+        if decode:
+            _attn_fwd[(1, BH, splits)](*args, **meta, BLOCK_M=DECODE_M, BLOCK_N=DECODE_N, num_warps=4, num_stages=2)
+        else:
+            _attn_fwd_tuned[lambda META: (triton.cdiv(Tq, META["BLOCK_M"]), BH, 1)](*args, **meta)
+        if splits == 1:
+            return o, lse
+        o, lse = _merge(o, lse)
+        return o.view(B, H, Tq, D).to(q.dtype), lse
+
+    out, M1 = run(1, qs)
+    if p is None:
+        return out, M1, M1
+    out2, M2 = run(2, M1)
+    fallback = torch.isinf(M2).view(B, H, Tq, 1)  # no n P > o in the row: it keeps the stage-1 weights
+    return torch.where(fallback, out, out2), M1, M2
+
+
+def _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, sid, p, offset, sm_scale, exact_sigma):
+    B, H, Tq, D = q.shape
+    Tk, BH = k.shape[2], B * H
+    DT, PREC = _dot_types(q.dtype)
+    do = do.contiguous()
+    exact_sigma = p is not None or exact_sigma
+    if exact_sigma:  # the dq kernel writes sigma (and with re-weighting delta')
+        delta, sigma = (torch.zeros(BH, Tq, device=q.device, dtype=torch.float32) for _ in range(2))
+    else:
+        delta = sigma = (do.float() * out.float()).sum(-1).view(BH, Tq)  # rowsum(dO * O) (FlashAttention-2)
+    dq = torch.empty(B, H, Tq, D, device=q.device, dtype=q.dtype)
+    dk = torch.empty(B, H, Tk, D, device=q.device, dtype=k.dtype)
+    dv = torch.empty(B, H, Tk, D, device=q.device, dtype=v.dtype)
+    G = torch.empty(2, BH, Tq, device=q.device, dtype=torch.float32)  # per-row parameter-gradient sums
+    GK = torch.empty(BH, Tk, device=q.device, dtype=torch.float32)  # per-key sums (lssa's |k|^-1)
+    M2r = torch.empty_like(M2) if p is not None else M2  # the renormalised M2 from the dq kernel, for dk/dv
+    common = (q, k, v, do, s, b, n, qs, ks, M1)
+    scalars = (*q.stride(), *k.stride(), *v.stride(), H, Tq, Tk, offset, sm_scale, p or 0.0, triton.next_power_of_2(Tk))
+    meta = dict(SCORER=sid, REWEIGHT=p is not None, HEAD_DIM=D, DT=DT, PREC=PREC)
+    dq_args = (*common, M2, delta, sigma, dq, G, M2r, *scalars)
+    dkdv_args = (*common, M2r, delta, sigma, dk, dv, GK, *scalars)
+    if Tq <= DECODE_M:  # short query blocks: the fixed small config, no autotuning
+        fixed = dict(BLOCK_M=DECODE_M, BLOCK_N=DECODE_N, num_warps=4, num_stages=2)
+        _attn_bwd_dq[(1, BH)](*dq_args, **meta, EXACT_SIGMA=exact_sigma, **fixed)
+        _attn_bwd_dkdv[(triton.cdiv(Tk, DECODE_N), BH)](*dkdv_args, **meta, **fixed)
+    else:  # dq first: it may write delta', sigma and M2r, which dk/dv read
+        _attn_bwd_dq_tuned[lambda META: (triton.cdiv(Tq, META["BLOCK_M"]), BH)](*dq_args, **meta,
+                                                                                EXACT_SIGMA=exact_sigma)
+        _attn_bwd_dkdv_tuned[lambda META: (triton.cdiv(Tk, META["BLOCK_N"]), BH)](*dkdv_args, **meta)
+    G = G.view(2, B, H, Tq)
+    ln_n = torch.log(torch.arange(offset + 1, offset + Tq + 1, device=q.device, dtype=torch.float32))
+    ds = db = dn = dqs = dks = None
+    if sid == 1:  # ds_h = sum dL * z * log n_i, db_h = sum dL * z
+        ds, db = (G[0] * ln_n).sum((0, 2)), G[0].sum((0, 2))
+    elif sid == 2:
+        db, dn = G[0].sum((0, 2)), G[1].sum((0, 2))
+    elif sid == 3:  # cos = qk * qs_i * ks_j: dqs_i = sum_j dL/dqk * qk / qs_i
+        dqs, dks = G[0].view(B, H, Tq) / qs, GK.view(B, H, Tk) / ks
+    return dq, dk, dv, ds, db, dn, dqs, dks
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, s, b, n, qs, ks, sid, p, offset, sm_scale):
+        out, M1, M2 = _forward(q, k, v, s, b, n, qs, ks, sid, p, offset, sm_scale)
+        ctx.save_for_backward(q, k, v, s, b, n, qs, ks, out, M1, M2)
+        ctx.cfg = (sid, p, offset, sm_scale)
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, s, b, n, qs, ks, out, M1, M2 = ctx.saved_tensors
+        # exact sigma when s, b or n learn (sid 3 has no parameters)
+        grads = _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, *ctx.cfg, any(ctx.needs_input_grad[3:6]))
+        return (*grads, None, None, None, None)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Public API
+
+def _prepare(q, k, v, scorer, s, b, n, p, offset):
+    """Checks shapes, fills the defaults of SCORERS.md, returns per-head fp32 parameters and the options."""
+    if scorer not in SCORER_IDS:
+        raise ValueError(f"unknown scorer {scorer!r}; allowed: {', '.join(SCORER_IDS)}")
+    assert q.dim() == 4 and k.shape == v.shape and k.shape[:2] == q.shape[:2] and k.shape[3] == q.shape[3], \
+        f"q (B, H, Tq, D) and k, v (B, H, Tk, D) expected, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+    B, H, Tq, D = q.shape
+    assert k.shape[2] == offset + Tq, f"k has {k.shape[2]} keys but offset + Tq = {offset} + {Tq}"
+    assert D in (16, 32, 64, 128), f"head dim {D} not supported (16, 32, 64, 128)"
+    assert q.dtype in (torch.float32, torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype, \
+        f"q, k, v must share one of fp32/fp16/bf16, got {q.dtype}, {k.dtype}, {v.dtype}"
+    sid = SCORER_IDS[scorer]
+    default_b = 1.0 if sid == 2 else 0.0  # ssa: b = 1; ssmax: no bias
+
+    def per_head(x, default):
+        x = torch.full((H,), default) if x is None else x
+        return x.to(q.device, torch.float32).expand(H).contiguous()
+
+    p = LSSAR_DEFAULT_P if scorer == "lssar" and p is None else p
+    return sid, per_head(s, 1.0), per_head(b, default_b), per_head(n, 1.5), None if p is None else float(p)
+
+
+def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):
+    """Causal attention (B, H, Tq, D) -> (B, H, Tq, D) for every scorer of SCORERS.md, fused in Triton.
+    Query t sits at absolute position offset + t (KV cache); k, v hold offset + Tq keys. Differentiable w.r.t.
+    q, k, v and s, b, n when they are tensors; p (float) re-weights on top of any scorer (lssar: 15 if None)."""
+    sid, s, b, n, p = _prepare(q, k, v, scorer, s, b, n, p, offset)
+    D = q.size(-1)
+    if sid == 3:  # lssa: raw q, k and inverse norms (as F.normalize: |x| clamped at 1e-12); autograd does the chain
+        qs = 1.0 / torch.linalg.vector_norm(q.float(), dim=-1).clamp_min(1e-12)
+        ks = 1.0 / torch.linalg.vector_norm(k.float(), dim=-1).clamp_min(1e-12)
+        sm_scale = math.log(D)
+    else:  # unused by the kernels: any fp32 buffer
+        qs = ks = s
+        sm_scale = 1.0 / math.sqrt(D)
+    return _Attention.apply(q, k, v, s, b, n, qs, ks, sid, p, offset, sm_scale)
+
+
+try:
+    from torch.nn.attention.flex_attention import AuxRequest  # the lse request since torch 2.9
+except ImportError:
+    AuxRequest = None
+_flex_compiled = None
+
+
+def _flex_pass(q, k, v, block_mask, scale, sid, pos0, s, b, n, ln_d, lse1, p):
+    """One FlexAttention pass: stage-1 scores (lse1 None) or the re-weighting pass over stage-1 lse1."""
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    def logit(score, h, q_idx):  # natural-log stage-1 logit of SCORERS.md
+        ln_n = torch.log((q_idx + pos0 + 1).to(torch.float32))
+        if sid == 1:
+            return score * (s[h] * ln_n + b[h])
+        if sid == 2:
+            return torch.sign(score) * n[h] * torch.log1p(b[h] * score.abs())
+        if sid == 3:  # A / sum A = softmax(log A): exact, and softplus >= e^-56 here, so the log is finite
+            return torch.log(F.softplus(ln_d * ln_n * score))
+        return score
+
+    def reweight(score, bb, h, q_idx, kv_idx):  # p log(n P - o) on n P > o, else -inf
+        n_i = (q_idx + pos0 + 1).to(torch.float32)
+        y = n_i * torch.exp(logit(score, h, q_idx) - lse1[bb, h, q_idx]) - (n_i > 3).to(torch.float32)
+        return torch.where(y > 0, p * torch.log(torch.where(y > 0, y, torch.ones_like(y))), -math.inf)
+
+    mod = (lambda score, bb, h, q_idx, kv_idx: logit(score, h, q_idx)) if lse1 is None else reweight
+    if AuxRequest is None:  # torch < 2.9
+        return flex(q, k, v, score_mod=mod, block_mask=block_mask, scale=scale, return_lse=True)
+    out, aux = flex(q, k, v, score_mod=mod, block_mask=block_mask, scale=scale, return_aux=AuxRequest(lse=True))
+    return out, aux.lse
+
+
+def flex_attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):
+    """The same semantics through torch's FlexAttention (a score_mod per scorer, a causal block mask shifted by
+    offset). lssa is a softmax over log(softplus(u)); re-weighting is a second pass over the first pass's lse.
+    q, k, v are padded to multiples of 128 (FlexAttention with score_mod + block_mask gave NaN gradients at other
+    lengths). On CUDA the passes are compiled; on CPU they run eagerly (forward only: no CPU backward)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    global _flex_compiled
+    sid, s, b, n, p = _prepare(q, k, v, scorer, s, b, n, p, offset)
+    B, H, Tq, D = q.shape
+    Tk = k.size(2)
+    if sid == 3:
+        q, k, scale = F.normalize(q, dim=-1), F.normalize(k, dim=-1), 1.0
+    else:
+        scale = 1.0 / math.sqrt(D)
+    pad_q, pad_k = -Tq % 128, -Tk % 128
+    q, k, v = F.pad(q, (0, 0, 0, pad_q)), F.pad(k, (0, 0, 0, pad_k)), F.pad(v, (0, 0, 0, pad_k))
+    block_mask = create_block_mask(lambda bb, h, q_idx, kv_idx: (kv_idx <= q_idx + offset) & (kv_idx < Tk),
+                                   None, None, Tq + pad_q, Tk + pad_k, device=q.device)
+    pos0 = torch.tensor(offset, device=q.device)  # a tensor, so a new offset does not recompile
+    run = _flex_pass
+    if q.is_cuda:
+        _flex_compiled = _flex_compiled or torch.compile(_flex_pass)
+        run = _flex_compiled
+    out, lse1 = run(q, k, v, block_mask, scale, sid, pos0, s, b, n, math.log(D), None, p)
+    if p is not None:
+        out2, lse2 = run(q, k, v, block_mask, scale, sid, pos0, s, b, n, math.log(D), lse1, p)
+        out = torch.where(torch.isinf(lse2).unsqueeze(-1), out, out2)  # fallback rows keep stage 1
+    return out[:, :, :Tq]

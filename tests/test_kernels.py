@@ -1,0 +1,228 @@
+"""Fused Triton kernels (kernels.py) against the float64 reference (model.attention, backend="torch").
+On CPU the kernels run in Triton's interpreter (conftest sets TRITON_INTERPRET=1): small shapes only.
+Errors are max|fused - ref64| / max|ref64| per tensor, bounded by a multiple of the reference's own error when it
+runs in the same precision (fp32, fp16, bf16) plus a small atol: a well-conditioned case is then held to ~1e-4,
+while re-weighting, whose dP carries p n / (n P - o), is allowed the reference's own fp32 sensitivity."""
+import math
+
+import pytest
+import torch
+
+import kernels
+import model
+
+CASES = [  # (scorer, kwargs making every parameter matter); parameters are per head, H = 2
+    ("softmax", {}),
+    ("ssmax", dict(s=[0.7, 1.3], b=[0.2, -0.4])),
+    ("ssa", dict(b=[0.5, 2.0], n=[1.1, 2.5])),
+    ("lssa", {}),
+    ("lssar", {}),
+    ("softmax", dict(p=3.0)),
+]
+IDS = ["softmax", "ssmax", "ssa", "lssa", "lssar", "softmax_p3"]
+SHAPES = [  # (Tq, offset, D): odd lengths, a query block after a cache, decoding one token after a long cache
+    (1, 0, 16), (15, 0, 16), (63, 0, 32), (130, 0, 16), (40, 23, 32), (1, 129, 16),
+]
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _inputs(Tq, offset, D, B=2, H=2, dtype=torch.float32, seed=0, scale=1.0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    Tk = offset + Tq
+    q = torch.randn(B, H, Tq, D, generator=g) * scale
+    k = torch.randn(B, H, Tk, D, generator=g) * scale
+    v = torch.randn(B, H, Tk, D, generator=g)
+    do = torch.randn(B, H, Tq, D, generator=g)
+    return [x.to(device, dtype) for x in (q, k, v, do)]
+
+
+def _run(fn, scorer, kw, q, k, v, do, dtype, offset):
+    """Output and gradients [out, dq, dk, dv, ds/db/dn...] of fn on inputs cast to dtype."""
+    xs = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+    params = {n: torch.tensor(val, dtype=torch.float64 if dtype == torch.float64 else torch.float32,
+                              device=q.device, requires_grad=True) for n, val in kw.items() if n != "p"}
+    out = fn(*xs, scorer, p=kw.get("p"), offset=offset, **params)
+    grads = torch.autograd.grad(out, xs + list(params.values()), do.to(dtype))
+    return [out.detach()] + [g.detach() for g in grads]
+
+
+def _ref(*args, **kw):
+    return model.attention(*args, **kw, backend="torch")
+
+
+def _err(a, ref):  # relative to the largest reference entry; absolute where the reference is 0 (dq at T = 1)
+    scale = ref.abs().max().item()
+    return (a.double() - ref).abs().max().item() / (scale if scale > 0 else 1.0)
+
+
+def _check(scorer, kw, Tq, offset, D, dtype=torch.float32, factor=3.0, atol=3e-5, **inp):
+    q, k, v, do = _inputs(Tq, offset, D, **inp)
+    q, k, v = (x.to(dtype) for x in (q, k, v))  # both paths see the same rounded inputs
+    ref64 = _run(_ref, scorer, kw, q, k, v, do, torch.float64, offset)
+    ref_lp = _run(_ref, scorer, kw, q, k, v, do, dtype, offset)
+    fused = _run(kernels.attention, scorer, kw, q, k, v, do, dtype, offset)
+    names = ["out", "dq", "dk", "dv"] + [n for n in kw if n != "p"]
+    for name, f, r, lp in zip(names, fused, ref64, ref_lp):
+        assert f.dtype == lp.dtype and f.shape == r.shape, name
+        assert torch.isfinite(f).all(), f"{name} has NaN/Inf"
+        err, own = _err(f, r), _err(lp, r)
+        assert err <= factor * own + atol, f"{scorer} {kw} {name}: error {err:.2e}, reference's own {own:.2e}"
+    return fused, ref64
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Fused vs reference, fp32: forward and every gradient
+
+@pytest.mark.parametrize("Tq,offset,D", SHAPES, ids=[f"Tq{t}-off{o}-D{d}" for t, o, d in SHAPES])
+@pytest.mark.parametrize("scorer,kw", CASES, ids=IDS)
+def test_fused_fp32_matches_float64_reference_forward_and_grads(scorer, kw, Tq, offset, D):
+    _check(scorer, kw, Tq, offset, D)
+
+
+@pytest.mark.parametrize("scorer,kw", [("softmax", {}), ("ssmax", dict(s=[0.5, 2.0], p=15.0)), ("lssar", {})],
+                         ids=["softmax", "ssmax_p15", "lssar"])
+def test_fused_fp32_head_dim_64_and_ssmax_with_reweighting(scorer, kw):
+    _check(scorer, kw, 33, 17, 64, B=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("scorer,kw", CASES, ids=IDS)
+def test_fused_low_precision_error_bounded_by_reference_own_error(scorer, kw, dtype):
+    _check(scorer, kw, 50, 13, 32, dtype=dtype, factor=3.0, atol=2e-3)
+
+
+def test_decode_one_token_equals_last_row_of_full_pass():
+    q, k, v, _ = _inputs(77, 0, 32)
+    for scorer, kw in CASES:
+        full = kernels.attention(q, k, v, scorer, **{n: torch.tensor(x) if n != "p" else x for n, x in kw.items()})
+        last = kernels.attention(q[:, :, -1:], k, v, scorer, offset=76,
+                                 **{n: torch.tensor(x) if n != "p" else x for n, x in kw.items()})
+        torch.testing.assert_close(last, full[:, :, -1:], rtol=1e-5, atol=1e-6)
+
+
+def test_strided_qkv_as_the_model_passes_them():
+    B, T, H, D = 2, 37, 2, 16
+    qkv = torch.randn(B, T, 3 * H * D)
+    q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in qkv.split(H * D, dim=2))  # non-contiguous views
+    assert not q.is_contiguous()
+    for scorer in ("ssa", "lssar"):
+        torch.testing.assert_close(kernels.attention(q, k, v, scorer),
+                                   kernels.attention(q.contiguous(), k.contiguous(), v.contiguous(), scorer))
+
+
+def test_fused_ssmax_differs_from_softmax():
+    q, k, v, _ = _inputs(63, 0, 16)
+    ssmax, softmax = kernels.attention(q, k, v, "ssmax"), kernels.attention(q, k, v, "softmax")
+    assert (ssmax - softmax).abs().max() > 0.05  # s log n_i != 1 for most rows: the scorer really ran
+    s = torch.full((2,), 1 / math.log(3))  # s log n = 1 at row i = 2 (n = 3): that row equals softmax
+    torch.testing.assert_close(kernels.attention(q, k, v, "ssmax", s=s)[:, :, 2], softmax[:, :, 2])
+
+
+def test_scorer_parameters_receive_nonzero_gradients():
+    q, k, v, do = _inputs(20, 5, 16)
+    for scorer, kw in [("ssmax", dict(s=[1.0, 0.5], b=[0.0, 0.1])), ("ssa", dict(b=[1.0, 2.0], n=[1.5, 2.0])),
+                       ("ssmax", dict(s=[1.0, 0.5], b=[0.0, 0.1], p=3.0))]:
+        grads = _run(kernels.attention, scorer, kw, q, k, v, do, torch.float32, 5)[4:]
+        assert len(grads) == 2 and all((g.abs() > 0).all() for g in grads), (scorer, grads)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Edge rows: no NaN/Inf for finite inputs
+
+@pytest.mark.parametrize("scorer,kw", CASES + [("lssa", dict(p=100.0))], ids=IDS + ["lssa_p100"])
+def test_all_equal_scores_give_the_prefix_mean_and_finite_grads(scorer, kw):
+    q, k, v, do = _inputs(35, 0, 16)
+    q = torch.zeros_like(q)  # every score equal: uniform weights; with p, the fallback (or a uniform re-weighting)
+    fused = _run(kernels.attention, scorer, kw, q, k, v, do, torch.float32, 0)
+    prefix_mean = v.cumsum(2) / torch.arange(1, 36).view(1, 1, 35, 1)
+    torch.testing.assert_close(fused[0], prefix_mean, rtol=1e-5, atol=1e-5)
+    assert all(torch.isfinite(g).all() for g in fused)
+    if "p" not in kw and scorer != "lssar":  # at exactly uniform rows re-weighting is not differentiable
+        ref = _run(_ref, scorer, kw, q, k, v, do, torch.float64, 0)
+        # ssa is differentiable at z = 0 with slope n b; autograd of the reference's sgn(z) log1p(b|z|) gives 0 there
+        skip = ("dq", "dk") if scorer == "ssa" else ()
+        for name, f, r in zip(["out", "dq", "dk", "dv", "p1", "p2"], fused, ref):
+            assert name in skip or _err(f, r) < 1e-4, name
+
+
+@pytest.mark.parametrize("scorer,kw", CASES + [("softmax", dict(p=100.0))], ids=IDS + ["softmax_p100"])
+def test_huge_logits_stay_finite_and_match(scorer, kw):
+    # |z| ~ 1e4: near one-hot rows (logits rounded at 1e-3 there), ssa's log(1 + b|z|) large
+    _check(scorer, kw, 40, 9, 16, scale=60.0, atol=2e-4)
+
+
+@pytest.mark.parametrize("p", [15.0, 100.0])
+def test_reweighting_large_p_at_long_rows(p):
+    _check("lssa", dict(p=p), 1, 300, 16, B=1)  # n = 301: (n P)^p would overflow fp32
+    _check("softmax", dict(p=p), 45, 0, 16, B=1)
+
+
+def test_lssa_rows_with_all_scores_near_minus_one_keep_tiny_weights():
+    q, k, v, do = _inputs(1, 199, 16, B=1, H=1)
+    k = -q.expand_as(k) + 1e-3 * k  # cos ~ -1 everywhere: u = -log(d) log(n) cos ~ -15, softplus tiny
+    ref = _ref(q.double(), k.double(), v.double(), "lssa", offset=199)
+    out = kernels.attention(q, k, v, "lssa", offset=199)
+    assert torch.isfinite(out).all() and _err(out, ref) < 1e-4
+
+
+def test_shape_errors_are_clear():
+    q, k, v, _ = _inputs(8, 0, 16)
+    with pytest.raises(AssertionError, match="offset"):
+        kernels.attention(q, k, v, "softmax", offset=3)
+    with pytest.raises(ValueError, match="unknown scorer"):
+        kernels.attention(q, k, v, "sparsemax")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# FlexAttention peer: eager forward on CPU (its backward is CUDA-only)
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("Tq,offset", [(1, 0), (37, 0), (20, 30), (1, 130)])
+@pytest.mark.parametrize("scorer,kw", CASES, ids=IDS)
+def test_flex_forward_matches_reference(scorer, kw, Tq, offset):
+    q, k, v, _ = _inputs(Tq, offset, 16)
+    params = {n: torch.tensor(x) for n, x in kw.items() if n != "p"}
+    out = kernels.flex_attention(q, k, v, scorer, p=kw.get("p"), offset=offset, **params)
+    ref = _ref(q.double(), k.double(), v.double(), scorer, p=kw.get("p"), offset=offset,
+               **{n: x.double() for n, x in params.items()})
+    assert out.shape == q.shape and _err(out, ref) < 2e-5
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# CUDA only: real bf16, D = 128, long sequences, compiled FlexAttention backward
+
+@cuda
+@pytest.mark.parametrize("scorer,kw", CASES, ids=IDS)
+def test_cuda_bf16_head_dim_128_long_sequence(scorer, kw):
+    _check(scorer, kw, 1000, 0, 128, dtype=torch.bfloat16, B=1, device="cuda", atol=3e-3)
+    _check(scorer, kw, 300, 700, 64, dtype=torch.float16, B=1, device="cuda", atol=3e-3)
+
+
+@cuda
+@pytest.mark.parametrize("scorer,kw", CASES, ids=IDS)
+def test_cuda_fp32_and_decode_long_cache(scorer, kw):
+    _check(scorer, kw, 257, 0, 64, device="cuda")
+    _check(scorer, kw, 1, 8191, 128, dtype=torch.bfloat16, B=1, device="cuda", atol=3e-3)
+
+
+@cuda
+@pytest.mark.parametrize("scorer,kw", CASES, ids=IDS)
+def test_cuda_flex_forward_and_backward(scorer, kw):
+    q, k, v, do = _inputs(200, 0, 64, device="cuda")
+    flex = _run(kernels.flex_attention, scorer, kw, q, k, v, do, torch.float32, 0)
+    ref = _run(_ref, scorer, kw, q, k, v, do, torch.float64, 0)
+    for f, r in zip(flex, ref):
+        assert torch.isfinite(f).all() and _err(f, r) < 2e-3
+
+
+@cuda
+def test_cuda_memory_is_linear_in_sequence_length():
+    peaks = []
+    for T in (4096, 8192):
+        q, k, v, do = _inputs(T, 0, 64, B=1, H=4, dtype=torch.bfloat16, device="cuda")
+        q.requires_grad_()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        kernels.attention(q, k, v, "lssar").backward(do)
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+    assert peaks[1] < 2.5 * peaks[0] and peaks[1] < 4 * T * 4 * 64 * 2 * 8  # a T x T matrix would be 256 MiB
