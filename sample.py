@@ -1,0 +1,89 @@
+"""
+Sample text from a trained checkpoint, one token at a time through the KV cache.
+
+    python sample.py --ckpt out-quick/ckpt.pt                                  # 3 samples of 200 tokens after "\\n"
+    python sample.py --ckpt out/ckpt.pt --start "ROMEO:" --num_samples 5 --temperature 0   # greedy
+    python sample.py --ckpt out/ckpt.pt --start FILE:prompt.txt --rope_theta 500000        # long prompt, θ extended
+
+--start "" starts from <|endoftext|> (a fresh document). Generation may run past the training length: the rotary
+tables are built long enough for prompt + new tokens, with the checkpoint's θ or --rope_theta (same weights).
+Samples go to stdout, each followed by a line of dashes; bad input is one "error: ..." line and exit status 1.
+"""
+import argparse, os, pickle, sys
+from contextlib import nullcontext
+
+import torch
+
+import prepare_data
+from model import BACKENDS, load_checkpoint
+
+SEP = "-" * 15  # nanoGPT's separator line
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Checkpoint -> text, sampled with the KV cache.")
+    p.error = lambda message: sys.exit(f"error: {message}")  # one line, no usage dump
+    p.add_argument("--ckpt", default="out/ckpt.pt", help="checkpoint written by train.py")
+    p.add_argument("--start", default="\n", help='prompt text, or "FILE:path" to read it from a file')
+    p.add_argument("--num_samples", type=int, default=3)
+    p.add_argument("--max_new_tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy (argmax)")
+    p.add_argument("--top_k", type=int, default=200, help="sample only among the k most likely tokens")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--rope_theta", type=float, help="RoPE base θ for sampling (default: the checkpoint's)")
+    p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
+    p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: fused kernels on CUDA, reference on CPU")
+    args = p.parse_args(argv)
+    for name, low in (("num_samples", 1), ("max_new_tokens", 1), ("top_k", 1)):
+        if getattr(args, name) < low:
+            p.error(f"--{name} {getattr(args, name)} must be >= {low}")
+    if not args.temperature >= 0:  # `not >=` also refuses nan
+        p.error(f"--temperature {args.temperature} must be >= 0 (0 = greedy)")
+    if args.rope_theta is not None and not args.rope_theta > 0:
+        p.error(f"--rope_theta {args.rope_theta} must be > 0")
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        p.error(f"--device {args.device!r} is not a device: use auto, cpu, cuda or cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: CUDA is not available here")
+
+    start = args.start
+    if start.startswith("FILE:"):
+        try:
+            with open(start[5:], encoding="utf-8") as f:
+                start = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            p.error(f"cannot read the prompt file {start[5:]!r}: {e.strerror if isinstance(e, OSError) else e}")
+    enc = prepare_data.get_tokenizer()
+    # <|endoftext|> written in a prompt is the document separator the model was trained with, not an error
+    ids = enc.encode(start, allowed_special={"<|endoftext|>"}) or [prepare_data.EOT]
+
+    try:
+        model, _ = load_checkpoint(args.ckpt, device, backend=args.backend)
+    except FileNotFoundError as e:
+        p.error(str(e))
+    except (OSError, RuntimeError, KeyError, TypeError, ValueError, EOFError, pickle.UnpicklingError) as e:
+        first = str(e).partition("\n")[0]  # truncated, foreign or mismatched file: torch's first line says which
+        p.error(f"{args.ckpt!r} is not a checkpoint of this model: {type(e).__name__}: {first}")
+    model.eval()  # load_checkpoint leaves the model in train mode (dropout on)
+    # Build the rotary tables once, long enough for the whole sample (forward would otherwise regrow them
+    # mid-generation) and with --rope_theta if given; set_rope touches only these non-persistent buffers.
+    length = max(len(ids) + args.max_new_tokens, model.config.block_size)
+    if args.rope_theta is not None or length > model.rope_cos.size(0):
+        model.set_rope(args.rope_theta, None, length)
+
+    torch.manual_seed(args.seed)  # seeds the CPU and every CUDA generator: the same seed gives the same samples
+    ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    x = torch.tensor([ids], dtype=torch.long, device=device)
+    skip = 0 if start else 1  # an empty prompt: do not print the <|endoftext|> we started from
+    with torch.no_grad(), ctx:
+        for _ in range(args.num_samples):
+            y = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k)
+            print(enc.decode(y[0, skip:].tolist()), SEP, sep="\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""sample.py: num_samples samples of prompt + max_new_tokens tokens, greedy output equals a rollout without the KV
+cache (past the training length, for scorers that use n_i), seeds, FILE: prompts, --rope_theta changes the rotary
+tables and nothing else, one-line errors. Tiny random models, CPU only."""
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+
+import pytest
+import torch
+
+import prepare_data
+import sample
+from model import GPT, GPTConfig, load_checkpoint, precompute_rope, run_info, save_checkpoint
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+N = 16  # training length of the tiny models
+PROMPT = "ROMEO: But, soft!"
+
+
+def write_ckpt(path, scorer="softmax"):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=N, n_layer=2, n_head=2, n_embd=32, ffn_hidden=64, scorer=scorer))
+    with torch.no_grad():  # sharper attention and logits than the init: positions (RoPE, cache offsets) matter
+        for block in model.transformer.h:
+            block.attn.c_attn.weight.mul_(8)
+        model.lm_head.weight.mul_(5)
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config), "config": {}, "iter_num": 0,
+                     "best_val_loss": float("nan"), "run_info": run_info(0)}, str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return write_ckpt(tmp_path_factory.mktemp("out") / "ckpt.pt")
+
+
+def run(capsys, *argv):
+    """sample.main's samples, split at the separator lines."""
+    sample.main(list(argv))
+    out = capsys.readouterr().out
+    assert out.endswith(f"\n{sample.SEP}\n")
+    return out[:-len(sample.SEP) - 2].split(f"\n{sample.SEP}\n")
+
+
+def greedy_rollout(model, ids, n):
+    """Argmax decoding without the KV cache: the whole sequence through the model at every step."""
+    idx = torch.tensor([ids])
+    with torch.no_grad():
+        for _ in range(n):
+            logits, _ = model.eval()(idx)
+            idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return idx[0].tolist()
+
+
+@pytest.mark.parametrize("scorer", ["softmax", "ssmax", "lssar"])
+def test_greedy_samples_equal_the_models_rollout_without_cache_past_the_training_length(scorer, tmp_path, capsys):
+    path = write_ckpt(tmp_path / "ckpt.pt", scorer)
+    enc = prepare_data.get_tokenizer()
+    ids, n = enc.encode(PROMPT), 2 * N  # prompt + new tokens > N: the rotary tables must grow
+    samples = run(capsys, "--ckpt", path, "--start", PROMPT, "--num_samples", "2", "--max_new_tokens", str(n),
+                  "--temperature", "0")
+    want = greedy_rollout(load_checkpoint(path)[0], ids, n)
+    assert len(want) == len(ids) + n and len(set(want[len(ids):])) > 1  # a real rollout, not one repeated token
+    assert samples == [enc.decode(want)] * 2
+
+
+def test_empty_prompt_starts_from_endoftext_and_prints_only_the_new_tokens(ckpt, capsys):
+    samples = run(capsys, "--ckpt", ckpt, "--start", "", "--num_samples", "1", "--max_new_tokens", "5",
+                  "--temperature", "0")
+    want = greedy_rollout(load_checkpoint(ckpt)[0], [prepare_data.EOT], 5)
+    assert samples == [prepare_data.get_tokenizer().decode(want[1:])]
+
+
+def test_same_seed_same_samples_other_seed_other_samples(ckpt, capsys):
+    args = ["--ckpt", ckpt, "--start", PROMPT, "--num_samples", "3", "--max_new_tokens", "8", "--temperature", "1"]
+    a, b, c = (run(capsys, *args, "--seed", seed) for seed in ("1", "1", "2"))
+    assert len(a) == 3 and all(s.startswith(PROMPT) and len(s) > len(PROMPT) for s in a)
+    assert a == b and a != c
+    assert len(set(a)) == 3  # the generator runs on across samples: they differ from each other
+
+
+def test_file_prompt_equals_the_same_text_given_inline(ckpt, tmp_path, capsys):
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.<|endoftext|>ROMEO:"
+    (tmp_path / "prompt.txt").write_text(text, encoding="utf-8")
+    args = ["--ckpt", ckpt, "--num_samples", "1", "--max_new_tokens", "6", "--temperature", "0"]
+    from_file = run(capsys, *args, "--start", f"FILE:{tmp_path / 'prompt.txt'}")
+    assert from_file == run(capsys, *args, "--start", text) and from_file[0].startswith(text)
+
+
+def test_rope_theta_changes_the_rotary_tables_and_outputs_not_the_weights(ckpt, capsys, monkeypatch):
+    loaded = []  # the model sample.main samples from, to inspect afterwards
+
+    def load(*args, **kwargs):
+        loaded.append(load_checkpoint(*args, **kwargs))
+        return loaded[-1]
+    monkeypatch.setattr(sample, "load_checkpoint", load)
+    n = 2 * N
+    samples = run(capsys, "--ckpt", ckpt, "--start", PROMPT, "--num_samples", "1", "--max_new_tokens", str(n),
+                  "--temperature", "0", "--rope_theta", "500000")
+    model, saved = loaded[0]
+    ids = prepare_data.get_tokenizer().encode(PROMPT)
+    assert model.rope_theta == 500000 and model.rope_cos.size(0) >= len(ids) + n  # long enough for the whole sample
+    cos, sin = precompute_rope(model.rope_cos.size(0), 16, theta=500000.0)
+    assert torch.equal(model.rope_cos, cos) and torch.equal(model.rope_sin, sin)
+    assert model.state_dict().keys() == saved["model"].keys()
+    assert all(torch.equal(v, saved["model"][k]) for k, v in model.state_dict().items())
+    want = greedy_rollout(model, ids, n)  # the sample is the θ = 500,000 model's own greedy rollout...
+    assert samples == [prepare_data.get_tokenizer().decode(want)]
+    base = load_checkpoint(ckpt)[0].eval()  # ...and θ changes what the model computes
+    x = torch.tensor([want])
+    with torch.no_grad():
+        assert not torch.allclose(model(x, x)[0], base(x, x)[0], atol=1e-3)
+
+
+BAD = [(["--ckpt", "nope/ckpt.pt"], "does not exist"),
+       (["--start", "FILE:nope/prompt.txt"], "prompt file"),
+       (["--max_new_tokens", "0"], "--max_new_tokens 0"),
+       (["--temperature", "-0.5"], "--temperature -0.5"),
+       (["--top_k", "0"], "--top_k 0"),
+       (["--num_samples", "0"], "--num_samples 0"),
+       (["--rope_theta", "-1"], "--rope_theta -1"),
+       (["--num_samples", "two"], "invalid int value"),
+       (["--backend", "cuda"], "invalid choice")]
+
+
+@pytest.mark.parametrize("argv,words", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_is_one_error_line(argv, words, ckpt):
+    with pytest.raises(SystemExit) as e:
+        sample.main(["--ckpt", ckpt, *argv])
+    msg = e.value.code
+    assert isinstance(msg, str) and msg.startswith("error: ") and "\n" not in msg and words in msg
+
+
+def test_a_file_that_is_not_a_checkpoint_is_one_error_line(tmp_path):
+    (tmp_path / "ckpt.pt").write_text("not a checkpoint")
+    with pytest.raises(SystemExit) as e:
+        sample.main(["--ckpt", str(tmp_path / "ckpt.pt")])
+    assert e.value.code.startswith("error: ") and "is not a checkpoint" in e.value.code and "\n" not in e.value.code
+
+
+def test_command_line_errors_are_one_stderr_line_without_traceback(ckpt):
+    cases = [BAD[0], BAD[2]]  # a missing checkpoint, an argument check: every case is checked in-process above
+    procs = [subprocess.Popen([sys.executable, os.path.join(REPO, "sample.py"), "--ckpt", ckpt, *argv], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for argv, _ in cases]
+    for p, (_, words) in zip(procs, cases):
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 1 and out == "" and "Traceback" not in err
+        assert err.startswith("error: ") and err.count("\n") == 1 and words in err

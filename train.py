@@ -1,0 +1,406 @@
+"""
+Training with the SSMax paper's recipe (Nakanishi 2025, App. B) for any scorer, on a CPU, a GPU or many (DDP).
+
+    python train.py configs/cpu_quick.py [scorer=ssmax out_dir=out-quick-ssmax]   # ~3 min on 2 CPU cores
+    torchrun --standalone --nproc_per_node=8 train.py configs/ssmax.py            # the paper's 162M model
+    python train.py configs/ssmax_swap.py init_from=out-softmax/ckpt.pt           # softmax -> SSMax (variants e, f)
+    python train.py configs/sft.py init_from=out-ssmax/ckpt.pt                    # SFT on {"prompt", "answer"} lines
+
+Config files (Python, run with runpy) apply in order, then key=value overrides (ast.literal_eval; a bare word is a
+string). Their lower-case names must be fields; "_names", ALL-CAPS constants, modules and functions are skipped.
+Resuming (init_from="resume"; resume=True: if the checkpoint exists) restores weights, optimizer, RNG states and the
+data position: the losses of a run never stopped. DDP: every rank draws the whole global batch from one generator
+seeded alike and takes its slice, so K processes see exactly the batches of one.
+"""
+import ast, difflib, json, math, os, runpy, sys, textwrap, time, types
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
+from datetime import timedelta
+from typing import get_args
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import prepare_data
+from model import GPT, GPTConfig, convert_scorer, run_info, save_checkpoint, ssmax_s_for_switch
+
+# ----------------------------------------------------------------------------------------------------------------
+# Config: the defaults are the paper's 162M recipe; the model fields (and their defaults) are GPTConfig's own
+
+@dataclass
+class _TrainFields:
+    out_dir: str = "out"
+    init_from: str = "scratch"  # scratch | resume (<out_dir>/ckpt.pt) | a checkpoint path: its weights, a new optimizer
+    resume: bool = False  # continue <out_dir>/ckpt.pt if it exists (a relaunch is safe), else start as init_from says
+    eval_interval: int = 1000
+    eval_iters: int = 50  # batches per split at each eval
+    log_interval: int = 10
+    data_dir: str = "data"
+    dataset: str = "shakespeare"  # <data_dir>/<dataset>/{train,val}.bin; the embedded corpora are prepared on demand
+    sft_data: str = ""  # .jsonl of {"prompt": str, "answer": str}: fine-tune on the answers (eval: the same file)
+    sft_epochs: int = 0  # SFT: > 0 sets max_iters = lr_decay_iters to that many epochs, warmup_iters to one epoch
+    batch_size: int = 16  # micro-batch: 16 x 128 accumulation = 2,048 sequences x 1,024 = 2,097,152 tokens per step
+    gradient_accumulation_steps: int = 128  # global: divided among the DDP processes
+    learning_rate: float = 6e-4
+    max_iters: int = 200_000  # x 2,097,152 tokens = ~419B tokens
+    weight_decay: float = 0.1  # on matrices only (model.configure_optimizers)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # 0: off
+    lr_schedule: str = "constant"  # after warmup: constant (the paper) | cosine, to min_lr at lr_decay_iters
+    warmup_iters: int = 1000
+    lr_decay_iters: int = 200_000
+    min_lr: float = 6e-5
+    device: str = "auto"  # auto: cuda if available, else cpu
+    compile: bool = False  # torch.compile the model
+    seed: int = 1337
+
+
+TrainConfig = make_dataclass("TrainConfig", [(f.name, f.type, field(default=f.default)) for f in fields(GPTConfig)],
+                             bases=(_TrainFields,))
+MODEL_FIELDS = [f.name for f in fields(GPTConfig)]
+ARCH_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "ffn_hidden")  # a checkpoint's shapes cannot change
+SCORER_OPTIONS = [k for k in MODEL_FIELDS if k.startswith(("ssmax_", "ssa_"))]
+LR_SCHEDULES = ("constant", "cosine")
+
+
+class TrainError(Exception):
+    """Bad input or a failed run: main prints it as one line."""
+
+
+def coerce(key, value, raw=None):
+    """value as field key's type; raw: an override's text, taken as is by a string field (dataset=kjv)."""
+    typ = TrainConfig.__dataclass_fields__[key].type
+    base = next((t for t in get_args(typ) if t is not type(None)), typ)  # Optional[float] -> float
+    if value is None and typ is not base:
+        return None
+    if base is str and raw is not None:
+        return value if isinstance(value, str) else raw
+    if base is float and type(value) in (int, float):
+        return float(value)
+    if base is int and type(value) is float and value.is_integer():
+        return int(value)  # max_iters=2e5
+    if type(value) is not base:
+        raise TrainError(f"{key}={value!r} has the wrong type: {key} is {getattr(typ, '__name__', typ)}")
+    return value
+
+
+def parse_args(argv):
+    """CONFIG.py files and key=value overrides -> {field: value} of what they set, applied in order."""
+    names, explicit = [f.name for f in fields(TrainConfig)], {}
+    def check(key, where):
+        if key not in names:
+            close = difflib.get_close_matches(key, names, 1)
+            raise TrainError(f"unknown config key {key!r} in {where}" + (f" (did you mean {close[0]!r}?)" if close
+                             else "") + "; the keys are the fields of TrainConfig (train.py) and GPTConfig")
+    for arg in argv:
+        if "=" in arg:
+            key, raw = arg.removeprefix("--").split("=", 1)
+            check(key, "the overrides")
+            try:
+                value = ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                value = raw
+            explicit[key] = coerce(key, value, raw)
+        elif arg.endswith(".py") and os.path.isfile(arg):
+            try:
+                assigned = runpy.run_path(arg)
+            except Exception as e:
+                raise TrainError(f"config file {arg}: {type(e).__name__}: {e}")
+            for key, value in assigned.items():
+                if not (key.startswith("_") or key.isupper() or isinstance(value, types.ModuleType) or callable(value)):
+                    check(key, arg)
+                    explicit[key] = coerce(key, value)
+        else:
+            raise TrainError(f"argument {arg!r} is neither an existing config file (.py) nor key=value")
+    return explicit
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# SFT data and the loss plot
+
+def load_sft(path, block_size):
+    """{"prompt", "answer"} lines -> [(ids, n_prompt)]: prompt + answer + <|endoftext|> in at most block_size + 1
+    tokens, the prompt cropped on the left so that the answer stays (an over-long answer keeps its beginning)."""
+    if not os.path.isfile(path):
+        raise TrainError(f"sft_data file {path!r} does not exist (`python needle.py sft_data` writes one)")
+    try:
+        rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+        prompts, answers = [r["prompt"] for r in rows], [r["answer"] for r in rows]
+        assert rows and all(isinstance(s, str) for s in prompts + answers)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise TrainError(f"{path}: every line must be a JSON object {{\"prompt\": str, \"answer\": str}}")
+    enc, examples = prepare_data.get_tokenizer(), []
+    for p, a in zip(enc.encode_ordinary_batch(prompts), enc.encode_ordinary_batch(answers)):
+        a = (a + [prepare_data.EOT])[:block_size + 1]
+        p = p[max(0, len(p) - (block_size + 1 - len(a))):]
+        examples.append((np.array(p + a, dtype=np.int64), len(p)))
+    return examples
+
+
+def sft_batch(examples, ix, T):
+    x = torch.full((len(ix), T), prepare_data.EOT, dtype=torch.long)  # padding, whose targets are -1
+    y = torch.full((len(ix), T), -1, dtype=torch.long)
+    for b, i in enumerate(ix.tolist()):
+        ids, n_prompt = examples[i]
+        x[b, :len(ids) - 1], y[b, :len(ids) - 1] = torch.from_numpy(ids[:-1]), torch.from_numpy(ids[1:])
+        y[b, :max(n_prompt - 1, 0)] = -1  # position t predicts token t + 1: a prompt token for t < n_prompt - 1
+    return x, y
+
+
+def plot_losses(out_dir, title):
+    """loss.png from log.jsonl (the numbers behind it), the whole history; a resumed run's entry of an iter wins."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [r for r in map(json.loads, open(os.path.join(out_dir, "log.jsonl"))) if "iter" in r]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for key, label in (("loss", "train (per step)"), ("train_loss", "train (eval)"), ("val_loss", "val (eval)")):
+        points = {r["iter"]: r[key] for r in rows if key in r}
+        ax.plot(sorted(points), [points[k] for k in sorted(points)], "-" if key == "loss" else "o-", ms=3, label=label,
+                lw=0.6 if key == "loss" else 1.5)
+    ax.set(xlabel="iteration", ylabel="loss (nats)", title=title)
+    ax.legend()
+    fig.savefig(os.path.join(out_dir, "loss.png"), dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def train(explicit):
+    # ------------------------------------------------------------------------------------------------------------
+    # Setup: processes, device, the checkpoint to start from
+    cfg = TrainConfig(**explicit)
+    ddp = int(os.environ.get("RANK", -1)) != -1  # launched by torchrun
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    rank, world = 0, 1
+    if ddp:
+        dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if device.startswith("cuda"):
+            device = f"cuda:{os.environ['LOCAL_RANK']}"
+            torch.cuda.set_device(device)
+    master, device_type = rank == 0, torch.device(device).type  # only the master prints and writes
+    ctx = torch.autocast(device_type, dtype=torch.bfloat16) if device_type == "cuda" else nullcontext()
+    ckpt_path, ckpt = os.path.join(cfg.out_dir, "ckpt.pt"), None
+    resuming = cfg.init_from == "resume" or (cfg.resume and os.path.isfile(ckpt_path))
+    if resuming or cfg.init_from != "scratch":
+        path = ckpt_path if resuming else cfg.init_from
+        if not os.path.isfile(path):
+            raise TrainError(f"init_from={cfg.init_from!r}: checkpoint {path!r} does not exist")
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    if resuming:  # the run's stored config, then what this command sets
+        cfg = TrainConfig(**{**{k: v for k, v in ckpt["config"].items() if hasattr(cfg, k)}, **explicit})
+    if cfg.lr_schedule not in LR_SCHEDULES or cfg.gradient_accumulation_steps % world:
+        raise TrainError(f"need lr_schedule in {LR_SCHEDULES} and gradient_accumulation_steps (global) divisible by "
+                         f"{world} processes; got {cfg.lr_schedule!r}, {cfg.gradient_accumulation_steps}")
+    accum, T = cfg.gradient_accumulation_steps // world, cfg.block_size
+    torch.manual_seed(cfg.seed)  # the same on every rank, so the one saved RNG state is every rank's
+    data_g = torch.Generator().manual_seed(cfg.seed)  # its state is the data position
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Data: random windows of train.bin, or SFT examples in epochs of seeded shuffles
+    unigram = None
+    if cfg.sft_data:
+        sft = load_sft(cfg.sft_data, T)
+        split_size = {"train": len(sft), "val": len(sft)}
+        if cfg.sft_epochs > 0:  # the paper's SFT schedule is in epochs
+            epoch = math.ceil(len(sft) / (cfg.gradient_accumulation_steps * cfg.batch_size))
+            cfg = replace(cfg, max_iters=cfg.sft_epochs * epoch, lr_decay_iters=cfg.sft_epochs * epoch, warmup_iters=epoch)
+    else:
+        data_dir = os.path.join(cfg.data_dir, cfg.dataset)
+        if not os.path.isfile(os.path.join(data_dir, "val.bin")):
+            if cfg.dataset not in prepare_data.EMBEDDED:
+                raise TrainError(f"dataset {data_dir!r} not found: prepare it with `python prepare_data.py SOURCE "
+                                 f"--name {cfg.dataset} --out_dir {cfg.data_dir}`")
+            if master:
+                prepare_data.prepare(cfg.dataset, out_dir=cfg.data_dir)
+            if ddp:
+                dist.barrier()
+        split_size = {s: len(prepare_data.load_split(data_dir, s)) - T for s in ("train", "val")}
+        if min(split_size.values()) < 1:
+            raise TrainError(f"{data_dir}: a split has fewer than block_size + 1 = {T + 1} tokens")
+        # the unigram entropy of train (its first 10M tokens) is the loss of a model that ignores the context
+        prob = np.bincount(prepare_data.load_split(data_dir, "train")[:10_000_000]) / min(split_size["train"] + T, 10**7)
+        unigram = float(-(prob[prob > 0] * np.log(prob[prob > 0])).sum())
+
+    def get_batch(split, ix):  # ix: window offsets or SFT example indices
+        if cfg.sft_data:
+            x, y = sft_batch(sft, ix, T)
+        else:
+            data = prepare_data.load_split(data_dir, split)  # a new memmap per batch avoids a leak (nanoGPT)
+            x, y = (torch.from_numpy(np.stack([data[i + k:i + k + T] for i in ix.tolist()]).astype(np.int64))
+                    for k in (0, 1))
+        return x.to(device), y.to(device)
+
+    def next_indices(it, n):  # the global batch of step it: n training windows, or SFT examples
+        if not cfg.sft_data:
+            return torch.randint(split_size["train"], (n,), generator=data_g)
+        k = torch.arange(it * n, (it + 1) * n)  # epochs of seeded shuffles: example k is in epoch k // len(sft)
+        return torch.cat([torch.randperm(len(sft), generator=torch.Generator().manual_seed(cfg.seed + int(e)))[
+            k[k // len(sft) == e] % len(sft)] for e in (k // len(sft)).unique()])
+
+    def batch_loss(m, x, y):
+        # SFT: the sum of the answer tokens' losses (the paper's "sum of token losses over the answer span") per
+        # sequence; prompt and padding targets are -1. Otherwise the mean token loss.
+        with ctx:
+            _, loss = m(x, y, reduction="sum" if cfg.sft_data else "mean")
+        return loss / len(x) if cfg.sft_data else loss
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Model and optimizer
+    model_args = {k: getattr(cfg, k) for k in MODEL_FIELDS}
+    if ckpt is not None:  # the checkpoint's model; this command may change its scorer, θ, block_size, dropout...
+        src = ckpt["model_args"]
+        model_args = {**src, **{k: v for k, v in explicit.items() if k in MODEL_FIELDS}}
+        fixed = ARCH_FIELDS + (("scorer", *SCORER_OPTIONS) if resuming else ())
+        if (k := next((k for k in fixed if model_args[k] != src[k]), None)) is not None:
+            raise TrainError(f"{k}={model_args[k]!r} differs from the checkpoint's {src[k]!r}: it cannot change "
+                             + ("when resuming" if resuming else "(a different architecture)"))
+        if model_args["scorer"] != src["scorer"]:  # the old scorer's options do not apply to the new one
+            model_args.update({k: GPTConfig.__dataclass_fields__[k].default for k in SCORER_OPTIONS if k not in explicit})
+            if model_args["scorer"] == "ssmax" and "ssmax_s_init" not in explicit:
+                model_args["ssmax_s_init"] = ssmax_s_for_switch(src["block_size"])  # the paper's s0 (variants e, f)
+    try:
+        GPTConfig(**model_args)
+    except ValueError as e:
+        raise TrainError(str(e))
+    model = GPT(GPTConfig(**(model_args if ckpt is None else ckpt["model_args"])))
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+        if model_args != ckpt["model_args"]:
+            model = convert_scorer(model, **model_args)  # other weights kept; switching to ssmax adds s = s0
+    model.to(device)
+    cfg = replace(cfg, **asdict(model.config))  # the stored config shows the model actually trained
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
+    iter_num, best_val_loss = 0, float("inf")
+    if resuming:
+        optimizer.load_state_dict(ckpt["optimizer"])
+        iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        if device_type == "cuda" and ckpt["rng"]["cuda"] is not None:
+            torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
+        data_g.set_state(ckpt["data_state"]["generator"])
+    ckpt, raw_model = None, model
+    eval_model = model = torch.compile(model) if cfg.compile else model
+    if ddp:
+        model = DDP(model, device_ids=[torch.cuda.current_device()] if device_type == "cuda" else None)
+    info, tokens_per_iter = run_info(cfg.seed), cfg.gradient_accumulation_steps * cfg.batch_size * T
+    if master:
+        print("config: " + textwrap.fill(", ".join(f"{k}={v!r}" for k, v in asdict(cfg).items()), 116,
+                                         subsequent_indent="  "))
+        print(f"{raw_model.get_num_params() / 1e6:.2f}M parameters, {world} process(es), {tokens_per_iter:,} tokens"
+              f" per iteration, device {device}" + (f"; unigram entropy of train {unigram:.4f} nats" if unigram else "")
+              + (f"; {len(sft) / (tokens_per_iter / T):.1f} iterations per epoch" if cfg.sft_data else ""))
+
+    @torch.no_grad()
+    def estimate_loss():
+        """Mean loss over the same eval_iters batches per split at every eval (a fresh generator); on every rank."""
+        out = {}
+        eval_model.eval()
+        for split in ("train", "val"):
+            ix = torch.randint(split_size[split], (cfg.eval_iters, cfg.batch_size),
+                               generator=torch.Generator().manual_seed(cfg.seed + 1))
+            out[split] = float(np.mean([batch_loss(eval_model, *get_batch(split, i)).item() for i in ix]))
+        eval_model.train()
+        return out
+
+    def get_lr(it):
+        if it < cfg.warmup_iters:  # linear warmup
+            return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
+        if cfg.lr_schedule == "constant":
+            return cfg.learning_rate
+        ratio = min(1.0, (it - cfg.warmup_iters) / max(1, cfg.lr_decay_iters - cfg.warmup_iters))
+        return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Training loop: eval and checkpoint, then one step of gradient_accumulation_steps micro-batches
+    log_path = os.path.join(cfg.out_dir, "log.jsonl")
+    def log(record):
+        with open(log_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    if master:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        open(log_path, "a" if resuming else "w").close()  # a new run starts a new log; a resumed one appends
+        log({"config": asdict(cfg), "run_info": info, "unigram_entropy": unigram, "start_iter": iter_num})
+    t_start, dt_avg, start_iter, losses = time.time(), None, iter_num, None
+    while True:
+        if (iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters) and not (resuming and iter_num == start_iter):
+            losses = estimate_loss()
+            if not all(map(math.isfinite, losses.values())):
+                raise TrainError(f"eval loss {losses} at iter {iter_num}: the run diverged and stops; the last good "
+                                 f"checkpoint {ckpt_path} is kept")
+            if master:
+                is_best, best_val_loss = losses["val"] < best_val_loss, min(best_val_loss, losses["val"])
+                rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device_type == "cuda"
+                       else None}
+                state = {"model": raw_model.state_dict(), "model_args": asdict(raw_model.config), "config": asdict(cfg),
+                         "optimizer": optimizer.state_dict(), "iter_num": iter_num, "best_val_loss": best_val_loss,
+                         "rng": rng, "data_state": {"generator": data_g.get_state()}, "run_info": info}
+                save_checkpoint(state, ckpt_path)
+                if is_best:
+                    save_checkpoint(state, os.path.join(cfg.out_dir, "best.pt"))
+                # logged after the save: an eval line in log.jsonl means its checkpoint is on disk
+                log({"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
+                     "elapsed": time.time() - t_start})
+                plot_losses(cfg.out_dir, f"{cfg.scorer}, {cfg.sft_data or cfg.dataset}, "
+                            f"{raw_model.get_num_params() / 1e6:.1f}M params, git {str(info['git_sha'])[:7]}")
+                print(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+                      + (" (best)" if is_best else ""))
+        if iter_num >= cfg.max_iters:
+            break
+
+        lr = get_lr(iter_num)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        ix = next_indices(iter_num, cfg.gradient_accumulation_steps * cfg.batch_size).view(world, accum, -1)[rank]
+        t0, loss_sum = time.time(), torch.zeros((), device=device)
+        for micro_step in range(accum):
+            if ddp:  # all-reduce the gradients once, at the last micro-step
+                model.require_backward_grad_sync = micro_step == accum - 1
+            loss = batch_loss(model, *get_batch("train", ix[micro_step])) / accum
+            loss.backward()
+            loss_sum += loss.detach()
+        if ddp:
+            dist.all_reduce(loss_sum)
+            loss_sum /= world
+        loss_value = loss_sum.item()
+        if not math.isfinite(loss_value):  # before the update, so the weights and the checkpoint stay good
+            raise TrainError(f"loss is {loss_value} at iter {iter_num} (lr {lr:.3g}): the run diverged and stops; "
+                             f"the last good checkpoint {ckpt_path} is kept")
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        dt = time.time() - t0
+        dt_avg = dt if dt_avg is None else 0.9 * dt_avg + 0.1 * dt
+        mfu = raw_model.estimate_mfu(tokens_per_iter / dt / world, T, device)  # per GPU
+        if master:
+            log({"iter": iter_num, "loss": loss_value, "lr": lr, "tokens_per_s": tokens_per_iter / dt, "mfu": mfu,
+                 "elapsed": time.time() - t_start})
+            if iter_num % cfg.log_interval == 0:
+                print(f"iter {iter_num}: loss {loss_value:.4f}, lr {lr:.2e}, {tokens_per_iter / dt:,.0f} tok/s, mfu "
+                      f"{'n/a' if mfu is None else f'{mfu:.1%}'}, "
+                      f"eta {timedelta(seconds=round((cfg.max_iters - iter_num - 1) * dt_avg))}")
+        iter_num += 1
+
+    if master and losses is not None:
+        print(f"done: val loss {losses['val']:.4f}, best {best_val_loss:.4f}"
+              + (f"; unigram baseline {unigram:.4f} nats" if unigram else ""))
+    if master and raw_model.config.vocab_size == prepare_data.VOCAB_SIZE:  # GPT-2's vocabulary: show a sample
+        with ctx:
+            idx = raw_model.eval().generate(torch.tensor([[prepare_data.EOT]], device=device), 100, 0.8, top_k=200)
+        print("sample:\n" + prepare_data.get_tokenizer().decode(idx[0, 1:].tolist()))
+    if ddp:
+        dist.destroy_process_group()
+
+
+def main(argv=None):
+    try:
+        train(parse_args(sys.argv[1:] if argv is None else argv))
+    except (TrainError, prepare_data.DataError) as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()
