@@ -16,8 +16,12 @@ tutorial (FlashAttention-2, Dao 2023): O(T) memory, per-row statistics, recomput
 - lssa takes raw q, k and per-row inverse norms (cos = q.k * |q|^-1 * |k|^-1), so bf16 q, k keep their precision.
 Public: attention(...) (Triton, differentiable) and flex_attention(...) (torch FlexAttention peer).
 """
+import csv
+import itertools
 import math
 import os
+import timeit
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -666,3 +670,118 @@ def flex_attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0)
         out2, lse2 = run(q, k, v, block_mask, scale, sid, pos0, s, b, n, math.log(D), lse1, p)
         out = torch.where(torch.isinf(lse2).unsqueeze(-1), out, out2)  # fallback rows keep stage 1
     return out[:, :, :Tq]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Benchmark (`python kernels.py --help`). Causal FLOPs, FlashAttention's convention: forward = two matmuls of 2 T^2 D
+# per head, half masked (4 B H T^2 D / 2); forward+backward = 3.5x (backward 2.5x: five matmuls, one a recompute).
+# Every scorer is credited the same FLOPs, so TFLOP/s compares times, not the work of extra passes.
+
+PROVIDERS = ("triton", "flex", "eager", "sdpa")
+PARAMS = {"ssmax": dict(s=1.0, b=0.0), "ssa": dict(b=1.0, n=1.5)}  # learned per head, as in model.py
+
+
+def _sdpa(q, k, v, scorer, *, s=None, b=None, p=None):  # softmax; ssmax is SDPA on q times s log n_i + b
+    if scorer == "ssmax":
+        q = q * (s[:, None] * torch.arange(1, q.size(2) + 1, device=q.device).log() + b[:, None])[..., None].to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _measure(fn, grads, cuda):
+    """ms (median after a warm-up that compiles and autotunes); on CUDA the peak MiB of one call above the inputs."""
+    if not cuda:
+        fn()
+        return 1e3 * sorted(timeit.repeat(fn, number=1, repeat=3))[1], None
+    ms = triton.testing.do_bench(fn, grad_to_none=grads, return_mode="median")  # flushes L2 between calls
+    for t in grads:
+        t.grad = None
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    return ms, (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def benchmark(Ts, Ds, scorers, providers, tokens=16384, heads=16, dtype=torch.bfloat16, device="cuda",
+              out="bench/kernels"):
+    """Rows (D, T, scorer, provider, mode) at B = tokens // T, printed and written to <out>.csv and <out>.png.
+    A scorer "<name>_p<p>" (e.g. softmax_p3) adds re-weighting with that p."""
+    import model
+    import torch.nn.attention.flex_attention as fa
+    from matplotlib.figure import Figure
+    H, modes, rows, inputs, masks, make_mask = heads, ("fwd", "fwd+bwd"), [], {}, {}, fa.create_block_mask
+    providers_fn = {"triton": attention, "flex": flex_attention, "eager": model.attention, "sdpa": _sdpa}
+    info = model.run_info(seed=0)  # provenance columns of every row
+    torch._dynamo.config.recompile_limit = 64  # flex compiles per scorer, pass, grad mode and shape
+
+    # flex_attention builds its block mask on every call, a model once per step for all layers: reuse it (offset
+    # is 0 here, so the lengths fix the mask)
+    def cached_mask(mask_mod, *args, device):
+        if args not in masks:
+            masks[args] = make_mask(mask_mod, *args, device=device)
+        return masks[args]
+
+    os.makedirs(os.path.dirname(str(out)) or ".", exist_ok=True)
+    print(f"{'scorer':<11}{'provider':<9}{'D':>4}{'T':>7}{'B':>5} {'mode':<8}",
+          *(f"{c:>9}" for c in ("ms", "TFLOP/s", "MiB")))
+    for D, T, name, provider, mode in itertools.product(Ds, Ts, scorers, providers, modes):
+        scorer, _, p = name.partition("_p")
+        if provider == "sdpa" and (scorer not in ("softmax", "ssmax") or p):
+            continue
+        B = max(1, tokens // T)
+        if (D, T) not in inputs:  # one shape in memory at a time
+            inputs.clear()
+            g = torch.Generator(device).manual_seed(0)
+            inputs[D, T] = [torch.randn(B, H, T, D, generator=g, device=device, dtype=dtype) for _ in range(4)]
+        q, k, v, do = inputs[D, T]
+        x = [t.detach().requires_grad_(mode != "fwd") for t in (q, k, v)]
+        params = {n: torch.full((H,), a, device=device, requires_grad=True) for n, a in PARAMS.get(scorer, {}).items()}
+        f = lambda: providers_fn[provider](*x, scorer, p=float(p) if p else None, **params)
+        fn = torch.no_grad()(f) if mode == "fwd" else lambda: f().backward(do)
+        row = dict(scorer=name, provider=provider, D=D, T=T, B=B, H=H, mode=mode, dtype=str(dtype)[6:], ms=None,
+                   tflops=None, peak_mib=None, status="ok")
+        try:
+            with mock.patch.object(fa, "create_block_mask", cached_mask):
+                row["ms"], row["peak_mib"] = _measure(fn, [*x, *params.values()], q.is_cuda)
+            row["tflops"] = 4 * B * H * T * T * D / 2 * (1 if mode == "fwd" else 3.5) / row["ms"] / 1e9
+        except torch.OutOfMemoryError:
+            row["status"] = "oom"
+        except Exception as e:  # one failing (provider, shape) must not end a long run
+            row["status"] = f"error: {type(e).__name__}: {str(e)[:200]}"
+        torch.cuda.empty_cache()
+        rows.append({**row, **info})
+        with open(f"{out}.csv", "w", newline="") as fh:  # rewritten per row: a run cut short keeps its rows
+            csv.writer(fh).writerows([list(rows[0]), *(r.values() for r in rows)])
+        print(f"{name:<11}{provider:<9}{D:>4}{T:>7}{B:>5} {mode:<8}", *(f"{row[c]:9.4g}" if row[c] else f"{'-':>9}"
+              for c in ("ms", "tflops", "peak_mib")), "" if row["status"] == "ok" else row["status"], flush=True)
+    assert rows, "nothing to run (sdpa runs softmax and ssmax only)"
+    panels = list(itertools.product(Ds, modes))  # TFLOP/s vs T; colour: scorer, line style: provider
+    fig = Figure(figsize=(5 * len(panels), 4.5), layout="tight")
+    for ax, (D, mode) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+        for name, provider in dict.fromkeys((r["scorer"], r["provider"]) for r in rows):
+            pts = [(r["T"], r["tflops"]) for r in rows if (r["scorer"], r["provider"], r["D"], r["mode"]) ==
+                   (name, provider, D, mode)]  # tflops None (oom, error): a gap
+            ax.plot(*zip(*pts), ("-", "--", ":", "-.")[PROVIDERS.index(provider)], marker="o",
+                    color=f"C{scorers.index(name)}", label=f"{name} {provider}")
+        ax.set_xscale("log", base=2)
+        ax.set(title=f"D={D} {mode} ({str(dtype)[6:]}, B*T={tokens}, H={H})", xlabel="T", ylabel="TFLOP/s")
+    ax.legend(fontsize=7)
+    fig.savefig(f"{out}.png", dpi=120)
+    print(f"wrote {out}.csv, {out}.png")
+    return rows
+
+
+if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser(description="Fused kernels against eager, SDPA and compiled FlexAttention")
+    ap.add_argument("--T", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--D", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--scorers", nargs="+", default=["softmax", "ssmax", "ssa", "lssa", "lssar", "softmax_p3"])
+    ap.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=PROVIDERS, help="sdpa: softmax, ssmax")
+    ap.add_argument("--tokens", type=int, default=16384, help="B * T")
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32", "bfloat16", "float16", "float32"))
+    ap.add_argument("--out", default="bench/kernels", help="writes <out>.csv and <out>.png")
+    a = ap.parse_args()
+    dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(a.dtype, a.dtype))
+    benchmark(a.T, a.D, a.scorers, a.providers, a.tokens, a.heads, dtype, "cuda" if torch.cuda.is_available() else
+              "cpu", a.out)

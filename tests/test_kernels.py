@@ -3,6 +3,7 @@ On CPU the kernels run in Triton's interpreter (conftest sets TRITON_INTERPRET=1
 Errors are max|fused - ref64| / max|ref64| per tensor, bounded by a multiple of the reference's own error when it
 runs in the same precision (fp32, fp16, bf16) plus a small atol: a well-conditioned case is then held to ~1e-4,
 while re-weighting, whose dP carries p n / (n P - o), is allowed the reference's own fp32 sensitivity."""
+import csv
 import math
 
 import pytest
@@ -226,3 +227,33 @@ def test_cuda_memory_is_linear_in_sequence_length():
         kernels.attention(q, k, v, "lssar").backward(do)
         peaks.append(torch.cuda.max_memory_allocated() - base)
     assert peaks[1] < 2.5 * peaks[0] and peaks[1] < 4 * T * 4 * 64 * 2 * 8  # a T x T matrix would be 256 MiB
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Benchmark (`python kernels.py`): a tiny CPU configuration through the same code as the H100 table
+
+def test_benchmark_writes_one_timed_row_per_configuration_csv_and_png(tmp_path):
+    scorers, providers, modes = ["softmax", "lssar"], ["triton", "eager"], ["fwd", "fwd+bwd"]
+    rows = kernels.benchmark(Ts=[32], Ds=[16], scorers=scorers, providers=providers, tokens=32, heads=2,
+                             dtype=torch.float32, device="cpu", out=tmp_path / "k")
+    with open(tmp_path / "k.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    keys = sorted((r["scorer"], r["provider"], int(r["D"]), int(r["T"]), r["mode"]) for r in table)
+    assert keys == sorted((s, p, 16, 32, m) for s in scorers for p in providers for m in modes) and len(rows) == 8
+    for r in table:
+        assert r["status"] == "ok" and r["device"] and r["peak_mib"] == ""  # no peak memory on CPU
+        assert 0 < float(r["ms"]) < math.inf and 0 < float(r["tflops"]) < math.inf
+    assert (tmp_path / "k.png").stat().st_size > 0
+
+
+@cuda
+@pytest.mark.parametrize("scorer", ["softmax", "ssmax", "ssa", "lssar"])
+def test_cuda_162M_model_forward_at_20000_tokens(scorer):
+    """The issue's bar for the fused path: the paper's 162M model scores a 20,000-token sequence on one GPU."""
+    torch.manual_seed(0)
+    gpt = model.GPT(model.GPTConfig(scorer=scorer)).cuda().eval()
+    idx = torch.randint(0, gpt.config.vocab_size, (1, 20_000), device="cuda")
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        _, loss = gpt(idx, idx, reduction="none")
+    assert loss.shape == (1, 20_000) and torch.isfinite(loss).all()
+    assert abs(loss.mean().item() - math.log(gpt.config.vocab_size)) < 1.0  # an untrained model: ~uniform
