@@ -191,6 +191,8 @@ def train(explicit):
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
     if resuming:  # the run's stored config, then what this command sets
         cfg = TrainConfig(**{**{k: v for k, v in ckpt["config"].items() if hasattr(cfg, k)}, **explicit})
+    elif ckpt is not None:  # init_from: the checkpoint's model fields (its block_size too) unless this command sets them
+        cfg = replace(cfg, **{k: v for k, v in ckpt["model_args"].items() if k in MODEL_FIELDS and k not in explicit})
     if cfg.lr_schedule not in LR_SCHEDULES or cfg.gradient_accumulation_steps % world:
         raise TrainError(f"need lr_schedule in {LR_SCHEDULES} and gradient_accumulation_steps (global) divisible by "
                          f"{world} processes; got {cfg.lr_schedule!r}, {cfg.gradient_accumulation_steps}")
@@ -375,13 +377,13 @@ def train(explicit):
         dt = time.time() - t0
         dt_avg = dt if dt_avg is None else 0.9 * dt_avg + 0.1 * dt
         mfu = raw_model.estimate_mfu(tokens_per_iter / dt / world, T, device)  # per GPU
+        eta = (cfg.max_iters - iter_num - 1) * dt_avg  # seconds
         if master:
             log({"iter": iter_num, "loss": loss_value, "lr": lr, "tokens_per_s": tokens_per_iter / dt, "mfu": mfu,
-                 "elapsed": time.time() - t_start})
+                 "eta_s": eta, "elapsed": time.time() - t_start})
             if iter_num % cfg.log_interval == 0:
                 print(f"iter {iter_num}: loss {loss_value:.4f}, lr {lr:.2e}, {tokens_per_iter / dt:,.0f} tok/s, mfu "
-                      f"{'n/a' if mfu is None else f'{mfu:.1%}'}, "
-                      f"eta {timedelta(seconds=round((cfg.max_iters - iter_num - 1) * dt_avg))}")
+                      f"{'n/a' if mfu is None else f'{mfu:.1%}'}, eta {timedelta(seconds=round(eta))}")
         iter_num += 1
 
     if master and losses is not None:

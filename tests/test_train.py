@@ -1,0 +1,479 @@
+"""train.py: config files and key=value overrides coerced to the field types, one-line errors (unknown key, wrong
+type, inapplicable scorer option, missing dataset, bad SFT file, divergence), the resolved config in the checkpoint,
+exact resume (in-process and after a SIGKILL), the NaN stop keeping the last good checkpoint, the softmax->SSMax
+switch, SFT targets and runs, DDP on CPU (torchrun, gloo) equal to one process, the embedded dataset prepared on
+demand, progress lines, log.jsonl and loss.png. Tiny models on tiny random data, CPU only."""
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import prepare_data
+import train
+from model import load_checkpoint, ssmax_s_for_switch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(REPO, "train.py")
+VOCAB = 512  # the random datasets' ids are < VOCAB: a small head keeps every step fast
+TINY = ["device=cpu", f"vocab_size={VOCAB}", "n_layer=1", "n_head=2", "n_embd=32", "ffn_hidden=64", "block_size=16",
+        "batch_size=2", "gradient_accumulation_steps=1", "eval_iters=2", "log_interval=1", "warmup_iters=2",
+        "learning_rate=1e-2"]
+# a child process must not believe it is a torchrun worker; one thread, like the tests in this process
+ENV = {**{k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                            "MASTER_PORT")}, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread on a shared CPU (and runs compared across processes match)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """<data_dir>/rand/{train,val}.bin: uint16 random token ids, what prepare_data.load_split reads."""
+    d = tmp_path_factory.mktemp("data")
+    os.makedirs(d / "rand")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 4096), ("val", 1024)):
+        rng.integers(0, VOCAB, n).astype(np.uint16).tofile(d / "rand" / f"{split}.bin")
+    return str(d)
+
+
+def tiny_args(data_dir, out_dir, *extra):
+    return [*TINY, f"data_dir={data_dir}", "dataset=rand", f"out_dir={out_dir}", *extra]
+
+
+def read_log(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def step_losses(out_dir, since_last_start=False):
+    """{iter: training loss} from log.jsonl; a later line of an iter wins (a resumed run re-logs it)."""
+    rows = read_log(out_dir)
+    if since_last_start:
+        rows = rows[max(i for i, r in enumerate(rows) if "start_iter" in r):]
+    return {r["iter"]: r["loss"] for r in rows if "loss" in r}
+
+
+def error_of(argv):
+    """main's one-line error (what it prints to stderr) for argv."""
+    with pytest.raises(SystemExit) as e:
+        train.main(argv)
+    msg = e.value.code
+    assert isinstance(msg, str) and msg.startswith("error: ") and "\n" not in msg, msg
+    return msg
+
+
+def run_script(*argv, cwd=REPO):
+    return subprocess.Popen([sys.executable, TRAIN, *argv], cwd=cwd, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Config parsing
+
+
+@pytest.mark.parametrize("arg,key,want", [
+    ("max_iters=2e2", "max_iters", 200),
+    ("learning_rate=1", "learning_rate", 1.0),
+    ("dataset=kjv", "dataset", "kjv"),
+    ("out_dir=123", "out_dir", "123"),
+    ("init_from=out-a/ckpt.pt", "init_from", "out-a/ckpt.pt"),
+    ("reweight_p=None", "reweight_p", None),
+    ("reweight_p=2", "reweight_p", 2.0),
+    ("resume=True", "resume", True),
+    ("--batch_size=8", "batch_size", 8),
+    ("scorer='ssmax'", "scorer", "ssmax"),
+])
+def test_override_is_literal_eval_coerced_to_the_field_type(arg, key, want):
+    got = train.parse_args([arg])
+    assert got == {key: want} and type(got[key]) is type(want)
+
+
+def test_config_files_then_overrides_apply_in_order_and_skip_private_names_constants_modules_functions(tmp_path):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("import math\n_scratch = 5\nSTEPS = 7\ndef helper():\n    return 1\n"
+                 "learning_rate = math.sqrt(1e-6)\nmax_iters = 2e3\nscorer = 'ssmax'\nreweight_p = None\n")
+    b.write_text("max_iters = 20\nbatch_size = 4\n")
+    assert train.parse_args([str(a), "max_iters=5", str(b), "batch_size=8"]) == {
+        "learning_rate": 1e-3, "max_iters": 20, "scorer": "ssmax", "reweight_p": None, "batch_size": 8}
+    assert train.parse_args([str(b), str(a)])["max_iters"] == 2000  # the later file wins
+    assert type(train.parse_args([str(a)])["max_iters"]) is int
+
+
+def test_every_shipped_config_file_parses_into_valid_fields():
+    configs = sorted(os.path.join(REPO, "configs", f) for f in os.listdir(os.path.join(REPO, "configs"))
+                     if f.endswith(".py"))
+    assert configs
+    for path in configs:
+        explicit = train.parse_args([path])
+        assert explicit and set(explicit) <= {f for f in train.TrainConfig.__dataclass_fields__}, path
+        train.TrainConfig(**explicit)  # every value has its field's type
+    quick = train.parse_args([os.path.join(REPO, "configs", "cpu_quick.py"), "scorer=softmax"])
+    assert quick["scorer"] == "softmax" and quick["block_size"] == 128 and quick["max_iters"] == 300
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["badkey=1"], "unknown config key 'badkey'"),
+    (["learning_rat=1e-3"], "did you mean 'learning_rate'?"),
+    (["max_iters=1.5"], "max_iters=1.5 has the wrong type"),
+    (["learning_rate=fast"], "learning_rate='fast' has the wrong type"),
+    (["compile=1"], "compile=1 has the wrong type"),
+    (["resume=yes"], "resume='yes' has the wrong type"),
+    (["configs/nope.py"], "neither an existing config file"),
+])
+def test_bad_override_is_one_error_line(argv, words):
+    assert words in error_of(argv)
+
+
+def test_typo_inside_a_config_file_is_one_error_line_naming_key_and_file(tmp_path):
+    cfg = tmp_path / "typo.py"
+    cfg.write_text("max_iters = 10\nlearing_rate = 1e-3\n")
+    msg = error_of([str(cfg)])
+    assert "'learing_rate'" in msg and str(cfg) in msg and "did you mean 'learning_rate'?" in msg
+    cfg.write_text("max_iters = 1 / 0\n")
+    assert "ZeroDivisionError" in error_of([str(cfg)])
+
+
+def test_command_line_errors_are_one_stderr_line_without_traceback(data_dir, tmp_path):
+    typo = tmp_path / "typo.py"
+    typo.write_text("n_layer = 2\nn_heads = 2\n")
+    out = str(tmp_path / "out")
+    cases = [(["badkey=1"], "badkey"),
+             ([str(typo)], "n_heads"),
+             (tiny_args(data_dir, out, "scorer=softmax", "ssmax_s_init=0.5"), "ssmax_s_init")]
+    procs = [run_script(*argv) for argv, _ in cases]
+    for p, (argv, words) in zip(procs, cases):
+        _, err = p.communicate(timeout=120)
+        assert p.returncode != 0 and "Traceback" not in err, (argv, err)
+        assert err.startswith("error: ") and err.count("\n") == 1 and words in err, (argv, err)
+    assert not os.path.exists(out)  # nothing was started
+
+
+def test_scorer_option_for_another_scorer_and_missing_dataset_are_one_error_line(data_dir, tmp_path):
+    msg = error_of(tiny_args(data_dir, tmp_path / "out", "scorer=softmax", "ssmax_s_init=0.5"))
+    assert "ssmax_s_init=0.5 does not apply to scorer='softmax'" in msg
+    msg = error_of(tiny_args(data_dir, tmp_path / "out", "scorer=lssa", "ssa_n=2.0"))
+    assert "ssa_n=2.0 does not apply" in msg
+    msg = error_of([*TINY, f"data_dir={tmp_path}", "dataset=nowhere", f"out_dir={tmp_path / 'out'}"])
+    assert "dataset" in msg and "nowhere" in msg and "prepare_data.py" in msg
+    assert "does not exist" in error_of(tiny_args(data_dir, tmp_path / "out", "init_from=resume"))
+    assert not (tmp_path / "nowhere").exists() and not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The resolved config, progress, log.jsonl, loss.png
+
+
+def test_resolved_config_is_printed_and_stored_in_the_checkpoint(data_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    train.main(tiny_args(data_dir, out, "max_iters=2", "eval_interval=2", "scorer=ssmax", "ssmax_s_init=0.5"))
+    printed = capsys.readouterr().out
+    ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False)
+    cfg = ckpt["config"]
+    want = {**vars(train.TrainConfig()), **train.parse_args(tiny_args(data_dir, out, "max_iters=2", "eval_interval=2",
+                                                                     "scorer=ssmax", "ssmax_s_init=0.5"))}
+    assert cfg == want  # every field: the defaults, then what the command set
+    assert cfg["max_iters"] == 2 and cfg["scorer"] == "ssmax" and cfg["ssmax_s_init"] == 0.5 and cfg["n_embd"] == 32
+    assert ckpt["model_args"] == {k: cfg[k] for k in train.MODEL_FIELDS} and ckpt["iter_num"] == 2
+    assert printed.startswith("config: ")
+    config_text = printed[:printed.index("M parameters")]  # the config lines, up to the parameter count
+    for k, v in cfg.items():
+        assert f"{k}={v!r}" in config_text
+    assert read_log(out)[0]["config"] == cfg
+
+
+def test_progress_line_per_log_step_jsonl_line_per_step_and_loss_png_at_eval(data_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    train.main(tiny_args(data_dir, out, "max_iters=5", "eval_interval=2", "log_interval=2"))
+    printed = capsys.readouterr().out
+    progress = re.findall(r"^iter (\d+): loss (\d+\.\d{4}), lr (\S+), ([\d,]+) tok/s, mfu n/a, eta (\d+:\d\d:\d\d)$",
+                          printed, re.M)
+    assert [int(p[0]) for p in progress] == [0, 2, 4]  # every log_interval-th step
+    rows = read_log(out)
+    assert rows[0]["start_iter"] == 0 and "config" in rows[0] and "run_info" in rows[0]
+    steps = [r for r in rows if "loss" in r]
+    assert [r["iter"] for r in steps] == [0, 1, 2, 3, 4]  # one line per step
+    for r in steps:
+        assert {"iter", "loss", "lr", "tokens_per_s", "mfu", "eta_s", "elapsed"} <= set(r)
+        assert math.isfinite(r["loss"]) and r["tokens_per_s"] > 0 and r["mfu"] is None and r["eta_s"] >= 0
+    assert [r["lr"] for r in steps] == pytest.approx([1e-2 / 3, 2e-2 / 3, 1e-2, 1e-2, 1e-2])  # warmup, constant
+    for it, loss, lr, _, _ in progress:
+        assert loss == f"{steps[int(it)]['loss']:.4f}" and lr == f"{steps[int(it)]['lr']:.2e}"
+    evals = [r for r in rows if "val_loss" in r]
+    assert [r["iter"] for r in evals] == [0, 2, 4, 5]  # every eval_interval and at the end
+    assert all(math.isfinite(r["train_loss"]) and math.isfinite(r["val_loss"]) for r in evals)
+    assert re.search(r"^iter 4: train loss \d+\.\d{4}, val loss \d+\.\d{4}", printed, re.M)
+    with open(out / "loss.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert {"ckpt.pt", "best.pt", "log.jsonl", "loss.png"} <= set(os.listdir(out))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Resume
+
+
+def test_resume_after_k_iterations_gives_the_losses_and_weights_of_an_uninterrupted_run(data_dir, tmp_path):
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    common = ["eval_interval=3", "dropout=0.1"]  # dropout: the torch RNG state must be restored too
+    train.main(tiny_args(data_dir, whole, *common, "max_iters=7"))
+    # resume=True: a relaunch of the same command; the first launch finds no checkpoint and starts from scratch
+    train.main(tiny_args(data_dir, parts, *common, "max_iters=3", "resume=True"))
+    assert torch.load(parts / "ckpt.pt", weights_only=False)["iter_num"] == 3
+    train.main(tiny_args(data_dir, parts, *common, "max_iters=7", "resume=True"))
+    want = step_losses(whole)
+    assert list(want) == list(range(7)) and len(set(want.values())) == 7
+    assert step_losses(parts) == want  # exact float equality, step by step
+    assert list(step_losses(parts, since_last_start=True)) == [3, 4, 5, 6]  # the resumed run did only the rest
+    a, b = (torch.load(d / "ckpt.pt", map_location="cpu", weights_only=False) for d in (whole, parts))
+    assert a["iter_num"] == b["iter_num"] == 7
+    assert a["model"].keys() == b["model"].keys()
+    assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
+    evals = {r["iter"]: r["val_loss"] for r in read_log(parts) if "val_loss" in r}
+    assert evals == {r["iter"]: r["val_loss"] for r in read_log(whole) if "val_loss" in r}
+
+
+def test_a_killed_run_resumed_in_a_new_process_continues_with_the_uninterrupted_losses(data_dir, tmp_path):
+    out, ref = tmp_path / "killed", tmp_path / "ref"
+    def args(out_dir, max_iters):
+        return tiny_args(data_dir, out_dir, "eval_interval=4", "eval_iters=1", "log_interval=1000",
+                         f"max_iters={max_iters}")
+    p = run_script(*args(out, 100000))  # would run for a long time
+    deadline, evals = time.time() + 120, []
+    while time.time() < deadline and p.poll() is None:
+        if os.path.exists(out / "log.jsonl"):
+            with open(out / "log.jsonl") as f:  # an eval line is written after its checkpoint
+                evals = [r["iter"] for r in map(json.loads, f.read().splitlines()[:-1]) if "val_loss" in r]
+            if evals and evals[-1] >= 4:
+                break
+        time.sleep(0.02)
+    p.send_signal(signal.SIGKILL)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGKILL and evals and evals[-1] >= 4, err  # killed mid-way, past a checkpoint
+    k = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False)["iter_num"]
+    assert k >= 4 and k % 4 == 0
+    n = k + 5
+    before_kill = step_losses(out)
+    r = subprocess.run([sys.executable, TRAIN, "init_from=resume", f"out_dir={out}", f"max_iters={n}"], cwd=REPO,
+                       env=ENV, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    train.main(args(ref, n))  # the same run, never stopped
+    want = step_losses(ref)
+    resumed = step_losses(out, since_last_start=True)
+    assert list(resumed) == list(range(k, n))
+    assert resumed == {i: want[i] for i in range(k, n)}  # exactly
+    assert all(want[i] == loss for i, loss in before_kill.items() if i < n)
+    a, b = (torch.load(d / "ckpt.pt", map_location="cpu", weights_only=False)["model"] for d in (out, ref))
+    assert all(torch.equal(v, b[key]) for key, v in a.items())
+
+
+def test_resume_refuses_to_change_the_architecture_or_the_scorer(data_dir, tmp_path):
+    out = tmp_path / "out"
+    train.main(tiny_args(data_dir, out, "max_iters=1", "eval_interval=1"))
+    assert "n_layer=2 differs from the checkpoint's 1" in error_of(tiny_args(data_dir, out, "init_from=resume",
+                                                                              "n_layer=2"))
+    assert "scorer='ssmax' differs" in error_of(tiny_args(data_dir, out, "init_from=resume", "scorer=ssmax"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Divergence
+
+
+def test_nan_loss_stops_with_one_line_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
+    out = tmp_path / "out"
+    msg = error_of(tiny_args(data_dir, out, "learning_rate=1e6", "grad_clip=0", "warmup_iters=0", "max_iters=100",
+                             "eval_interval=2", "eval_iters=1"))
+    m = re.match(r"error: (eval )?loss (is nan|is inf|.*) at iter (\d+).*the run diverged and stops; the last good "
+                 r"checkpoint (\S+) is kept$", msg)
+    assert m and m.group(4) == str(out / "ckpt.pt"), msg
+    failed_at = int(m.group(3))
+    ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False)
+    assert 0 < ckpt["iter_num"] <= failed_at < 100 and failed_at - ckpt["iter_num"] <= 2
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+    model, _ = load_checkpoint(str(out / "ckpt.pt"))  # it still loads, and computes a finite loss
+    x = torch.from_numpy(np.fromfile(os.path.join(data_dir, "rand", "val.bin"), dtype=np.uint16)[:17].astype(np.int64))
+    _, loss = model(x[None, :-1], x[None, 1:])
+    assert math.isfinite(loss.item())
+    logged = [r for r in read_log(out) if "loss" in r or "val_loss" in r]
+    assert all(math.isfinite(v) for r in logged for k, v in r.items() if "loss" in k)  # no NaN was logged
+    assert max(r["iter"] for r in logged) < failed_at or "eval" in msg
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# softmax -> SSMax switch
+
+
+def test_init_from_softmax_checkpoint_with_scorer_ssmax_sets_s0_and_keeps_every_other_weight(data_dir, tmp_path):
+    src, dst = tmp_path / "softmax", tmp_path / "ssmax"
+    train.main(tiny_args(data_dir, src, "max_iters=2", "eval_interval=2"))
+    train.main(tiny_args(data_dir, dst, f"init_from={src / 'ckpt.pt'}", "scorer=ssmax", "max_iters=0"))
+    a = torch.load(src / "ckpt.pt", map_location="cpu", weights_only=False)
+    b = torch.load(dst / "ckpt.pt", map_location="cpu", weights_only=False)
+    s0 = ssmax_s_for_switch(16)
+    assert s0 == pytest.approx(1 / np.mean(np.log(np.arange(1, 17))), rel=1e-12)
+    assert a["model_args"]["scorer"] == "softmax" and b["iter_num"] == 0
+    assert b["model_args"] == {**a["model_args"], "scorer": "ssmax", "ssmax_s_init": s0}
+    assert b["config"]["scorer"] == "ssmax" and b["config"]["ssmax_s_init"] == s0
+    added = set(b["model"]) - set(a["model"])
+    assert added == {"transformer.h.0.attn.ssmax_s"} and set(a["model"]) <= set(b["model"])
+    assert torch.equal(b["model"]["transformer.h.0.attn.ssmax_s"], torch.full((2,), s0))
+    assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
+    assert [r["iter"] for r in read_log(dst) if "val_loss" in r] == [0]  # converted, evaluated, saved
+    assert not step_losses(dst)
+    # an explicit s0 wins, and the switched model trains on
+    train.main(tiny_args(data_dir, tmp_path / "s05", f"init_from={src / 'ckpt.pt'}", "scorer=ssmax",
+                         "ssmax_s_init=0.5", "max_iters=1", "eval_interval=1"))
+    c = torch.load(tmp_path / "s05" / "ckpt.pt", map_location="cpu", weights_only=False)
+    assert c["model_args"]["ssmax_s_init"] == 0.5 and c["iter_num"] == 1
+
+
+def test_init_from_a_checkpoint_trains_at_its_block_size_unless_the_command_sets_one(data_dir, tmp_path, capsys):
+    src = tmp_path / "src"
+    train.main(tiny_args(data_dir, src, "max_iters=1", "eval_interval=1"))
+    no_length = [a for a in tiny_args(data_dir, tmp_path / "a", "max_iters=1", "eval_interval=1")
+                 if not a.startswith("block_size=")]
+    capsys.readouterr()
+    train.main([*no_length, f"init_from={src / 'ckpt.pt'}"])  # TrainConfig's default would be 1,024
+    assert " 32 tokens per iteration" in capsys.readouterr().out  # batch 2 x 16 tokens, not 2 x 1,024
+    a = torch.load(tmp_path / "a" / "ckpt.pt", map_location="cpu", weights_only=False)
+    assert a["config"]["block_size"] == a["model_args"]["block_size"] == 16
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# SFT
+
+SFT_ROWS = [{"prompt": "Question: What is the capital of France?\nAnswer:", "answer": " Paris"},
+            {"prompt": "Question: Who wrote Hamlet?\nAnswer:", "answer": " William Shakespeare"},
+            {"prompt": "Where is Denver?", "answer": " Colorado, in the United States"},
+            {"prompt": "2 + 2 =", "answer": " 4"}]
+
+
+def write_sft(path, rows=SFT_ROWS):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+def test_sft_targets_are_answer_and_endoftext_with_minus_one_on_prompt_and_padding(tmp_path):
+    enc, T = prepare_data.get_tokenizer(), 32
+    examples = train.load_sft(write_sft(tmp_path / "sft.jsonl"), T)
+    assert len(examples) == len(SFT_ROWS)
+    for (ids, n_prompt), row in zip(examples, SFT_ROWS):
+        p, a = enc.encode_ordinary(row["prompt"]), enc.encode_ordinary(row["answer"])
+        assert ids.tolist() == p + a + [prepare_data.EOT] and n_prompt == len(p)
+    x, y = train.sft_batch(examples, torch.tensor([1, 3, 0]), T)
+    assert x.shape == y.shape == (3, T) and x.dtype == y.dtype == torch.long
+    for b, i in enumerate([1, 3, 0]):
+        ids, n_prompt = examples[i]
+        n = len(ids) - 1
+        assert x[b, :n].tolist() == ids[:-1].tolist()
+        assert (x[b, n:] == prepare_data.EOT).all()  # padding
+        answer = enc.encode_ordinary(SFT_ROWS[i]["answer"]) + [prepare_data.EOT]
+        assert y[b].tolist() == [-1] * (n_prompt - 1) + answer + [-1] * (T - n)
+
+
+def test_sft_crops_long_prompts_on_the_left_and_long_answers_on_the_right(tmp_path):
+    enc, T = prepare_data.get_tokenizer(), 8
+    rows = [{"prompt": "one two three four five six seven eight nine ten", "answer": " eleven twelve"},
+            {"prompt": "short", "answer": " a b c d e f g h i j k l m n o p"}]
+    examples = train.load_sft(write_sft(tmp_path / "sft.jsonl", rows), T)
+    (ids0, n0), (ids1, n1) = examples
+    p0, a0 = enc.encode_ordinary(rows[0]["prompt"]), enc.encode_ordinary(rows[0]["answer"]) + [prepare_data.EOT]
+    assert len(ids0) == T + 1 and ids0.tolist() == p0[-(T + 1 - len(a0)):] + a0 and n0 == T + 1 - len(a0)
+    a1 = enc.encode_ordinary(rows[1]["answer"])
+    assert ids1.tolist() == a1[:T + 1] and n1 == 0  # the answer's beginning, no prompt left
+    x, y = train.sft_batch(examples, torch.tensor([0, 1]), T)
+    assert y[0].tolist() == [-1] * (n0 - 1) + a0 and y[1].tolist() == a1[1:T + 1]
+
+
+@pytest.mark.parametrize("content,words", [
+    (None, "does not exist"),
+    ("", "every line must be"),
+    ('{"prompt": "a", "answer": "b"}\nnot json\n', "every line must be"),
+    ('{"prompt": "a"}\n', "every line must be"),
+    ('{"prompt": "a", "answer": 3}\n', "every line must be"),
+    ('["a", "b"]\n', "every line must be"),
+])
+def test_bad_sft_file_is_one_error_line(content, words, tmp_path):
+    path = tmp_path / "sft.jsonl"
+    if content is not None:
+        path.write_text(content)
+    msg = error_of(["device=cpu", f"sft_data={path}", f"out_dir={tmp_path / 'out'}", "n_layer=1", "n_head=2",
+                    "n_embd=32", "ffn_hidden=64", "block_size=16"])
+    assert words in msg and str(path) in msg
+
+
+def test_sft_run_in_epochs_lowers_the_answer_loss(tmp_path, capsys):
+    out = tmp_path / "out"
+    path = write_sft(tmp_path / "sft.jsonl")
+    train.main(["device=cpu", f"sft_data={path}", f"out_dir={out}", "n_layer=1", "n_head=2", "n_embd=32",
+                "ffn_hidden=64", "block_size=32", "batch_size=2", "gradient_accumulation_steps=1", "sft_epochs=5",
+                "learning_rate=1e-2", "weight_decay=0", "eval_interval=100", "eval_iters=2"])
+    assert "iterations per epoch" in capsys.readouterr().out
+    ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False)
+    cfg = ckpt["config"]  # 4 examples / (1 x 2 per iteration) = 2 iterations per epoch
+    assert cfg["max_iters"] == cfg["lr_decay_iters"] == 10 and cfg["warmup_iters"] == 2 and ckpt["iter_num"] == 10
+    evals = [r for r in read_log(out) if "val_loss" in r]
+    assert [r["iter"] for r in evals] == [0, 10]
+    assert evals[-1]["val_loss"] < 0.7 * evals[0]["val_loss"]  # the answers are being learned
+    # the loss sums the answer tokens' losses per sequence (>= 2 tokens each), not their mean: at init > log(vocab)
+    assert evals[0]["val_loss"] > 1.5 * math.log(prepare_data.VOCAB_SIZE)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# DDP, and the embedded dataset prepared on demand
+
+
+def test_torchrun_two_cpu_processes_equal_one_process_and_only_rank0_writes(data_dir, tmp_path):
+    ddp_out, one_out = tmp_path / "ddp", tmp_path / "one"
+    # gradient_accumulation_steps is global: 2 micro-steps on each of 2 processes = 4 on one
+    common = ["gradient_accumulation_steps=4", "max_iters=4", "eval_interval=2"]
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", TRAIN,
+                        *tiny_args(data_dir, ddp_out, *common)], cwd=cwd, env=ENV,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("config: ") == 1 and "2 process(es)" in r.stdout
+    train.main(tiny_args(data_dir, one_out, *common))
+    ddp, one = step_losses(ddp_out), step_losses(one_out)
+    assert list(ddp) == list(one) == [0, 1, 2, 3]
+    np.testing.assert_allclose(list(ddp.values()), list(one.values()), rtol=1e-5, atol=0)
+    assert len(set(ddp.values())) == 4  # it trained
+    # only rank 0 wrote: the usual files, each log line once, nothing in the working directory
+    assert sorted(os.listdir(ddp_out)) == ["best.pt", "ckpt.pt", "log.jsonl", "loss.png"]
+    rows = read_log(ddp_out)
+    assert sum("config" in r for r in rows) == 1 and len(rows) == 1 + 4 + 3  # config, 4 steps, evals at 0, 2, 4
+    assert os.listdir(cwd) == []
+    a, b = (torch.load(d / "ckpt.pt", map_location="cpu", weights_only=False) for d in (ddp_out, one_out))
+    assert a["iter_num"] == 4 and a["config"]["gradient_accumulation_steps"] == 4
+    for k, v in a["model"].items():
+        torch.testing.assert_close(v, b["model"][k], rtol=1e-4, atol=1e-6)
+
+
+def test_missing_embedded_dataset_is_prepared_automatically(tmp_path, capsys):
+    out = tmp_path / "out"
+    train.main(["device=cpu", f"data_dir={tmp_path / 'data'}", f"out_dir={out}", "n_layer=1", "n_head=2",
+                "n_embd=32", "ffn_hidden=64", "block_size=16", "batch_size=2", "gradient_accumulation_steps=1",
+                "max_iters=1", "eval_interval=1", "eval_iters=1"])  # dataset: the default, shakespeare
+    printed = capsys.readouterr().out
+    d = tmp_path / "data" / "shakespeare"
+    with open(d / "meta.json") as f:
+        meta = json.load(f)
+    assert meta["source"] == "shakespeare" and meta["tokens"]["train"] > 1_000_000
+    assert os.path.getsize(d / "train.bin") == 2 * meta["tokens"]["train"]
+    assert "unigram entropy of train" in printed and "\nsample:\n" in printed  # GPT-2 vocabulary: a sample
+    ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False)
+    assert ckpt["config"]["dataset"] == "shakespeare" and ckpt["iter_num"] == 1
