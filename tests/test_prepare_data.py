@@ -160,7 +160,7 @@ def test_txt_files_are_one_document_each(tmp_path):
 # errors: one line, exit status 2
 
 @pytest.mark.parametrize("args, words", [
-    (["no_such_source"], ["unknown source 'no_such_source'", "shakespeare, kjv, hf:"]),
+    (["no_such_source"], ["unknown source 'no_such_source'", "shakespeare, kjv, english, hf:"]),
     (["{tmp}/nothing/*.jsonl"], ["no files match"]),
     (["{tmp}/empty.jsonl"], ["empty.jsonl", "no rows"]),
     (["{tmp}/c.jsonl", "--text_field", "body"], ["text field 'body' not found", "'content'"]),
@@ -183,3 +183,8 @@ def test_cli_bad_glob_subprocess(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip() == f"error: no files match {str(tmp_path / '*.parquet')!r}"
+
+
+def test_english_is_every_embedded_text_together():
+    english = pdata.EMBEDDED["english"]()
+    assert english == pdata.shakespeare_docs() + pdata.kjv_docs() and len(english) > 100
