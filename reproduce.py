@@ -1,0 +1,225 @@
+"""
+Reproduce the three papers' experiments at small scale, end to end (RESULTS.md reports what came out).
+
+    python reproduce.py --scale cpu     # 2 CPU cores, ~45 minutes: tiny model, N = 128, evaluation to 10 N
+    python reproduce.py --scale gpu     # one H100/H200, ~20 GPU minutes: 6 x 384 model, N = 256, evaluation to 10 N
+
+Every variant is trained on the same data, token budget and seed with train.py; then eval_long.py (RoPE θ x 50, the
+SSMax paper's Fig. 5, and Dynamic NTK, the LSSAR paper's Table 4), needle.py after a short retrieval fine-tune on
+synthetic needles (Fig. 6, needle scores Figs. 7-8) and passkey on the pretrained models (LSSAR Fig. 3). Runs live in
+out-repro-<scale>/ (checkpoints), results in results/<scale>/ (PNG, CSV, JSON). A step whose output exists is
+skipped, so an interrupted reproduction continues where it stopped. Each step's command and wall time go to
+results/<scale>/steps.jsonl; summary.json gathers the numbers RESULTS.md quotes.
+"""
+import argparse, json, os, shutil, subprocess, sys, time
+
+import torch
+
+# ----------------------------------------------------------------------------------------------------------------
+# The two scales. The model fields are GPTConfig's, the rest TrainConfig's (train.py).
+
+SCALES = {
+    "cpu": dict(
+        model=dict(n_layer=4, n_head=4, n_embd=128, ffn_hidden=352, block_size=128),
+        # 8 x 128 = 1,024 tokens/iter x 300 iters = 307,200 tokens per variant (0.13 epoch of `english`)
+        train=dict(batch_size=8, gradient_accumulation_steps=1, max_iters=300, learning_rate=2e-3, warmup_iters=30,
+                   lr_schedule="constant", eval_interval=100, eval_iters=8, log_interval=50, device="cpu"),
+        sft=dict(examples=400, max_iters=40, batch_size=8, learning_rate=5e-4),
+        eval=dict(num_seqs=16, needle_contexts=[128, 256, 640, 1280], samples=4, passkey_contexts=[128, 256, 640, 1280],
+                  passkey_samples=10, score_context=1024, trials=16, batch_size=4)),
+    "gpu": dict(
+        model=dict(n_layer=6, n_head=6, n_embd=384, ffn_hidden=1024, block_size=256),
+        # 64 x 256 = 16,384 tokens/iter x 1,200 iters = 19.7M tokens per variant (8.2 epochs of `english`)
+        train=dict(batch_size=64, gradient_accumulation_steps=1, max_iters=1200, learning_rate=1e-3, warmup_iters=100,
+                   lr_schedule="constant", eval_interval=200, eval_iters=20, log_interval=100, device="cuda"),
+        sft=dict(examples=4000, max_iters=200, batch_size=32, learning_rate=3e-4),
+        eval=dict(num_seqs=64, needle_contexts=[256, 512, 1280, 2560], samples=20, passkey_contexts=[256, 512, 1280,
+                  2560], passkey_samples=50, score_context=2048, trials=100, batch_size=16)),
+}
+SWITCH_AT = 0.875  # variant (f): softmax for the first 87.5 % of the iterations, SSMax for the rest (175k of 200k)
+VARIANTS = {  # name -> (overrides, paper label)
+    "softmax": (dict(scorer="softmax"), "(a) softmax"),
+    "ssmax": (dict(scorer="ssmax"), "(b) SSMax, learnable s"),
+    "ssmax_nos": (dict(scorer="ssmax", ssmax_learn_s=False), "(c) SSMax without s"),
+    "ssmax_bias": (dict(scorer="ssmax", ssmax_bias=True), "(d) SSMax with bias"),
+    "ssmax_e": (None, "(e) softmax -> SSMax after pretraining"),
+    "ssmax_f": (None, "(f) softmax -> SSMax for the last 12.5 %"),
+    "ssa": (dict(scorer="ssa"), "SSA, n = 1.5"),
+    "ssa_learn_n": (dict(scorer="ssa", ssa_learn_n=True), "SSA, learnable n"),
+    "lssa": (dict(scorer="lssa"), "LSSA"),
+    "lssar": (dict(scorer="lssar"), "LSSAR, p = 15"),
+    "softmax_p3": (dict(scorer="softmax", reweight_p=3.0), "softmax re-weighted, p = 3"),
+}
+REPO = os.path.dirname(os.path.abspath(__file__))
+DATASET = "english"  # prepare_data.py: Shakespeare + King James Bible, 2.4M train tokens
+
+
+def kv(d):
+    return [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in d.items()]
+
+
+def step(name, cmd, results, done=None):
+    """Run one command unless `done` (a path) exists; log its command line and wall time."""
+    if done and os.path.exists(done):
+        print(f"[skip] {name}: {done} exists")
+        return
+    print(f"[run] {name}: {' '.join(cmd)}", flush=True)
+    t0 = time.time()
+    subprocess.run([sys.executable, os.path.join(REPO, cmd[0]), *cmd[1:]], check=True)  # outputs under the cwd
+    with open(os.path.join(results, "steps.jsonl"), "a") as f:
+        f.write(json.dumps(dict(step=name, command=" ".join(cmd), wall_s=round(time.time() - t0, 1))) + "\n")
+
+
+def iter_of(path):
+    return torch.load(path, map_location="cpu", weights_only=False)["iter_num"] if os.path.isfile(path) else None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Training: nine variants from scratch, (e) and (f) from the softmax run
+
+def train_all(scale, runs, results, data_dir):
+    S, M = SCALES[scale], SCALES[scale]["train"]["max_iters"]
+    base = ["train.py", *kv(S["model"]), *kv(S["train"]), f"dataset={DATASET}", f"data_dir={data_dir}", "seed=1337"]
+    ckpt = lambda v: os.path.join(runs, v, "ckpt.pt")
+    # softmax in two legs so that (f) can branch off at the switch; the resume is exact (tests/test_train.py)
+    k = int(SWITCH_AT * M)
+    if iter_of(ckpt("softmax")) != M:
+        step("train softmax to the switch", base + kv(dict(scorer="softmax", out_dir=f"{runs}/softmax", max_iters=k,
+                                                             resume=True)), results)
+        if iter_of(ckpt("softmax")) == k and not os.path.isfile(ckpt("softmax_at_switch")):
+            os.makedirs(os.path.join(runs, "softmax_at_switch"), exist_ok=True)
+            shutil.copy(ckpt("softmax"), ckpt("softmax_at_switch"))
+        step("train softmax", base + kv(dict(scorer="softmax", out_dir=f"{runs}/softmax", resume=True)), results)
+    for v, (over, _) in VARIANTS.items():
+        if over is None or v == "softmax":
+            continue
+        step(f"train {v}", base + kv({**over, "out_dir": f"{runs}/{v}", "resume": True}), results,
+             done=ckpt(v) if iter_of(ckpt(v)) == M else None)
+    # (e): convert, no training (max_iters=0 evaluates and saves); (f): the last 12.5 % as SSMax with a new warmup
+    step("convert softmax -> ssmax (e)", base + kv(dict(init_from=ckpt("softmax"), scorer="ssmax", max_iters=0,
+                                                        out_dir=f"{runs}/ssmax_e")), results, done=ckpt("ssmax_e"))
+    step("train (f) after the switch", base + kv(dict(init_from=ckpt("softmax_at_switch"), scorer="ssmax",
+                                                      max_iters=M - k, warmup_iters=S["train"]["warmup_iters"],
+                                                      out_dir=f"{runs}/ssmax_f")), results, done=ckpt("ssmax_f"))
+
+
+def loss_curves(runs, results, M):
+    """SSMax Fig. 4: the per-step training loss of every variant (moving average), CSV of the eval losses."""
+    from matplotlib.figure import Figure
+    k, rows, curves = int(SWITCH_AT * M), [], {}
+    for v in VARIANTS:
+        log = [json.loads(l) for l in open(os.path.join(runs, v, "log.jsonl"))]
+        shift = k if v == "ssmax_f" else 0  # (f) continues the softmax run at the switch
+        steps = {r["iter"] + shift: r["loss"] for r in log if "loss" in r}
+        if v == "ssmax_f":
+            soft = [json.loads(l) for l in open(os.path.join(runs, "softmax", "log.jsonl"))]
+            steps = {**{r["iter"]: r["loss"] for r in soft if "loss" in r and r["iter"] < k}, **steps}
+        curves[v] = sorted(steps.items())
+        evals = {r["iter"] + shift: r for r in log if "val_loss" in r}
+        rows += [dict(variant=v, iter=i, train_loss=r["train_loss"], val_loss=r["val_loss"]) for i, r in sorted(evals.items())]
+    w = max(1, M // 20)
+    fig = Figure(figsize=(9, 5), layout="tight")
+    ax = fig.subplots()
+    for c, (v, pts) in enumerate(curves.items()):
+        if len(pts) > w:
+            x, y = zip(*pts)
+            y = torch.tensor(y).unfold(0, w, 1).mean(1).tolist()
+            ax.plot(x[w - 1:], y, color=f"C{c % 10}", ls="--" if c >= 10 else "-", label=VARIANTS[v][1])
+    ax.axvline(k, color="gray", ls=":", lw=0.8)
+    ax.set(xlabel="iteration", ylabel=f"training loss (moving average of {w} steps)",
+           title="Training loss (SSMax paper Fig. 4); dotted: the (f) switch")
+    ax.legend(fontsize=7)
+    fig.savefig(os.path.join(results, "train_loss.png"), dpi=120)
+    with open(os.path.join(results, "train_loss.csv"), "w") as f:
+        f.write("variant,iter,train_loss,val_loss\n" + "".join(f"{r['variant']},{r['iter']},{r['train_loss']:.5f},"
+                                                             f"{r['val_loss']:.5f}\n" for r in rows))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--scale", choices=SCALES, default="cpu")
+    p.add_argument("--max_iters", type=int, help="override the scale's training iterations (report it if you do)")
+    p.add_argument("--name", help="folders out-repro-<name>/ and results/<name>/ (default: the scale)")
+    p.add_argument("--skip", nargs="*", default=[], choices=["eval_long", "needle", "passkey", "score", "bench"])
+    a = p.parse_args(argv)
+    S = SCALES[a.scale]
+    if a.max_iters:
+        S["train"]["max_iters"] = a.max_iters
+    if a.scale == "gpu" and not torch.cuda.is_available():
+        sys.exit("error: --scale gpu needs CUDA; use --scale cpu here")
+    name = a.name or a.scale
+    runs, results, data_dir = f"out-repro-{name}", os.path.join("results", name), "data"
+    os.makedirs(results, exist_ok=True)
+    t0 = time.time()
+    import prepare_data
+    prepare_data.prepare(DATASET, out_dir=data_dir)  # a no-op when up to date
+    train_all(a.scale, runs, results, data_dir)
+    rows = loss_curves(runs, results, S["train"]["max_iters"])
+    E, N = S["eval"], S["model"]["block_size"]
+    ckpts = [os.path.join(runs, v, "ckpt.pt") for v in VARIANTS]
+    data = os.path.join(data_dir, DATASET)
+    common = ["--data", data, "--seed", "0"]
+    if "eval_long" not in a.skip:
+        for method, scale in (("theta", 50), ("dynamic_ntk", 1)):  # SSMax Fig. 5; LSSAR Table 4
+            out = os.path.join(results, f"eval_long_{method}")
+            step(f"eval_long {method}", ["eval_long.py", *ckpts, *common, "--length", str(10 * N), "--rope_method",
+                                         method, "--rope_scale", str(scale), "--num_seqs", str(E["num_seqs"]),
+                                         "--batch_size", "4", "--labels", *VARIANTS, "--out_dir", out]
+                 + (["--fading"] if method == "theta" else []), results, done=os.path.join(out, "summary.json"))
+    needle_dir = os.path.join(results, "needle")
+    if "needle" not in a.skip or "score" not in a.skip:  # retrieval fine-tune on synthetic needles (SQuAD is online)
+        step("sft data", ["needle.py", "sft_data", "--synthetic", str(S["sft"]["examples"]), "--data", data,
+                          "--sft_length", str(N), "--out_dir", os.path.join(runs, "sft")], results,
+             done=os.path.join(runs, "sft", "sft_synthetic.jsonl"))
+        sft = dict(sft_data=os.path.join(runs, "sft", "sft_synthetic.jsonl"), block_size=N, max_iters=S["sft"]["max_iters"],
+                   batch_size=S["sft"]["batch_size"], gradient_accumulation_steps=1,
+                   learning_rate=S["sft"]["learning_rate"], lr_schedule="cosine", lr_decay_iters=S["sft"]["max_iters"],
+                   min_lr=0.0, warmup_iters=S["sft"]["max_iters"] // 10, beta2=0.999, weight_decay=0.0,
+                   eval_interval=S["sft"]["max_iters"], eval_iters=5, log_interval=20, device=S["train"]["device"])
+        for v in VARIANTS:
+            step(f"sft {v}", ["train.py", *kv({**sft, "init_from": os.path.join(runs, v, "ckpt.pt"),
+                                               "out_dir": os.path.join(runs, "sft", v)})], results,
+                 done=os.path.join(runs, "sft", v, "ckpt.pt"))
+    sft_ckpts = [os.path.join(runs, "sft", v, "ckpt.pt") for v in VARIANTS]
+    nl = ["--batch_size", str(E["batch_size"]), "--max_new_tokens", "8", *common, "--out_dir", needle_dir]
+    if "needle" not in a.skip:
+        step("needle", ["needle.py", "needle", "--ckpt", *sft_ckpts, "--context_sizes", *map(str, E["needle_contexts"]),
+                        "--samples", str(E["samples"]), *nl], results, done=os.path.join(needle_dir, "needle.json"))
+    if "score" not in a.skip:
+        step("needle scores", ["needle.py", "score", "--ckpt", *sft_ckpts, "--context", str(E["score_context"]),
+                               "--trials", str(E["trials"]), *nl], results,
+             done=os.path.join(needle_dir, "needle_score_trials.json"))
+    if "passkey" not in a.skip:
+        step("passkey", ["needle.py", "passkey", "--ckpt", *ckpts, "--context_sizes", *map(str, E["passkey_contexts"]),
+                         "--samples", str(E["passkey_samples"]), *nl], results,
+             done=os.path.join(needle_dir, "passkey.json"))
+    if a.scale == "gpu" and "bench" not in a.skip:
+        step("kernel benchmark", ["kernels.py", "--out", os.path.join(results, "kernels")], results,
+             done=os.path.join(results, "kernels.png"))
+
+    # summary.json: what RESULTS.md quotes, read back from the steps' own outputs
+    def read(*path):
+        path = os.path.join(results, *path)
+        return json.load(open(path)) if os.path.isfile(path) else None
+    final = {r["variant"]: r for r in rows}  # the last eval of each variant (rows are in iteration order)
+    summary = dict(scale=a.scale, dataset=DATASET, config=S, variants={v: label for v, (_, label) in VARIANTS.items()},
+                   tokens_per_variant=S["train"]["batch_size"] * S["train"]["gradient_accumulation_steps"] * N
+                   * S["train"]["max_iters"], final_losses=final, wall_s=round(time.time() - t0, 1))
+    for method in ("theta", "dynamic_ntk"):
+        s = read(f"eval_long_{method}", "summary.json")
+        if s:
+            summary[f"eval_long_{method}"] = {m["label"]: m["windows"] for m in s["models"]}
+    for name in ("needle", "passkey", "needle_score_trials"):
+        s = read("needle", f"{name}.json")
+        if s:
+            summary[name] = s["cells"]
+    with open(os.path.join(results, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    print(f"done: {results}/summary.json")
+
+
+if __name__ == "__main__":
+    main()
