@@ -1,7 +1,7 @@
 """
 Reproduce the three papers' experiments at small scale, end to end (RESULTS.md reports what came out).
 
-    python reproduce.py --scale cpu     # 2 CPU cores, ~45 minutes: tiny model, N = 128, evaluation to 10 N
+    python reproduce.py --scale cpu     # 2 CPU cores, ~50 minutes: tiny model, N = 128, evaluation to 10 N
     python reproduce.py --scale gpu     # one H100/H200, ~20 GPU minutes: 6 x 384 model, N = 256, evaluation to 10 N
 
 Every variant is trained on the same data, token budget and seed with train.py; then eval_long.py (RoPE θ x 50, the
