@@ -123,7 +123,7 @@ def test_every_shipped_config_file_parses_into_valid_fields():
         assert explicit and set(explicit) <= {f for f in train.TrainConfig.__dataclass_fields__}, path
         train.TrainConfig(**explicit)  # every value has its field's type
     quick = train.parse_args([os.path.join(REPO, "configs", "cpu_quick.py"), "scorer=softmax"])
-    assert quick["scorer"] == "softmax" and quick["block_size"] == 128 and quick["max_iters"] == 300
+    assert quick["scorer"] == "softmax" and quick["block_size"] == 128 and quick["max_iters"] == 200
 
 
 @pytest.mark.parametrize("argv,words", [
