@@ -7,9 +7,9 @@ Reproduce the three papers' experiments at small scale, end to end (RESULTS.md r
 Every variant is trained on the same data, token budget and seed with train.py; then eval_long.py (RoPE θ x 50, the
 SSMax paper's Fig. 5, and Dynamic NTK, the LSSAR paper's Table 4), needle.py after a short retrieval fine-tune on
 synthetic needles (Fig. 6, needle scores Figs. 7-8) and passkey on the pretrained models (LSSAR Fig. 3). Runs live in
-out-repro-<scale>/ (checkpoints), results in results/<scale>/ (PNG, CSV, JSON). A step whose output exists is
-skipped, so an interrupted reproduction continues where it stopped. Each step's command and wall time go to
-results/<scale>/steps.jsonl; summary.json gathers the numbers RESULTS.md quotes.
+out-repro-<name>/ (checkpoints), results in results/<name>/ (PNG, CSV, JSON); --name defaults to the scale. A step
+whose output exists is skipped, so an interrupted reproduction continues where it stopped. Each step's command and
+wall time go to results/<name>/steps.jsonl; summary.json gathers the numbers RESULTS.md quotes.
 """
 import argparse, json, os, shutil, subprocess, sys, time
 
@@ -77,8 +77,8 @@ def iter_of(path):
 # ----------------------------------------------------------------------------------------------------------------
 # Training: nine variants from scratch, (e) and (f) from the softmax run
 
-def train_all(scale, runs, results, data_dir):
-    S, M = SCALES[scale], SCALES[scale]["train"]["max_iters"]
+def train_all(S, runs, results, data_dir):
+    M = S["train"]["max_iters"]
     base = ["train.py", *kv(S["model"]), *kv(S["train"]), f"dataset={DATASET}", f"data_dir={data_dir}", "seed=1337"]
     ckpt = lambda v: os.path.join(runs, v, "ckpt.pt")
     # softmax in two legs so that (f) can branch off at the switch; the resume is exact (tests/test_train.py)
@@ -146,8 +146,8 @@ def main(argv=None):
     p.add_argument("--skip", nargs="*", default=[], choices=["eval_long", "needle", "passkey", "score", "bench"])
     a = p.parse_args(argv)
     S = SCALES[a.scale]
-    if a.max_iters:
-        S["train"]["max_iters"] = a.max_iters
+    if a.max_iters:  # a copy: SCALES stays what the docs say
+        S = {**S, "train": {**S["train"], "max_iters": a.max_iters}}
     if a.scale == "gpu" and not torch.cuda.is_available():
         sys.exit("error: --scale gpu needs CUDA; use --scale cpu here")
     name = a.name or a.scale
@@ -156,7 +156,7 @@ def main(argv=None):
     t0 = time.time()
     import prepare_data
     prepare_data.prepare(DATASET, out_dir=data_dir)  # a no-op when up to date
-    train_all(a.scale, runs, results, data_dir)
+    train_all(S, runs, results, data_dir)
     rows = loss_curves(runs, results, S["train"]["max_iters"])
     E, N = S["eval"], S["model"]["block_size"]
     ckpts = [os.path.join(runs, v, "ckpt.pt") for v in VARIANTS]
