@@ -116,7 +116,8 @@ def loss_curves(runs, results, M):
             steps = {**{r["iter"]: r["loss"] for r in soft if "loss" in r and r["iter"] < k}, **steps}
         curves[v] = sorted(steps.items())
         evals = {r["iter"] + shift: r for r in log if "val_loss" in r}
-        rows += [dict(variant=v, iter=i, train_loss=r["train_loss"], val_loss=r["val_loss"]) for i, r in sorted(evals.items())]
+        rows += [dict(variant=v, iter=i, train_loss=r["train_loss"], val_loss=r["val_loss"])
+                 for i, r in sorted(evals.items())]
     w = max(1, M // 20)
     fig = Figure(figsize=(9, 5), layout="tight")
     ax = fig.subplots()
@@ -174,8 +175,8 @@ def main(argv=None):
         step("sft data", ["needle.py", "sft_data", "--synthetic", str(S["sft"]["examples"]), "--data", data,
                           "--sft_length", str(N), "--out_dir", os.path.join(runs, "sft")], results,
              done=os.path.join(runs, "sft", "sft_synthetic.jsonl"))
-        sft = dict(sft_data=os.path.join(runs, "sft", "sft_synthetic.jsonl"), block_size=N, max_iters=S["sft"]["max_iters"],
-                   batch_size=S["sft"]["batch_size"], gradient_accumulation_steps=1,
+        sft = dict(sft_data=os.path.join(runs, "sft", "sft_synthetic.jsonl"), block_size=N,
+                   max_iters=S["sft"]["max_iters"], batch_size=S["sft"]["batch_size"], gradient_accumulation_steps=1,
                    learning_rate=S["sft"]["learning_rate"], lr_schedule="cosine", lr_decay_iters=S["sft"]["max_iters"],
                    min_lr=0.0, warmup_iters=S["sft"]["max_iters"] // 10, beta2=0.999, weight_decay=0.0,
                    eval_interval=S["sft"]["max_iters"], eval_iters=5, log_interval=20, device=S["train"]["device"])
