@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 import prepare_data
-from model import BACKENDS, ROPE_METHODS, load_checkpoint, rope_extension, rope_inv_freq, run_info
+from model import BACKENDS, ROPE_METHODS, load_checkpoint, run_info
 
 WINDOW_MULTIPLES = (1, 2, 4, 8, 10, 16, 20)  # k x the training length N
 WINDOW_RULE = ("window kx: mean loss over positions (k*N - N, k*N], the last N positions up to k times the "
@@ -44,18 +44,6 @@ def load_tokens(data_dir, split, L):
 def draw_starts(n_tokens, L, num_seqs, seed):
     """Start offsets of num_seqs windows of L+1 tokens; the same for every checkpoint of a run."""
     return np.random.default_rng(seed).integers(0, n_tokens - L, size=num_seqs)
-
-def extend_rope(model, method, scale, L):
-    """Rebuild the rotary tables for L tokens with an extension method; the weights are untouched."""
-    cfg = model.config
-    hs = cfg.n_embd // cfg.n_head
-    inv_freq, mscale = rope_extension(method, hs, cfg.rope_theta, scale, cfg.block_size, L)
-    model.set_rope(cfg.rope_theta * scale if method == "theta" else cfg.rope_theta, inv_freq, L, mscale)
-    # theta, ntk and dynamic_ntk are plain RoPE with another base: report it (pi and yarn have none)
-    theta_eff = float(inv_freq[1]) ** (-hs / 2) if hs > 2 else None
-    if theta_eff is None or not torch.allclose(rope_inv_freq(hs, theta_eff), inv_freq.double(), rtol=1e-9):
-        theta_eff = None
-    return dict(rope_theta=model.rope_theta, rope_theta_effective=theta_eff, mscale=mscale)
 
 @torch.no_grad()
 def per_position_loss(model, data, starts, L, batch_size, bar=None):
@@ -171,7 +159,7 @@ def run(args):
         label = args.labels[i] if args.labels else cfg.scorer
         if label in loss:  # two checkpoints of one scorer: tell them apart by their folders
             label = f"{label} #{i + 1} ({os.path.basename(os.path.dirname(os.path.abspath(path)))})"
-        rope = extend_rope(model, args.rope_method, args.rope_scale, args.length)
+        rope = model.extend_rope(args.rope_method, args.rope_scale, args.length)
         bar.set_description(f"{label} L={args.length:,}")
         loss[label] = per_position_loss(model, data, starts, args.length, args.batch_size, bar)
         models.append(dict(label=label, checkpoint=os.path.abspath(path), scorer=cfg.scorer,

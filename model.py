@@ -347,6 +347,18 @@ class GPT(nn.Module):
         self.register_buffer("rope_cos", (cos * mscale).to(device), persistent=False)
         self.register_buffer("rope_sin", (sin * mscale).to(device), persistent=False)
 
+    def extend_rope(self, method, scale, L):
+        """Rebuild the rotary tables for L tokens with an extension method (rope_extension); the weights are
+        untouched. Returns what a result file records: θ, the effective θ and mscale."""
+        cfg, hs = self.config, self.config.n_embd // self.config.n_head
+        inv_freq, mscale = rope_extension(method, hs, cfg.rope_theta, scale, cfg.block_size, L)
+        self.set_rope(cfg.rope_theta * scale if method == "theta" else cfg.rope_theta, inv_freq, L, mscale)
+        # theta, ntk and dynamic_ntk are plain RoPE with another base: report it (pi and yarn have none)
+        theta_eff = float(inv_freq[1]) ** (-hs / 2) if hs > 2 else None
+        if theta_eff is None or not torch.allclose(rope_inv_freq(hs, theta_eff), inv_freq.double(), rtol=1e-9):
+            theta_eff = None
+        return dict(rope_theta=self.rope_theta, rope_theta_effective=theta_eff, mscale=mscale)
+
     def forward(self, idx, targets=None, cache=None, capture=None, reduction="mean"):
         """idx (B, T). With targets: logits for every position and the loss (ignore_index -1; reduction
         "mean", "sum" or "none" for per-token losses (B, T)). Without: logits of the last position only.

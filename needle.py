@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 import prepare_data
 from prepare_data import EOT, DataError  # DataError: bad input, printed by main as one line
-from model import BACKENDS, ROPE_METHODS, load_checkpoint, rope_extension, run_info
+from model import BACKENDS, ROPE_METHODS, load_checkpoint, run_info
 
 MODES = ("sft_data", "needle", "passkey", "score")
 NEEDLE_HEAD, NEEDLE_TAIL = " The special magic {city} number is:", " {number}."  # the needle score's span: the tail
@@ -148,11 +148,6 @@ def load_hay(data_dir, split):
 
 # ----------------------------------------------------------------------------------------------------------------
 # The model side
-
-def extend_rope(model, method, scale, L):
-    cfg = model.config
-    inv_freq, mscale = rope_extension(method, cfg.n_embd // cfg.n_head, cfg.rope_theta, scale, cfg.block_size, L)
-    model.set_rope(cfg.rope_theta * scale if method == "theta" else cfg.rope_theta, inv_freq, L + 64, mscale)
 
 @torch.no_grad()
 def greedy(model, idx, max_new_tokens):
@@ -283,7 +278,7 @@ def run(args):
         model = load_checkpoint(path, args.device, backend=args.backend)[0].eval()
         with tqdm(total=n * len(contexts), desc=label, unit="prompt") as bar:
             for L in contexts:
-                extend_rope(model, args.rope_method, args.rope_scale, L)
+                model.extend_rope(args.rope_method, args.rope_scale, L)
                 rows += evaluate(model, label, prompts(L), args, enc, bar)
     report(args, rows, models)
     print(f"results in {args.out_dir}")

@@ -101,14 +101,14 @@ def test_rope_extension_changes_the_rotary_tables_and_nothing_else(ckpts):
     model, _ = load_checkpoint(ckpts["ssmax"])
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     cos0, sin0 = model.rope_cos.clone(), model.rope_sin.clone()
-    info = eval_long.extend_rope(model, "theta", 50, 10 * N)
+    info = model.extend_rope("theta", 50, 10 * N)
     assert info["rope_theta"] == 500000 and model.rope_cos.size(0) == 10 * N
     assert model.state_dict().keys() == weights.keys()
     assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
     assert not torch.allclose(model.rope_cos[1:N], cos0[1:N]) and not torch.allclose(model.rope_sin[1:N], sin0[1:N])
     tables = {}
     for method in ("none", "theta"):  # scale 1: theta is the identity, like none
-        eval_long.extend_rope(model, method, 1.0, 10 * N)
+        model.extend_rope(method, 1.0, 10 * N)
         tables[method] = model.rope_cos.clone(), model.rope_sin.clone()
     assert all(torch.equal(a, b) for a, b in zip(tables["none"], tables["theta"]))
     assert torch.equal(tables["none"][0][:N], cos0) and torch.equal(tables["none"][1][:N], sin0)
@@ -153,7 +153,7 @@ def expected_inv_freq(method, train_len, L):
                                                 ("dynamic_ntk", N, 12)])
 def test_extension_method_tables_equal_the_formula(method, train_len, L):
     model = GPT(tiny_config(block_size=train_len))
-    eval_long.extend_rope(model, method, SCALE, L)
+    model.extend_rope(method, SCALE, L)
     inv = expected_inv_freq(method, train_len, L)
     if method == "dynamic_ntk" and L <= train_len:  # no change up to the training length
         assert np.allclose(inv, THETA ** (-np.arange(HS // 2) * 2 / HS))
@@ -166,7 +166,7 @@ def test_extension_method_tables_equal_the_formula(method, train_len, L):
 def test_yarn_keeps_fast_dims_interpolates_slow_ones_and_scales_by_mscale():
     train_len, L = 1024, 4096  # long enough that both regimes occur among the 8 frequencies of HS = 16
     model = GPT(tiny_config(block_size=train_len))
-    info = eval_long.extend_rope(model, "yarn", SCALE, L)
+    info = model.extend_rope("yarn", SCALE, L)
     mscale = 0.1 * math.log(SCALE) + 1
     assert info["mscale"] == pytest.approx(mscale) and info["rope_theta_effective"] is None
     base = THETA ** (-2 * np.arange(HS // 2) / HS)

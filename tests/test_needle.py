@@ -136,7 +136,7 @@ def test_greedy_never_emits_eot_and_matches_uncached_argmax(enc):
 @pytest.mark.parametrize("scorer", ["softmax", "ssmax", "lssar"])
 def test_needle_score_equals_reference_attention_weights(enc, data_dir, scorer):
     model, hay, L = tiny_model(scorer), needle.load_hay(data_dir, "val"), 96  # beyond block_size 64
-    needle.extend_rope(model, "theta", 50, L)
+    model.extend_rope("theta", 50, L)
     trials = [needle.needle_trial(enc, hay[s:s + L], L, d, c, 8106422)
               for s, d, c in [(0, 30, "Tokyo"), (500, 80, "Lima")]]
     idx = torch.tensor(np.stack([t["ids"] for t in trials]))
