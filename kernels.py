@@ -42,11 +42,27 @@ DECODE_N = 32 if INTERPRET else 64
 
 @triton.jit
 def _softplus(u):
-    # no log1p in Triton: log(w) * t / (w - 1) is log1p(t) to full precision even when w = 1 + t rounds to 1,
-    # so lssa rows with every u << 0 (cos ~ -1 at large n) keep their tiny, non-zero weights
+    # no log1p in Triton, and a division costs as much as the exp: for t < 1/8 seven terms of log1p's series,
+    # above it log(1 + t), both within 6e-7 relative; so lssa rows with every u << 0 (cos ~ -1 at large n) keep
+    # their tiny, non-zero weights
     t = tl.exp(-tl.abs(u))
-    w = 1.0 + t
-    return tl.maximum(u, 0.0) + tl.where(w == 1.0, t, tl.log(w) * t / tl.where(w == 1.0, 1.0, w - 1.0))
+    series = t * (1 - t * (1 / 2 - t * (1 / 3 - t * (1 / 4 - t * (1 / 5 - t * (1 / 6 - t * (1 / 7)))))))
+    return tl.maximum(u, 0.0) + tl.where(t < 0.125, series, tl.log(1.0 + t))
+
+
+@triton.jit
+def _pow(r, p, P_INT: tl.constexpr):
+    """r^p for 0 <= r <= 1: by repeated squaring when p is a small integer (plain multiplies, no special-function
+    unit), else exp2(p log2 r)."""
+    if P_INT > 0:
+        w = r * 0.0 + 1.0
+        for bit in tl.static_range(7):
+            if (P_INT >> bit) & 1:
+                w = w * r
+            r = r * r
+    else:
+        w = tl.exp2(p * tl.log2(r))
+    return w
 
 
 @triton.jit
@@ -88,7 +104,8 @@ def _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale,
               SCORER: tl.constexpr, REWEIGHT: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):
     """Recompute a tile: final weights Pf, stage-1 P, g = dL/dPf, dP = dL/dP, W with dL/dqk = (dP - sigma_i) W."""
     qk = tl.dot(q, kT, input_precision=PREC)
-    P = _prob(_logit(qk, c, ks, sm_scale, b_h, n_h, SCORER), m1, SCORER)
+    x = _logit(qk, c, ks, sm_scale, b_h, n_h, SCORER)
+    P = _prob(x, m1, SCORER)
     if MASK:
         P = tl.where(keep, P, 0.0)
     g = tl.dot(do, vT, input_precision=PREC)  # dL/dPf_ij = dO_i . v_j
@@ -103,9 +120,9 @@ def _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale,
     else:
         Pf = P
         dP = g
-    if SCORER == 3:  # lssa: dP/dA = 1/l_i, dA/du = sigmoid(u), du/dqk = c_i ks_j
+    if SCORER == 3:  # lssa: dP/dA = 1/l_i, dA/du = sigmoid(u) = exp(u - softplus(u)) (no division), du/dqk = c_i ks_j
         u = qk * c[:, None] * ks[None, :]
-        W = (c * tl.exp2(-m1))[:, None] * ks[None, :] / (1.0 + tl.exp(-u))
+        W = (c * tl.exp2(-m1))[:, None] * ks[None, :] * tl.exp(u - x)
         if MASK:
             W = tl.where(keep, W, 0.0)
     elif SCORER == 2:  # ssa: dlogit/dz = n b / (1 + b|z|)
@@ -124,67 +141,74 @@ def _configs(pairs):
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in pairs]
 
 
-FWD_CONFIGS = _configs([(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (64, 128, 4, 2),
-                        (128, 128, 8, 2)])
-BWD_CONFIGS = _configs([(64, 64, 4, 2), (64, 64, 8, 3), (128, 64, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2),
-                        (128, 128, 8, 2)])
+# four each: every (T bucket, head dim, scorer) autotunes once, and on the H200 compiling six took ~60 s per test
+FWD_CONFIGS = _configs([(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3)])
+BWD_CONFIGS = _configs([(64, 64, 4, 2), (128, 64, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2)])
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Kernels. q, k, v: any strides; o, do, dq, dk, dv and row statistics (B*H, T[, D]): contiguous.
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk, offset, c, m1, n_i, o_i,
-               sm_scale, b_h, n_h, p, stride_kn, stride_vn,
-               SCORER: tl.constexpr, STAGE: tl.constexpr, MASK: tl.constexpr, BLOCK_N: tl.constexpr,
-               DT: tl.constexpr, PREC: tl.constexpr):
+def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk, offset, c, m1, n_i, o_i, inv_ym,
+               fb, sm_scale, b_h, n_h, p, stride_kn, stride_vn,
+               SCORER: tl.constexpr, STAGE: tl.constexpr, MASK: tl.constexpr, P_INT: tl.constexpr,
+               BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if MASK:  # the diagonal blocks (and the ragged end of k): causal mask j <= offset + t
             kT = tl.load(k_ptrs + start_n * stride_kn, mask=cols[None, :] < Tk, other=0.0).to(DT)
-            v = tl.load(v_ptrs + start_n * stride_vn, mask=cols[:, None] < Tk, other=0.0).to(DT)
             keep = cols[None, :] <= offset + offs_m[:, None]
         else:
             kT = tl.load(k_ptrs + start_n * stride_kn).to(DT)
-            v = tl.load(v_ptrs + start_n * stride_vn).to(DT)
         ks = cols * 0.0
         if SCORER == 3:
             ks = tl.load(KS + cols, mask=cols < Tk, other=0.0)
         x = _logit(tl.dot(q, kT, input_precision=PREC), c, ks, sm_scale, b_h, n_h, SCORER)
-        if STAGE == 2:  # re-weighting: base-2 logit p log2(n P - o), only where n P > o
-            y = n_i[:, None] * _prob(x, m1, SCORER) - o_i[:, None]
+        if STAGE == 2:  # re-weighting: (y / y_max)^p where y = n P - o > 0; a fallback row (fb) keeps P
+            P = _prob(x, m1, SCORER)
+            y = n_i[:, None] * P - o_i[:, None]
+            a = tl.where(fb[:, None], P, tl.where(y > 0, _pow(y * inv_ym[:, None], p, P_INT), 0.0))
             if MASK:
-                keep = keep & (y > 0)
-            else:
-                keep = y > 0
-            x = p * tl.log2(tl.where(keep, y, 1.0))
-        if STAGE == 1 and SCORER == 3:  # lssa: bounded weights, plain sums
+                a = tl.where(keep, a, 0.0)
+            l_i += tl.sum(a, 1)
+        elif SCORER == 3:  # lssa: bounded weights, plain sums
             a = x
             if MASK:
                 a = tl.where(keep, a, 0.0)
             l_i += tl.sum(a, 1)
+            if STAGE == 0:
+                m_i = tl.maximum(m_i, tl.max(a, 1))
         else:  # online softmax of base-2 logits
-            if STAGE == 2 or MASK:
+            if MASK:
                 x = tl.where(keep, x, NEG)
             m_new = tl.maximum(m_i, tl.max(x, 1))
             a = tl.exp2(x - m_new[:, None])
-            if STAGE == 2 or MASK:
+            if MASK:
                 a = tl.where(keep, a, 0.0)  # a row may have no kept key yet (m_new = NEG)
             alpha = tl.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(a, 1)
-            acc = acc * alpha[:, None]
+            if STAGE == 1:
+                acc = acc * alpha[:, None]
             m_i = m_new
-        acc = tl.dot(a.to(DT), v, acc, input_precision=PREC)
+        if STAGE != 0:  # pass 1 of re-weighting needs only the row statistics
+            if MASK:
+                v = tl.load(v_ptrs + start_n * stride_vn, mask=cols[:, None] < Tk, other=0.0).to(DT)
+            else:
+                v = tl.load(v_ptrs + start_n * stride_vn).to(DT)
+            acc = tl.dot(a.to(DT), v, acc, input_precision=PREC)
     return acc, l_i, m_i
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, O, LSE,
+def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB,
               stride_qz, stride_qh, stride_qm, stride_qk, stride_kz, stride_kh, stride_kn, stride_kk,
               stride_vz, stride_vh, stride_vn, stride_vk,
               H, Tq, Tk, offset, sm_scale, p, split_size, T_BUCKET,
-              SCORER: tl.constexpr, STAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
+              SCORER: tl.constexpr, STAGE: tl.constexpr, P_INT: tl.constexpr, HEAD_DIM: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """STAGE 1: the scorer's output and lse; with re-weighting STAGE 0 (pass 1): the rows' lse M1 and largest
+    stage-1 logit MX, then STAGE 2 (pass 2): the re-weighted output, its lse and the fallback rows FB."""
     start_m = tl.program_id(0) * BLOCK_M
     off_hz = tl.program_id(1)
     split = tl.program_id(2)  # > 0 only when decoding: this program's share of the keys
@@ -206,12 +230,18 @@ def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, O, LSE,
         qs = tl.load(QS + rows, mask=row_ok, other=0.0)
     c = _row_scale(tl.load(S + off_h), b_h, qs, tl.log(n_i), sm_scale, SCORER)
     m1 = n_i * 0.0
-    if STAGE == 2:
+    ym = n_i * 0.0 + 1.0
+    fb = n_i < 0.0
+    if STAGE == 2:  # pass 1 knows each row's largest y = n P - o (P is monotone in the logit): no running max
         m1 = tl.load(M1 + rows, mask=row_ok, other=0.0)
-    if STAGE == 1 and SCORER == 3:
-        m_i = tl.zeros([BLOCK_M], tl.float32)
-    else:
-        m_i = tl.zeros([BLOCK_M], tl.float32) + NEG
+        mx = tl.load(MX + rows, mask=row_ok, other=0.0)
+        ym = tl.sum(n_i[:, None] * _prob(mx[:, None], m1, SCORER) - o_i[:, None], 1)  # the tile's arithmetic
+        fb = ym <= 0  # no n P > o in the row: it keeps P
+        ym = tl.where(fb, 1.0, ym)
+        tl.store(FB + rows, fb.to(tl.int8), mask=row_ok)  # every split writes the same
+    m_i = tl.zeros([BLOCK_M], tl.float32)
+    if SCORER != 3:
+        m_i += NEG
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     KSb = KS + off_hz.to(tl.int64) * Tk
@@ -220,18 +250,25 @@ def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, O, LSE,
     diag = (offset + start_m + 1) // BLOCK_N * BLOCK_N  # keys below are seen by every row of the block: no mask
     end = tl.minimum(offset + start_m + BLOCK_M, Tk)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KSb, lo, tl.minimum(hi, diag), offs_m, offs_n,
-                               Tk, offset, c, m1, n_i, o_i, sm_scale, b_h, n_h, p, stride_kn, stride_vn,
-                               SCORER, STAGE, False, BLOCK_N, DT, PREC)
+                               Tk, offset, c, m1, n_i, o_i, 1.0 / ym, fb, sm_scale, b_h, n_h, p, stride_kn, stride_vn,
+                               SCORER, STAGE, False, P_INT, BLOCK_N, DT, PREC)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KSb, tl.maximum(lo, diag), tl.minimum(hi, end),
-                               offs_m, offs_n, Tk, offset, c, m1, n_i, o_i, sm_scale, b_h, n_h, p, stride_kn,
-                               stride_vn, SCORER, STAGE, True, BLOCK_N, DT, PREC)
-    ok = l_i > 0  # l_i = 0: no key in this split, or (stage 2) a fallback row
+                               offs_m, offs_n, Tk, offset, c, m1, n_i, o_i, 1.0 / ym, fb, sm_scale, b_h, n_h, p,
+                               stride_kn, stride_vn, SCORER, STAGE, True, P_INT, BLOCK_N, DT, PREC)
+    ok = l_i > 0  # l_i = 0: no key in this split
     l_safe = tl.where(ok, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    lse = tl.where(ok, m_i + tl.log2(l_safe), -float("inf"))
+    ref = m_i  # the base-2 logit the weights are relative to: 0 for lssa (plain sums), p log2 y_max in pass 2
+    if SCORER == 3:
+        ref = m_i * 0.0
+    if STAGE == 2:
+        ref = tl.where(fb, 0.0, p * tl.log2(ym))
     rows_s = split.to(tl.int64) * tl.num_programs(1) * Tq + rows  # (splits, B*H, Tq) layout
-    tl.store(O + rows_s[:, None] * HEAD_DIM + offs_d[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None])
-    tl.store(LSE + rows_s, lse, mask=row_ok)
+    tl.store(LSE + rows_s, tl.where(ok, ref + tl.log2(l_safe), -float("inf")), mask=row_ok)
+    if STAGE == 0:
+        tl.store(MX + rows_s, m_i, mask=row_ok)
+    else:
+        out = acc / l_safe[:, None]
+        tl.store(O + rows_s[:, None] * HEAD_DIM + offs_d[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit
@@ -326,8 +363,9 @@ def _attn_bwd_dq(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G, M2
     end = tl.minimum(offset + start_m + BLOCK_M, Tk)
     # sigma_i = sum_k P_ik dP_ik is needed before any dq term. Without re-weighting it is delta_i = rowsum(dO * O)
     # (FlashAttention-2), but O (rounded to bf16) is not exactly consistent with the recomputed P, and s, b sum
-    # that error over every row, times z: then one more pass computes it from the recomputed P. With re-weighting two more: delta' = sum_j Pf g / sum_j Pf first
-    # (from the recomputed Pf, so a one-hot re-weighted row gets exactly zero gradient, not noise times p n / y)
+    # that error over every row, times z: then one more pass computes it from the recomputed P. With re-weighting
+    # two more: delta' = sum_j Pf g / sum_j Pf first (from the recomputed Pf, so a one-hot re-weighted row gets
+    # exactly zero gradient, not noise times p n / y)
     zero = tl.zeros([BLOCK_M], tl.float32)
     if REWEIGHT:
         acc, g1, g2, delta = _bwd_dq_pass(acc, g1, g2, zero, q, do, k_ptrs, v_ptrs, KSb, diag, end, offs_m, offs_n,
@@ -443,7 +481,8 @@ def _attn_bwd_dkdv(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DK, DV,
     tl.store(GK + cols, gk, mask=col_ok)
 
 
-_attn_fwd_tuned = triton.autotune(FWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", "SCORER", "STAGE"])(_attn_fwd)
+# no STAGE in the forward key: both re-weighting passes run one config, so pass 2 recomputes pass 1's logits bit for bit
+_attn_fwd_tuned = triton.autotune(FWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", "SCORER"])(_attn_fwd)
 _attn_bwd_dq_tuned = triton.autotune(BWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", "SCORER", "REWEIGHT", "EXACT_SIGMA"])(
     _attn_bwd_dq)
 _attn_bwd_dkdv_tuned = triton.autotune(BWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", "SCORER", "REWEIGHT"])(_attn_bwd_dkdv)
@@ -466,13 +505,15 @@ def _num_splits(BH, Tk, device):
 
 
 def _merge(o, lse):
-    """Combine per-split outputs (each normalised over its keys) with their base-2 logsumexps."""
+    """Combine per-split outputs (each normalised over its keys; None: only the lse) with their base-2 lse."""
     m = lse.amax(0)
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     w = torch.exp2(lse - m)  # 0 for splits that saw no key
     l = w.sum(0)
-    out = (w.unsqueeze(-1) * o).sum(0) / torch.where(l > 0, l, torch.ones_like(l)).unsqueeze(-1)
-    return out, torch.where(l > 0, m + torch.log2(l), torch.full_like(l, -math.inf))
+    lse = torch.where(l > 0, m + torch.log2(l), torch.full_like(l, -math.inf))
+    if o is None:
+        return None, lse
+    return (w.unsqueeze(-1) * o).sum(0) / torch.where(l > 0, l, torch.ones_like(l)).unsqueeze(-1), lse
 
 
 def _forward(q, k, v, s, b, n, qs, ks, sid, p, offset, sm_scale):
@@ -483,32 +524,36 @@ def _forward(q, k, v, s, b, n, qs, ks, sid, p, offset, sm_scale):
     splits = _num_splits(BH, Tk, q.device) if decode else 1
     chunk = triton.cdiv(triton.cdiv(Tk, splits), DECODE_N) * DECODE_N if decode else Tk
     splits = triton.cdiv(Tk, chunk)
+    P_INT = int(p) if p is not None and p == int(p) and 0 < p < 128 else 0  # r^p by repeated squaring
 
-    def run(stage, m1):
-        if splits == 1:
-            o = torch.empty(B, H, Tq, D, device=q.device, dtype=q.dtype)
-            lse = torch.empty(BH, Tq, device=q.device, dtype=torch.float32)
-        else:  # fp32 partials, merged below
-            o = torch.empty(splits, BH, Tq, D, device=q.device, dtype=torch.float32)
-            lse = torch.empty(splits, BH, Tq, device=q.device, dtype=torch.float32)
-        args = (q, k, v, s, b, n, qs, ks, m1, o, lse, *q.stride(), *k.stride(), *v.stride(), H, Tq, Tk, offset,
-                sm_scale, p or 0.0, chunk, triton.next_power_of_2(Tk))
-        meta = dict(SCORER=sid, STAGE=stage, HEAD_DIM=D, DT=DT, PREC=PREC)
+    def run(stage, M1=None, MX=None):
+        f32 = dict(device=q.device, dtype=torch.float32)
+        lse = torch.empty(*([splits] if splits > 1 else []), BH, Tq, **f32)
+        mx = torch.empty_like(lse) if stage == 0 else MX
+        o = None
+        if stage != 0:  # fp32 partials when split, merged below
+            o = torch.empty(splits, BH, Tq, D, **f32) if splits > 1 else q.new_empty(B, H, Tq, D)
+        fb = torch.empty(BH, Tq, device=q.device, dtype=torch.int8) if stage == 2 else None
+        args = (q, k, v, s, b, n, qs, ks, lse if M1 is None else M1, lse if mx is None else mx,
+                lse if o is None else o, lse, lse if fb is None else fb, *q.stride(), *k.stride(), *v.stride(), H, Tq,
+                Tk, offset, sm_scale, p or 0.0, chunk, triton.next_power_of_2(Tk))
+        meta = dict(SCORER=sid, STAGE=stage, P_INT=P_INT if stage == 2 else 0, HEAD_DIM=D, DT=DT, PREC=PREC)
         if decode:
             _attn_fwd[(1, BH, splits)](*args, **meta, BLOCK_M=DECODE_M, BLOCK_N=DECODE_N, num_warps=4, num_stages=2)
         else:
             _attn_fwd_tuned[lambda META: (triton.cdiv(Tq, META["BLOCK_M"]), BH, 1)](*args, **meta)
-        if splits == 1:
-            return o, lse
-        o, lse = _merge(o, lse)
-        return o.view(B, H, Tq, D).to(q.dtype), lse
+        if splits > 1:
+            o, lse = _merge(o, lse)
+            mx = mx.amax(0) if stage == 0 else mx
+            o = None if o is None else o.view(B, H, Tq, D).to(q.dtype)
+        return o, lse, mx, fb
 
-    out, M1 = run(1, qs)
     if p is None:
+        out, M1, _, _ = run(1)
         return out, M1, M1
-    out2, M2 = run(2, M1)
-    fallback = torch.isinf(M2).view(B, H, Tq, 1)  # no n P > o in the row: it keeps the stage-1 weights
-    return torch.where(fallback, out, out2), M1, M2
+    _, M1, MX, _ = run(0)  # pass 1: row statistics only
+    out, M2, _, fb = run(2, M1, MX)
+    return out, M1, torch.where(fb.bool(), -math.inf, M2)  # M2 = -inf marks a fallback row for the backward
 
 
 def _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, sid, p, offset, sm_scale, exact_sigma):

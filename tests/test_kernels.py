@@ -152,7 +152,7 @@ def test_huge_logits_stay_finite_and_match(scorer, kw):
     _check(scorer, kw, 40, 9, 16, scale=60.0, atol=2e-4)
 
 
-@pytest.mark.parametrize("p", [15.0, 100.0])
+@pytest.mark.parametrize("p", [15.0, 100.0, 42.5])  # integer p: r^p by repeated squaring; 42.5: by exp2
 def test_reweighting_large_p_at_long_rows(p):
     _check("lssa", dict(p=p), 1, 300, 16, B=1)  # n = 301: (n P)^p would overflow fp32
     _check("softmax", dict(p=p), 45, 0, 16, B=1)
