@@ -66,15 +66,18 @@ def _pow(r, p, P_INT: tl.constexpr):
 
 
 @triton.jit
-def _row_scale(s_h, b_h, qs, ln_n, sm_scale, SCORER: tl.constexpr):
-    """Per-row multiplier of q.k: the base-2 logit scale, or for lssa the exponent log(d) log(n_i) / |q_i|."""
+def _row_setup(QS, rows, row_ok, t, offset, s_h, b_h, sm_scale, SCORER: tl.constexpr):
+    """Query rows t: n_i (keys the row attends to), the re-weighting offset o_i (0 for absolute rows i < 3) and
+    the multiplier c of q.k: the base-2 logit scale, or for lssa the exponent log(d) log(n_i) / |q_i|."""
+    n_i = (offset + t + 1).to(tl.float32)
+    ln_n = tl.log(n_i)
     if SCORER == 1:  # ssmax: z times s log n_i + b, folded into the scale with 1/sqrt(d) and log2(e): free
         c = (s_h * ln_n + b_h) * (sm_scale * LOG2E)
     elif SCORER == 3:  # lssa: sm_scale carries log(d)
-        c = ln_n * sm_scale * qs
+        c = ln_n * sm_scale * tl.load(QS + rows, mask=row_ok, other=0.0)
     else:
         c = ln_n * 0.0 + sm_scale * LOG2E
-    return c
+    return n_i, tl.where(n_i > 3.0, 1.0, 0.0), c
 
 
 @triton.jit
@@ -147,20 +150,20 @@ BWD_CONFIGS = _configs([(64, 64, 4, 2), (128, 64, 8, 2), (64, 128, 8, 2), (32, 6
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Kernels. q, k, v: any strides; o, do, dq, dk, dv and row statistics (B*H, T[, D]): contiguous.
+# Kernels. q, k, v, o, do, dq, dk, dv (B*H, T, D) and row statistics (B*H, T): contiguous.
 
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk, offset, c, m1, n_i, o_i, inv_ym,
-               fb, sm_scale, b_h, n_h, p, stride_kn, stride_vn,
-               SCORER: tl.constexpr, STAGE: tl.constexpr, MASK: tl.constexpr, P_INT: tl.constexpr,
-               BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+               fb, sm_scale, b_h, n_h, p, SCORER: tl.constexpr, STAGE: tl.constexpr, MASK: tl.constexpr,
+               P_INT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr,
+               PREC: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if MASK:  # the diagonal blocks (and the ragged end of k): causal mask j <= offset + t
-            kT = tl.load(k_ptrs + start_n * stride_kn, mask=cols[None, :] < Tk, other=0.0).to(DT)
+            kT = tl.load(k_ptrs + start_n * HEAD_DIM, mask=cols[None, :] < Tk, other=0.0).to(DT)
             keep = cols[None, :] <= offset + offs_m[:, None]
         else:
-            kT = tl.load(k_ptrs + start_n * stride_kn).to(DT)
+            kT = tl.load(k_ptrs + start_n * HEAD_DIM).to(DT)
         ks = cols * 0.0
         if SCORER == 3:
             ks = tl.load(KS + cols, mask=cols < Tk, other=0.0)
@@ -193,18 +196,15 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk,
             m_i = m_new
         if STAGE != 0:  # pass 1 of re-weighting needs only the row statistics
             if MASK:
-                v = tl.load(v_ptrs + start_n * stride_vn, mask=cols[:, None] < Tk, other=0.0).to(DT)
+                v = tl.load(v_ptrs + start_n * HEAD_DIM, mask=cols[:, None] < Tk, other=0.0).to(DT)
             else:
-                v = tl.load(v_ptrs + start_n * stride_vn).to(DT)
+                v = tl.load(v_ptrs + start_n * HEAD_DIM).to(DT)
             acc = tl.dot(a.to(DT), v, acc, input_precision=PREC)
     return acc, l_i, m_i
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB,
-              stride_qz, stride_qh, stride_qm, stride_qk, stride_kz, stride_kh, stride_kn, stride_kk,
-              stride_vz, stride_vh, stride_vn, stride_vk,
-              H, Tq, Tk, offset, sm_scale, p, split_size, T_BUCKET,
+def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB, H, Tq, Tk, offset, sm_scale, p, split_size, T_BUCKET,
               SCORER: tl.constexpr, STAGE: tl.constexpr, P_INT: tl.constexpr, HEAD_DIM: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """STAGE 1: the scorer's output and lse; with re-weighting STAGE 0 (pass 1): the rows' lse M1 and largest
@@ -212,23 +212,17 @@ def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB,
     start_m = tl.program_id(0) * BLOCK_M
     off_hz = tl.program_id(1)
     split = tl.program_id(2)  # > 0 only when decoding: this program's share of the keys
-    off_z, off_h = (off_hz // H).to(tl.int64), off_hz % H
+    off_h = off_hz % H
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < Tq
     rows = off_hz.to(tl.int64) * Tq + offs_m
-    q = tl.load(Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk,
-                mask=row_ok[:, None], other=0.0).to(DT)
-    k_ptrs = K + off_z * stride_kz + off_h * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kk
-    v_ptrs = V + off_z * stride_vz + off_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vk
-    n_i = (offset + offs_m + 1).to(tl.float32)  # keys that row attends to
-    o_i = tl.where(n_i > 3.0, 1.0, 0.0)  # re-weighting offset: 0 for absolute rows i < 3
+    q = tl.load(Q + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(DT)
+    k_ptrs = K + off_hz.to(tl.int64) * Tk * HEAD_DIM + offs_n[None, :] * HEAD_DIM + offs_d[:, None]
+    v_ptrs = V + off_hz.to(tl.int64) * Tk * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     b_h, n_h = tl.load(Bp + off_h), tl.load(Np + off_h)
-    qs = 0.0
-    if SCORER == 3:
-        qs = tl.load(QS + rows, mask=row_ok, other=0.0)
-    c = _row_scale(tl.load(S + off_h), b_h, qs, tl.log(n_i), sm_scale, SCORER)
+    n_i, o_i, c = _row_setup(QS, rows, row_ok, offs_m, offset, tl.load(S + off_h), b_h, sm_scale, SCORER)
     m1 = n_i * 0.0
     ym = n_i * 0.0 + 1.0
     fb = n_i < 0.0
@@ -250,11 +244,11 @@ def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB,
     diag = (offset + start_m + 1) // BLOCK_N * BLOCK_N  # keys below are seen by every row of the block: no mask
     end = tl.minimum(offset + start_m + BLOCK_M, Tk)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KSb, lo, tl.minimum(hi, diag), offs_m, offs_n,
-                               Tk, offset, c, m1, n_i, o_i, 1.0 / ym, fb, sm_scale, b_h, n_h, p, stride_kn, stride_vn,
-                               SCORER, STAGE, False, P_INT, BLOCK_N, DT, PREC)
+                               Tk, offset, c, m1, n_i, o_i, 1.0 / ym, fb, sm_scale, b_h, n_h, p,
+                               SCORER, STAGE, False, P_INT, HEAD_DIM, BLOCK_N, DT, PREC)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KSb, tl.maximum(lo, diag), tl.minimum(hi, end),
                                offs_m, offs_n, Tk, offset, c, m1, n_i, o_i, 1.0 / ym, fb, sm_scale, b_h, n_h, p,
-                               stride_kn, stride_vn, SCORER, STAGE, True, P_INT, BLOCK_N, DT, PREC)
+                               SCORER, STAGE, True, P_INT, HEAD_DIM, BLOCK_N, DT, PREC)
     ok = l_i > 0  # l_i = 0: no key in this split
     l_safe = tl.where(ok, l_i, 1.0)
     ref = m_i  # the base-2 logit the weights are relative to: 0 for lssa (plain sums), p log2 y_max in pass 2
@@ -273,14 +267,14 @@ def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB,
 
 @triton.jit
 def _bwd_dq_inner(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk, offset, c, m1, m2, fb,
-                  delta, n_i, o_i, sm_scale, b_h, n_h, p, stride_kn, stride_vn,
-                  SCORER: tl.constexpr, REWEIGHT: tl.constexpr, MASK: tl.constexpr, PASS: tl.constexpr,
-                  BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+                  delta, n_i, o_i, sm_scale, b_h, n_h, p, SCORER: tl.constexpr, REWEIGHT: tl.constexpr,
+                  MASK: tl.constexpr, PASS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                  DT: tl.constexpr, PREC: tl.constexpr):
     # PASS 0: sum_j Pf g (delta'), 1: sum_j P dP (sigma), both into `sigma`; 2: dq and the parameter sums
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        kT = tl.load(k_ptrs + start_n * stride_kn, mask=cols[None, :] < Tk, other=0.0).to(DT)
-        vT = tl.load(v_ptrs + start_n * stride_vn, mask=cols[None, :] < Tk, other=0.0).to(DT)
+        kT = tl.load(k_ptrs + start_n * HEAD_DIM, mask=cols[None, :] < Tk, other=0.0).to(DT)
+        vT = tl.load(v_ptrs + start_n * HEAD_DIM, mask=cols[None, :] < Tk, other=0.0).to(DT)
         keep = cols[None, :] <= offset + offs_m[:, None]
         ks = cols * 0.0
         if SCORER == 3:
@@ -310,47 +304,38 @@ def _bwd_dq_inner(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, lo, hi, offs_m,
 
 @triton.jit
 def _bwd_dq_pass(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, diag, end, offs_m, offs_n, Tk, offset, c, m1, m2, fb,
-                 delta, n_i, o_i, sm_scale, b_h, n_h, p, stride_kn, stride_vn,
-                 SCORER: tl.constexpr, REWEIGHT: tl.constexpr, PASS: tl.constexpr, BLOCK_N: tl.constexpr,
-                 DT: tl.constexpr, PREC: tl.constexpr):
+                 delta, n_i, o_i, sm_scale, b_h, n_h, p, SCORER: tl.constexpr, REWEIGHT: tl.constexpr,
+                 PASS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr,
+                 PREC: tl.constexpr):
     """One pass over the keys of a row block: below the diagonal without a mask, then the diagonal blocks."""
     acc, g1, g2, sigma = _bwd_dq_inner(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, 0, diag, offs_m, offs_n, Tk,
-                                       offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, stride_kn,
-                                       stride_vn, SCORER, REWEIGHT, False, PASS, BLOCK_N, DT, PREC)
+                                       offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, SCORER,
+                                       REWEIGHT, False, PASS, HEAD_DIM, BLOCK_N, DT, PREC)
     acc, g1, g2, sigma = _bwd_dq_inner(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, diag, end, offs_m, offs_n, Tk,
-                                       offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, stride_kn,
-                                       stride_vn, SCORER, REWEIGHT, True, PASS, BLOCK_N, DT, PREC)
+                                       offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, SCORER,
+                                       REWEIGHT, True, PASS, HEAD_DIM, BLOCK_N, DT, PREC)
     return acc, g1, g2, sigma
 
 
 @triton.jit
-def _attn_bwd_dq(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G, M2R,
-                 stride_qz, stride_qh, stride_qm, stride_qk, stride_kz, stride_kh, stride_kn, stride_kk,
-                 stride_vz, stride_vh, stride_vn, stride_vk,
-                 H, Tq, Tk, offset, sm_scale, p, T_BUCKET,
+def _attn_bwd_dq(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G, M2R, H, Tq, Tk, offset, sm_scale, p, T_BUCKET,
                  SCORER: tl.constexpr, REWEIGHT: tl.constexpr, EXACT_SIGMA: tl.constexpr, HEAD_DIM: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     off_hz = tl.program_id(1)
-    off_z, off_h = (off_hz // H).to(tl.int64), off_hz % H
+    off_h = off_hz % H
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < Tq
     rows = off_hz.to(tl.int64) * Tq + offs_m
-    q = tl.load(Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk,
-                mask=row_ok[:, None], other=0.0).to(DT)
+    q = tl.load(Q + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(DT)
     do = tl.load(DO + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0).to(DT)
-    k_ptrs = K + off_z * stride_kz + off_h * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kk
-    v_ptrs = V + off_z * stride_vz + off_h * stride_vh + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vk
+    k_ptrs = K + off_hz.to(tl.int64) * Tk * HEAD_DIM + offs_n[None, :] * HEAD_DIM + offs_d[:, None]
+    v_ptrs = V + off_hz.to(tl.int64) * Tk * HEAD_DIM + offs_n[None, :] * HEAD_DIM + offs_d[:, None]
     KSb = KS + off_hz.to(tl.int64) * Tk
-    n_i = (offset + offs_m + 1).to(tl.float32)
-    o_i = tl.where(n_i > 3.0, 1.0, 0.0)
     b_h, n_h = tl.load(Bp + off_h), tl.load(Np + off_h)
-    qs = 0.0
-    if SCORER == 3:
-        qs = tl.load(QS + rows, mask=row_ok, other=0.0)
-    c = _row_scale(tl.load(S + off_h), b_h, qs, tl.log(n_i), sm_scale, SCORER)
+    n_i, o_i, c = _row_setup(QS, rows, row_ok, offs_m, offset, tl.load(S + off_h), b_h, sm_scale, SCORER)
     m1 = tl.load(M1 + rows, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + rows, mask=row_ok, other=0.0)
     m2 = tl.load(M2 + rows, mask=row_ok, other=0.0)
@@ -369,8 +354,8 @@ def _attn_bwd_dq(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G, M2
     zero = tl.zeros([BLOCK_M], tl.float32)
     if REWEIGHT:
         acc, g1, g2, delta = _bwd_dq_pass(acc, g1, g2, zero, q, do, k_ptrs, v_ptrs, KSb, diag, end, offs_m, offs_n,
-                                          Tk, offset, c, m1, m2, fb, zero, n_i, o_i, sm_scale, b_h, n_h, p, stride_kn,
-                                          stride_vn, SCORER, REWEIGHT, 0, BLOCK_N, DT, PREC)
+                                          Tk, offset, c, m1, m2, fb, zero, n_i, o_i, sm_scale, b_h, n_h, p, SCORER,
+                                          REWEIGHT, 0, HEAD_DIM, BLOCK_N, DT, PREC)
         # renormalise the recomputed Pf: rounding in P moves it by ~p n / y ulps, and dP multiplies by p n / y again
         lf = tl.where(fb, 1.0, g2)
         delta = delta / lf
@@ -380,8 +365,8 @@ def _attn_bwd_dq(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G, M2
         tl.store(M2R + rows, tl.where(fb, -float("inf"), m2), mask=row_ok)  # for dk, dv
     if REWEIGHT or EXACT_SIGMA:
         acc, g1, g2, sigma = _bwd_dq_pass(acc, g1, g2, zero, q, do, k_ptrs, v_ptrs, KSb, diag, end, offs_m, offs_n,
-                                          Tk, offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, stride_kn,
-                                          stride_vn, SCORER, REWEIGHT, 1, BLOCK_N, DT, PREC)
+                                          Tk, offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, SCORER,
+                                          REWEIGHT, 1, HEAD_DIM, BLOCK_N, DT, PREC)
         # divided by the recomputed sum P (1 up to rounding): then sum_j P (dP - sigma) = 0 exactly, as in the forward,
         # and logits rounded at |z| ~ 1e4 cost a relative error, not an absolute one
         sigma = sigma / tl.where(g2 > 0, g2, 1.0)
@@ -390,8 +375,8 @@ def _attn_bwd_dq(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G, M2
     else:
         sigma = delta
     acc, g1, g2, sigma = _bwd_dq_pass(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KSb, diag, end, offs_m, offs_n,
-                                      Tk, offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, stride_kn,
-                                      stride_vn, SCORER, REWEIGHT, 2, BLOCK_N, DT, PREC)
+                                      Tk, offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, SCORER,
+                                      REWEIGHT, 2, HEAD_DIM, BLOCK_N, DT, PREC)
     tl.store(DQ + rows[:, None] * HEAD_DIM + offs_d[None, :], acc.to(DQ.dtype.element_ty), mask=row_ok[:, None])
     if SCORER == 1:
         g1 = g1 * sm_scale  # z = qk / sqrt(d)
@@ -401,13 +386,13 @@ def _attn_bwd_dq(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G, M2
 
 @triton.jit
 def _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGMA, QS, lo, hi, offs_m, offs_n,
-                    Tq, offset, s_h, sm_scale, b_h, n_h, p, stride_qm,
+                    Tq, offset, s_h, sm_scale, b_h, n_h, p,
                     SCORER: tl.constexpr, REWEIGHT: tl.constexpr, MASK: tl.constexpr, HEAD_DIM: tl.constexpr,
                     BLOCK_M: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
         t = start_m + offs_m
         row_ok = t < Tq
-        q = tl.load(q_ptrs + start_m * stride_qm, mask=row_ok[:, None], other=0.0).to(DT)
+        q = tl.load(q_ptrs + start_m * HEAD_DIM, mask=row_ok[:, None], other=0.0).to(DT)
         do = tl.load(do_ptrs + start_m * HEAD_DIM, mask=row_ok[:, None], other=0.0).to(DT)
         m1 = tl.load(M1 + t, mask=row_ok, other=0.0)
         sigma = tl.load(SIGMA + t, mask=row_ok, other=0.0)
@@ -415,12 +400,7 @@ def _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGM
         m2 = tl.load(M2 + t, mask=row_ok, other=0.0)
         fb = m2 == -float("inf")
         m2 = tl.where(fb, 0.0, m2)
-        n_i = (offset + t + 1).to(tl.float32)
-        o_i = tl.where(n_i > 3.0, 1.0, 0.0)
-        qs = 0.0
-        if SCORER == 3:
-            qs = tl.load(QS + t, mask=row_ok, other=0.0)
-        c = _row_scale(s_h, b_h, qs, tl.log(n_i), sm_scale, SCORER)
+        n_i, o_i, c = _row_setup(QS, t, row_ok, t, offset, s_h, b_h, sm_scale, SCORER)
         keep = (offs_n[None, :] <= offset + t[:, None]) & row_ok[:, None]
         Pf, P, dP, W, qk, g = _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h,
                                            n_h, p, SCORER, REWEIGHT, MASK, PREC)
@@ -433,29 +413,24 @@ def _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGM
 
 
 @triton.jit
-def _attn_bwd_dkdv(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DK, DV, GK,
-                   stride_qz, stride_qh, stride_qm, stride_qk, stride_kz, stride_kh, stride_kn, stride_kk,
-                   stride_vz, stride_vh, stride_vn, stride_vk,
-                   H, Tq, Tk, offset, sm_scale, p, T_BUCKET,
+def _attn_bwd_dkdv(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DK, DV, GK, H, Tq, Tk, offset, sm_scale, p, T_BUCKET,
                    SCORER: tl.constexpr, REWEIGHT: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     off_hz = tl.program_id(1)
-    off_z, off_h = (off_hz // H).to(tl.int64), off_hz % H
+    off_h = off_hz % H
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     col_ok = offs_n < Tk
-    kT = tl.load(K + off_z * stride_kz + off_h * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kk,
-                 mask=col_ok[None, :], other=0.0).to(DT)
-    vT = tl.load(V + off_z * stride_vz + off_h * stride_vh + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vk,
-                 mask=col_ok[None, :], other=0.0).to(DT)
     cols = off_hz.to(tl.int64) * Tk + offs_n
+    kT = tl.load(K + cols[None, :] * HEAD_DIM + offs_d[:, None], mask=col_ok[None, :], other=0.0).to(DT)
+    vT = tl.load(V + cols[None, :] * HEAD_DIM + offs_d[:, None], mask=col_ok[None, :], other=0.0).to(DT)
     ks = offs_n * 0.0
     if SCORER == 3:
         ks = tl.load(KS + cols, mask=col_ok, other=0.0)
     row0 = off_hz.to(tl.int64) * Tq
-    q_ptrs = Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
+    q_ptrs = Q + (row0 + offs_m[:, None]) * HEAD_DIM + offs_d[None, :]
     do_ptrs = DO + (row0 + offs_m[:, None]) * HEAD_DIM + offs_d[None, :]
     s_h, b_h, n_h = tl.load(S + off_h), tl.load(Bp + off_h), tl.load(Np + off_h)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
@@ -468,14 +443,14 @@ def _attn_bwd_dkdv(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DK, DV,
     hi_full = Tq // BLOCK_M * BLOCK_M  # the last, ragged query block needs the row mask
     M1, M2, DELTA, SIGMA, QS = M1 + row0, M2 + row0, DELTA + row0, SIGMA + row0, QS + row0  # this (b, h)'s rows
     dk, dv, gk = _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGMA, QS, lo, mid, offs_m,
-                                 offs_n, Tq, offset, s_h, sm_scale, b_h, n_h, p, stride_qm, SCORER, REWEIGHT, True,
+                                 offs_n, Tq, offset, s_h, sm_scale, b_h, n_h, p, SCORER, REWEIGHT, True,
                                  HEAD_DIM, BLOCK_M, DT, PREC)
     dk, dv, gk = _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGMA, QS, mid, hi_full,
-                                 offs_m, offs_n, Tq, offset, s_h, sm_scale, b_h, n_h, p, stride_qm, SCORER, REWEIGHT,
+                                 offs_m, offs_n, Tq, offset, s_h, sm_scale, b_h, n_h, p, SCORER, REWEIGHT,
                                  False, HEAD_DIM, BLOCK_M, DT, PREC)
     dk, dv, gk = _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGMA, QS,
                                  tl.maximum(mid, hi_full), Tq, offs_m, offs_n, Tq, offset, s_h, sm_scale, b_h, n_h, p,
-                                 stride_qm, SCORER, REWEIGHT, True, HEAD_DIM, BLOCK_M, DT, PREC)
+                                 SCORER, REWEIGHT, True, HEAD_DIM, BLOCK_M, DT, PREC)
     tl.store(DK + cols[:, None] * HEAD_DIM + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
     tl.store(DV + cols[:, None] * HEAD_DIM + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
     tl.store(GK + cols, gk, mask=col_ok)
@@ -535,8 +510,8 @@ def _forward(q, k, v, s, b, n, qs, ks, sid, p, offset, sm_scale):
             o = torch.empty(splits, BH, Tq, D, **f32) if splits > 1 else q.new_empty(B, H, Tq, D)
         fb = torch.empty(BH, Tq, device=q.device, dtype=torch.int8) if stage == 2 else None
         args = (q, k, v, s, b, n, qs, ks, lse if M1 is None else M1, lse if mx is None else mx,
-                lse if o is None else o, lse, lse if fb is None else fb, *q.stride(), *k.stride(), *v.stride(), H, Tq,
-                Tk, offset, sm_scale, p or 0.0, chunk, triton.next_power_of_2(Tk))
+                lse if o is None else o, lse, lse if fb is None else fb, H, Tq, Tk, offset, sm_scale, p or 0.0,
+                chunk, triton.next_power_of_2(Tk))
         meta = dict(SCORER=sid, STAGE=stage, P_INT=P_INT if stage == 2 else 0, HEAD_DIM=D, DT=DT, PREC=PREC)
         if decode:
             _attn_fwd[(1, BH, splits)](*args, **meta, BLOCK_M=DECODE_M, BLOCK_N=DECODE_N, num_warps=4, num_stages=2)
@@ -573,7 +548,7 @@ def _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, sid, p, offset, sm_scal
     GK = torch.empty(BH, Tk, device=q.device, dtype=torch.float32)  # per-key sums (lssa's |k|^-1)
     M2r = torch.empty_like(M2) if p is not None else M2  # the renormalised M2 from the dq kernel, for dk/dv
     common = (q, k, v, do, s, b, n, qs, ks, M1)
-    scalars = (*q.stride(), *k.stride(), *v.stride(), H, Tq, Tk, offset, sm_scale, p or 0.0, triton.next_power_of_2(Tk))
+    scalars = (H, Tq, Tk, offset, sm_scale, p or 0.0, triton.next_power_of_2(Tk))
     meta = dict(SCORER=sid, REWEIGHT=p is not None, HEAD_DIM=D, DT=DT, PREC=PREC)
     dq_args = (*common, M2, delta, sigma, dq, G, M2r, *scalars)
     dkdv_args = (*common, M2r, delta, sigma, dk, dv, GK, *scalars)
@@ -643,6 +618,7 @@ def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):
     Query t sits at absolute position offset + t (KV cache); k, v hold offset + Tq keys. Differentiable w.r.t.
     q, k, v and s, b, n when they are tensors; p (float) re-weights on top of any scorer (lssar: 15 if None)."""
     sid, s, b, n, p = _prepare(q, k, v, scorer, s, b, n, p, offset)
+    q, k, v = (x.contiguous() for x in (q, k, v))  # the model's v is a view of qkv: one copy, simpler kernels
     D = q.size(-1)
     if sid == 3:  # lssa: raw q, k and inverse norms (as F.normalize: |x| clamped at 1e-12); autograd does the chain
         qs = 1.0 / torch.linalg.vector_norm(q.float(), dim=-1).clamp_min(1e-12)
@@ -654,16 +630,12 @@ def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):
     return _Attention.apply(q, k, v, s, b, n, qs, ks, sid, p, offset, sm_scale)
 
 
-try:
-    from torch.nn.attention.flex_attention import AuxRequest  # the lse request since torch 2.9
-except ImportError:
-    AuxRequest = None
 _flex_compiled = None
 
 
 def _flex_pass(q, k, v, block_mask, scale, sid, pos0, s, b, n, ln_d, lse1, p):
     """One FlexAttention pass: stage-1 scores (lse1 None) or the re-weighting pass over stage-1 lse1."""
-    from torch.nn.attention.flex_attention import flex_attention as flex
+    from torch.nn.attention.flex_attention import AuxRequest, flex_attention as flex  # AuxRequest: torch >= 2.9
 
     def logit(score, h, q_idx):  # natural-log stage-1 logit of SCORERS.md
         ln_n = torch.log((q_idx + pos0 + 1).to(torch.float32))
@@ -681,8 +653,6 @@ def _flex_pass(q, k, v, block_mask, scale, sid, pos0, s, b, n, ln_d, lse1, p):
         return torch.where(y > 0, p * torch.log(torch.where(y > 0, y, torch.ones_like(y))), -math.inf)
 
     mod = (lambda score, bb, h, q_idx, kv_idx: logit(score, h, q_idx)) if lse1 is None else reweight
-    if AuxRequest is None:  # torch < 2.9
-        return flex(q, k, v, score_mod=mod, block_mask=block_mask, scale=scale, return_lse=True)
     out, aux = flex(q, k, v, score_mod=mod, block_mask=block_mask, scale=scale, return_aux=AuxRequest(lse=True))
     return out, aux.lse
 
