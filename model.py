@@ -27,7 +27,6 @@ SCORERS = ("softmax", "ssmax", "ssa", "lssa", "lssar")
 BACKENDS = ("auto", "torch", "triton", "flex")
 LSSAR_DEFAULT_P = 15.0
 
-
 @dataclass
 class GPTConfig:
     block_size: int = 1024  # training length N
@@ -56,12 +55,11 @@ class GPTConfig:
         if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
             raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} heads of even size (RoPE)")
         # An option that the chosen scorer ignores is almost always a typo'd experiment: refuse it.
-        owners = {"ssmax_": ("ssmax",), "ssa_": ("ssa",)}
         for f in fields(self):
-            for prefix, scorers in owners.items():
-                if f.name.startswith(prefix) and getattr(self, f.name) != f.default and self.scorer not in scorers:
-                    raise ValueError(f"option {f.name}={getattr(self, f.name)!r} does not apply to "
-                                     f"scorer={self.scorer!r} (only to {', '.join(scorers)})")
+            owner = f.name.split("_")[0]  # ssmax_* options belong to ssmax, ssa_* to ssa
+            if owner in ("ssmax", "ssa") and getattr(self, f.name) != f.default and self.scorer != owner:
+                raise ValueError(f"option {f.name}={getattr(self, f.name)!r} does not apply to "
+                                 f"scorer={self.scorer!r} (only to {owner})")
         if self.scorer == "ssa" and not (self.ssa_b_init > 0 and self.ssa_n > 1):
             raise ValueError(f"ssa needs ssa_b_init > 0 and ssa_n > 1, got {self.ssa_b_init}, {self.ssa_n}")
         if self.reweight_p is not None and not self.reweight_p > 0:
@@ -70,7 +68,6 @@ class GPTConfig:
     @property
     def p(self):  # the re-weighting exponent that actually applies
         return LSSAR_DEFAULT_P if self.scorer == "lssar" and self.reweight_p is None else self.reweight_p
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # Scorers: reference path. Each returns the weights P (B, H, Tq, Tk) with masked (future) entries exactly 0.
@@ -82,29 +79,23 @@ def _rows(Tq, Tk, offset, device):
     mask = torch.arange(Tk, device=device)[None, :] <= i[:, None]
     return (i + 1)[:, None], mask
 
-
 def _per_head(x, default, H, like):
     x = torch.full((H,), default) if x is None else x
     return x.to(like.device, like.dtype).view(H, 1, 1)  # broadcast over (Tq, Tk)
 
-
 def _masked_softmax(logits, mask):
     return torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
-
 
 def _z(q, k):
     return q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk) raw scaled logits
 
-
 def score_softmax(q, k, n_i, mask, **_):
     return _masked_softmax(_z(q, k), mask)
-
 
 def score_ssmax(q, k, n_i, mask, s=None, b=None, **_):
     z = _z(q, k)
     scale = _per_head(s, 1.0, q.size(1), z) * torch.log(n_i.to(z.dtype)) + _per_head(b, 0.0, q.size(1), z)
     return _masked_softmax(scale * z, mask)  # (H, Tq, 1) scale multiplies the logits: not a (no-op) shift
-
 
 def score_ssa(q, k, n_i, mask, b=None, n=None, **_):
     z = _z(q, k)
@@ -112,17 +103,13 @@ def score_ssa(q, k, n_i, mask, b=None, n=None, **_):
     # w = (1 + b|z|)^(sgn(z) n), normalised = softmax of its log: no pow on negative bases, no overflow
     return _masked_softmax(torch.sign(z) * n * torch.log1p(b * z.abs()), mask)
 
-
 def score_lssa(q, k, n_i, mask, **_):
     d = q.size(-1)
     cos = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)  # no 1/sqrt(d)
     A = F.softplus(math.log(d) * torch.log(n_i.to(cos.dtype)) * cos) * mask
     return A / A.sum(-1, keepdim=True)
 
-
-SCORE_FNS = {"softmax": score_softmax, "ssmax": score_ssmax, "ssa": score_ssa, "lssa": score_lssa,
-             "lssar": score_lssa}
-
+SCORE_FNS = {"softmax": score_softmax, "ssmax": score_ssmax, "ssa": score_ssa, "lssa": score_lssa, "lssar": score_lssa}
 
 def reweight(P, n_i, p):
     """LSSAR eq. 5: R = ReLU(n_i P - o_i)^p, P' = R / sum R; o_i = 0 for rows i < 3, else 1.
@@ -133,7 +120,6 @@ def reweight(P, n_i, p):
     logR = torch.where(pos, p * torch.log(torch.where(pos, x, torch.ones_like(x))), float("-inf"))
     has = pos.any(-1, keepdim=True)
     return torch.where(has, torch.softmax(logR.masked_fill(~has, 0.0), dim=-1), P)
-
 
 def attention_weights(q, k, scorer, *, s=None, b=None, n=None, p=None, offset=0):
     """The attention weights P (B, H, Tq, Tk) of SCORERS.md; q at absolute positions offset..offset+Tq-1."""
@@ -146,32 +132,25 @@ def attention_weights(q, k, scorer, *, s=None, b=None, n=None, p=None, offset=0)
     p = LSSAR_DEFAULT_P if scorer == "lssar" and p is None else p
     return P if p is None else reweight(P, n_i, p)
 
-
 def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0, backend="torch", chunk=1024):
     """Causal attention (B, H, Tq, D) for every scorer. backend: torch (reference), triton (kernels.py), flex.
     The reference scores at most `chunk` query rows at a time, so its memory is O(chunk * Tk), not O(T^2)."""
     kw = dict(s=s, b=b, n=n, p=p, offset=offset)
-    if backend == "triton":
+    if backend in ("triton", "flex"):
         import kernels
-        return kernels.attention(q, k, v, scorer, **kw)
-    if backend == "flex":
-        import kernels
-        return kernels.flex_attention(q, k, v, scorer, **kw)
+        return (kernels.attention if backend == "triton" else kernels.flex_attention)(q, k, v, scorer, **kw)
     if backend != "torch":
         raise ValueError(f"unknown attention backend {backend!r}; allowed: torch, triton, flex")
-    Tq = q.size(-2)
-    if Tq > chunk:
+    if q.size(-2) > chunk:
         return torch.cat([attention(q[:, :, t:t + chunk], k[:, :, :offset + t + chunk], v[:, :, :offset + t + chunk],
                                     scorer, **{**kw, "offset": offset + t}, chunk=chunk)
-                          for t in range(0, Tq, chunk)], dim=2)
+                          for t in range(0, q.size(-2), chunk)], dim=2)
     P = attention_weights(q, k, scorer, **kw)
     return (P @ v.to(P.dtype)).to(q.dtype)
-
 
 def ssmax_s_for_switch(N):
     """s0 = 1 / mean_{n=1..N} log n: keeps the average logit scale at a softmax->SSMax switch (0.168 at N=1024)."""
     return 1.0 / (math.lgamma(N + 1) / N)
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # RoPE as pure functions (real cos/sin); the model's tables are non-persistent buffers, so θ can change on load.
@@ -179,15 +158,12 @@ def ssmax_s_for_switch(N):
 def rope_inv_freq(head_dim, theta):
     return 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
 
-
 def precompute_rope(T, head_dim, theta=10000.0, inv_freq=None):
     inv_freq = rope_inv_freq(head_dim, theta) if inv_freq is None else inv_freq
     angles = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq.to(torch.float64))  # (T, hs/2)
     return angles.cos().float(), angles.sin().float()
 
-
 ROPE_METHODS = ("none", "theta", "pi", "ntk", "dynamic_ntk", "yarn")
-
 
 def rope_extension(method, head_dim, theta, scale, train_len, seq_len):
     """Inverse frequencies and cos/sin multiplier (mscale) to run a model trained at length train_len with base θ
@@ -203,10 +179,8 @@ def rope_extension(method, head_dim, theta, scale, train_len, seq_len):
         return rope_inv_freq(d, theta * scale), 1.0
     if method == "pi":
         return base / scale, 1.0
-    if method == "ntk":
-        return rope_inv_freq(d, theta * scale ** (d / (d - 2))), 1.0
-    if method == "dynamic_ntk":
-        factor = max(1.0, scale * seq_len / train_len - (scale - 1))
+    if method in ("ntk", "dynamic_ntk"):
+        factor = scale if method == "ntk" else max(1.0, scale * seq_len / train_len - (scale - 1))
         return rope_inv_freq(d, theta * factor ** (d / (d - 2))), 1.0
     if method == "yarn":
         def dim_of(rotations):  # the dimension whose wavelength fits `rotations` turns in train_len
@@ -216,12 +190,10 @@ def rope_extension(method, head_dim, theta, scale, train_len, seq_len):
         return base / scale * ramp + base * (1 - ramp), 0.1 * math.log(scale) + 1.0
     raise ValueError(f"unknown RoPE extension method {method!r}; allowed: {', '.join(ROPE_METHODS)}")
 
-
 def apply_rope(x, cos, sin):
     """x (B, nh, T, hs); rotates pairs (x[..., :hs/2], x[..., hs/2:]) by the position angles."""
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # The model
@@ -235,14 +207,12 @@ class RMSNorm(nn.Module):
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         C, H = config.n_embd, config.n_head
         self.n_head, self.scorer, self.p, self.backend = H, config.scorer, config.p, config.backend
-        self.c_attn = nn.Linear(C, 3 * C, bias=False)
-        self.c_proj = nn.Linear(C, C, bias=False)
+        self.c_attn, self.c_proj = nn.Linear(C, 3 * C, bias=False), nn.Linear(C, C, bias=False)
         # Scorer parameters, per head; a fixed one is a buffer, so it is still saved with the weights.
         # b and n of SSA are stored through softplus so that b > 0 and n > 1 always.
         def add(name, value, learn=True):
@@ -286,7 +256,6 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
 
-
 class MLP(nn.Module):  # SwiGLU
     def __init__(self, config):
         super().__init__()
@@ -298,7 +267,6 @@ class MLP(nn.Module):  # SwiGLU
     def forward(self, x):
         return self.dropout(self.c_proj(F.silu(self.w_gate(x)) * self.w_up(x)))
 
-
 class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -309,7 +277,6 @@ class Block(nn.Module):
     def forward(self, x, cos, sin, cache=None, capture=None):
         x = x + self.dropout(self.attn(self.ln_1(x), cos, sin, cache, capture))
         return x + self.mlp(self.ln_2(x))
-
 
 class GPT(nn.Module):
     def __init__(self, config):
@@ -343,21 +310,18 @@ class GPT(nn.Module):
         self.rope_inv_freq = rope_inv_freq(hs, self.rope_theta) if inv_freq is None else inv_freq
         self.rope_mscale = mscale
         cos, sin = precompute_rope(length or self.config.block_size, hs, inv_freq=self.rope_inv_freq)
-        device = self.lm_head.weight.device
-        self.register_buffer("rope_cos", (cos * mscale).to(device), persistent=False)
-        self.register_buffer("rope_sin", (sin * mscale).to(device), persistent=False)
+        self.register_buffer("rope_cos", (cos * mscale).to(self.lm_head.weight.device), persistent=False)
+        self.register_buffer("rope_sin", (sin * mscale).to(self.lm_head.weight.device), persistent=False)
 
     def extend_rope(self, method, scale, L):
-        """Rebuild the rotary tables for L tokens with an extension method (rope_extension); the weights are
-        untouched. Returns what a result file records: θ, the effective θ and mscale."""
+        """Rotary tables for L tokens by rope_extension(method), weights untouched; returns θ, effective θ, mscale."""
         cfg, hs = self.config, self.config.n_embd // self.config.n_head
         inv_freq, mscale = rope_extension(method, hs, cfg.rope_theta, scale, cfg.block_size, L)
         self.set_rope(cfg.rope_theta * scale if method == "theta" else cfg.rope_theta, inv_freq, L, mscale)
         # theta, ntk and dynamic_ntk are plain RoPE with another base: report it (pi and yarn have none)
         theta_eff = float(inv_freq[1]) ** (-hs / 2) if hs > 2 else None
-        if theta_eff is None or not torch.allclose(rope_inv_freq(hs, theta_eff), inv_freq.double(), rtol=1e-9):
-            theta_eff = None
-        return dict(rope_theta=self.rope_theta, rope_theta_effective=theta_eff, mscale=mscale)
+        plain = theta_eff is not None and torch.allclose(rope_inv_freq(hs, theta_eff), inv_freq.double(), rtol=1e-9)
+        return dict(rope_theta=self.rope_theta, rope_theta_effective=theta_eff if plain else None, mscale=mscale)
 
     def forward(self, idx, targets=None, cache=None, capture=None, reduction="mean"):
         """idx (B, T). With targets: logits for every position and the loss (ignore_index -1; reduction
@@ -374,8 +338,7 @@ class GPT(nn.Module):
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None
         logits = self.lm_head(x)
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
-                               reduction=reduction)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1, reduction=reduction)
         return logits, loss.view(B, T) if reduction == "none" else loss
 
     @torch.no_grad()
@@ -421,18 +384,15 @@ class GPT(nn.Module):
             logits, _ = self(idx_next if use_cache else idx, cache=cache)
         return idx
 
-
 def convert_scorer(model, **changes):
     """A new GPT with changed config fields (e.g. scorer="ssmax") and every shared weight kept: the softmax->SSMax
     switch of the SSMax paper (variants e, f) when ssmax_s_init = ssmax_s_for_switch(block_size)."""
     config = GPTConfig(**{**asdict(model.config), **changes})
     new = GPT(config).to(model.lm_head.weight.device)
     missing, unexpected = new.load_state_dict(model.state_dict(), strict=False)
-    scorer_keys = ("ssmax_s", "ssmax_b", "ssa_b_raw", "ssa_n_raw")
-    bad = [k for k in missing + unexpected if not k.endswith(scorer_keys)]
+    bad = [k for k in missing + unexpected if not k.endswith(("ssmax_s", "ssmax_b", "ssa_b_raw", "ssa_n_raw"))]
     assert not bad, f"convert_scorer: weights that do not carry over: {bad}"
     return new
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # Devices and provenance
@@ -441,13 +401,11 @@ PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "GH200": 989e
                    "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 125e12, "A10": 125e12,
                    "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12, "T4": 65e12}
 
-
 def device_peak_flops(device=None):
     if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
         return None
     name = torch.cuda.get_device_name(device)  # dict order: "A100" is tried before "A10", "L40S" before "L4"
     return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
-
 
 def run_info(seed=None):
     """What every checkpoint and result file records: git SHA, versions, device, seed."""
@@ -460,13 +418,11 @@ def run_info(seed=None):
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return dict(git_sha=sha, torch=torch.__version__, triton=triton or None, device=device, seed=seed)
 
-
 def save_checkpoint(obj, path):
     """Atomic (temp file + rename): a crash mid-write leaves the previous checkpoint intact."""
     tmp = f"{path}.tmp"
     torch.save(obj, tmp)
     os.replace(tmp, path)
-
 
 def load_checkpoint(path, device="cpu", **overrides):
     """GPT from a checkpoint written by train.py; overrides change config fields (e.g. backend)."""
