@@ -6,14 +6,11 @@ Training with the SSMax paper's recipe (Nakanishi 2025, App. B) for any scorer, 
     python train.py configs/ssmax_swap.py init_from=out-softmax/ckpt.pt           # softmax -> SSMax (variants e, f)
     python train.py configs/sft.py init_from=out-ssmax/ckpt.pt                    # SFT on {"prompt", "answer"} lines
 
-Config files (Python, run with runpy) apply in order, then key=value overrides (ast.literal_eval; a bare word is a
-string). Their lower-case names must be fields; "_names", ALL-CAPS constants, modules and functions are skipped.
 Resuming (init_from="resume"; resume=True: if the checkpoint exists) restores weights, optimizer, RNG states and the
 data position: the losses of a run never stopped. DDP: every rank draws the whole global batch from one generator
 seeded alike and takes its slice, so K processes see exactly the batches of one.
 """
 import ast, difflib, json, math, os, runpy, sys, textwrap, time, types
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
 from datetime import timedelta
 from typing import get_args
@@ -70,14 +67,19 @@ class TrainError(Exception):
     """Bad input or a failed run: main prints it as one line."""
 
 
-def coerce(key, value, raw=None):
-    """value as field key's type; raw: an override's text, taken as is by a string field (dataset=kjv)."""
-    typ = TrainConfig.__dataclass_fields__[key].type
+def coerce(key, value, where, raw=None):
+    """value as field key's type, or one clear error; raw: an override's text, taken as is by a string field."""
+    names = TrainConfig.__dataclass_fields__
+    if key not in names:
+        close = difflib.get_close_matches(key, names, 1)
+        raise TrainError(f"unknown config key {key!r} in {where}" + (f" (did you mean {close[0]!r}?)" if close
+                         else "") + "; the keys are the fields of TrainConfig (train.py) and GPTConfig")
+    typ = names[key].type
     base = next((t for t in get_args(typ) if t is not type(None)), typ)  # Optional[float] -> float
     if value is None and typ is not base:
         return None
     if base is str and raw is not None:
-        return value if isinstance(value, str) else raw
+        return value if isinstance(value, str) else raw  # dataset=kjv, out_dir=123
     if base is float and type(value) in (int, float):
         return float(value)
     if base is int and type(value) is float and value.is_integer():
@@ -89,21 +91,15 @@ def coerce(key, value, raw=None):
 
 def parse_args(argv):
     """CONFIG.py files and key=value overrides -> {field: value} of what they set, applied in order."""
-    names, explicit = [f.name for f in fields(TrainConfig)], {}
-    def check(key, where):
-        if key not in names:
-            close = difflib.get_close_matches(key, names, 1)
-            raise TrainError(f"unknown config key {key!r} in {where}" + (f" (did you mean {close[0]!r}?)" if close
-                             else "") + "; the keys are the fields of TrainConfig (train.py) and GPTConfig")
+    explicit = {}
     for arg in argv:
         if "=" in arg:
             key, raw = arg.removeprefix("--").split("=", 1)
-            check(key, "the overrides")
             try:
                 value = ast.literal_eval(raw)
             except (ValueError, SyntaxError):
                 value = raw
-            explicit[key] = coerce(key, value, raw)
+            explicit[key] = coerce(key, value, "the overrides", raw)
         elif arg.endswith(".py") and os.path.isfile(arg):
             try:
                 assigned = runpy.run_path(arg)
@@ -111,8 +107,7 @@ def parse_args(argv):
                 raise TrainError(f"config file {arg}: {type(e).__name__}: {e}")
             for key, value in assigned.items():
                 if not (key.startswith("_") or key.isupper() or isinstance(value, types.ModuleType) or callable(value)):
-                    check(key, arg)
-                    explicit[key] = coerce(key, value)
+                    explicit[key] = coerce(key, value, arg)
         else:
             raise TrainError(f"argument {arg!r} is neither an existing config file (.py) nor key=value")
     return explicit
@@ -152,19 +147,16 @@ def sft_batch(examples, ix, T):
 
 def plot_losses(out_dir, title):
     """loss.png from log.jsonl (the numbers behind it), the whole history; a resumed run's entry of an iter wins."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: no GUI backend to pick, no figure to close
     rows = [r for r in map(json.loads, open(os.path.join(out_dir, "log.jsonl"))) if "iter" in r]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax = Figure(figsize=(8, 4.5)).subplots()
     for key, label in (("loss", "train (per step)"), ("train_loss", "train (eval)"), ("val_loss", "val (eval)")):
         points = {r["iter"]: r[key] for r in rows if key in r}
         ax.plot(sorted(points), [points[k] for k in sorted(points)], "-" if key == "loss" else "o-", ms=3, label=label,
                 lw=0.6 if key == "loss" else 1.5)
     ax.set(xlabel="iteration", ylabel="loss (nats)", title=title)
     ax.legend()
-    fig.savefig(os.path.join(out_dir, "loss.png"), dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    ax.figure.savefig(os.path.join(out_dir, "loss.png"), dpi=120, bbox_inches="tight")
 
 
 def train(explicit):
@@ -173,25 +165,23 @@ def train(explicit):
     cfg = TrainConfig(**explicit)
     ddp = int(os.environ.get("RANK", -1)) != -1  # launched by torchrun
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
-    rank, world = 0, 1
     if ddp:
         dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
-        rank, world = dist.get_rank(), dist.get_world_size()
         if device.startswith("cuda"):
             device = f"cuda:{os.environ['LOCAL_RANK']}"
             torch.cuda.set_device(device)
+    rank, world = (dist.get_rank(), dist.get_world_size()) if ddp else (0, 1)
     master, device_type = rank == 0, torch.device(device).type  # only the master prints and writes
-    ctx = torch.autocast(device_type, dtype=torch.bfloat16) if device_type == "cuda" else nullcontext()
-    ckpt_path, ckpt = os.path.join(cfg.out_dir, "ckpt.pt"), None
+    ctx = torch.autocast(device_type, torch.bfloat16, enabled=device_type == "cuda")
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     resuming = cfg.init_from == "resume" or (cfg.resume and os.path.isfile(ckpt_path))
-    if resuming or cfg.init_from != "scratch":
-        path = ckpt_path if resuming else cfg.init_from
-        if not os.path.isfile(path):
-            raise TrainError(f"init_from={cfg.init_from!r}: checkpoint {path!r} does not exist")
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    path = ckpt_path if resuming else cfg.init_from
+    if path != "scratch" and not os.path.isfile(path):
+        raise TrainError(f"init_from={cfg.init_from!r}: checkpoint {path!r} does not exist")
+    ckpt = None if path == "scratch" else torch.load(path, map_location="cpu", weights_only=False)
     if resuming:  # the run's stored config, then what this command sets
         cfg = TrainConfig(**{**{k: v for k, v in ckpt["config"].items() if hasattr(cfg, k)}, **explicit})
-    elif ckpt is not None:  # init_from: the checkpoint's model fields (its block_size too) unless this command sets them
+    elif ckpt is not None:  # init_from: the checkpoint's model fields (block_size too) unless this command sets them
         cfg = replace(cfg, **{k: v for k, v in ckpt["model_args"].items() if k in MODEL_FIELDS and k not in explicit})
     if cfg.lr_schedule not in LR_SCHEDULES or cfg.gradient_accumulation_steps % world:
         raise TrainError(f"need lr_schedule in {LR_SCHEDULES} and gradient_accumulation_steps (global) divisible by "
@@ -207,8 +197,9 @@ def train(explicit):
         sft = load_sft(cfg.sft_data, T)
         split_size = {"train": len(sft), "val": len(sft)}
         if cfg.sft_epochs > 0:  # the paper's SFT schedule is in epochs
-            epoch = math.ceil(len(sft) / (cfg.gradient_accumulation_steps * cfg.batch_size))
-            cfg = replace(cfg, max_iters=cfg.sft_epochs * epoch, lr_decay_iters=cfg.sft_epochs * epoch, warmup_iters=epoch)
+            epoch = math.ceil(len(sft) / (cfg.gradient_accumulation_steps * cfg.batch_size))  # iterations
+            cfg = replace(cfg, max_iters=cfg.sft_epochs * epoch, lr_decay_iters=cfg.sft_epochs * epoch,
+                          warmup_iters=epoch)
     else:
         data_dir = os.path.join(cfg.data_dir, cfg.dataset)
         if not os.path.isfile(os.path.join(data_dir, "val.bin")):
@@ -223,7 +214,8 @@ def train(explicit):
         if min(split_size.values()) < 1:
             raise TrainError(f"{data_dir}: a split has fewer than block_size + 1 = {T + 1} tokens")
         # the unigram entropy of train (its first 10M tokens) is the loss of a model that ignores the context
-        prob = np.bincount(prepare_data.load_split(data_dir, "train")[:10_000_000]) / min(split_size["train"] + T, 10**7)
+        ids = prepare_data.load_split(data_dir, "train")[:10_000_000]
+        prob = np.bincount(ids) / len(ids)
         unigram = float(-(prob[prob > 0] * np.log(prob[prob > 0])).sum())
 
     def get_batch(split, ix):  # ix: window offsets or SFT example indices
@@ -242,9 +234,7 @@ def train(explicit):
         return torch.cat([torch.randperm(len(sft), generator=torch.Generator().manual_seed(cfg.seed + int(e)))[
             k[k // len(sft) == e] % len(sft)] for e in (k // len(sft)).unique()])
 
-    def batch_loss(m, x, y):
-        # SFT: the sum of the answer tokens' losses (the paper's "sum of token losses over the answer span") per
-        # sequence; prompt and padding targets are -1. Otherwise the mean token loss.
+    def batch_loss(m, x, y):  # SFT: the paper's "sum of token losses over the answer span" per sequence
         with ctx:
             _, loss = m(x, y, reduction="sum" if cfg.sft_data else "mean")
         return loss / len(x) if cfg.sft_data else loss
@@ -255,12 +245,12 @@ def train(explicit):
     if ckpt is not None:  # the checkpoint's model; this command may change its scorer, θ, block_size, dropout...
         src = ckpt["model_args"]
         model_args = {**src, **{k: v for k, v in explicit.items() if k in MODEL_FIELDS}}
-        fixed = ARCH_FIELDS + (("scorer", *SCORER_OPTIONS) if resuming else ())
-        if (k := next((k for k in fixed if model_args[k] != src[k]), None)) is not None:
-            raise TrainError(f"{k}={model_args[k]!r} differs from the checkpoint's {src[k]!r}: it cannot change "
-                             + ("when resuming" if resuming else "(a different architecture)"))
+        for k in ARCH_FIELDS + (("scorer", *SCORER_OPTIONS) if resuming else ()):
+            if model_args[k] != src[k]:
+                raise TrainError(f"{k}={model_args[k]!r} differs from the checkpoint's {src[k]!r}: it cannot change "
+                                 + ("when resuming" if resuming else "(a different architecture)"))
         if model_args["scorer"] != src["scorer"]:  # the old scorer's options do not apply to the new one
-            model_args.update({k: GPTConfig.__dataclass_fields__[k].default for k in SCORER_OPTIONS if k not in explicit})
+            model_args.update({k: getattr(GPTConfig, k) for k in SCORER_OPTIONS if k not in explicit})  # the defaults
             if model_args["scorer"] == "ssmax" and "ssmax_s_init" not in explicit:
                 model_args["ssmax_s_init"] = ssmax_s_for_switch(src["block_size"])  # the paper's s0 (variants e, f)
     try:
@@ -325,9 +315,9 @@ def train(explicit):
         os.makedirs(cfg.out_dir, exist_ok=True)
         open(log_path, "a" if resuming else "w").close()  # a new run starts a new log; a resumed one appends
         log({"config": asdict(cfg), "run_info": info, "unigram_entropy": unigram, "start_iter": iter_num})
-    t_start, dt_avg, start_iter, losses = time.time(), None, iter_num, None
+    t_start, dt_avg, start_iter, losses = time.time(), None, iter_num, None  # a resume's first eval is done already
     while True:
-        if (iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters) and not (resuming and iter_num == start_iter):
+        if (iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters) and (not resuming or iter_num > start_iter):
             losses = estimate_loss()
             if not all(map(math.isfinite, losses.values())):
                 raise TrainError(f"eval loss {losses} at iter {iter_num}: the run diverged and stops; the last good "
