@@ -7,8 +7,9 @@ tutorial (FlashAttention-2, Dao 2023): O(T) memory, per-row statistics, recomput
   re-weighting (Gao & Spratling eq. 5) with p on top of any of them (lssar = lssa + p).
 - Stage 1 (the scorer): P_ij = exp2(x_ij - M_i) with x a base-2 logit and M its running logsumexp; lssa's weights
   A = softplus(u) are bounded (|u| <= log(d) log(n)), so plain sums and P = A * exp2(-M), M = log2(sum A).
-- Stage 2 (re-weighting, p given): a second pass recomputes P and runs an online softmax of p*log2(n_i P - o_i)
-  over the entries with n_i P > o_i, which never overflows (p = 100, n = 1e5). Rows with no such entry keep P.
+- Stage 2 (re-weighting, p given): pass 1 keeps only each row's M and largest stage-1 logit, hence the row's
+  largest y = n_i P - o_i; pass 2 recomputes P and sums (y / y_max)^p over y > 0: in [0, 1], so no overflow at
+  p = 100, n = 1e5, and no running max. Rows with no y > 0 keep P.
 - Backward: dq (row blocks) then dk/dv (key blocks), no atomics. With re-weighting the dq kernel first makes one more
   pass per row for sigma_i = sum_k P_ik dP_ik, which dk/dv then reads. Scorer parameters get per-row partial sums,
   reduced in PyTorch.
