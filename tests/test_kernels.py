@@ -127,6 +127,26 @@ def test_scorer_parameters_receive_nonzero_gradients():
         assert len(grads) == 2 and all((g.abs() > 0).all() for g in grads), (scorer, grads)
 
 
+class _Pinned:
+    """An autotuned launcher pinned to one block shape (the interpreter can run only one config)."""
+    def __init__(self, kernel, block_m, block_n):
+        self.kernel, self.meta = kernel, dict(BLOCK_M=block_m, BLOCK_N=block_n)
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.kernel[grid(self.meta)](*args, **kw, **self.meta)
+
+
+@pytest.mark.parametrize("fwd,bwd", list(zip(kernels.FWD_TUNE, kernels.BWD_TUNE)),
+                         ids=[f"fwd{f[0]}x{f[1]}-bwd{b[0]}x{b[1]}" for f, b in zip(kernels.FWD_TUNE, kernels.BWD_TUNE)])
+def test_every_gpu_block_shape_matches_reference(monkeypatch, fwd, bwd):
+    # the GPU autotunes over these shapes; T = 257 leaves a ragged last block for every one of them
+    monkeypatch.setattr(kernels, "_attn_fwd_tuned", _Pinned(kernels._attn_fwd, *fwd[:2]))
+    monkeypatch.setattr(kernels, "_attn_bwd_dq_tuned", _Pinned(kernels._attn_bwd_dq, *bwd[:2]))
+    monkeypatch.setattr(kernels, "_attn_bwd_dkdv_tuned", _Pinned(kernels._attn_bwd_dkdv, *bwd[:2]))
+    for scorer, kw in CASES:
+        _check(scorer, kw, 257, 0, 32, B=1)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Edge rows: no NaN/Inf for finite inputs
 
