@@ -179,7 +179,8 @@ def run(args):
         w = csv.writer(f)
         w.writerow(["position", *loss])
         w.writerows(zip(range(1, args.length + 1), *(map(float, v) for v in loss.values())))
-    note = f"{args.num_seqs} sequences of {args.length:,} tokens ({args.split}), RoPE {args.rope_method} x{args.rope_scale:g}"
+    note = (f"{args.num_seqs} sequences of {args.length:,} tokens ({args.split}), "
+            f"RoPE {args.rope_method} x{args.rope_scale:g}")
     with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
         json.dump(dict(models=models, window_rule=WINDOW_RULE, position_rule=POSITION_RULE,
                        smoothing=f"moving average over {args.smooth} positions (plot only; the CSV is unsmoothed)",

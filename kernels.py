@@ -56,7 +56,7 @@ def _pow(r, p, P_INT: tl.constexpr):
     """r^p for 0 <= r <= 1: by repeated squaring when p is a small integer (plain multiplies, no special-function
     unit), else exp2(p log2 r)."""
     if P_INT > 0:
-        w = r * 0.0 + 1.0
+        w = tl.zeros_like(r) + 1.0
         for bit in tl.static_range(7):
             if (P_INT >> bit) & 1:
                 w = w * r
@@ -236,6 +236,7 @@ def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB, H, Tq, Tk, offset,
         fb = ym <= 0  # no n P > o in the row: it keeps P
         ym = tl.where(fb, 1.0, ym)
         tl.store(FB + rows, fb.to(tl.int8), mask=row_ok)  # every split writes the same
+    inv_ym = 1.0 / ym
     m_i = tl.zeros([BLOCK_M], tl.float32)
     if SCORER != 3:
         m_i += NEG
@@ -247,10 +248,10 @@ def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB, H, Tq, Tk, offset,
     diag = (offset + start_m + 1) // BLOCK_N * BLOCK_N  # keys below are seen by every row of the block: no mask
     end = tl.minimum(offset + start_m + BLOCK_M, Tk)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KSb, lo, tl.minimum(hi, diag), offs_m, offs_n,
-                               Tk, offset, c, m1, n_i, o_i, 1.0 / ym, fb, sm_scale, b_h, n_h, p,
+                               Tk, offset, c, m1, n_i, o_i, inv_ym, fb, sm_scale, b_h, n_h, p,
                                SCORER, STAGE, False, P_INT, HEAD_DIM, BLOCK_N, DT, PREC)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KSb, tl.maximum(lo, diag), tl.minimum(hi, end),
-                               offs_m, offs_n, Tk, offset, c, m1, n_i, o_i, 1.0 / ym, fb, sm_scale, b_h, n_h, p,
+                               offs_m, offs_n, Tk, offset, c, m1, n_i, o_i, inv_ym, fb, sm_scale, b_h, n_h, p,
                                SCORER, STAGE, True, P_INT, HEAD_DIM, BLOCK_N, DT, PREC)
     ok = l_i > 0  # l_i = 0: no key in this split
     l_safe = tl.where(ok, l_i, 1.0)
@@ -321,7 +322,8 @@ def _bwd_dq_pass(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, diag, end, offs_
 
 
 @triton.jit
-def _attn_bwd_dq(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G, M2R, H, Tq, Tk, offset, sm_scale, p, T_BUCKET,
+def _attn_bwd_dq(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G, M2R, H, Tq, Tk, offset, sm_scale, p,
+                 T_BUCKET,
                  SCORER: tl.constexpr, REWEIGHT: tl.constexpr, EXACT_SIGMA: tl.constexpr, HEAD_DIM: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
@@ -416,7 +418,8 @@ def _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGM
 
 
 @triton.jit
-def _attn_bwd_dkdv(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DK, DV, GK, H, Tq, Tk, offset, sm_scale, p, T_BUCKET,
+def _attn_bwd_dkdv(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DK, DV, GK, H, Tq, Tk, offset, sm_scale, p,
+                   T_BUCKET,
                    SCORER: tl.constexpr, REWEIGHT: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
