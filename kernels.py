@@ -322,7 +322,7 @@ def _bwd_dq_pass(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, diag, end, offs_
 
 
 @triton.jit
-def _attn_bwd_dq(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G, M2R, H, Tq, Tk, offset, sm_scale, p,
+def _attn_bwd_dq(Q, K, V, DO, O, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G, M2R, H, Tq, Tk, offset, sm_scale, p,
                  T_BUCKET,
                  SCORER: tl.constexpr, REWEIGHT: tl.constexpr, EXACT_SIGMA: tl.constexpr, HEAD_DIM: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
@@ -342,7 +342,11 @@ def _attn_bwd_dq(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G, M2
     b_h, n_h = tl.load(Bp + off_h), tl.load(Np + off_h)
     n_i, o_i, c = _row_setup(QS, rows, row_ok, offs_m, offset, tl.load(S + off_h), b_h, sm_scale, SCORER)
     m1 = tl.load(M1 + rows, mask=row_ok, other=0.0)
-    delta = tl.load(DELTA + rows, mask=row_ok, other=0.0)
+    delta = tl.zeros([BLOCK_M], tl.float32)
+    if not (REWEIGHT or EXACT_SIGMA):  # delta_i = rowsum(dO * O) (FlashAttention-2), stored for dk/dv
+        o = tl.load(O + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+        tl.store(DELTA + rows, delta, mask=row_ok)
     m2 = tl.load(M2 + rows, mask=row_ok, other=0.0)
     fb = m2 == -float("inf")  # re-weighting found no n P > o in this row: it kept P
     m2 = tl.where(fb, 0.0, m2)
@@ -543,21 +547,20 @@ def _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, sid, p, offset, sm_scal
     DT, PREC = _dot_types(q.dtype)
     do = do.contiguous()
     exact_sigma = p is not None or exact_sigma
-    if exact_sigma:  # the dq kernel writes sigma (and with re-weighting delta')
-        delta, sigma = (torch.zeros(BH, Tq, device=q.device, dtype=torch.float32) for _ in range(2))
-    else:
-        delta = sigma = (do.float() * out.float()).sum(-1).view(BH, Tq)  # rowsum(dO * O) (FlashAttention-2)
+    # the dq kernel writes sigma (with re-weighting also delta'); without exact sigma, sigma = delta = rowsum(dO * O)
+    delta = torch.empty(BH, Tq, device=q.device, dtype=torch.float32)
+    sigma = torch.empty_like(delta) if exact_sigma else delta
     dq = torch.empty(B, H, Tq, D, device=q.device, dtype=q.dtype)
     dk = torch.empty(B, H, Tk, D, device=q.device, dtype=k.dtype)
     dv = torch.empty(B, H, Tk, D, device=q.device, dtype=v.dtype)
     G = torch.empty(2, BH, Tq, device=q.device, dtype=torch.float32)  # per-row parameter-gradient sums
     GK = torch.empty(BH, Tk, device=q.device, dtype=torch.float32)  # per-key sums (lssa's |k|^-1)
     M2r = torch.empty_like(M2) if p is not None else M2  # the renormalised M2 from the dq kernel, for dk/dv
-    common = (q, k, v, do, s, b, n, qs, ks, M1)
+    params = (s, b, n, qs, ks, M1)
     scalars = (H, Tq, Tk, offset, sm_scale, p or 0.0, triton.next_power_of_2(Tk))
     meta = dict(SCORER=sid, REWEIGHT=p is not None, HEAD_DIM=D, DT=DT, PREC=PREC)
-    dq_args = (*common, M2, delta, sigma, dq, G, M2r, *scalars)
-    dkdv_args = (*common, M2r, delta, sigma, dk, dv, GK, *scalars)
+    dq_args = (q, k, v, do, out, *params, M2, delta, sigma, dq, G, M2r, *scalars)
+    dkdv_args = (q, k, v, do, *params, M2r, delta, sigma, dk, dv, GK, *scalars)
     if Tq <= DECODE_M:  # short query blocks: the fixed small config, no autotuning
         fixed = dict(BLOCK_M=DECODE_M, BLOCK_N=DECODE_N, num_warps=4, num_stages=2)
         _attn_bwd_dq[(1, BH)](*dq_args, **meta, EXACT_SIGMA=exact_sigma, **fixed)
@@ -611,8 +614,8 @@ def _prepare(q, k, v, scorer, s, b, n, p, offset):
     sid = SCORER_IDS[scorer]
     default_b = 1.0 if sid == 2 else 0.0  # ssa: b = 1; ssmax: no bias
 
-    def per_head(x, default):
-        x = torch.full((H,), default) if x is None else x
+    def per_head(x, default):  # made on q's device: a CPU tensor copied over would sync the stream on every call
+        x = torch.full((H,), default, device=q.device) if x is None else x
         return x.to(q.device, torch.float32).expand(H).contiguous()
 
     p = LSSAR_DEFAULT_P if scorer == "lssar" and p is None else p
@@ -627,8 +630,8 @@ def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):
     q, k, v = (x.contiguous() for x in (q, k, v))  # the model's v is a view of qkv: one copy, simpler kernels
     D = q.size(-1)
     if sid == 3:  # lssa: raw q, k and inverse norms (as F.normalize: |x| clamped at 1e-12); autograd does the chain
-        qs = 1.0 / torch.linalg.vector_norm(q.float(), dim=-1).clamp_min(1e-12)
-        ks = 1.0 / torch.linalg.vector_norm(k.float(), dim=-1).clamp_min(1e-12)
+        qs = 1.0 / torch.linalg.vector_norm(q, dim=-1, dtype=torch.float32).clamp_min(1e-12)
+        ks = 1.0 / torch.linalg.vector_norm(k, dim=-1, dtype=torch.float32).clamp_min(1e-12)
         sm_scale = math.log(D)
     else:  # unused by the kernels: any fp32 buffer
         qs = ks = s

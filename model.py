@@ -80,7 +80,7 @@ def _rows(Tq, Tk, offset, device):
     return (i + 1)[:, None], mask
 
 def _per_head(x, default, H, like):
-    x = torch.full((H,), default) if x is None else x
+    x = torch.full((H,), default, device=like.device) if x is None else x  # on the device: no sync per call
     return x.to(like.device, like.dtype).view(H, 1, 1)  # broadcast over (Tq, Tk)
 
 def _masked_softmax(logits, mask):

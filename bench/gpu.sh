@@ -2,7 +2,7 @@
 # The GPU checks of a lent-device session, one step per device call (each call may run 10 minutes; the machine keeps
 # its files while it stays warm, so later steps may follow earlier ones):
 #
-#     bash bench/gpu.sh tests      # the CUDA-only tests of tests/test_kernels.py, one log line per test
+#     bash bench/gpu.sh tests [K]  # the CUDA-only tests of tests/test_kernels.py (pytest -k K, default cuda)
 #     bash bench/gpu.sh bench      # kernels.py at D = 128, T = 1k, 4k, 16k (every scorer and peer)
 #     bash bench/gpu.sh bench64    # kernels.py at D = 64 and T = 2k, 8k
 #     bash bench/gpu.sh repro      # reproduce.py --scale gpu; rerun it: finished steps are skipped
@@ -26,7 +26,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > 
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$out/device.txt"
 limit=570  # under the call's 600 s, so the logs written so far still come back
 case "${1:-}" in
-    tests) timeout $limit python3 -m pytest -v -rA -k cuda tests/test_kernels.py > "$out/cuda_tests.log" 2>&1 ;;
+    # SIGINT at the limit: pytest stops as on Ctrl-C and still prints the failures so far (last time they were lost)
+    tests) timeout -s INT -k 20 $limit python3 -m pytest -v -rA --tb=short -k "${2:-cuda}" tests/test_kernels.py \
+               > "$out/cuda_tests.log" 2>&1 ;;
     bench) timeout $limit python3 kernels.py --D 128 --T 1024 4096 16384 --out "$out/kernels_d128" \
                > "$out/bench_d128.log" 2>&1 ;;
     bench64) timeout $limit python3 kernels.py --D 64 --T 2048 8192 --out "$out/kernels_d64" \

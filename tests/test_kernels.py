@@ -221,9 +221,33 @@ def test_cuda_bf16_head_dim_128_long_sequence(scorer, kw):
 
 @cuda
 @pytest.mark.parametrize("scorer,kw", CASES, ids=IDS)
-def test_cuda_fp32_and_decode_long_cache(scorer, kw):
+def test_cuda_fp32_exact_dots(scorer, kw):
     _check(scorer, kw, 257, 0, 64, device="cuda")
+
+
+@cuda
+@pytest.mark.parametrize("scorer,kw", CASES, ids=IDS)
+def test_cuda_decode_after_long_cache(scorer, kw):
     _check(scorer, kw, 1, 8191, 128, dtype=torch.bfloat16, B=1, device="cuda", atol=3e-3)
+
+
+@cuda
+@pytest.mark.parametrize("scorer,kw", CASES, ids=IDS)
+def test_cuda_calls_never_synchronize_with_the_host(scorer, kw):
+    # a host-to-device copy per call (say, default s, b, n made on the CPU) stalls the GPU queue in every layer
+    q, k, v, do = _inputs(300, 0, 64, B=1, dtype=torch.bfloat16, device="cuda")
+    params = {n: torch.tensor(x, device="cuda", requires_grad=True) for n, x in kw.items() if n != "p"}
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    full = lambda: kernels.attention(q, k, v, scorer, p=kw.get("p"), **params).backward(do)  # noqa: E731
+    decode = lambda: kernels.attention(q[:, :, -1:], k, v, scorer, p=kw.get("p"), offset=299,  # noqa: E731
+                                       **params).backward(do[:, :, -1:])
+    for call in (full, decode):
+        call()  # compiling and autotuning synchronize: once, before the check
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
 
 
 @cuda
