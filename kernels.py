@@ -146,10 +146,20 @@ def _configs(pairs):
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages), four each: every (T bucket, head dim, scorer) autotunes once, and on
-# the H200 compiling six took ~60 s per test. The tests run each block shape under the interpreter too.
+# the H200 compiling six took ~60 s per test. The tests run each block shape under the interpreter too. Chosen from
+# bench/ptxas_sm90.csv (registers and spills of every kernel compiled for sm_90, no GPU needed): the backward has no
+# (64, 128) tiles, which spill 0.5-10 KB a thread in dk/dv for every scorer, and gains (128, 32), which spills none.
 FWD_TUNE = [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3)]
-BWD_TUNE = [(64, 64, 4, 2), (128, 64, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2)]
+BWD_TUNE = [(64, 64, 8, 2), (128, 64, 8, 2), (128, 32, 8, 2), (32, 64, 4, 2)]
 FWD_CONFIGS, BWD_CONFIGS = _configs(FWD_TUNE), _configs(BWD_TUNE)
+
+
+def _acc_fits(configs, named_args, **kwargs):
+    """Forward configs whose fp32 accumulator (BLOCK_M x HEAD_DIM) takes at most 64 registers a thread: (128, 64)
+    with 4 warps spills at D = 128 (0.6-1.6 KB a thread), and re-weighting's pass 2 runs whichever config pass 1,
+    which has no accumulator, was timed fastest with."""
+    D = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
+    return [c for c in configs if c.kwargs["BLOCK_M"] * D <= 64 * 32 * c.num_warps] or configs
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -467,7 +477,8 @@ def _attn_bwd_dkdv(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DK, DV,
 
 
 # no STAGE in the forward key: both re-weighting passes run one config, so pass 2 recomputes pass 1's logits bit for bit
-_attn_fwd_tuned = triton.autotune(FWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", "SCORER"])(_attn_fwd)
+_attn_fwd_tuned = triton.autotune(FWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", "SCORER"],
+                                  prune_configs_by={"early_config_prune": _acc_fits})(_attn_fwd)
 _attn_bwd_dq_tuned = triton.autotune(BWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", "SCORER", "REWEIGHT", "EXACT_SIGMA"])(
     _attn_bwd_dq)
 _attn_bwd_dkdv_tuned = triton.autotune(BWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", "SCORER", "REWEIGHT"])(_attn_bwd_dkdv)

@@ -86,6 +86,11 @@ def test_fused_fp32_head_dim_64_and_ssmax_with_reweighting(scorer, kw):
     _check(scorer, kw, 33, 17, 64, B=1)
 
 
+@pytest.mark.parametrize("scorer,kw", CASES, ids=IDS)
+def test_fused_fp32_head_dim_128(scorer, kw):  # the largest head dim: wide tiles, every scorer
+    _check(scorer, kw, 21, 6, 128, B=1)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("scorer,kw", CASES, ids=IDS)
 def test_fused_low_precision_error_bounded_by_reference_own_error(scorer, kw, dtype):
@@ -134,6 +139,15 @@ class _Pinned:
 
     def __getitem__(self, grid):
         return lambda *args, **kw: self.kernel[grid(self.meta)](*args, **kw, **self.meta)
+
+
+def test_forward_autotune_drops_tiles_whose_accumulator_would_spill():
+    import triton
+    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w) for m, n, w, _ in kernels.FWD_TUNE]
+    kept = lambda D: [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps) for c in kernels._acc_fits(  # noqa: E731
+        configs, {}, HEAD_DIM=D)]
+    assert kept(64) == [t[:3] for t in kernels.FWD_TUNE]  # 128 x 64 fp32 over 128 threads: 64 registers, fits
+    assert kept(128) == [t[:3] for t in kernels.FWD_TUNE if t[:3] != (128, 64, 4)]
 
 
 @pytest.mark.parametrize("fwd,bwd", list(zip(kernels.FWD_TUNE, kernels.BWD_TUNE)),

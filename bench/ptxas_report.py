@@ -1,0 +1,113 @@
+"""Registers, spills and shared memory of every fused kernel and autotune shape, compiled for sm_90 (H100/H200)
+on a machine without a GPU:
+
+    python bench/ptxas_report.py                       # prints the table, writes bench/ptxas_sm90.csv
+    python bench/ptxas_report.py --extra 64,128,8,2    # also these (BLOCK_M, BLOCK_N, warps, stages) shapes
+
+Triton compiles for any target ahead of time, and its wheel ships NVIDIA's ptxas, whose -v output gives registers
+and spill bytes per thread. A tile shape that spills is slow on any GPU; which of the rest is fastest is still for
+the autotuner to time there.
+"""
+import argparse
+import csv
+import itertools
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+
+os.environ["TRITON_INTERPRET"] = "0"  # the interpreter's kernels cannot be compiled
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+import kernels  # noqa: E402
+
+PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+# (name, kernel, constexprs): each scorer as the model calls it (ssmax and ssa with learned parameters: exact sigma)
+VARIANTS = [("fwd", "softmax", dict(SCORER=0, STAGE=1)), ("fwd", "ssmax", dict(SCORER=1, STAGE=1)),
+            ("fwd", "ssa", dict(SCORER=2, STAGE=1)), ("fwd", "lssa", dict(SCORER=3, STAGE=1)),
+            ("fwd", "lssar_pass1", dict(SCORER=3, STAGE=0)), ("fwd", "lssar_pass2", dict(SCORER=3, STAGE=2, P_INT=15))]
+VARIANTS += [(k, name, dict(SCORER=sid, REWEIGHT=rw, **(dict(EXACT_SIGMA=ex) if k == "dq" else {})))
+             for k in ("dq", "dkdv") for name, sid, rw, ex in [("softmax", 0, False, False), ("ssmax", 1, False, True),
+                                                              ("ssa", 2, False, True), ("lssa", 3, False, False),
+                                                              ("lssar", 3, True, True)]]
+KERNELS = {"fwd": kernels._attn_fwd, "dq": kernels._attn_bwd_dq, "dkdv": kernels._attn_bwd_dkdv}
+INTS = {"H", "Tq", "Tk", "offset", "split_size", "T_BUCKET"}  # all but offset divisible by 16, as the JIT would see
+
+
+def compile_one(kernel, scorer, consts, D, cfg, dtype="bf16"):
+    fn = KERNELS[kernel]
+    BLOCK_M, BLOCK_N, warps, stages = cfg
+    consts = {**(dict(P_INT=0) if kernel == "fwd" else {}), **consts}
+    consts.update(HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DT=getattr(tl, {"bf16": "bfloat16"}[dtype]),
+                  PREC="tf32")
+    sig, attrs = {}, {}
+    for i, a in enumerate(fn.arg_names):
+        if a in consts:
+            sig[a] = "constexpr"
+        elif a in INTS:
+            sig[a] = "i32"
+            if a != "offset":
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif a in ("sm_scale", "p"):
+            sig[a] = "fp32"
+        else:  # pointers: q, k, v, o and their gradients in dtype, row statistics fp32, fallback rows int8
+            sig[a] = "*" + (dtype if a in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV") else "i8" if a == "FB" else "fp32")
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    compiled = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=warps, num_stages=stages))
+    ptx = compiled.asm["ptx"]
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        info = subprocess.run([PTXAS, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull], capture_output=True,
+                              text=True, check=True).stderr
+    stores, loads = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info).groups()
+    return dict(kernel=kernel, scorer=scorer, D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, warps=warps, stages=stages,
+                registers=int(re.search(r"Used (\d+) registers", info).group(1)), spill_stores=int(stores),
+                spill_loads=int(loads), shared_bytes=compiled.metadata.shared,
+                wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"))
+
+
+def _job(args):
+    return compile_one(*args)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--D", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--extra", nargs="*", default=[], help="more shapes: BLOCK_M,BLOCK_N,warps,stages")
+    ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS))
+    ap.add_argument("--scorers", nargs="+", help="only these variants (e.g. softmax lssar_pass2)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count())
+    ap.add_argument("--out", default="bench/ptxas_sm90.csv")
+    a = ap.parse_args(argv)
+    extra = [tuple(int(x) for x in e.split(",")) for e in a.extra]
+    shapes = {"fwd": list(kernels.FWD_TUNE) + extra, "dq": list(kernels.BWD_TUNE) + extra,
+              "dkdv": list(kernels.BWD_TUNE) + extra}
+    jobs = [(k, name, consts, D, cfg) for (k, name, consts), D in itertools.product(VARIANTS, a.D)
+            if k in a.kernels and (not a.scorers or name in a.scorers) for cfg in shapes[k]]
+    assert jobs, "nothing to compile: check --kernels and --scorers"
+    print(f"compiling {len(jobs)} kernels for sm_90 (triton {triton.__version__}) ...", flush=True)
+    with ProcessPoolExecutor(a.jobs) as pool:
+        rows = list(pool.map(_job, jobs))
+    cols = list(rows[0])
+    print("".join(f"{c[:12]:>13}" for c in cols))
+    for r in rows:
+        print("".join(f"{r[c]:>13}" for c in cols))
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    with open(a.out, "w", newline="") as f:
+        w = csv.DictWriter(f, cols)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {a.out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
