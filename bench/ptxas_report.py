@@ -40,12 +40,11 @@ KERNELS = {"fwd": kernels._attn_fwd, "dq": kernels._attn_bwd_dq, "dkdv": kernels
 INTS = {"H", "Tq", "Tk", "offset", "split_size", "T_BUCKET"}  # all but offset divisible by 16, as the JIT would see
 
 
-def compile_one(kernel, scorer, consts, D, cfg, dtype="bf16"):
+def compile_one(kernel, scorer, consts, D, cfg):  # bf16 inputs, as trained
     fn = KERNELS[kernel]
     BLOCK_M, BLOCK_N, warps, stages = cfg
     consts = {**(dict(P_INT=0) if kernel == "fwd" else {}), **consts}
-    consts.update(HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DT=getattr(tl, {"bf16": "bfloat16"}[dtype]),
-                  PREC="tf32")
+    consts.update(HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DT=tl.bfloat16, PREC="tf32")
     sig, attrs = {}, {}
     for i, a in enumerate(fn.arg_names):
         if a in consts:
@@ -56,8 +55,8 @@ def compile_one(kernel, scorer, consts, D, cfg, dtype="bf16"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
         elif a in ("sm_scale", "p"):
             sig[a] = "fp32"
-        else:  # pointers: q, k, v, o and their gradients in dtype, row statistics fp32, fallback rows int8
-            sig[a] = "*" + (dtype if a in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV") else "i8" if a == "FB" else "fp32")
+        else:  # pointers: q, k, v, o and their gradients bf16, row statistics fp32, fallback rows int8
+            sig[a] = "*bf16" if a in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV") else "*i8" if a == "FB" else "*fp32"
             attrs[(i,)] = [["tt.divisibility", 16]]
     compiled = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=warps, num_stages=stages))
