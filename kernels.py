@@ -151,15 +151,24 @@ def _configs(pairs):
 # (64, 128) tiles, which spill 0.5-10 KB a thread in dk/dv for every scorer, and gains (128, 32), which spills none.
 FWD_TUNE = [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3)]
 BWD_TUNE = [(64, 64, 8, 2), (128, 64, 8, 2), (128, 32, 8, 2), (32, 64, 4, 2)]
-FWD_CONFIGS, BWD_CONFIGS = _configs(FWD_TUNE), _configs(BWD_TUNE)
+# fp32 inputs (tf32x3 dots) take twice the shared memory: at D = 128 no forward shape above fits in sm_90's 227 KB,
+# and one backward shape does; these all fit, at every head dim (bench/ptxas_sm90_fp32.csv)
+FWD_TUNE_FP32 = [(128, 32, 8, 2), (64, 32, 4, 3), (64, 64, 4, 2)]
+BWD_TUNE_FP32 = [(64, 32, 8, 2), (32, 64, 4, 2), (32, 32, 4, 2)]
+FWD_CONFIGS = _configs(FWD_TUNE + FWD_TUNE_FP32)
+BWD_CONFIGS = _configs(list(dict.fromkeys(BWD_TUNE + BWD_TUNE_FP32)))
 
 
-def _acc_fits(configs, named_args, **kwargs):
-    """Forward configs whose fp32 accumulator (BLOCK_M x HEAD_DIM) takes at most 64 registers a thread: (128, 64)
-    with 4 warps spills at D = 128 (0.6-1.6 KB a thread), and re-weighting's pass 2 runs whichever config pass 1,
-    which has no accumulator, was timed fastest with."""
-    D = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
-    return [c for c in configs if c.kwargs["BLOCK_M"] * D <= 64 * 32 * c.num_warps] or configs
+def _pick(tune, tune_fp32):
+    """early_config_prune: the shapes of the inputs' dtype, less any whose fp32 accumulator (BLOCK_M x HEAD_DIM)
+    takes over 64 registers a thread: (128, 64) on 4 warps spills at D = 128 (0.6-1.6 KB a thread), and
+    re-weighting's pass 2 runs whichever config pass 1, which has no accumulator, was timed fastest with."""
+    def prune(configs, named_args, **kwargs):
+        D = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
+        shapes = tune_fp32 if named_args["Q"].dtype == torch.float32 else tune
+        return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in shapes
+                and c.kwargs["BLOCK_M"] * D <= 64 * 32 * c.num_warps] or configs  # or: the interpreter's one
+    return prune
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -477,20 +486,25 @@ def _attn_bwd_dkdv(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DK, DV,
 
 
 # no STAGE in the forward key: both re-weighting passes run one config, so pass 2 recomputes pass 1's logits bit for bit
+# (Triton adds every tensor argument's dtype to the key: fp32 and bf16 tune apart)
 _attn_fwd_tuned = triton.autotune(FWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", "SCORER"],
-                                  prune_configs_by={"early_config_prune": _acc_fits})(_attn_fwd)
-_attn_bwd_dq_tuned = triton.autotune(BWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", "SCORER", "REWEIGHT", "EXACT_SIGMA"])(
+                                  prune_configs_by={"early_config_prune": _pick(FWD_TUNE, FWD_TUNE_FP32)})(_attn_fwd)
+_attn_bwd_dq_tuned = triton.autotune(BWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", "SCORER", "REWEIGHT", "EXACT_SIGMA"],
+                                     prune_configs_by={"early_config_prune": _pick(BWD_TUNE, BWD_TUNE_FP32)})(
     _attn_bwd_dq)
-_attn_bwd_dkdv_tuned = triton.autotune(BWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", "SCORER", "REWEIGHT"])(_attn_bwd_dkdv)
+_attn_bwd_dkdv_tuned = triton.autotune(BWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", "SCORER", "REWEIGHT"],
+                                       prune_configs_by={"early_config_prune": _pick(BWD_TUNE, BWD_TUNE_FP32)})(
+    _attn_bwd_dkdv)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Launchers
 
 def _dot_types(dtype):
-    # bf16 arithmetic is wrong in the interpreter: dot in fp32 there; fp32 inputs get exact (ieee) dots, not tf32
+    # bf16 arithmetic is wrong in the interpreter: dot in fp32 there. fp32 inputs get tf32x3 (three tf32 products,
+    # ~fp32 accuracy on the tensor cores): "ieee" dots run on the FMA units and spill up to 80 KB a thread on sm_90
     if dtype == torch.float32 or (INTERPRET and dtype == torch.bfloat16):
-        return tl.float32, "ieee"
+        return tl.float32, "tf32x3"
     return (tl.float16 if dtype == torch.float16 else tl.bfloat16), "tf32"
 
 
@@ -712,14 +726,18 @@ def flex_attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0)
 # per head, half masked (4 B H T^2 D / 2); forward+backward = 3.5x (backward 2.5x: five matmuls, one a recompute).
 # Every scorer is credited the same FLOPs, so TFLOP/s compares times, not the work of extra passes.
 
-PROVIDERS = ("triton", "flex", "eager", "sdpa")
+PROVIDERS = ("triton", "flex", "eager", "sdpa", "cudnn")
 PARAMS = {"ssmax": dict(s=1.0, b=0.0), "ssa": dict(b=1.0, n=1.5)}  # learned per head, as in model.py
 
 
-def _sdpa(q, k, v, scorer, *, s=None, b=None, p=None):  # softmax; ssmax is SDPA on q times s log n_i + b
+def _sdpa(q, k, v, scorer, *, s=None, b=None, p=None, backend="FLASH_ATTENTION"):
+    """softmax (or ssmax: SDPA on q times s log n_i + b) on one named backend; left to choose, recent torch
+    builds run cuDNN first on Hopper (what the H200 table's "SDPA" column most likely timed)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     if scorer == "ssmax":
         q = q * (s[:, None] * torch.arange(1, q.size(2) + 1, device=q.device).log() + b[:, None])[..., None].to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with sdpa_kernel(getattr(SDPBackend, backend)):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 SLOW_MS = 500.0
@@ -760,9 +778,10 @@ def plot(rows, out):
         for name, provider in key("scorer", "provider"):
             pts = sorted((r["T"], r["tflops"]) for r in rows if (r["scorer"], r["provider"], r["D"], r["mode"]) ==
                          (name, provider, D, mode))
+            style = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)))[PROVIDERS.index(provider)]
             if pts:
-                ax.plot(*zip(*pts), ("-", "--", ":", "-.")[PROVIDERS.index(provider)], marker="o",
-                        color=f"C{scorers.index((name,))}", label=f"{name} {provider}")
+                ax.plot(*zip(*pts), linestyle=style, marker="o", color=f"C{scorers.index((name,))}",
+                        label=f"{name} {provider}")
         ax.set_xscale("log", base=2)
         ax.set(title=f"D={D} {mode} ({r0['dtype']}, B*T={int(r0['B']) * int(r0['T'])}, H={r0['H']})", xlabel="T",
                ylabel="TFLOP/s (causal)")
@@ -777,7 +796,8 @@ def benchmark(Ts, Ds, scorers, providers, tokens=16384, heads=16, dtype=torch.bf
     import model
     import torch.nn.attention.flex_attention as fa
     H, modes, rows, inputs, masks, make_mask = heads, ("fwd", "fwd+bwd"), [], {}, {}, fa.create_block_mask
-    providers_fn = {"triton": attention, "flex": flex_attention, "eager": model.attention, "sdpa": _sdpa}
+    providers_fn = {"triton": attention, "flex": flex_attention, "eager": model.attention, "sdpa": _sdpa,
+                    "cudnn": lambda *a, **kw: _sdpa(*a, **kw, backend="CUDNN_ATTENTION")}
     info = model.run_info(seed=0)  # provenance columns of every row
     torch._dynamo.config.recompile_limit = 64  # flex compiles per scorer, pass, grad mode and shape
 
@@ -793,7 +813,7 @@ def benchmark(Ts, Ds, scorers, providers, tokens=16384, heads=16, dtype=torch.bf
           *(f"{c:>9}" for c in ("ms", "TFLOP/s", "MiB")))
     for D, T, name, provider, mode in itertools.product(Ds, Ts, scorers, providers, modes):
         scorer, _, p = name.partition("_p")
-        if provider == "sdpa" and (scorer not in ("softmax", "ssmax") or p):
+        if provider in ("sdpa", "cudnn") and (scorer not in ("softmax", "ssmax") or p):
             continue
         B = max(1, tokens // T)
         if (D, T) not in inputs:  # one shape in memory at a time
@@ -821,7 +841,7 @@ def benchmark(Ts, Ds, scorers, providers, tokens=16384, heads=16, dtype=torch.bf
             csv.writer(fh).writerows([list(rows[0]), *(r.values() for r in rows)])
         print(f"{name:<11}{provider:<9}{D:>4}{T:>7}{B:>5} {mode:<8}", *(f"{row[c]:9.4g}" if row[c] else f"{'-':>9}"
               for c in ("ms", "tflops", "peak_mib")), "" if row["status"] == "ok" else row["status"], flush=True)
-    assert rows, "nothing to run (sdpa runs softmax and ssmax only)"
+    assert rows, "nothing to run (sdpa and cudnn run softmax and ssmax only)"
     plot(rows, out)
     print(f"wrote {out}.csv, {out}.png")
     return rows
@@ -833,7 +853,8 @@ if __name__ == "__main__":
     ap.add_argument("--T", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--D", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--scorers", nargs="+", default=["softmax", "ssmax", "ssa", "lssa", "lssar", "softmax_p3"])
-    ap.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=PROVIDERS, help="sdpa: softmax, ssmax")
+    ap.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=PROVIDERS,
+                    help="sdpa (its flash backend) and cudnn run softmax and ssmax only")
     ap.add_argument("--tokens", type=int, default=16384, help="B * T")
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32", "bfloat16", "float16", "float32"))

@@ -25,6 +25,8 @@ import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+import torch  # noqa: E402
+
 import kernels  # noqa: E402
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -40,11 +42,13 @@ KERNELS = {"fwd": kernels._attn_fwd, "dq": kernels._attn_bwd_dq, "dkdv": kernels
 INTS = {"H", "Tq", "Tk", "offset", "split_size", "T_BUCKET"}  # all but offset divisible by 16, as the JIT would see
 
 
-def compile_one(kernel, scorer, consts, D, cfg):  # bf16 inputs, as trained
+def compile_one(kernel, scorer, consts, D, cfg, dtype="bf16", prec=None):
+    """One kernel as kernels.py launches it for `dtype` inputs (prec: another dot precision for fp32)."""
     fn = KERNELS[kernel]
     BLOCK_M, BLOCK_N, warps, stages = cfg
+    DT, PREC = kernels._dot_types(torch.float32 if dtype == "fp32" else torch.bfloat16)
     consts = {**(dict(P_INT=0) if kernel == "fwd" else {}), **consts}
-    consts.update(HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DT=tl.bfloat16, PREC="tf32")
+    consts.update(HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, DT=DT, PREC=prec or PREC)
     sig, attrs = {}, {}
     for i, a in enumerate(fn.arg_names):
         if a in consts:
@@ -55,8 +59,9 @@ def compile_one(kernel, scorer, consts, D, cfg):  # bf16 inputs, as trained
                 attrs[(i,)] = [["tt.divisibility", 16]]
         elif a in ("sm_scale", "p"):
             sig[a] = "fp32"
-        else:  # pointers: q, k, v, o and their gradients bf16, row statistics fp32, fallback rows int8
-            sig[a] = "*bf16" if a in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV") else "*i8" if a == "FB" else "*fp32"
+        else:  # pointers: q, k, v, o and their gradients in the input dtype, row statistics fp32, fallback rows int8
+            io = a in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
+            sig[a] = f"*{dtype}" if io else "*i8" if a == "FB" else "*fp32"
             attrs[(i,)] = [["tt.divisibility", 16]]
     compiled = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=warps, num_stages=stages))
@@ -67,9 +72,9 @@ def compile_one(kernel, scorer, consts, D, cfg):  # bf16 inputs, as trained
         info = subprocess.run([PTXAS, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull], capture_output=True,
                               text=True, check=True).stderr
     stores, loads = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info).groups()
-    return dict(kernel=kernel, scorer=scorer, D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, warps=warps, stages=stages,
-                registers=int(re.search(r"Used (\d+) registers", info).group(1)), spill_stores=int(stores),
-                spill_loads=int(loads), shared_bytes=compiled.metadata.shared,
+    return dict(kernel=kernel, scorer=scorer, dtype=dtype, prec=prec or PREC, D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                warps=warps, stages=stages, registers=int(re.search(r"Used (\d+) registers", info).group(1)),
+                spill_stores=int(stores), spill_loads=int(loads), shared_bytes=compiled.metadata.shared,
                 wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"))
 
 
@@ -83,13 +88,17 @@ def main(argv=None):
     ap.add_argument("--extra", nargs="*", default=[], help="more shapes: BLOCK_M,BLOCK_N,warps,stages")
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS))
     ap.add_argument("--scorers", nargs="+", help="only these variants (e.g. softmax lssar_pass2)")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="of q, k, v (fp32: tf32x3 dots)")
+    ap.add_argument("--prec", choices=("tf32x3", "ieee"), help="fp32 only: another dot precision, to compare")
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
     ap.add_argument("--out", default="bench/ptxas_sm90.csv")
     a = ap.parse_args(argv)
     extra = [tuple(int(x) for x in e.split(",")) for e in a.extra]
-    shapes = {"fwd": list(kernels.FWD_TUNE) + extra, "dq": list(kernels.BWD_TUNE) + extra,
-              "dkdv": list(kernels.BWD_TUNE) + extra}
-    jobs = [(k, name, consts, D, cfg) for (k, name, consts), D in itertools.product(VARIANTS, a.D)
+    fp32 = a.dtype == "fp32"  # each dtype has its own autotune lists
+    fwd, bwd = (kernels.FWD_TUNE_FP32, kernels.BWD_TUNE_FP32) if fp32 else (kernels.FWD_TUNE, kernels.BWD_TUNE)
+    shapes = {k: list(dict.fromkeys(tune + extra)) for k, tune in (("fwd", fwd), ("dq", bwd), ("dkdv", bwd))}
+    assert a.prec is None or a.dtype == "fp32", "--prec applies to fp32 inputs only"
+    jobs = [(k, name, consts, D, cfg, a.dtype, a.prec) for (k, name, consts), D in itertools.product(VARIANTS, a.D)
             if k in a.kernels and (not a.scorers or name in a.scorers) for cfg in shapes[k]]
     assert jobs, "nothing to compile: check --kernels and --scorers"
     print(f"compiling {len(jobs)} kernels for sm_90 (triton {triton.__version__}) ...", flush=True)

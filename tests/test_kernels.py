@@ -6,6 +6,7 @@ while re-weighting, whose dP carries p n / (n P - o), is allowed the reference's
 import csv
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -91,6 +92,30 @@ def test_fused_fp32_head_dim_128(scorer, kw):  # the largest head dim: wide tile
     _check(scorer, kw, 21, 6, 128, B=1)
 
 
+def _tf32(x):  # fp32 rounded to tf32 as the tensor cores' cvt.rna does: 10 mantissa bits, ties away from zero
+    return ((x.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+@pytest.mark.parametrize("scorer,kw", CASES, ids=IDS)
+def test_fp32_inputs_keep_fp32_accuracy_with_the_gpu_tf32x3_dots(scorer, kw, monkeypatch):
+    """A GPU runs fp32 dots as tf32x3 (a_hi b_hi + a_hi b_lo + a_lo b_hi, each part tf32), the interpreter exactly:
+    emulate the GPU's dots and hold the kernels to the same fp32 bounds, re-weighting's p n / y amplification too."""
+    from triton.runtime import interpreter
+    calls = []
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        assert input_precision.name == "TF32x3" and a.data.dtype == b.data.dtype == np.float32
+        calls.append(1)
+        (a_hi, b_hi), (a, b) = (_tf32(a.data), _tf32(b.data)), (a.data, b.data)
+        a_lo, b_lo = _tf32(a - a_hi), _tf32(b - b_hi)
+        return interpreter.TensorHandle(d.data + a_hi @ b_lo + a_lo @ b_hi + a_hi @ b_hi, d.dtype.scalar)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+    _check(scorer, kw, 63, 0, 32)
+    _check(scorer, kw, 40, 23, 32)
+    assert calls
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("scorer,kw", CASES, ids=IDS)
 def test_fused_low_precision_error_bounded_by_reference_own_error(scorer, kw, dtype):
@@ -141,17 +166,22 @@ class _Pinned:
         return lambda *args, **kw: self.kernel[grid(self.meta)](*args, **kw, **self.meta)
 
 
-def test_forward_autotune_drops_tiles_whose_accumulator_would_spill():
+def test_autotune_keeps_the_shapes_of_the_inputs_dtype_and_drops_tiles_whose_accumulator_would_spill():
     import triton
-    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w) for m, n, w, _ in kernels.FWD_TUNE]
-    kept = lambda D: [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps) for c in kernels._acc_fits(  # noqa: E731
-        configs, {}, HEAD_DIM=D)]
-    assert kept(64) == [t[:3] for t in kernels.FWD_TUNE]  # 128 x 64 fp32 over 128 threads: 64 registers, fits
-    assert kept(128) == [t[:3] for t in kernels.FWD_TUNE if t[:3] != (128, 64, 4)]
+    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+               for m, n, w, s in kernels.FWD_TUNE + kernels.FWD_TUNE_FP32]
+    prune = kernels._pick(kernels.FWD_TUNE, kernels.FWD_TUNE_FP32)
+    kept = lambda dtype, D: [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)  # noqa: E731
+                             for c in prune(configs, {"Q": torch.empty(0, dtype=dtype)}, HEAD_DIM=D)]
+    assert kept(torch.bfloat16, 64) == kernels.FWD_TUNE  # 128 x 64 fp32 over 128 threads: 64 registers, fits
+    assert kept(torch.bfloat16, 128) == [t for t in kernels.FWD_TUNE if t[:3] != (128, 64, 4)]
+    assert kept(torch.float32, 128) == kernels.FWD_TUNE_FP32  # tf32x3 shapes that fit sm_90's shared memory
 
 
-@pytest.mark.parametrize("fwd,bwd", list(zip(kernels.FWD_TUNE, kernels.BWD_TUNE)),
-                         ids=[f"fwd{f[0]}x{f[1]}-bwd{b[0]}x{b[1]}" for f, b in zip(kernels.FWD_TUNE, kernels.BWD_TUNE)])
+GPU_SHAPES = list(zip(kernels.FWD_TUNE + kernels.FWD_TUNE_FP32, kernels.BWD_TUNE + kernels.BWD_TUNE_FP32))
+
+
+@pytest.mark.parametrize("fwd,bwd", GPU_SHAPES, ids=[f"fwd{f[0]}x{f[1]}-bwd{b[0]}x{b[1]}" for f, b in GPU_SHAPES])
 def test_every_gpu_block_shape_matches_reference(monkeypatch, fwd, bwd):
     # the GPU autotunes over these shapes; T = 257 leaves a ragged last block for every one of them
     monkeypatch.setattr(kernels, "_attn_fwd_tuned", _Pinned(kernels._attn_fwd, *fwd[:2]))
@@ -235,7 +265,7 @@ def test_cuda_bf16_head_dim_128_long_sequence(scorer, kw):
 
 @cuda
 @pytest.mark.parametrize("scorer,kw", CASES, ids=IDS)
-def test_cuda_fp32_exact_dots(scorer, kw):
+def test_cuda_fp32_inputs_tf32x3_dots_match_reference(scorer, kw):  # ~fp32 accuracy, not tf32's 1e-3
     _check(scorer, kw, 257, 0, 64, device="cuda")
 
 
@@ -291,17 +321,25 @@ def test_cuda_memory_is_linear_in_sequence_length():
 # Benchmark (`python kernels.py`): a tiny CPU configuration through the same code as the H100 table
 
 def test_benchmark_writes_one_timed_row_per_configuration_csv_and_png(tmp_path):
-    scorers, providers, modes = ["softmax", "lssar"], ["triton", "eager"], ["fwd", "fwd+bwd"]
+    scorers, providers, modes = ["softmax", "lssar"], ["triton", "eager", "sdpa"], ["fwd", "fwd+bwd"]
     rows = kernels.benchmark(Ts=[32], Ds=[16], scorers=scorers, providers=providers, tokens=32, heads=2,
                              dtype=torch.float32, device="cpu", out=tmp_path / "k")
     with open(tmp_path / "k.csv", newline="") as f:
         table = list(csv.DictReader(f))
     keys = sorted((r["scorer"], r["provider"], int(r["D"]), int(r["T"]), r["mode"]) for r in table)
-    assert keys == sorted((s, p, 16, 32, m) for s in scorers for p in providers for m in modes) and len(rows) == 8
+    expected = [(s, p, 16, 32, m) for s in scorers for p in providers for m in modes if (s, p) != ("lssar", "sdpa")]
+    assert keys == sorted(expected) and len(rows) == 10  # SDPA has no lssar
     for r in table:
         assert r["status"] == "ok" and r["device"] and r["peak_mib"] == ""  # no peak memory on CPU
         assert 0 < float(r["ms"]) < math.inf and 0 < float(r["tflops"]) < math.inf
     assert (tmp_path / "k.png").stat().st_size > 0
+
+
+def test_sdpa_peer_runs_the_backend_it_names():  # unpinned, torch may pick cuDNN over flash on Hopper
+    q, k, v, _ = _inputs(40, 0, 16)
+    torch.testing.assert_close(kernels._sdpa(q, k, v, "softmax"), _ref(q, k, v, "softmax"), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError):  # no cuDNN attention on the CPU: the pin is applied, not a hint
+        kernels._sdpa(q, k, v, "softmax", backend="CUDNN_ATTENTION")
 
 
 @cuda

@@ -12,17 +12,20 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 
 
 @pytest.mark.skipif(not os.access(PTXAS, os.X_OK), reason="this Triton wheel has no ptxas")
-def test_report_compiles_the_softmax_forward_for_sm90_with_tensor_cores_and_no_spills(tmp_path):
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_report_compiles_the_softmax_forward_for_sm90_with_tensor_cores(tmp_path, dtype):
     out = tmp_path / "p.csv"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "bench/ptxas_report.py", "--D", "64", "--kernels", "fwd", "--scorers",
-                          "softmax", "--jobs", "2", "--out", str(out)], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=600)
+                          "softmax", "--dtype", dtype, "--jobs", "2", "--out", str(out)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     rows = list(csv.DictReader(open(out)))
     import kernels
-    assert len(rows) == len(kernels.FWD_TUNE)  # one row per autotune shape
+    assert len(rows) == len(kernels.FWD_TUNE if dtype == "bf16" else kernels.FWD_TUNE_FP32)  # one per autotune shape
     for r in rows:
         assert r["kernel"] == "fwd" and r["scorer"] == "softmax" and int(r["D"]) == 64
         assert 0 < int(r["registers"]) <= 255 and int(r["shared_bytes"]) > 0
-        assert int(r["wgmma"]) > 0 and int(r["spill_stores"]) == 0  # Hopper tensor cores; D = 64 never spills
+        assert r["dtype"] == dtype and int(r["wgmma"]) > 0  # Hopper's tensor cores, fp32 too (tf32x3, not FMA)
+        assert int(r["shared_bytes"]) <= 227 * 1024  # sm_90's most per block: a shape over it cannot launch
+        assert dtype == "fp32" or int(r["spill_stores"]) == 0  # bf16 at D = 64 never spills
