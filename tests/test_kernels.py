@@ -106,8 +106,8 @@ def test_fp32_inputs_keep_fp32_accuracy_with_the_gpu_tf32x3_dots(scorer, kw, mon
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         assert input_precision.name == "TF32x3" and a.data.dtype == b.data.dtype == np.float32
         calls.append(1)
-        (a_hi, b_hi), (a, b) = (_tf32(a.data), _tf32(b.data)), (a.data, b.data)
-        a_lo, b_lo = _tf32(a - a_hi), _tf32(b - b_hi)
+        a_hi, b_hi = _tf32(a.data), _tf32(b.data)
+        a_lo, b_lo = _tf32(a.data - a_hi), _tf32(b.data - b_hi)
         return interpreter.TensorHandle(d.data + a_hi @ b_lo + a_lo @ b_hi + a_hi @ b_hi, d.dtype.scalar)
 
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
