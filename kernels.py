@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # CPU: kernels run in Triton's interpreter
 SCORER_IDS = {"softmax": 0, "ssmax": 1, "ssa": 2, "lssa": 3, "lssar": 3}
@@ -142,7 +143,8 @@ def _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale,
 def _configs(pairs):
     if INTERPRET:
         return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in pairs]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+            for m, n, w, s in dict.fromkeys(pairs)]  # a shape in two lists is timed once
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages), four each: every (T bucket, head dim, scorer) autotunes once, and on
@@ -155,8 +157,7 @@ BWD_TUNE = [(64, 64, 8, 2), (128, 64, 8, 2), (128, 32, 8, 2), (32, 64, 4, 2)]
 # and one backward shape does; these all fit, at every head dim (bench/ptxas_sm90_fp32.csv)
 FWD_TUNE_FP32 = [(128, 32, 8, 2), (64, 32, 4, 3), (64, 64, 4, 2)]
 BWD_TUNE_FP32 = [(64, 32, 8, 2), (32, 64, 4, 2), (32, 32, 4, 2)]
-FWD_CONFIGS = _configs(FWD_TUNE + FWD_TUNE_FP32)
-BWD_CONFIGS = _configs(list(dict.fromkeys(BWD_TUNE + BWD_TUNE_FP32)))
+FWD_CONFIGS, BWD_CONFIGS = _configs(FWD_TUNE + FWD_TUNE_FP32), _configs(BWD_TUNE + BWD_TUNE_FP32)
 
 
 def _pick(tune, tune_fp32):
@@ -730,13 +731,12 @@ PROVIDERS = ("triton", "flex", "eager", "sdpa", "cudnn")
 PARAMS = {"ssmax": dict(s=1.0, b=0.0), "ssa": dict(b=1.0, n=1.5)}  # learned per head, as in model.py
 
 
-def _sdpa(q, k, v, scorer, *, s=None, b=None, p=None, backend="FLASH_ATTENTION"):
+def _sdpa(q, k, v, scorer, *, s=None, b=None, p=None, backend=SDPBackend.FLASH_ATTENTION):
     """softmax (or ssmax: SDPA on q times s log n_i + b) on one named backend; left to choose, recent torch
     builds run cuDNN first on Hopper (what the H200 table's "SDPA" column most likely timed)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     if scorer == "ssmax":
         q = q * (s[:, None] * torch.arange(1, q.size(2) + 1, device=q.device).log() + b[:, None])[..., None].to(q.dtype)
-    with sdpa_kernel(getattr(SDPBackend, backend)):
+    with sdpa_kernel(backend):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
@@ -797,7 +797,7 @@ def benchmark(Ts, Ds, scorers, providers, tokens=16384, heads=16, dtype=torch.bf
     import torch.nn.attention.flex_attention as fa
     H, modes, rows, inputs, masks, make_mask = heads, ("fwd", "fwd+bwd"), [], {}, {}, fa.create_block_mask
     providers_fn = {"triton": attention, "flex": flex_attention, "eager": model.attention, "sdpa": _sdpa,
-                    "cudnn": lambda *a, **kw: _sdpa(*a, **kw, backend="CUDNN_ATTENTION")}
+                    "cudnn": lambda *a, **kw: _sdpa(*a, **kw, backend=SDPBackend.CUDNN_ATTENTION)}
     info = model.run_info(seed=0)  # provenance columns of every row
     torch._dynamo.config.recompile_limit = 64  # flex compiles per scorer, pass, grad mode and shape
 

@@ -339,7 +339,7 @@ def test_sdpa_peer_runs_the_backend_it_names():  # unpinned, torch may pick cuDN
     q, k, v, _ = _inputs(40, 0, 16)
     torch.testing.assert_close(kernels._sdpa(q, k, v, "softmax"), _ref(q, k, v, "softmax"), rtol=1e-5, atol=1e-5)
     with pytest.raises(RuntimeError):  # no cuDNN attention on the CPU: the pin is applied, not a hint
-        kernels._sdpa(q, k, v, "softmax", backend="CUDNN_ATTENTION")
+        kernels._sdpa(q, k, v, "softmax", backend=kernels.SDPBackend.CUDNN_ATTENTION)
 
 
 @cuda
