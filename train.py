@@ -29,6 +29,7 @@ from model import GPT, GPTConfig, convert_scorer, run_info, save_checkpoint, ssm
 @dataclass
 class _TrainFields:
     out_dir: str = "out"
+    overwrite: bool = False  # a new run may replace a run already in out_dir (else refused: no run is lost silently)
     init_from: str = "scratch"  # scratch | resume (<out_dir>/ckpt.pt) | a checkpoint path: its weights, a new optimizer
     resume: bool = False  # continue <out_dir>/ckpt.pt if it exists (a relaunch is safe), else start as init_from says
     eval_interval: int = 1000
@@ -36,6 +37,7 @@ class _TrainFields:
     log_interval: int = 10
     data_dir: str = "data"
     dataset: str = "shakespeare"  # <data_dir>/<dataset>/{train,val}.bin; the embedded corpora are prepared on demand
+    task: str = ""  # a synthetic task of tasks.py instead of `dataset` (its fields: tasks.TaskConfig)
     sft_data: str = ""  # .jsonl of {"prompt": str, "answer": str}: fine-tune on the answers (eval: the same file)
     sft_epochs: int = 0  # SFT: > 0 sets max_iters = lr_decay_iters to that many epochs, warmup_iters to one epoch
     batch_size: int = 16  # micro-batch: 16 x 128 accumulation = 2,048 sequences x 1,024 = 2,097,152 tokens per step
@@ -61,6 +63,15 @@ MODEL_FIELDS = [f.name for f in fields(GPTConfig)]
 ARCH_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "ffn_hidden")  # a checkpoint's shapes cannot change
 SCORER_OPTIONS = [k for k in MODEL_FIELDS if k.startswith(("ssmax_", "ssa_"))]
 LR_SCHEDULES = ("constant", "cosine")
+RUN_FILES = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run leaves in its out_dir
+BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "eval", "run_info")  # no optimizer state
+# Ranges, checked with the types in coerce(): a zero batch or a negative block_size is one error line, not a traceback
+RANGES = {**dict.fromkeys(("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval",
+                           "n_layer", "n_head", "n_embd", "ffn_hidden", "vocab_size", "block_size", "rope_theta",
+                           "ssa_b_init"), ("> 0", lambda v: v > 0)),
+          **dict.fromkeys(("max_iters", "warmup_iters", "lr_decay_iters", "learning_rate", "min_lr", "weight_decay",
+                           "grad_clip", "sft_epochs"), (">= 0", lambda v: v >= 0)),
+          **dict.fromkeys(("dropout", "beta1", "beta2"), ("in [0, 1)", lambda v: 0 <= v < 1))}
 
 
 class TrainError(Exception):
@@ -81,11 +92,14 @@ def coerce(key, value, where, raw=None):
     if base is str and raw is not None:
         return value if isinstance(value, str) else raw  # dataset=kjv, out_dir=123
     if base is float and type(value) in (int, float):
-        return float(value)
+        value = float(value)
     if base is int and type(value) is float and value.is_integer():
-        return int(value)  # max_iters=2e5
+        value = int(value)  # max_iters=2e5
     if type(value) is not base:
         raise TrainError(f"{key}={value!r} has the wrong type: {key} is {getattr(typ, '__name__', typ)}")
+    allowed, ok = RANGES.get(key, (None, lambda v: True))
+    if not ok(value):  # also refuses nan
+        raise TrainError(f"{key}={value!r} is out of range: {key} must be {allowed}")
     return value
 
 
@@ -145,10 +159,15 @@ def sft_batch(examples, ix, T):
     return x, y
 
 
+def read_log(path):
+    """log.jsonl's records ([] before the first)."""
+    return [json.loads(line) for line in open(path)] if os.path.isfile(path) else []
+
+
 def plot_losses(out_dir, title):
     """loss.png from log.jsonl (the numbers behind it), the whole history; a resumed run's entry of an iter wins."""
     from matplotlib.figure import Figure  # not pyplot: no GUI backend to pick, no figure to close
-    rows = [r for r in map(json.loads, open(os.path.join(out_dir, "log.jsonl"))) if "iter" in r]
+    rows = [r for r in read_log(os.path.join(out_dir, "log.jsonl")) if "iter" in r]
     ax = Figure(figsize=(8, 4.5)).subplots()
     for key, label in (("loss", "train (per step)"), ("train_loss", "train (eval)"), ("val_loss", "val (eval)")):
         points = {r["iter"]: r[key] for r in rows if key in r}
@@ -165,6 +184,13 @@ def train(explicit):
     cfg = TrainConfig(**explicit)
     ddp = int(os.environ.get("RANK", -1)) != -1  # launched by torchrun
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    try:
+        torch.device(device)
+    except RuntimeError:
+        raise TrainError(f"device={device!r} is not a torch device; allowed: auto, cpu, cuda, cuda:N, mps")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise TrainError(f"device={device!r}, but this torch build ({torch.__version__}) sees no CUDA GPU: use "
+                         f"device=cpu (or auto)")
     if ddp:
         dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
         if device.startswith("cuda"):
@@ -173,11 +199,17 @@ def train(explicit):
     rank, world = (dist.get_rank(), dist.get_world_size()) if ddp else (0, 1)
     master, device_type = rank == 0, torch.device(device).type  # only the master prints and writes
     ctx = torch.autocast(device_type, torch.bfloat16, enabled=device_type == "cuda")
-    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    ckpt_path, best_path = os.path.join(cfg.out_dir, "ckpt.pt"), os.path.join(cfg.out_dir, "best.pt")
     resuming = cfg.init_from == "resume" or (cfg.resume and os.path.isfile(ckpt_path))
     path = ckpt_path if resuming else cfg.init_from
     if path != "scratch" and not os.path.isfile(path):
         raise TrainError(f"init_from={cfg.init_from!r}: checkpoint {path!r} does not exist")
+    if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
+        raise TrainError(f"out_dir={cfg.out_dir!r} is a file, not a folder")
+    old = [f for f in RUN_FILES if os.path.exists(os.path.join(cfg.out_dir, f))]
+    if old and not (resuming or cfg.resume or cfg.overwrite):  # a new run never destroys an old one unasked
+        raise TrainError(f"out_dir={cfg.out_dir!r} already holds a run ({', '.join(old)}): continue it with "
+                         f"resume=True, choose another out_dir=..., or replace it with overwrite=True")
     ckpt = None if path == "scratch" else torch.load(path, map_location="cpu", weights_only=False)
     if resuming:  # the run's stored config, then what this command sets
         cfg = TrainConfig(**{**{k: v for k, v in ckpt["config"].items() if hasattr(cfg, k)}, **explicit})
@@ -202,14 +234,20 @@ def train(explicit):
                           warmup_iters=epoch)
     else:
         data_dir = os.path.join(cfg.data_dir, cfg.dataset)
-        if not os.path.isfile(os.path.join(data_dir, "val.bin")):
-            if cfg.dataset not in prepare_data.EMBEDDED:
+        try:  # both splits as meta.json records them: a truncated train.bin is never trained on silently
+            prepare_data.check_prepared(data_dir)
+        except prepare_data.DataError as e:
+            if cfg.dataset in prepare_data.EMBEDDED:  # missing or broken: prepared (again)
+                if master:
+                    prepare_data.prepare(cfg.dataset, out_dir=cfg.data_dir)
+                if ddp:
+                    dist.barrier()
+            elif not os.path.isdir(data_dir):
                 raise TrainError(f"dataset {data_dir!r} not found: prepare it with `python prepare_data.py SOURCE "
                                  f"--name {cfg.dataset} --out_dir {cfg.data_dir}`")
-            if master:
-                prepare_data.prepare(cfg.dataset, out_dir=cfg.data_dir)
-            if ddp:
-                dist.barrier()
+            elif os.path.exists(os.path.join(data_dir, "meta.json")) or not all(
+                    os.path.isfile(os.path.join(data_dir, f"{s}.bin")) for s in ("train", "val")):
+                raise TrainError(str(e))  # (two .bin files without meta.json were made by another tool: unchecked)
         split_size = {s: len(prepare_data.load_split(data_dir, s)) - T for s in ("train", "val")}
         if min(split_size.values()) < 1:
             raise TrainError(f"{data_dir}: a split has fewer than block_size + 1 = {T + 1} tokens")
@@ -273,6 +311,7 @@ def train(explicit):
         if device_type == "cuda" and ckpt["rng"]["cuda"] is not None:
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
         data_g.set_state(ckpt["data_state"]["generator"])
+    pending_eval = ckpt if resuming and "eval" in ckpt else None  # its eval record may lack its log line
     ckpt, raw_model = None, model
     eval_model = model = torch.compile(model) if cfg.compile else model
     if ddp:
@@ -308,37 +347,64 @@ def train(explicit):
     # ------------------------------------------------------------------------------------------------------------
     # Training loop: eval and checkpoint, then one step of gradient_accumulation_steps micro-batches
     log_path = os.path.join(cfg.out_dir, "log.jsonl")
+    def save(path, state):
+        try:
+            save_checkpoint(state, path)
+        except OSError as e:  # e.g. a full disk: save_checkpoint removed its partial .tmp, the old file is intact
+            raise TrainError(f"cannot write {path}: {e.strerror or e}; {diverged('stops')}")
+
+    def diverged(what="diverged and stops"):
+        return f"the run {what}; " + (f"the last good checkpoint {ckpt_path} is kept" if os.path.isfile(ckpt_path)
+                                      else "no checkpoint was written yet")
+
     def log(record):
         with open(log_path, "a") as f:
             f.write(json.dumps(record) + "\n")
+
+    def finish_eval(state):
+        """An eval after ckpt.pt holds it: best.pt, then its log line. ckpt.pt carries the record, so a resume finishes
+        an eval that a kill cut short (no lost record, no stale best.pt)."""
+        record = state["eval"]
+        if record["is_best"]:
+            save(best_path, {k: state[k] for k in BEST_KEYS})
+        log({k: v for k, v in record.items() if k != "is_best"})  # an eval line means its checkpoints are on disk
+        plot_losses(cfg.out_dir, f"{cfg.scorer}, {cfg.task or cfg.sft_data or cfg.dataset}, "
+                    f"{raw_model.get_num_params() / 1e6:.1f}M params, git {str(info['git_sha'])[:7]}")
+        print(f"iter {record['iter']}: train loss {record['train_loss']:.4f}, val loss {record['val_loss']:.4f}"
+              + (" (best)" if record["is_best"] else ""))
+        return {"train": record["train_loss"], "val": record["val_loss"]}
+
+    losses = None
     if master:
         os.makedirs(cfg.out_dir, exist_ok=True)
-        open(log_path, "a" if resuming else "w").close()  # a new run starts a new log; a resumed one appends
+        for f in os.listdir(cfg.out_dir):  # what a kill mid-write left, and an overwritten run's files
+            if f.endswith(".tmp") or (not resuming and f in RUN_FILES):
+                os.remove(os.path.join(cfg.out_dir, f))
+        done = resuming and any(r.get("iter") == iter_num and "val_loss" in r for r in read_log(log_path))
+        if resuming and not done and pending_eval is not None:
+            losses = finish_eval(pending_eval)  # killed between ckpt.pt and the eval's log line
+        elif done and iter_num >= cfg.max_iters:
+            print(f"already done: {cfg.out_dir} finished at iter {iter_num} of max_iters={cfg.max_iters} (best val loss "
+                  f"{best_val_loss:.4f}); set a larger max_iters to train on")
+            return
         log({"config": asdict(cfg), "run_info": info, "unigram_entropy": unigram, "start_iter": iter_num})
-    t_start, dt_avg, start_iter, losses = time.time(), None, iter_num, None  # a resume's first eval is done already
+    t_start, dt_avg, start_iter = time.time(), None, iter_num  # a resume's first eval is done already
     while True:
         if (iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters) and (not resuming or iter_num > start_iter):
             losses = estimate_loss()
             if not all(map(math.isfinite, losses.values())):
-                raise TrainError(f"eval loss {losses} at iter {iter_num}: the run diverged and stops; the last good "
-                                 f"checkpoint {ckpt_path} is kept")
+                raise TrainError(f"eval loss {losses} at iter {iter_num}: {diverged()}")
             if master:
                 is_best, best_val_loss = losses["val"] < best_val_loss, min(best_val_loss, losses["val"])
                 rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device_type == "cuda"
                        else None}
                 state = {"model": raw_model.state_dict(), "model_args": asdict(raw_model.config), "config": asdict(cfg),
                          "optimizer": optimizer.state_dict(), "iter_num": iter_num, "best_val_loss": best_val_loss,
-                         "rng": rng, "data_state": {"generator": data_g.get_state()}, "run_info": info}
-                save_checkpoint(state, ckpt_path)
-                if is_best:
-                    save_checkpoint(state, os.path.join(cfg.out_dir, "best.pt"))
-                # logged after the save: an eval line in log.jsonl means its checkpoint is on disk
-                log({"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
-                     "elapsed": time.time() - t_start})
-                plot_losses(cfg.out_dir, f"{cfg.scorer}, {cfg.sft_data or cfg.dataset}, "
-                            f"{raw_model.get_num_params() / 1e6:.1f}M params, git {str(info['git_sha'])[:7]}")
-                print(f"iter {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
-                      + (" (best)" if is_best else ""))
+                         "rng": rng, "data_state": {"generator": data_g.get_state()}, "run_info": info,
+                         "eval": {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
+                                  "elapsed": time.time() - t_start, "is_best": is_best}}
+                save(ckpt_path, state)
+                finish_eval(state)
         if iter_num >= cfg.max_iters:
             break
 
@@ -358,8 +424,7 @@ def train(explicit):
             loss_sum /= world
         loss_value = loss_sum.item()
         if not math.isfinite(loss_value):  # before the update, so the weights and the checkpoint stay good
-            raise TrainError(f"loss is {loss_value} at iter {iter_num} (lr {lr:.3g}): the run diverged and stops; "
-                             f"the last good checkpoint {ckpt_path} is kept")
+            raise TrainError(f"loss is {loss_value} at iter {iter_num} (lr {lr:.3g}): {diverged()}")
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
@@ -387,9 +452,18 @@ def train(explicit):
         dist.destroy_process_group()
 
 
+def usage():
+    fields_text = ", ".join(f"{f.name}={f.default!r}" for f in fields(TrainConfig))
+    return (__doc__.strip() + "\n\nusage: python train.py [CONFIG.py ...] [key=value ...]\nconfig fields (defaults): "
+            + textwrap.fill(fields_text, 116, subsequent_indent="  "))
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if {"-h", "--help"} & set(argv):
+        return print(usage())
     try:
-        train(parse_args(sys.argv[1:] if argv is None else argv))
+        train(parse_args(argv))
     except (TrainError, prepare_data.DataError) as e:
         sys.exit(f"error: {e}")
 

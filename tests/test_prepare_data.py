@@ -144,10 +144,33 @@ def test_parquet_named_field(tmp_path):
     enc = pdata.get_tokenizer()
     got = [enc.decode(list(doc[:-1])) for s in pdata.SPLITS for doc in split_docs(toks[s])]
     assert sorted(got) == sorted(bodies)
-    # auto-detection takes the first string column here; a budget cuts the corpus short
+    # auto-detection finds "body" by its name, after "title"; a budget cuts the corpus short
     d = pdata.prepare(str(tmp_path / "*.parquet"), name="pq2", out_dir=str(tmp_path / "out"), max_tokens=50)
     meta, toks = read_all(d)
-    assert meta["text_field"] == "title" and len(toks["train"]) + len(toks["val"]) <= 50
+    assert meta["text_field"] == "body" and len(toks["train"]) + len(toks["val"]) <= 50
+
+def test_jsonl_id_before_body_picks_body_and_prints_it(tmp_path, capsys):
+    bodies = [f"The body of document {i}, longer than its id." for i in range(12)]
+    with open(tmp_path / "posts.jsonl", "w") as f:
+        for i, body in enumerate(bodies):  # "id" is a string column, and the first one
+            f.write(json.dumps({"id": f"post-{i}", "body": body}) + "\n")
+    d = pdata.prepare(str(tmp_path / "posts.jsonl"), out_dir=str(tmp_path / "out"), val_frac=0.2)
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith("text field:")] == [
+        "text field: 'body' (a known text column name; columns ['id', 'body'])"]
+    meta, toks = read_all(d)
+    assert meta["text_field"] == "body"
+    enc = pdata.get_tokenizer()
+    assert sorted(enc.decode(list(doc[:-1])) for s in pdata.SPLITS for doc in split_docs(toks[s])) == sorted(bodies)
+
+def test_unknown_column_names_fall_back_to_the_longest_strings(tmp_path, capsys):
+    notes = [f"Note {i}: " + "a rather long sentence of plain words. " * 3 for i in range(12)]
+    with open(tmp_path / "notes.jsonl", "w") as f:
+        for i, note in enumerate(notes):  # no known name: "ref" and "kind" are shorter strings than "note"
+            f.write(json.dumps({"ref": f"r{i}", "kind": "memo", "note": note, "n": i}) + "\n")
+    d = pdata.prepare(str(tmp_path / "notes.jsonl"), out_dir=str(tmp_path / "out"), val_frac=0.2)
+    assert "text field: 'note' (the longest strings in the first 12 rows" in capsys.readouterr().out
+    assert read_all(d)[0]["text_field"] == "note"
 
 def test_txt_files_are_one_document_each(tmp_path):
     (tmp_path / "a.txt").write_text("First file.\nSecond line.\n")
@@ -155,6 +178,53 @@ def test_txt_files_are_one_document_each(tmp_path):
     d = pdata.prepare(str(tmp_path / "*.txt"), out_dir=str(tmp_path / "out"))
     meta, toks = read_all(d)
     assert meta["documents"] == {"train": 1, "val": 1}
+
+def test_single_txt_file_is_split_by_tokens(tmp_path):
+    text = "".join(f"Line {i} of one long story, told in a single text file.\n" for i in range(40))
+    (tmp_path / "story.txt").write_text(text)
+    d = pdata.prepare(str(tmp_path / "story.txt"), out_dir=str(tmp_path / "out"))
+    meta, toks = read_all(d)
+    ids = pdata.get_tokenizer().encode_ordinary(text)
+    n_val = round(0.1 * len(ids))  # the default val_frac of one .txt file: its last tenth of tokens
+    assert toks["train"].tolist() == ids[:-n_val] + [EOT] and toks["val"].tolist() == ids[-n_val:] + [EOT]
+    assert meta["val_frac"] == 0.1 and "split by tokens" in meta["split_rule"]
+    assert meta["tokens"] == {"train": len(ids) - n_val + 1, "val": n_val + 1}
+
+# -----------------------------------------------------------------------------
+# check_prepared: what train.py asks before training
+
+@pytest.fixture
+def prepared(tmp_path):
+    write_jsonl(tmp_path / "c.jsonl", n=20)
+    return pdata.prepare(str(tmp_path / "c.jsonl"), out_dir=str(tmp_path / "data"), val_frac=0.2)
+
+def test_check_prepared_accepts_a_good_dataset(prepared):
+    assert pdata.check_prepared(prepared) is None
+    assert "shakespeare" in pdata.EMBEDDED and "c" not in pdata.EMBEDDED  # train.py re-prepares only EMBEDDED ones
+
+def test_check_prepared_names_a_truncated_train_bin_and_prepare_repairs_it(prepared, tmp_path):
+    meta, toks = read_all(prepared)
+    n = meta["tokens"]["train"]
+    with open(os.path.join(prepared, "train.bin"), "r+b") as f:
+        f.truncate(2 * (n - 5) + 1)  # an interrupted write: 5 tokens short, the last one half written
+    with pytest.raises(pdata.DataError) as e:
+        pdata.check_prepared(prepared)
+    msg = str(e.value)
+    assert "\n" not in msg and os.path.join(prepared, "train.bin") in msg
+    assert f"truncated: {n - 5:,} tokens on disk vs {n:,} in meta.json" in msg
+    assert f"python prepare_data.py {tmp_path / 'c.jsonl'} --name c --out_dir {tmp_path / 'data'}" in msg
+    pdata.prepare(str(tmp_path / "c.jsonl"), out_dir=str(tmp_path / "data"), val_frac=0.2)  # what train.py runs
+    assert pdata.check_prepared(prepared) is None
+    assert read_all(prepared)[0]["sha256"] == meta["sha256"]  # the same bytes as before, rewritten whole
+    assert not any(f.endswith(".tmp") for f in os.listdir(prepared))
+
+def test_check_prepared_names_a_missing_train_bin_beside_val_bin(prepared):
+    os.remove(os.path.join(prepared, "train.bin"))
+    with pytest.raises(pdata.DataError, match="train.bin is missing; re-prepare it with `python prepare_data.py "):
+        pdata.check_prepared(prepared)
+    os.rename(os.path.join(prepared, "val.bin"), os.path.join(prepared, "train.bin"))
+    with pytest.raises(pdata.DataError, match="val.bin is missing"):
+        pdata.check_prepared(prepared)
 
 # -----------------------------------------------------------------------------
 # errors: one line, exit status 2
@@ -165,12 +235,14 @@ def test_txt_files_are_one_document_each(tmp_path):
     (["{tmp}/empty.jsonl"], ["empty.jsonl", "no rows"]),
     (["{tmp}/c.jsonl", "--text_field", "body"], ["text field 'body' not found", "'content'"]),
     (["{tmp}/blank.txt"], ["0 non-empty documents"]),
+    (["{tmp}/short.txt"], ["short.txt' is one document of 2 tokens, too short to split by tokens"]),
     (["hf:nobody/no-such-dataset"], ["cannot load 'hf:nobody/no-such-dataset'"]),  # offline in tests: fails fast
     (["kjv", "--val_frac", "1.5"], ["val_frac=1.5"]),
 ])
 def test_errors_are_one_line(tmp_path, capsys, args, words):
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "blank.txt").write_text("  \n")
+    (tmp_path / "short.txt").write_text("Hi.")
     write_jsonl(tmp_path / "c.jsonl", n=3)
     with pytest.raises(SystemExit) as e:
         pdata.main([a.format(tmp=tmp_path) for a in args] + ["--out_dir", str(tmp_path / "out")])

@@ -477,3 +477,135 @@ def test_missing_embedded_dataset_is_prepared_automatically(tmp_path, capsys):
     assert "unigram entropy of train" in printed and "\nsample:\n" in printed  # GPT-2 vocabulary: a sample
     ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False)
     assert ckpt["config"]["dataset"] == "shakespeare" and ckpt["iter_num"] == 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# No lost work: an existing run is never overwritten unasked; an eval cut by a kill is finished by the resume
+
+
+def test_a_new_run_refuses_an_out_dir_holding_a_run_unless_resume_or_overwrite(data_dir, tmp_path):
+    out = tmp_path / "out"
+    train.main(tiny_args(data_dir, out, "max_iters=2", "eval_interval=2"))
+    before = {f: (out / f).read_bytes() for f in ("ckpt.pt", "best.pt", "log.jsonl")}
+    msg = error_of(tiny_args(data_dir, out, "max_iters=3", "eval_interval=3"))
+    assert "already holds a run" in msg and "resume=True" in msg and "overwrite=True" in msg and "out_dir" in msg
+    assert {f: (out / f).read_bytes() for f in before} == before  # nothing was touched
+    train.main(tiny_args(data_dir, out, "max_iters=3", "eval_interval=3", "overwrite=True"))
+    log = read_log(out)
+    assert log[0]["start_iter"] == 0 and sum("config" in r for r in log) == 1  # a new log, not appended
+    assert torch.load(out / "ckpt.pt", weights_only=False)["iter_num"] == 3
+    (tmp_path / "file").write_text("x")
+    assert "is a file" in error_of(tiny_args(data_dir, tmp_path / "file", "max_iters=1"))
+
+
+class _Killed(BaseException):
+    """A SIGKILL in the middle of a checkpoint write, simulated in-process."""
+
+
+def _kill_during_eval(monkeypatch, at_iter, file):
+    """best.pt: killed while writing it; ckpt.pt: killed just after writing it, before best.pt and the log line."""
+    real = train.save_checkpoint
+    def save(state, path):
+        if path.endswith(file) and state["iter_num"] == at_iter:
+            if file == "best.pt":
+                open(f"{path}.tmp", "wb").write(b"half a zip")  # what a kill mid-write leaves behind
+            else:
+                real(state, path)
+            raise _Killed
+        real(state, path)
+    monkeypatch.setattr(train, "save_checkpoint", save)
+
+
+@pytest.mark.parametrize("kill_at,file", [(0, "best.pt"), (4, "ckpt.pt")], ids=["writing-best", "final-eval"])
+def test_a_kill_during_an_eval_is_finished_by_the_resume(data_dir, tmp_path, monkeypatch, capsys, kill_at, file):
+    out, ref = tmp_path / "out", tmp_path / "ref"
+    args = ["max_iters=4", "eval_interval=2", "resume=True"]
+    train.main(tiny_args(data_dir, ref, *args))
+    with monkeypatch.context() as m:
+        _kill_during_eval(m, kill_at, file)
+        with pytest.raises(_Killed):
+            train.main(tiny_args(data_dir, out, *args))
+    assert kill_at not in [r["iter"] for r in read_log(out) if "val_loss" in r]
+    assert (out / "best.pt.tmp").exists() == (file == "best.pt")
+    capsys.readouterr()
+    train.main(tiny_args(data_dir, out, *args))
+    printed = capsys.readouterr().out
+    evals = {r["iter"]: r["val_loss"] for r in read_log(out) if "val_loss" in r}
+    assert evals == {r["iter"]: r["val_loss"] for r in read_log(ref) if "val_loss" in r}  # the record is back
+    assert "done: val loss" in printed and not list(out.glob("*.tmp"))
+    best, want = (torch.load(d / "best.pt", weights_only=True) for d in (out, ref))
+    assert best["iter_num"] == want["iter_num"] and "optimizer" not in best
+    assert all(torch.equal(v, want["model"][k]) for k, v in best["model"].items())
+    capsys.readouterr()
+    log = read_log(out)
+    train.main(tiny_args(data_dir, out, *args))  # relaunching a finished run says so and changes nothing
+    assert "already done" in capsys.readouterr().out and read_log(out) == log
+
+
+def test_best_pt_holds_what_evaluation_needs_and_is_smaller_than_ckpt_pt(data_dir, tmp_path):
+    out = tmp_path / "out"
+    train.main(tiny_args(data_dir, out, "max_iters=0"))  # one eval: the best
+    best, ckpt = (torch.load(out / f, weights_only=False) for f in ("best.pt", "ckpt.pt"))
+    assert set(best) == set(train.BEST_KEYS) and {"optimizer", "rng", "data_state"} <= set(ckpt)
+    assert os.path.getsize(out / "best.pt") < os.path.getsize(out / "ckpt.pt")
+    a, _ = load_checkpoint(str(out / "best.pt"))
+    b, _ = load_checkpoint(str(out / "ckpt.pt"))
+    x = torch.randint(0, VOCAB, (2, 16))
+    assert torch.equal(a(x, x)[1], b(x, x)[1])  # both evaluate identically
+
+
+def test_a_full_disk_while_checkpointing_is_one_error_line_and_leaves_no_partial_file(data_dir, tmp_path,
+                                                                                     monkeypatch):
+    def full(obj, f):
+        open(f, "wb").write(b"partial")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(torch, "save", full)
+    msg = error_of(tiny_args(data_dir, tmp_path / "out", "max_iters=1"))
+    assert "No space left on device" in msg and "no checkpoint was written yet" in msg
+    assert not list((tmp_path / "out").glob("*.tmp"))
+
+
+@pytest.mark.parametrize("arg,words", [
+    ("batch_size=0", "batch_size=0 is out of range: batch_size must be > 0"),
+    ("eval_interval=0", "eval_interval must be > 0"), ("log_interval=0", "log_interval must be > 0"),
+    ("n_head=0", "n_head must be > 0"), ("n_layer=0", "n_layer must be > 0"),
+    ("gradient_accumulation_steps=0", "gradient_accumulation_steps must be > 0"),
+    ("block_size=-4", "block_size must be > 0"), ("block_size=0", "block_size must be > 0"),
+    ("eval_iters=0", "eval_iters must be > 0"), ("rope_theta=0", "rope_theta must be > 0"),
+    ("max_iters=-1", "max_iters must be >= 0"), ("learning_rate=-1e-3", "learning_rate must be >= 0"),
+    ("dropout=1", "dropout must be in [0, 1)"), ("dropout=-0.1", "dropout must be in [0, 1)"),
+    ("device=cuda", "sees no CUDA GPU"), ("device=gpu", "is not a torch device"),
+])
+def test_zero_negative_and_impossible_values_are_one_error_line(data_dir, tmp_path, arg, words):
+    if arg == "device=cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert words in error_of(tiny_args(data_dir, tmp_path / "out", arg))
+    assert not (tmp_path / "out").exists()
+
+
+def test_help_prints_the_usage_and_every_config_field(capsys):
+    train.main(["--help"])
+    printed = capsys.readouterr().out
+    assert "usage: python train.py" in printed
+    assert all(f"{name}=" in printed for name in train.TrainConfig.__dataclass_fields__)
+
+
+def test_a_truncated_or_missing_split_is_one_error_line_or_an_embedded_corpus_is_prepared_again(data_dir, tmp_path,
+                                                                                                capsys):
+    d = tmp_path / "data" / "mine"
+    os.makedirs(d)
+    for split in ("train", "val"):
+        (d / f"{split}.bin").write_bytes(open(os.path.join(data_dir, "rand", f"{split}.bin"), "rb").read())
+    (d / "meta.json").write_text(json.dumps({"tokens": {"train": 4096, "val": 1024}}))
+    with open(d / "train.bin", "r+b") as f:
+        f.truncate(1000)  # a preparation killed mid-write
+    args = [*TINY, f"data_dir={tmp_path / 'data'}", "dataset=mine", f"out_dir={tmp_path / 'out'}", "max_iters=1"]
+    assert "train.bin is truncated: 500 tokens on disk vs 4,096 in meta.json" in error_of(args)
+    os.remove(d / "train.bin")
+    assert "train.bin is missing" in error_of(args) and not (tmp_path / "out").exists()
+    e = tmp_path / "emb" / "kjv"
+    os.makedirs(e)
+    (e / "val.bin").write_bytes(b"\0\0" * 10)  # an embedded corpus whose train.bin is missing: prepared again
+    train.main([*TINY, f"data_dir={tmp_path / 'emb'}", "dataset=kjv", f"out_dir={tmp_path / 'out2'}", "max_iters=0",
+                "vocab_size=50257"])
+    assert os.path.getsize(e / "train.bin") == 2 * json.load(open(e / "meta.json"))["tokens"]["train"]
