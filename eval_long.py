@@ -10,7 +10,8 @@ paper's Fig. 1 (attention fading: the largest softmax output vs SSMax's as n gro
 
 Position t (1-based) is the loss of predicting token t+1 from the t tokens before it, so a model trained at length
 N has seen positions 1..N. Every checkpoint is scored on the same --num_seqs windows of L+1 contiguous tokens of the
-split, their starts drawn uniformly with numpy's default_rng(seed) and recorded in summary.json.
+split, their starts drawn uniformly with numpy's default_rng(seed) and recorded in summary.json. Every checkpoint is
+read (weights_only) before the first model runs, and the outputs are rewritten as each model finishes.
 """
 import argparse, csv, json, math, os, sys
 
@@ -19,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 import prepare_data
-from model import BACKENDS, ROPE_METHODS, load_checkpoint, run_info
+from model import BACKENDS, ROPE_METHODS, load_checkpoint, read_checkpoint, run_info
 
 WINDOW_MULTIPLES = (1, 2, 4, 8, 10, 16, 20)  # k x the training length N
 WINDOW_RULE = ("window kx: mean loss over positions (k*N - N, k*N], the last N positions up to k times the "
@@ -135,45 +136,8 @@ def fading(out_dir):
 
 # ----------------------------------------------------------------------------------------------------------------
 
-def run(args):
-    if args.fading:
-        fading(args.out_dir)
-    if not args.ckpt:
-        return
-    missing = [p for p in args.ckpt if not os.path.isfile(p)]
-    if missing:
-        raise FileNotFoundError(f"checkpoint {missing[0]!r} does not exist")
-    device = torch.device(args.device)
-    models, loss = [], {}
-    for i, path in enumerate(args.ckpt):
-        model, ckpt = load_checkpoint(path, device, backend=args.backend)
-        model.eval()
-        cfg = model.config
-        if i == 0:  # the first checkpoint fixes L and the sequences every model is scored on
-            args.length = args.length or 10 * cfg.block_size
-            data = load_tokens(args.data, args.split, args.length)
-            starts = draw_starts(len(data), args.length, args.num_seqs, args.seed)
-            args.smooth = min(args.smooth or max(1, args.length // 200), args.length)
-            n_batches = math.ceil(args.num_seqs / args.batch_size)
-            bar = tqdm(total=n_batches * len(args.ckpt), unit="batch", disable=None)
-        label = args.labels[i] if args.labels else cfg.scorer
-        if label in loss:  # two checkpoints of one scorer: tell them apart by their folders
-            label = f"{label} #{i + 1} ({os.path.basename(os.path.dirname(os.path.abspath(path)))})"
-        rope = model.extend_rope(args.rope_method, args.rope_scale, args.length)
-        bar.set_description(f"{label} L={args.length:,}")
-        loss[label] = per_position_loss(model, data, starts, args.length, args.batch_size, bar)
-        models.append(dict(label=label, checkpoint=os.path.abspath(path), scorer=cfg.scorer,
-                           train_len=cfg.block_size, iter_num=ckpt.get("iter_num"), rope_method=args.rope_method,
-                           rope_scale=args.rope_scale, **rope, mean_loss=float(loss[label].mean()),
-                           windows=windows(loss[label], cfg.block_size), model_args=ckpt["model_args"],
-                           train_run_info=ckpt.get("run_info")))
-        print(f"{label}: " + ", ".join(f"{k} {v['mean_loss']:.4f}" for k, v in models[-1]["windows"].items()
-                                      if not k.startswith("prefix")) + f", all {models[-1]['mean_loss']:.4f}")
-        del model
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    bar.close()
-
+def write_results(args, loss, models, starts):
+    """Rewritten after every model: a later checkpoint that fails leaves the finished ones' results on disk."""
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, "per_position.csv"), "w", newline="") as f:
         w = csv.writer(f)
@@ -188,6 +152,49 @@ def run(args):
                        run_info=run_info(args.seed), args=vars(args)), f, indent=1)
     plot_per_position(os.path.join(args.out_dir, "per_position.png"), loss, models, args.length, args.smooth,
                       args.logx, note)
+
+def run(args):
+    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):  # now, not after the models ran
+        raise ValueError(f"--out_dir {args.out_dir!r} is a file, expected a folder for the results")
+    if args.fading:
+        fading(args.out_dir)
+    if not args.ckpt:
+        return
+    # every checkpoint is read (its pickle; tensors mapped, not read) and checked before the first model runs
+    model_args = [read_checkpoint(path, mmap=True)["model_args"] for path in args.ckpt]
+    args.length = args.length or 10 * model_args[0]["block_size"]  # the first checkpoint fixes L
+    N, path = max((a["block_size"], path) for a, path in zip(model_args, args.ckpt))
+    if args.length < N:
+        raise ValueError(f"--length {args.length} is shorter than the training length {N} of {path!r}: "
+                         f"no window to report; use --length >= {N}")
+    data = load_tokens(args.data, args.split, args.length)
+    starts = draw_starts(len(data), args.length, args.num_seqs, args.seed)  # the same sequences for every model
+    args.smooth = min(args.smooth or max(1, args.length // 200), args.length)
+    device = torch.device(args.device)
+    models, loss = [], {}
+    bar = tqdm(total=math.ceil(args.num_seqs / args.batch_size) * len(args.ckpt), unit="batch", disable=None)
+    for i, path in enumerate(args.ckpt):
+        model, ckpt = load_checkpoint(path, device, backend=args.backend)
+        model.eval()
+        cfg = model.config
+        label = args.labels[i] if args.labels else cfg.scorer
+        if label in loss:  # two checkpoints of one scorer: tell them apart by their folders
+            label = f"{label} #{i + 1} ({os.path.basename(os.path.dirname(os.path.abspath(path)))})"
+        rope = model.extend_rope(args.rope_method, args.rope_scale, args.length)
+        bar.set_description(f"{label} L={args.length:,}")
+        loss[label] = per_position_loss(model, data, starts, args.length, args.batch_size, bar)
+        models.append(dict(label=label, checkpoint=os.path.abspath(path), scorer=cfg.scorer,
+                           train_len=cfg.block_size, iter_num=ckpt.get("iter_num"), rope_method=args.rope_method,
+                           rope_scale=args.rope_scale, **rope, mean_loss=float(loss[label].mean()),
+                           windows=windows(loss[label], cfg.block_size), model_args=ckpt["model_args"],
+                           train_run_info=ckpt.get("run_info")))
+        print(f"{label}: " + ", ".join(f"{k} {v['mean_loss']:.4f}" for k, v in models[-1]["windows"].items()
+                                      if not k.startswith("prefix")) + f", all {models[-1]['mean_loss']:.4f}")
+        write_results(args, loss, models, starts)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    bar.close()
     print(f"wrote {args.out_dir}/per_position.csv, summary.json, per_position.png")
 
 def main(argv=None):
@@ -214,9 +221,10 @@ def main(argv=None):
         p.error("give one or more checkpoints, or --fading")
     bad = [f"--{k} {getattr(args, k)}" for k in ("num_seqs", "batch_size", "length", "smooth")
            if getattr(args, k) is not None and getattr(args, k) < 1]
-    if bad or not args.rope_scale > 0:
-        p.error(f"{', '.join(bad) or f'--rope_scale {args.rope_scale}'}: counts and sizes must be >= 1, "
-                f"--rope_scale > 0")
+    bad += [f"--rope_scale {args.rope_scale}"] * (not 0 < args.rope_scale < math.inf)  # `not <` refuses nan too
+    bad += [f"--seed {args.seed}"] * (not 0 <= args.seed < 2**64)
+    if bad:
+        p.error(f"{', '.join(bad)}: counts and sizes must be >= 1, --rope_scale > 0 and finite, --seed in 0..2**64-1")
     if args.labels and len(args.labels) != len(args.ckpt):
         p.error(f"--labels has {len(args.labels)} names for {len(args.ckpt)} checkpoints")
     if args.device == "auto":

@@ -9,7 +9,7 @@ tutorial (FlashAttention-2, Dao 2023): O(T) memory, per-row statistics, recomput
   A = softplus(u) are bounded (|u| <= log(d) log(n)), so plain sums and P = A * exp2(-M), M = log2(sum A).
 - Stage 2 (re-weighting, p given): pass 1 keeps only each row's M and largest stage-1 logit, hence the row's
   largest y = n_i P - o_i; pass 2 recomputes P and sums (y / y_max)^p over y > 0: in [0, 1], so no overflow at
-  p = 100, n = 1e5, and no running max. Rows with no y > 0 keep P.
+  p = 100, n = 1e5, and no running max. "y > 0" means y > TIE n_i (model.reweight's rule): rows with none keep P.
 - Backward: dq (row blocks) then dk/dv (key blocks), no atomics. With re-weighting the dq kernel first makes one more
   pass per row for sigma_i = sum_k P_ik dP_ik, which dk/dv then reads. Scorer parameters get per-row partial sums,
   reduced in PyTorch.
@@ -35,8 +35,10 @@ SCORER_IDS = {"softmax": 0, "ssmax": 1, "ssa": 2, "lssa": 3, "lssar": 3}
 LSSAR_DEFAULT_P = 15.0
 LOG2E = tl.constexpr(1.4426950408889634)
 NEG = tl.constexpr(-1.0e30)  # finite "-inf": exp2(NEG - NEG) stays a number for rows that saw no key yet
+TIE = tl.constexpr(8 * 2.0**-23)  # re-weighting: y = n P - o counts as positive above TIE n (fp32 eps; model.reweight)
 DECODE_M = 16  # the smallest tl.dot M on a GPU: decode and short chunks use it, with split keys
 DECODE_N = 32 if INTERPRET else 64
+NO_GPU = "the fused Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1 for testing); use backend=torch"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -116,7 +118,7 @@ def _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale,
     g = tl.dot(do, vT, input_precision=PREC)  # dL/dPf_ij = dO_i . v_j
     if REWEIGHT:  # Pf = softmax of p log(y) on y = n P - o > 0; a fallback row (fb) has Pf = P
         y = n_i[:, None] * P - o_i[:, None]
-        pos = y > 0
+        pos = y > n_i[:, None] * TIE
         ys = tl.where(pos, y, 1.0)
         Pf = tl.where(pos, tl.exp2(p * tl.log2(ys) - m2[:, None]), 0.0)
         h = tl.where(fb[:, None], 0.0, Pf * p * n_i[:, None] / ys)  # dlog R / dP = p n / y; softmax backward
@@ -194,7 +196,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk,
         if STAGE == 2:  # re-weighting: (y / y_max)^p where y = n P - o > 0; a fallback row (fb) keeps P
             P = _prob(x, m1, SCORER)
             y = n_i[:, None] * P - o_i[:, None]
-            a = tl.where(fb[:, None], P, tl.where(y > 0, _pow(y * inv_ym[:, None], p, P_INT), 0.0))
+            a = tl.where(fb[:, None], P, tl.where(y > n_i[:, None] * TIE, _pow(y * inv_ym[:, None], p, P_INT), 0.0))
             if MASK:
                 a = tl.where(keep, a, 0.0)
             l_i += tl.sum(a, 1)
@@ -253,7 +255,7 @@ def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB, H, Tq, Tk, offset,
         m1 = tl.load(M1 + rows, mask=row_ok, other=0.0)
         mx = tl.load(MX + rows, mask=row_ok, other=0.0)
         ym = tl.sum(n_i[:, None] * _prob(mx[:, None], m1, SCORER) - o_i[:, None], 1)  # the tile's arithmetic
-        fb = ym <= 0  # no n P > o in the row: it keeps P
+        fb = ym <= n_i * TIE  # no n P - o above the tie tolerance in the row: it keeps P
         ym = tl.where(fb, 1.0, ym)
         tl.store(FB + rows, fb.to(tl.int8), mask=row_ok)  # every split writes the same
     inv_ym = 1.0 / ym
@@ -652,6 +654,8 @@ def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):
     """Causal attention (B, H, Tq, D) -> (B, H, Tq, D) for every scorer of SCORERS.md, fused in Triton.
     Query t sits at absolute position offset + t (KV cache); k, v hold offset + Tq keys. Differentiable w.r.t.
     q, k, v and s, b, n when they are tensors; p (float) re-weights on top of any scorer (lssar: 15 if None)."""
+    if not (q.is_cuda or INTERPRET):  # else Triton's launcher fails deep inside ("0 active drivers")
+        raise RuntimeError(NO_GPU)
     sid, s, b, n, p = _prepare(q, k, v, scorer, s, b, n, p, offset)
     q, k, v = (x.contiguous() for x in (q, k, v))  # the model's v is a view of qkv: one copy, simpler kernels
     D = q.size(-1)
@@ -677,15 +681,17 @@ def _flex_pass(q, k, v, block_mask, scale, sid, pos0, s, b, n, ln_d, lse1, p):
         if sid == 1:
             return score * (s[h] * ln_n + b[h])
         if sid == 2:
-            return torch.sign(score) * n[h] * torch.log1p(b[h] * score.abs())
+            return n[h] * torch.where(score >= 0, torch.log1p(b[h] * score.clamp(min=0)),  # slope n b at 0
+                                      -torch.log1p(-b[h] * score.clamp(max=0)))
         if sid == 3:  # A / sum A = softmax(log A): exact, and softplus >= e^-56 here, so the log is finite
             return torch.log(F.softplus(ln_d * ln_n * score))
         return score
 
-    def reweight(score, bb, h, q_idx, kv_idx):  # p log(n P - o) on n P > o, else -inf
+    def reweight(score, bb, h, q_idx, kv_idx):  # p log(n P - o) on n P - o > TIE n, else -inf
         n_i = (q_idx + pos0 + 1).to(torch.float32)
         y = n_i * torch.exp(logit(score, h, q_idx) - lse1[bb, h, q_idx]) - (n_i > 3).to(torch.float32)
-        return torch.where(y > 0, p * torch.log(torch.where(y > 0, y, torch.ones_like(y))), -math.inf)
+        pos = y > TIE.value * n_i
+        return torch.where(pos, p * torch.log(torch.where(pos, y, torch.ones_like(y))), -math.inf)
 
     mod = (lambda score, bb, h, q_idx, kv_idx: logit(score, h, q_idx)) if lse1 is None else reweight
     out, aux = flex(q, k, v, score_mod=mod, block_mask=block_mask, scale=scale, return_aux=AuxRequest(lse=True))
@@ -789,9 +795,8 @@ def plot(rows, out):
     fig.savefig(f"{out}.png", dpi=120)
 
 
-def benchmark(Ts, Ds, scorers, providers, tokens=16384, heads=16, dtype=torch.bfloat16, device="cuda",
-              out="bench/kernels"):
-    """Rows (D, T, scorer, provider, mode) at B = tokens // T, printed and written to <out>.csv and <out>.png.
+def benchmark(Ts, Ds, scorers, providers, tokens=16384, heads=16, dtype=torch.bfloat16, device="cuda", out=None):
+    """Rows (D, T, scorer, provider, mode) at B = tokens // T, printed and, given out, written to <out>.csv, .png.
     A scorer "<name>_p<p>" (e.g. softmax_p3) adds re-weighting with that p."""
     import model
     import torch.nn.attention.flex_attention as fa
@@ -808,7 +813,6 @@ def benchmark(Ts, Ds, scorers, providers, tokens=16384, heads=16, dtype=torch.bf
             masks[args] = make_mask(mask_mod, *args, device=device)
         return masks[args]
 
-    os.makedirs(os.path.dirname(str(out)) or ".", exist_ok=True)
     print(f"{'scorer':<11}{'provider':<9}{'D':>4}{'T':>7}{'B':>5} {'mode':<8}",
           *(f"{c:>9}" for c in ("ms", "TFLOP/s", "MiB")))
     for D, T, name, provider, mode in itertools.product(Ds, Ts, scorers, providers, modes):
@@ -837,13 +841,16 @@ def benchmark(Ts, Ds, scorers, providers, tokens=16384, heads=16, dtype=torch.bf
             row["status"] = f"error: {type(e).__name__}: {str(e)[:200]}"
         torch.cuda.empty_cache()
         rows.append({**row, **info})
-        with open(f"{out}.csv", "w", newline="") as fh:  # rewritten per row: a run cut short keeps its rows
-            csv.writer(fh).writerows([list(rows[0]), *(r.values() for r in rows)])
+        if out:  # rewritten per row: a run cut short keeps its rows
+            os.makedirs(os.path.dirname(str(out)) or ".", exist_ok=True)
+            with open(f"{out}.csv", "w", newline="") as fh:
+                csv.writer(fh).writerows([list(rows[0]), *(r.values() for r in rows)])
         print(f"{name:<11}{provider:<9}{D:>4}{T:>7}{B:>5} {mode:<8}", *(f"{row[c]:9.4g}" if row[c] else f"{'-':>9}"
               for c in ("ms", "tflops", "peak_mib")), "" if row["status"] == "ok" else row["status"], flush=True)
     assert rows, "nothing to run (sdpa and cudnn run softmax and ssmax only)"
-    plot(rows, out)
-    print(f"wrote {out}.csv, {out}.png")
+    if out:
+        plot(rows, out)
+        print(f"wrote {out}.csv, {out}.png")
     return rows
 
 
@@ -858,8 +865,10 @@ if __name__ == "__main__":
     ap.add_argument("--tokens", type=int, default=16384, help="B * T")
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32", "bfloat16", "float16", "float32"))
-    ap.add_argument("--out", default="bench/kernels", help="writes <out>.csv and <out>.png")
+    ap.add_argument("--out", help="writes <out>.csv and <out>.png (e.g. out-bench/kernels); default: print only")
     a = ap.parse_args()
+    if not (torch.cuda.is_available() or INTERPRET):  # the interpreter: tiny shapes, as the test runs
+        raise SystemExit("error: kernels.py times the kernels on a CUDA GPU and found none (or TRITON_INTERPRET=1)")
     dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(a.dtype, a.dtype))
     benchmark(a.T, a.D, a.scorers, a.providers, a.tokens, a.heads, dtype, "cuda" if torch.cuda.is_available() else
               "cpu", a.out)

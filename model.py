@@ -16,6 +16,7 @@ import importlib.util
 import math
 import os
 import subprocess
+import zipfile
 from dataclasses import asdict, dataclass, fields
 from typing import Optional
 
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 
 SCORERS = ("softmax", "ssmax", "ssa", "lssa", "lssar")
 BACKENDS = ("auto", "torch", "triton", "flex")
+POS = ("rope", "nope")
 LSSAR_DEFAULT_P = 15.0
 
 @dataclass
@@ -37,6 +39,7 @@ class GPTConfig:
     ffn_hidden: int = 2048  # SwiGLU hidden size (the SSMax paper's 162M model)
     dropout: float = 0.0
     rope_theta: float = 10000.0
+    pos: str = "rope"  # rope | nope: no positional encoding (Kazemnejad et al. 2023), order only from the causal mask
     scorer: str = "softmax"
     ssmax_s_init: float = 1.0
     ssmax_learn_s: bool = True  # False: paper variant (c), s fixed
@@ -50,8 +53,9 @@ class GPTConfig:
     def __post_init__(self):
         if self.scorer not in SCORERS:
             raise ValueError(f"unknown scorer {self.scorer!r}; allowed: {', '.join(SCORERS)}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"unknown backend {self.backend!r}; allowed: {', '.join(BACKENDS)}")
+        if self.backend not in BACKENDS or self.pos not in POS:
+            raise ValueError(f"unknown backend {self.backend!r} or pos {self.pos!r}; allowed: {', '.join(BACKENDS)}; "
+                             f"{', '.join(POS)}")
         if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
             raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} heads of even size (RoPE)")
         # An option that the chosen scorer ignores is almost always a typo'd experiment: refuse it.
@@ -100,8 +104,10 @@ def score_ssmax(q, k, n_i, mask, s=None, b=None, **_):
 def score_ssa(q, k, n_i, mask, b=None, n=None, **_):
     z = _z(q, k)
     b, n = _per_head(b, 1.0, q.size(1), z), _per_head(n, 1.5, q.size(1), z)
-    # w = (1 + b|z|)^(sgn(z) n), normalised = softmax of its log: no pow on negative bases, no overflow
-    return _masked_softmax(torch.sign(z) * n * torch.log1p(b * z.abs()), mask)
+    # w = (1 + b|z|)^(sgn(z) n), normalised = softmax of its log: no pow on negative bases, no overflow. Not
+    # sgn(z) log1p(b|z|): autograd's slope at z = 0 is then 0, the true one n b (clamps: the unused side stays finite)
+    logw = torch.where(z >= 0, torch.log1p(b * z.clamp(min=0)), -torch.log1p(-b * z.clamp(max=0)))
+    return _masked_softmax(n * logw, mask)
 
 def score_lssa(q, k, n_i, mask, **_):
     d = q.size(-1)
@@ -114,9 +120,12 @@ SCORE_FNS = {"softmax": score_softmax, "ssmax": score_ssmax, "ssa": score_ssa, "
 def reweight(P, n_i, p):
     """LSSAR eq. 5: R = ReLU(n_i P - o_i)^p, P' = R / sum R; o_i = 0 for rows i < 3, else 1.
     Computed as a softmax of p*log(n P - o) over the positive entries, since (nP)^p overflows fp32.
-    A row with no positive entry (e.g. all P = 1/n) keeps P."""
-    x = n_i.to(P.dtype) * P - (n_i > 3).to(P.dtype)  # row i has n_i = i + 1, so i < 3 <=> n_i <= 3
-    pos = x > 0
+    "Positive" means above 8 n_i eps (eps of P's dtype; kernels.TIE, the same rule): a row with no such entry keeps
+    P. Only an exactly uniform row has none, and there n P - 1 is rounding of either sign (exp, log, a sum of n
+    terms: up to ~n eps / 2), which must not pick the branch; below 8 n eps re-weighting would amplify that noise."""
+    n = n_i.to(P.dtype)
+    x = n * P - (n_i > 3).to(P.dtype)  # row i has n_i = i + 1, so i < 3 <=> n_i <= 3
+    pos = x > 8 * n * torch.finfo(P.dtype).eps
     logR = torch.where(pos, p * torch.log(torch.where(pos, x, torch.ones_like(x))), float("-inf"))
     has = pos.any(-1, keepdim=True)
     return torch.where(has, torch.softmax(logR.masked_fill(~has, 0.0), dim=-1), P)
@@ -125,12 +134,13 @@ def attention_weights(q, k, scorer, *, s=None, b=None, n=None, p=None, offset=0)
     """The attention weights P (B, H, Tq, Tk) of SCORERS.md; q at absolute positions offset..offset+Tq-1."""
     if scorer not in SCORE_FNS:
         raise ValueError(f"unknown scorer {scorer!r}; allowed: {', '.join(SCORERS)}")
-    dtype = torch.promote_types(q.dtype, torch.float32)  # half inputs are scored in fp32
+    dtype = torch.promote_types(q.dtype, torch.float32)  # half inputs are scored in fp32, under autocast too
     q, k = q.to(dtype), k.to(dtype)
     n_i, mask = _rows(q.size(-2), k.size(-2), offset, q.device)
-    P = SCORE_FNS[scorer](q, k, n_i, mask, s=s, b=b, n=n)
-    p = LSSAR_DEFAULT_P if scorer == "lssar" and p is None else p
-    return P if p is None else reweight(P, n_i, p)
+    with torch.autocast(q.device.type, enabled=False):  # else autocast runs q @ k.T in bf16 again
+        P = SCORE_FNS[scorer](q, k, n_i, mask, s=s, b=b, n=n)
+        p = LSSAR_DEFAULT_P if scorer == "lssar" and p is None else p
+        return P if p is None else reweight(P, n_i, p)
 
 def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0, backend="torch", chunk=1024):
     """Causal attention (B, H, Tq, D) for every scorer. backend: torch (reference), triton (kernels.py), flex.
@@ -212,6 +222,7 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         C, H = config.n_embd, config.n_head
         self.n_head, self.scorer, self.p, self.backend = H, config.scorer, config.p, config.backend
+        self.rope = config.pos == "rope"
         self.c_attn, self.c_proj = nn.Linear(C, 3 * C, bias=False), nn.Linear(C, C, bias=False)
         # Scorer parameters, per head; a fixed one is a buffer, so it is still saved with the weights.
         # b and n of SSA are stored through softplus so that b > 0 and n > 1 always.
@@ -239,8 +250,9 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         offset = 0 if cache is None or "k" not in cache else cache["k"].size(2)
-        cos, sin = cos[offset:offset + T], sin[offset:offset + T]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.rope:  # pos="nope": no rotation, the causal mask alone carries the order
+            cos, sin = cos[offset:offset + T], sin[offset:offset + T]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:  # KV cache: keys before `offset` come from earlier calls
             if "k" in cache:
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
@@ -327,7 +339,7 @@ class GPT(nn.Module):
         """idx (B, T). With targets: logits for every position and the loss (ignore_index -1; reduction
         "mean", "sum" or "none" for per-token losses (B, T)). Without: logits of the last position only.
         cache: a list of n_layer dicts (KV cache). capture: {"rows": [...], "weights": []} (attention_rows)."""
-        B, T = idx.size()
+        B, T = idx.shape[:2]  # (B, T) token ids, or (B, T, n_in) reals for a model with a linear input (tasks.py)
         offset = 0 if cache is None or "k" not in cache[0] else cache[0]["k"].size(2)
         if offset + T > self.rope_cos.size(0):  # longer than the tables: extend with the same frequencies
             self.set_rope(self.rope_theta, self.rope_inv_freq, 2 * (offset + T), self.rope_mscale)
@@ -338,13 +350,17 @@ class GPT(nn.Module):
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None
         logits = self.lm_head(x)
+        return logits, self.loss(logits, targets, reduction)
+
+    def loss(self, logits, targets, reduction="mean"):  # a model of tasks.py with a scalar head overrides it
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1, reduction=reduction)
-        return logits, loss.view(B, T) if reduction == "none" else loss
+        return loss.view(targets.shape) if reduction == "none" else loss
 
     @torch.no_grad()
     def attention_rows(self, idx, rows=(-1,)):
         """Every layer's and head's attention weights of the chosen query rows over all keys:
-        (n_layer, B, n_head, len(rows), T). Memory O(T) per row: works at 20,000 tokens."""
+        (n_layer, B, n_head, len(rows), T), scored in fp32 (under autocast too: attention_weights turns it off).
+        Memory O(T) per row: works at 20,000 tokens."""
         capture = {"rows": list(rows), "weights": []}
         self(idx, capture=capture)
         return torch.stack(capture["weights"])
@@ -416,19 +432,51 @@ def run_info(seed=None):
         sha = None
     triton = importlib.util.find_spec("triton") and importlib.metadata.version("triton")
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return dict(git_sha=sha, torch=torch.__version__, triton=triton or None, device=device, seed=seed)
+    # str(): torch.__version__ is a TorchVersion, a class weights_only loading refuses unless allowed by name
+    return dict(git_sha=sha, torch=str(torch.__version__), triton=triton or None, device=device, seed=seed)
 
 def save_checkpoint(obj, path):
     """Atomic (temp file + rename): a crash mid-write leaves the previous checkpoint intact."""
     tmp = f"{path}.tmp"
-    torch.save(obj, tmp)
+    try:
+        torch.save(obj, tmp)
+    except BaseException:  # a full disk (or Ctrl-C) mid-write: no partial file is left beside the intact one
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
     os.replace(tmp, path)
 
-def load_checkpoint(path, device="cpu", **overrides):
-    """GPT from a checkpoint written by train.py; overrides change config fields (e.g. backend)."""
+class CheckpointError(ValueError):
+    """A file that is not a checkpoint this code loads safely; the message is one line naming the file."""
+
+def read_checkpoint(path, device="cpu", mmap=False):
+    """The dict train.py saved, read with weights_only=True (tensors and plain containers: a file that carries code
+    is refused, never run); mmap=True maps the tensors instead of reading them, a cheap check of a file."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint {path!r} does not exist")
-    ckpt = torch.load(path, map_location=device, weights_only=False)
-    model = GPT(GPTConfig(**{**ckpt["model_args"], **overrides}))
-    model.load_state_dict(ckpt["model"])
+        raise CheckpointError(f"{path!r} is a directory, expected a checkpoint file" if os.path.isdir(path)
+                              else f"checkpoint {path!r} does not exist")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip: empty, text, truncated and legacy files stop here
+        raise CheckpointError(f"{path!r} is not a checkpoint: not a torch.save zip archive ({os.path.getsize(path):,} "
+                              "bytes: empty, truncated or another kind of file)")
+    try:  # checkpoints written before run_info stored str(torch.__version__) hold a TorchVersion: allow just that
+        with torch.serialization.safe_globals([torch.torch_version.TorchVersion]):
+            ckpt = torch.load(path, map_location=device, weights_only=True, mmap=mmap)
+    except Exception as e:  # weights_only refused a global (a function or class: code could run), or a bad archive
+        refused = str(e).partition("GLOBAL ")[2].split(" ")[0]
+        why = (f"it refers to {refused}, which weights_only=True refuses (tensors and plain values only)" if refused
+               else f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}")
+        raise CheckpointError(f"checkpoint {path!r} cannot be loaded safely: {why}") from None
+    if not isinstance(ckpt, dict) or not {"model", "model_args"} <= ckpt.keys():
+        raise CheckpointError(f"{path!r} is not a nanoscorer checkpoint (no model or model_args)")
+    return ckpt
+
+def load_checkpoint(path, device="cpu", **overrides):
+    """GPT from a checkpoint written by train.py (read_checkpoint); overrides change config fields (e.g. backend)."""
+    ckpt = read_checkpoint(path, device)
+    try:
+        model = GPT(GPTConfig(**{**ckpt["model_args"], **overrides}))
+        model.load_state_dict(ckpt["model"])
+    except (TypeError, ValueError, RuntimeError) as e:  # model_args or weights that this model.py does not take
+        why = " ".join(l.strip() for l in str(e).splitlines())[:300]  # load_state_dict: a line per kind of mismatch
+        raise CheckpointError(f"{path!r} does not fit this model: {type(e).__name__}: {why}") from None
     return model.to(device), ckpt

@@ -14,7 +14,7 @@ sentence-end id nearest to depth % of the haystack (val-split text with <|endoft
 Answers are greedy over the tokens other than <|endoftext|>. RoPE is extended as in eval_long.py: θ x 50 by default
 (the SSMax paper's 10,000 -> 500,000, no further training).
 """
-import argparse, csv, functools, itertools, json, os, re, sys
+import argparse, csv, functools, itertools, json, math, os, re, sys
 
 import numpy as np
 import torch
@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 import prepare_data
 from prepare_data import EOT, DataError  # DataError: bad input, printed by main as one line
-from model import BACKENDS, ROPE_METHODS, load_checkpoint, run_info
+from model import BACKENDS, ROPE_METHODS, CheckpointError, load_checkpoint, read_checkpoint, run_info
 
 MODES = ("sft_data", "needle", "passkey", "score")
 NEEDLE_HEAD, NEEDLE_TAIL = " The special magic {city} number is:", " {number}."  # the needle score's span: the tail
@@ -252,6 +252,8 @@ def report(args, rows, models):
 # ----------------------------------------------------------------------------------------------------------------
 
 def run(args):
+    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):  # now, not after the models ran
+        raise DataError(f"--out_dir {args.out_dir!r} is a file, expected a folder for the results")
     enc = prepare_data.get_tokenizer()
     if args.mode == "sft_data":
         name = "sft_synthetic" if args.synthetic else "sft_squad"
@@ -264,9 +266,10 @@ def run(args):
         with open(path, "w") as f:
             f.writelines(json.dumps(ex) + "\n" for ex in examples)
         return print(f"{path}: {len(examples):,} examples")
-    missing = [c for c in args.ckpt if not os.path.isfile(c)]
-    if not args.ckpt or missing:
-        raise DataError(f"checkpoint {missing[0]!r} does not exist" if missing else f"mode {args.mode} needs --ckpt")
+    if not args.ckpt:
+        raise DataError(f"mode {args.mode} needs --ckpt")
+    for path in args.ckpt:  # every checkpoint read (its pickle; tensors mapped, not read) before the first model runs
+        read_checkpoint(path, mmap=True)
     hay = None if args.mode == "passkey" else load_hay(args.data, "val")
     contexts = [args.context] if args.mode == "score" else args.context_sizes
     prompts = lambda L: trials(args, enc, hay, L, np.random.default_rng([args.seed, L]))  # the same for every model
@@ -274,13 +277,13 @@ def run(args):
         next(prompts(L))  # a context too short fails now, before any checkpoint is loaded
     n = 1 + args.trials if args.mode == "score" else args.samples * (len(args.depths) if args.mode == "needle" else 1)
     rows, models = [], [os.path.dirname(c) or c if os.path.basename(c) == "ckpt.pt" else c for c in args.ckpt]
-    for path, label in zip(args.ckpt, models):
+    for k, (path, label) in enumerate(zip(args.ckpt, models)):
         model = load_checkpoint(path, args.device, backend=args.backend)[0].eval()
         with tqdm(total=n * len(contexts), desc=label, unit="prompt") as bar:
             for L in contexts:
                 model.extend_rope(args.rope_method, args.rope_scale, L)
                 rows += evaluate(model, label, prompts(L), args, enc, bar)
-    report(args, rows, models)
+        report(args, rows, models[:k + 1])  # after every model: a later checkpoint that fails keeps these results
     print(f"results in {args.out_dir}")
 
 def main(argv=None):
@@ -310,12 +313,16 @@ def main(argv=None):
     args = p.parse_args(argv)
     args.mode = args.mode or args.mode_opt or p.error(f"give a mode: one of {', '.join(MODES)}")
     args.context_sizes = args.context_sizes or DEFAULT_CONTEXTS.get(args.mode)
-    bad = [f"--{k}" for k in ("samples", "trials", "batch_size", "max_new_tokens", "context") if getattr(args, k) < 1]
+    bad = [f"--{k} {getattr(args, k)}" for k in ("samples", "trials", "batch_size", "max_new_tokens", "context",
+                                                  "sft_length") if getattr(args, k) < 1]
+    bad += [f"--synthetic {args.synthetic}"] * (args.synthetic < 0) + [f"--seed {args.seed}"] * (args.seed < 0)
+    bad += [f"--rope_scale {args.rope_scale}"] * (not 0 < args.rope_scale < math.inf)  # `not <` refuses nan too
     if bad or not all(0 <= d <= 100 for d in args.depths + [args.depth]):
-        p.error(f"{' '.join(bad) or '--depths/--depth'}: counts and sizes must be >= 1, depths in 0..100")
+        p.error(f"{' '.join(bad) or '--depths/--depth'}: counts and sizes must be >= 1, --synthetic and --seed >= 0, "
+                "--rope_scale > 0 and finite, depths in 0..100")
     try:
         run(args)
-    except (DataError, FileNotFoundError) as e:
+    except (DataError, CheckpointError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
 
 if __name__ == "__main__":

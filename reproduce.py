@@ -71,7 +71,8 @@ def step(name, cmd, results, done=None):
 
 
 def iter_of(path):
-    return torch.load(path, map_location="cpu", weights_only=False)["iter_num"] if os.path.isfile(path) else None
+    from model import read_checkpoint  # weights_only=True; mmap: the pickle is read, the tensors are not
+    return read_checkpoint(path, mmap=True)["iter_num"] if os.path.isfile(path) else None
 
 
 # ----------------------------------------------------------------------------------------------------------------

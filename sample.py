@@ -9,15 +9,16 @@ Sample text from a trained checkpoint, one token at a time through the KV cache.
 tables are built long enough for prompt + new tokens, with the checkpoint's θ or --rope_theta (same weights).
 Samples go to stdout, each followed by a line of dashes; bad input is one "error: ..." line and exit status 1.
 """
-import argparse, os, pickle, sys
+import argparse, math, sys
 from contextlib import nullcontext
 
 import torch
 
 import prepare_data
-from model import BACKENDS, load_checkpoint
+from model import BACKENDS, CheckpointError, load_checkpoint
 
 SEP = "-" * 15  # nanoGPT's separator line
+MIN_TEMPERATURE = 1e-3  # logits / T overflows to inf (then nan probabilities) as T goes to 0: use 0 for greedy
 
 
 def main(argv=None):
@@ -37,10 +38,12 @@ def main(argv=None):
     for name, low in (("num_samples", 1), ("max_new_tokens", 1), ("top_k", 1)):
         if getattr(args, name) < low:
             p.error(f"--{name} {getattr(args, name)} must be >= {low}")
-    if not args.temperature >= 0:  # `not >=` also refuses nan
-        p.error(f"--temperature {args.temperature} must be >= 0 (0 = greedy)")
-    if args.rope_theta is not None and not args.rope_theta > 0:
-        p.error(f"--rope_theta {args.rope_theta} must be > 0")
+    if not (args.temperature == 0 or MIN_TEMPERATURE <= args.temperature < math.inf):  # also refuses nan
+        p.error(f"--temperature {args.temperature} must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, inf)")
+    if args.rope_theta is not None and not 0 < args.rope_theta < math.inf:
+        p.error(f"--rope_theta {args.rope_theta} must be > 0 and finite")
+    if not 0 <= args.seed < 2**64:  # torch.manual_seed's range
+        p.error(f"--seed {args.seed} must be in 0..2**64-1")
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -63,11 +66,8 @@ def main(argv=None):
 
     try:
         model, _ = load_checkpoint(args.ckpt, device, backend=args.backend)
-    except FileNotFoundError as e:
+    except CheckpointError as e:  # missing, corrupt, foreign or unsafe (weights_only refused): one line
         p.error(str(e))
-    except (OSError, RuntimeError, KeyError, TypeError, ValueError, EOFError, pickle.UnpicklingError) as e:
-        first = str(e).partition("\n")[0]  # truncated, foreign or mismatched file: torch's first line says which
-        p.error(f"{args.ckpt!r} is not a checkpoint of this model: {type(e).__name__}: {first}")
     model.eval()  # load_checkpoint leaves the model in train mode (dropout on)
     # Build the rotary tables once, long enough for the whole sample (forward would otherwise regrow them
     # mid-generation) and with --rope_theta if given; set_rope touches only these non-persistent buffers.

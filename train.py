@@ -21,7 +21,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import prepare_data
-from model import GPT, GPTConfig, convert_scorer, run_info, save_checkpoint, ssmax_s_for_switch
+import tasks
+from model import (CheckpointError, GPTConfig, convert_scorer, read_checkpoint, run_info, save_checkpoint,
+                   ssmax_s_for_switch)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Config: the defaults are the paper's 162M recipe; the model fields (and their defaults) are GPTConfig's own
@@ -37,7 +39,6 @@ class _TrainFields:
     log_interval: int = 10
     data_dir: str = "data"
     dataset: str = "shakespeare"  # <data_dir>/<dataset>/{train,val}.bin; the embedded corpora are prepared on demand
-    task: str = ""  # a synthetic task of tasks.py instead of `dataset` (its fields: tasks.TaskConfig)
     sft_data: str = ""  # .jsonl of {"prompt": str, "answer": str}: fine-tune on the answers (eval: the same file)
     sft_epochs: int = 0  # SFT: > 0 sets max_iters = lr_decay_iters to that many epochs, warmup_iters to one epoch
     batch_size: int = 16  # micro-batch: 16 x 128 accumulation = 2,048 sequences x 1,024 = 2,097,152 tokens per step
@@ -57,8 +58,8 @@ class _TrainFields:
     seed: int = 1337
 
 
-TrainConfig = make_dataclass("TrainConfig", [(f.name, f.type, field(default=f.default)) for f in fields(GPTConfig)],
-                             bases=(_TrainFields,))
+TrainConfig = make_dataclass("TrainConfig", [(f.name, f.type, field(default=f.default))
+                                             for f in fields(GPTConfig) + fields(tasks.TaskConfig)], bases=(_TrainFields,))
 MODEL_FIELDS = [f.name for f in fields(GPTConfig)]
 ARCH_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "ffn_hidden")  # a checkpoint's shapes cannot change
 SCORER_OPTIONS = [k for k in MODEL_FIELDS if k.startswith(("ssmax_", "ssa_"))]
@@ -210,7 +211,10 @@ def train(explicit):
     if old and not (resuming or cfg.resume or cfg.overwrite):  # a new run never destroys an old one unasked
         raise TrainError(f"out_dir={cfg.out_dir!r} already holds a run ({', '.join(old)}): continue it with "
                          f"resume=True, choose another out_dir=..., or replace it with overwrite=True")
-    ckpt = None if path == "scratch" else torch.load(path, map_location="cpu", weights_only=False)
+    try:  # weights_only: a shared checkpoint cannot run code
+        ckpt = None if path == "scratch" else read_checkpoint(path)
+    except CheckpointError as e:
+        raise TrainError(str(e))
     if resuming:  # the run's stored config, then what this command sets
         cfg = TrainConfig(**{**{k: v for k, v in ckpt["config"].items() if hasattr(cfg, k)}, **explicit})
     elif ckpt is not None:  # init_from: the checkpoint's model fields (block_size too) unless this command sets them
@@ -219,13 +223,26 @@ def train(explicit):
         raise TrainError(f"need lr_schedule in {LR_SCHEDULES} and gradient_accumulation_steps (global) divisible by "
                          f"{world} processes; got {cfg.lr_schedule!r}, {cfg.gradient_accumulation_steps}")
     accum, T = cfg.gradient_accumulation_steps // world, cfg.block_size
+    if cfg.task:  # the task's vocabulary is the model's (1: a scalar head)
+        try:
+            tasks.check_config(cfg)
+        except ValueError as e:
+            raise TrainError(str(e))
+        vocab = tasks.TASKS[cfg.task].vocab(cfg)
+        if explicit.get("vocab_size", vocab) != vocab:
+            raise TrainError(f"vocab_size={cfg.vocab_size} does not match task {cfg.task!r}, whose vocabulary is {vocab}")
+        cfg = replace(cfg, vocab_size=vocab)
+        if T < tasks.min_length(cfg):
+            raise TrainError(f"block_size={T} is too short for task {cfg.task!r}: at least {tasks.min_length(cfg)}")
     torch.manual_seed(cfg.seed)  # the same on every rank, so the one saved RNG state is every rank's
     data_g = torch.Generator().manual_seed(cfg.seed)  # its state is the data position
 
     # ------------------------------------------------------------------------------------------------------------
     # Data: random windows of train.bin, or SFT examples in epochs of seeded shuffles
     unigram = None
-    if cfg.sft_data:
+    if cfg.task:  # an endless seeded stream per split: "window offsets" are sample indices
+        split_size = {"train": 2 ** 62, "val": 2 ** 62}
+    elif cfg.sft_data:
         sft = load_sft(cfg.sft_data, T)
         split_size = {"train": len(sft), "val": len(sft)}
         if cfg.sft_epochs > 0:  # the paper's SFT schedule is in epochs
@@ -256,8 +273,10 @@ def train(explicit):
         prob = np.bincount(ids) / len(ids)
         unigram = float(-(prob[prob > 0] * np.log(prob[prob > 0])).sum())
 
-    def get_batch(split, ix):  # ix: window offsets or SFT example indices
-        if cfg.sft_data:
+    def get_batch(split, ix):  # ix: window offsets, task sample indices or SFT example indices
+        if cfg.task:
+            x, y = tasks.get_batch(cfg, tasks.TRAIN if split == "train" else tasks.VAL, ix, T)
+        elif cfg.sft_data:
             x, y = sft_batch(sft, ix, T)
         else:
             data = prepare_data.load_split(data_dir, split)  # a new memmap per batch avoids a leak (nanoGPT)
@@ -295,7 +314,7 @@ def train(explicit):
         GPTConfig(**model_args)
     except ValueError as e:
         raise TrainError(str(e))
-    model = GPT(GPTConfig(**(model_args if ckpt is None else ckpt["model_args"])))
+    model = tasks.build_model(GPTConfig(**(model_args if ckpt is None else ckpt["model_args"])), cfg.task)
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         if model_args != ckpt["model_args"]:

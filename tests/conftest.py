@@ -10,3 +10,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", os.path.join(tempfile.gettempdir(), "nanoscorer-tiktoken-test"))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class WritesAFile:
+    """Unpickled by a loader that runs code, this object creates `path`: the payload of a malicious checkpoint."""
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def code_carrying_copy(src, dst, target):
+    """dst: checkpoint src with code in its run_info that would create the file `target` if it ran; returns dst."""
+    import torch
+    torch.save({**torch.load(src, weights_only=True), "run_info": WritesAFile(str(target))}, dst)
+    return str(dst)

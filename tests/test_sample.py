@@ -1,9 +1,11 @@
 """sample.py: num_samples samples of prompt + max_new_tokens tokens, greedy output equals a rollout without the KV
 cache (past the training length, for scorers that use n_i), seeds, FILE: prompts, --rope_theta changes the rotary
-tables and nothing else, one-line errors. Tiny random models, CPU only."""
+tables and nothing else, one-line errors; model.read_checkpoint (weights_only: a file carrying code is refused, old
+checkpoints still load, corrupt files are one line). Tiny random models, CPU only."""
 import os
 import subprocess
 import sys
+import pickle
 from dataclasses import asdict
 
 import pytest
@@ -11,7 +13,8 @@ import torch
 
 import prepare_data
 import sample
-from model import GPT, GPTConfig, load_checkpoint, precompute_rope, run_info, save_checkpoint
+from conftest import WritesAFile, code_carrying_copy
+from model import GPT, GPTConfig, load_checkpoint, precompute_rope, read_checkpoint, run_info, save_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 16  # training length of the tiny models
@@ -132,11 +135,75 @@ def test_bad_input_is_one_error_line(argv, words, ckpt):
     assert isinstance(msg, str) and msg.startswith("error: ") and "\n" not in msg and words in msg
 
 
-def test_a_file_that_is_not_a_checkpoint_is_one_error_line(tmp_path):
-    (tmp_path / "ckpt.pt").write_text("not a checkpoint")
+def one_error_line(argv):
     with pytest.raises(SystemExit) as e:
-        sample.main(["--ckpt", str(tmp_path / "ckpt.pt")])
-    assert e.value.code.startswith("error: ") and "is not a checkpoint" in e.value.code and "\n" not in e.value.code
+        sample.main(argv)
+    msg = e.value.code  # a str: printed to stderr, exit status 1
+    assert isinstance(msg, str) and msg.startswith("error: ") and "\n" not in msg
+    return msg
+
+
+def test_a_checkpoint_carrying_code_is_refused_and_the_code_never_runs(ckpt, tmp_path):
+    code_carrying_copy(ckpt, tmp_path / "evil.pt", tmp_path / "pwned")
+    msg = one_error_line(["--ckpt", str(tmp_path / "evil.pt"), "--max_new_tokens", "1"])
+    assert "evil.pt" in msg and "cannot be loaded safely: it refers to io.open, which weights_only=True refuses" in msg
+    assert not (tmp_path / "pwned").exists()
+    pickle.loads(pickle.dumps(WritesAFile(str(tmp_path / "pwned")))).close()  # the payload is real: unpickling runs it
+    assert (tmp_path / "pwned").exists()
+
+
+def test_old_checkpoint_with_a_torchversion_in_run_info_still_loads(ckpt, tmp_path, capsys):
+    assert type(run_info()["torch"]) is str  # new checkpoints: a plain str, no class to allow
+    old = torch.load(ckpt, weights_only=True)  # loads with no class allowed
+    old["run_info"]["torch"] = torch.__version__  # a TorchVersion, as run_info stored it before
+    torch.save(old, tmp_path / "old.pt")
+    with pytest.raises(Exception, match="TorchVersion"):  # what read_checkpoint allows, by name
+        torch.load(tmp_path / "old.pt", weights_only=True)
+    assert type(read_checkpoint(str(tmp_path / "old.pt"))["run_info"]["torch"]) is torch.torch_version.TorchVersion
+    args = ["--start", PROMPT, "--num_samples", "1", "--max_new_tokens", "4", "--temperature", "0"]
+    assert run(capsys, "--ckpt", str(tmp_path / "old.pt"), *args) == run(capsys, "--ckpt", ckpt, *args)
+
+
+def corrupt(kind, ckpt, d):
+    """A path that is not a usable checkpoint, of the given kind."""
+    path = d / "ckpt.pt"
+    if kind == "text file":
+        path.write_text("not a checkpoint")
+    elif kind == "empty file":
+        path.write_bytes(b"")
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "truncated zip":
+        data = open(ckpt, "rb").read()
+        path.write_bytes(data[:len(data) // 2])
+    elif kind == "foreign pickle":
+        torch.save({"weights": torch.zeros(2)}, path)
+    else:  # weights of another model: model_args say 3 layers, the weights have 2
+        c = torch.load(ckpt, weights_only=True)
+        torch.save({**c, "model_args": {**c["model_args"], "n_layer": 3}}, path)
+    return str(path)
+
+
+CORRUPT = {"text file": "not a torch.save zip archive", "empty file": "(0 bytes",
+           "directory": "is a directory, expected a checkpoint file", "truncated zip": "not a torch.save zip archive",
+           "foreign pickle": "not a nanoscorer checkpoint (no model or model_args)",
+           "weights of another model": "does not fit this model: RuntimeError"}
+
+
+@pytest.mark.parametrize("kind", CORRUPT)
+def test_a_file_that_is_not_a_checkpoint_is_one_error_line(kind, ckpt, tmp_path):
+    path = corrupt(kind, ckpt, tmp_path)
+    msg = one_error_line(["--ckpt", path])
+    assert repr(path) in msg and CORRUPT[kind] in msg
+
+
+def test_temperature_so_small_it_overflows_is_refused_and_zero_is_greedy(ckpt, capsys):
+    for t in ("1e-40", "1e-4", "inf", "nan"):
+        assert f"--temperature {float(t)} must be 0 (greedy) or in [0.001, inf)" in one_error_line(
+            ["--ckpt", ckpt, "--temperature", t])
+    for t in ("0", "0.001"):  # the smallest allowed temperature samples finite, ordinary text
+        assert len(run(capsys, "--ckpt", ckpt, "--start", PROMPT, "--num_samples", "1", "--max_new_tokens", "3",
+                       "--temperature", t)) == 1
 
 
 def test_command_line_errors_are_one_stderr_line_without_traceback(ckpt):

@@ -192,3 +192,69 @@ def test_ssmax_switch_s_is_one_over_mean_log_n():
     assert abs(model.ssmax_s_for_switch(1024) - 0.168) < 1e-3
     N = 37
     assert math.isclose(model.ssmax_s_for_switch(N), 1 / (sum(math.log(n) for n in range(1, N + 1)) / N))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+@pytest.mark.parametrize("case", ["identical_keys", "q_zero"])
+@pytest.mark.parametrize("scorer", ["softmax", "ssmax", "ssa", "lssa"])
+def test_reweighting_ties_uniform_rows_keep_P_exactly_whatever_the_rounding(scorer, case, dtype):
+    # every row uniform; n P - 1 comes out a few ulps of either sign (identical keys: the matmul rounds columns
+    # differently), and an exact "> 0" then re-weighted onto the keys that rounded up (fp64 lssa: 1/3 on three keys)
+    q, k, _ = (x.to(dtype) for x in _qk(T=40, d=16, seed=5))
+    k = k[:, :, :1].expand_as(k).contiguous() if case == "identical_keys" else k
+    q = torch.zeros_like(q) if case == "q_zero" else q
+    P, P15 = attention_weights(q, k, scorer), attention_weights(q, k, scorer, p=15.0)
+    assert torch.equal(P15[..., 3:, :], P[..., 3:, :])  # rows i >= 3 fall back to P, bit for bit
+    uniform = torch.tril(torch.ones(40, 40, dtype=dtype)) / torch.arange(1, 41, dtype=dtype)[:, None]
+    torch.testing.assert_close(P15, uniform.expand_as(P15))  # rows i < 3 (o = 0) re-weight a uniform row: uniform
+
+
+def test_reweighting_tie_tolerance_is_8_n_eps_of_the_scoring_dtype():
+    # one row (n = 8, o = 1) whose largest n P - 1 is delta: re-weighted (one-hot on that key) iff delta > 8 n eps
+    for dtype in (torch.float32, torch.float64):
+        tol = 8 * 8 * torch.finfo(dtype).eps
+        for f, one_hot in ((0.5, False), (2.0, True)):
+            P = torch.full((1, 1, 1, 8), 1.0, dtype=dtype)
+            P[..., -1] += 8 / 7 * f * tol  # normalised: n P_max - 1 = 7 eps / (8 + eps) = f tol up to O(tol^2)
+            P = P / P.sum(-1, keepdim=True)
+            out = model.reweight(P, torch.tensor([[8]]), 15.0)
+            expect = torch.eye(8, dtype=dtype)[-1].view_as(P) if one_hot else P
+            assert torch.equal(out, expect), (dtype, f)
+
+
+def test_ssa_gradient_at_z_zero_is_n_b_and_matches_finite_differences():
+    # the reference once wrote sgn(z) n log1p(b|z|), whose autograd slope at z = 0 is 0; the true one is n b
+    q, k, v = _qk(B=1, H=2, T=5, d=4, seed=2)
+    q = torch.zeros_like(q).requires_grad_()
+    b, n = torch.tensor([0.5, 2.0], dtype=torch.float64), torch.tensor([1.1, 2.5], dtype=torch.float64)
+    ssa = lambda q, k, v: attention(q, k, v, "ssa", b=b, n=n)  # noqa: E731
+    assert torch.autograd.gradcheck(ssa, (q, k.requires_grad_(), v.requires_grad_()))
+    dq = torch.autograd.grad(ssa(q, k, v).square().sum(), q)[0]
+    assert (dq[:, :, 1:].abs().sum(-1) > 1e-2).all()  # row 0 has one key: no gradient there
+    # at z = 0 the logits are n b z to first order: the gradient equals ssmax's with s = 0 and b = n b (logits n b z)
+    linear = attention(q, k, v, "ssmax", s=torch.zeros(2, dtype=torch.float64), b=n * b)
+    torch.testing.assert_close(dq, torch.autograd.grad(linear.square().sum(), q)[0])
+
+
+def test_attention_weights_score_in_fp32_under_bf16_autocast():
+    q, k, _ = (x.float() for x in _qk(T=9, d=16, seed=4))
+    with torch.autocast("cpu", torch.bfloat16):  # autocast would run q @ k.T in bf16 (errors ~1e-3)
+        P_auto = attention_weights(q, k, "ssmax", p=3.0)
+    assert P_auto.dtype == torch.float32
+    torch.testing.assert_close(P_auto, attention_weights(q, k, "ssmax", p=3.0), rtol=0, atol=1e-6)
+
+
+def test_attention_rows_under_bf16_autocast_score_the_models_q_k_in_fp32(monkeypatch):
+    """needle.py's scores: the bf16 model's q, k (seen through apply_rope) scored in fp32, not from bf16 logits."""
+    torch.manual_seed(0)
+    gpt = model.GPT(model.GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32, ffn_hidden=64,
+                                    scorer="ssmax")).eval()
+    seen, rope = [], model.apply_rope
+    monkeypatch.setattr(model, "apply_rope", lambda x, cos, sin: seen.append(rope(x, cos, sin)) or seen[-1])
+    idx = torch.randint(0, 64, (1, 12))
+    with torch.autocast("cpu", torch.bfloat16):
+        rows = gpt.attention_rows(idx, rows=(-1, 5))
+    q, k = seen[:2]  # layer 0: q then k, bf16 under autocast
+    assert q.dtype == torch.bfloat16 and rows.dtype == torch.float32
+    expect = attention_weights(q.float(), k.float(), "ssmax", s=gpt.transformer.h[0].attn.ssmax_s)
+    torch.testing.assert_close(rows[0], expect[:, :, [11, 5]], rtol=0, atol=1e-6)

@@ -18,6 +18,7 @@ import torch
 
 import prepare_data
 import train
+from conftest import code_carrying_copy
 from model import load_checkpoint, ssmax_s_for_switch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -182,7 +183,7 @@ def test_resolved_config_is_printed_and_stored_in_the_checkpoint(data_dir, tmp_p
     out = tmp_path / "out"
     train.main(tiny_args(data_dir, out, "max_iters=2", "eval_interval=2", "scorer=ssmax", "ssmax_s_init=0.5"))
     printed = capsys.readouterr().out
-    ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False)
+    ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=True)
     cfg = ckpt["config"]
     want = {**vars(train.TrainConfig()), **train.parse_args(tiny_args(data_dir, out, "max_iters=2", "eval_interval=2",
                                                                      "scorer=ssmax", "ssmax_s_init=0.5"))}
@@ -232,13 +233,13 @@ def test_resume_after_k_iterations_gives_the_losses_and_weights_of_an_uninterrup
     train.main(tiny_args(data_dir, whole, *common, "max_iters=7"))
     # resume=True: a relaunch of the same command; the first launch finds no checkpoint and starts from scratch
     train.main(tiny_args(data_dir, parts, *common, "max_iters=3", "resume=True"))
-    assert torch.load(parts / "ckpt.pt", weights_only=False)["iter_num"] == 3
+    assert torch.load(parts / "ckpt.pt", weights_only=True)["iter_num"] == 3
     train.main(tiny_args(data_dir, parts, *common, "max_iters=7", "resume=True"))
     want = step_losses(whole)
     assert list(want) == list(range(7)) and len(set(want.values())) == 7
     assert step_losses(parts) == want  # exact float equality, step by step
     assert list(step_losses(parts, since_last_start=True)) == [3, 4, 5, 6]  # the resumed run did only the rest
-    a, b = (torch.load(d / "ckpt.pt", map_location="cpu", weights_only=False) for d in (whole, parts))
+    a, b = (torch.load(d / "ckpt.pt", map_location="cpu", weights_only=True) for d in (whole, parts))
     assert a["iter_num"] == b["iter_num"] == 7
     assert a["model"].keys() == b["model"].keys()
     assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
@@ -263,7 +264,7 @@ def test_a_killed_run_resumed_in_a_new_process_continues_with_the_uninterrupted_
     p.send_signal(signal.SIGKILL)
     _, err = p.communicate(timeout=60)
     assert p.returncode == -signal.SIGKILL and evals and evals[-1] >= 4, err  # killed mid-way, past a checkpoint
-    k = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False)["iter_num"]
+    k = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=True)["iter_num"]
     assert k >= 4 and k % 4 == 0
     n = k + 5
     before_kill = step_losses(out)
@@ -276,7 +277,7 @@ def test_a_killed_run_resumed_in_a_new_process_continues_with_the_uninterrupted_
     assert list(resumed) == list(range(k, n))
     assert resumed == {i: want[i] for i in range(k, n)}  # exactly
     assert all(want[i] == loss for i, loss in before_kill.items() if i < n)
-    a, b = (torch.load(d / "ckpt.pt", map_location="cpu", weights_only=False)["model"] for d in (out, ref))
+    a, b = (torch.load(d / "ckpt.pt", map_location="cpu", weights_only=True)["model"] for d in (out, ref))
     assert all(torch.equal(v, b[key]) for key, v in a.items())
 
 
@@ -300,7 +301,7 @@ def test_nan_loss_stops_with_one_line_and_keeps_the_last_good_checkpoint(data_di
                  r"checkpoint (\S+) is kept$", msg)
     assert m and m.group(4) == str(out / "ckpt.pt"), msg
     failed_at = int(m.group(3))
-    ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False)
+    ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=True)
     assert 0 < ckpt["iter_num"] <= failed_at < 100 and failed_at - ckpt["iter_num"] <= 2
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
     model, _ = load_checkpoint(str(out / "ckpt.pt"))  # it still loads, and computes a finite loss
@@ -320,8 +321,8 @@ def test_init_from_softmax_checkpoint_with_scorer_ssmax_sets_s0_and_keeps_every_
     src, dst = tmp_path / "softmax", tmp_path / "ssmax"
     train.main(tiny_args(data_dir, src, "max_iters=2", "eval_interval=2"))
     train.main(tiny_args(data_dir, dst, f"init_from={src / 'ckpt.pt'}", "scorer=ssmax", "max_iters=0"))
-    a = torch.load(src / "ckpt.pt", map_location="cpu", weights_only=False)
-    b = torch.load(dst / "ckpt.pt", map_location="cpu", weights_only=False)
+    a = torch.load(src / "ckpt.pt", map_location="cpu", weights_only=True)
+    b = torch.load(dst / "ckpt.pt", map_location="cpu", weights_only=True)
     s0 = ssmax_s_for_switch(16)
     assert s0 == pytest.approx(1 / np.mean(np.log(np.arange(1, 17))), rel=1e-12)
     assert a["model_args"]["scorer"] == "softmax" and b["iter_num"] == 0
@@ -336,7 +337,7 @@ def test_init_from_softmax_checkpoint_with_scorer_ssmax_sets_s0_and_keeps_every_
     # an explicit s0 wins, and the switched model trains on
     train.main(tiny_args(data_dir, tmp_path / "s05", f"init_from={src / 'ckpt.pt'}", "scorer=ssmax",
                          "ssmax_s_init=0.5", "max_iters=1", "eval_interval=1"))
-    c = torch.load(tmp_path / "s05" / "ckpt.pt", map_location="cpu", weights_only=False)
+    c = torch.load(tmp_path / "s05" / "ckpt.pt", map_location="cpu", weights_only=True)
     assert c["model_args"]["ssmax_s_init"] == 0.5 and c["iter_num"] == 1
 
 
@@ -348,7 +349,7 @@ def test_init_from_a_checkpoint_trains_at_its_block_size_unless_the_command_sets
     capsys.readouterr()
     train.main([*no_length, f"init_from={src / 'ckpt.pt'}"])  # TrainConfig's default would be 1,024
     assert " 32 tokens per iteration" in capsys.readouterr().out  # batch 2 x 16 tokens, not 2 x 1,024
-    a = torch.load(tmp_path / "a" / "ckpt.pt", map_location="cpu", weights_only=False)
+    a = torch.load(tmp_path / "a" / "ckpt.pt", map_location="cpu", weights_only=True)
     assert a["config"]["block_size"] == a["model_args"]["block_size"] == 16
 
 
@@ -422,7 +423,7 @@ def test_sft_run_in_epochs_lowers_the_answer_loss(tmp_path, capsys):
                 "ffn_hidden=64", "block_size=32", "batch_size=2", "gradient_accumulation_steps=1", "sft_epochs=5",
                 "learning_rate=1e-2", "weight_decay=0", "eval_interval=100", "eval_iters=2"])
     assert "iterations per epoch" in capsys.readouterr().out
-    ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False)
+    ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=True)
     cfg = ckpt["config"]  # 4 examples / (1 x 2 per iteration) = 2 iterations per epoch
     assert cfg["max_iters"] == cfg["lr_decay_iters"] == 10 and cfg["warmup_iters"] == 2 and ckpt["iter_num"] == 10
     evals = [r for r in read_log(out) if "val_loss" in r]
@@ -457,7 +458,7 @@ def test_torchrun_two_cpu_processes_equal_one_process_and_only_rank0_writes(data
     rows = read_log(ddp_out)
     assert sum("config" in r for r in rows) == 1 and len(rows) == 1 + 4 + 3  # config, 4 steps, evals at 0, 2, 4
     assert os.listdir(cwd) == []
-    a, b = (torch.load(d / "ckpt.pt", map_location="cpu", weights_only=False) for d in (ddp_out, one_out))
+    a, b = (torch.load(d / "ckpt.pt", map_location="cpu", weights_only=True) for d in (ddp_out, one_out))
     assert a["iter_num"] == 4 and a["config"]["gradient_accumulation_steps"] == 4
     for k, v in a["model"].items():
         torch.testing.assert_close(v, b["model"][k], rtol=1e-4, atol=1e-6)
@@ -475,7 +476,7 @@ def test_missing_embedded_dataset_is_prepared_automatically(tmp_path, capsys):
     assert meta["source"] == "shakespeare" and meta["tokens"]["train"] > 1_000_000
     assert os.path.getsize(d / "train.bin") == 2 * meta["tokens"]["train"]
     assert "unigram entropy of train" in printed and "\nsample:\n" in printed  # GPT-2 vocabulary: a sample
-    ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=False)
+    ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=True)
     assert ckpt["config"]["dataset"] == "shakespeare" and ckpt["iter_num"] == 1
 
 
@@ -493,7 +494,7 @@ def test_a_new_run_refuses_an_out_dir_holding_a_run_unless_resume_or_overwrite(d
     train.main(tiny_args(data_dir, out, "max_iters=3", "eval_interval=3", "overwrite=True"))
     log = read_log(out)
     assert log[0]["start_iter"] == 0 and sum("config" in r for r in log) == 1  # a new log, not appended
-    assert torch.load(out / "ckpt.pt", weights_only=False)["iter_num"] == 3
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 3
     (tmp_path / "file").write_text("x")
     assert "is a file" in error_of(tiny_args(data_dir, tmp_path / "file", "max_iters=1"))
 
@@ -545,7 +546,7 @@ def test_a_kill_during_an_eval_is_finished_by_the_resume(data_dir, tmp_path, mon
 def test_best_pt_holds_what_evaluation_needs_and_is_smaller_than_ckpt_pt(data_dir, tmp_path):
     out = tmp_path / "out"
     train.main(tiny_args(data_dir, out, "max_iters=0"))  # one eval: the best
-    best, ckpt = (torch.load(out / f, weights_only=False) for f in ("best.pt", "ckpt.pt"))
+    best, ckpt = (torch.load(out / f, weights_only=True) for f in ("best.pt", "ckpt.pt"))
     assert set(best) == set(train.BEST_KEYS) and {"optimizer", "rng", "data_state"} <= set(ckpt)
     assert os.path.getsize(out / "best.pt") < os.path.getsize(out / "ckpt.pt")
     a, _ = load_checkpoint(str(out / "best.pt"))
@@ -609,3 +610,14 @@ def test_a_truncated_or_missing_split_is_one_error_line_or_an_embedded_corpus_is
     train.main([*TINY, f"data_dir={tmp_path / 'emb'}", "dataset=kjv", f"out_dir={tmp_path / 'out2'}", "max_iters=0",
                 "vocab_size=50257"])
     assert os.path.getsize(e / "train.bin") == 2 * json.load(open(e / "meta.json"))["tokens"]["train"]
+
+
+def test_init_from_or_resume_of_a_checkpoint_carrying_code_is_refused_and_the_code_never_runs(data_dir, tmp_path):
+    src = tmp_path / "src"
+    train.main(tiny_args(data_dir, src, "max_iters=0"))
+    evil = code_carrying_copy(src / "ckpt.pt", tmp_path / "evil.pt", tmp_path / "pwned")
+    msg = error_of(tiny_args(data_dir, tmp_path / "out", f"init_from={evil}"))
+    assert "cannot be loaded safely" in msg and "evil.pt" in msg
+    code_carrying_copy(src / "ckpt.pt", src / "ckpt.pt", tmp_path / "pwned")
+    assert "cannot be loaded safely" in error_of(tiny_args(data_dir, src, "resume=True"))
+    assert not (tmp_path / "pwned").exists()
