@@ -1,0 +1,363 @@
+"""
+Synthetic length-generalization tasks: train a tiny model at length N with train.py, test it at up to 16 N, and
+see the scorers apart on a laptop CPU in minutes.
+
+    python train.py configs/tasks/first.py scorer=ssmax out_dir=out-first-ssmax        # ~30 s on one core
+    python tasks.py eval out-first-*/ckpt.pt --lengths 32 64 128 256 512 --out_dir out-first-eval
+
+Tasks (each with its own small vocabulary; targets are -1, or NaN for real-valued ones, except where scored):
+- first: a bit string after <bos>; every position's answer is the first bit (Chiang & Cholak 2022, "Overcoming a
+  Theoretical Limitation of Self-Attention").
+- mqar: multi-query associative recall (Arora et al. 2023, Zoology): D key-value pairs, then the keys queried again
+  among filler tokens; the answer is the key's value.
+- recall: the content-only variant: D pair tokens "key:value" at random positions among filler, queried by key; a
+  longer sequence only adds filler, so n grows and nothing else does.
+- flipflop: flip-flop language modelling (Liu et al. 2023, "Exposing Attention Glitches"): write/read/ignore
+  instructions with bits, the bit after a read is the last written bit; train FFL(0.8), test FFL(0.98) and FFL(0.1).
+- every / some: the quantifier tasks of Naim et al. 2025 (SSA paper, sec. 3-4) on reals: is every (some) number so
+  far positive? Ours are balanced: half the sequences hold exactly one counterexample (witness) at a uniform position.
+- linear: in-context linear functions y = a x + b (Garg et al. 2022; SSA paper): x1, y1, x2, y2, ..., predict each y
+  from its x for the 3rd point on; a, b ~ N(0, task_sigma) (tested at larger sigma), x ~ N(0, 1); eq. 2's MSE.
+Reals enter through a linear embedding x W (features: the value, and for linear which slot it is) and leave through
+a scalar head (RealGPT). A batch is a pure function of (seed, stream, sample index), so resume and DDP stay exact.
+"""
+import argparse
+import csv
+import math
+import os
+import sys
+from dataclasses import dataclass
+from types import SimpleNamespace  # a checkpoint's config read as attributes, as the samplers do
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig, read_checkpoint
+
+
+@dataclass
+class TaskConfig:  # train.py's TrainConfig includes these fields
+    task: str = ""  # a task below instead of language modelling on `dataset`
+    task_pairs: int = 4  # mqar, recall: key-value pairs D per sequence
+    task_keys: int = 16  # mqar, recall: distinct keys (>= task_pairs) and values
+    task_filler: str = "pairs"  # recall: "pairs" of the keys never queried (their values compete), or "noise" tokens
+    task_p_ignore: float = 0.8  # flipflop: P(ignore); P(write) = P(read) = (1 - p) / 2 (FFL(0.8) in training)
+    task_sigma: float = 1.0  # every, some: sd of the numbers; linear: sd of a and b
+
+
+FILL = 16  # filler tokens of mqar and recall: random, so that attention cannot ignore "the" filler token for free
+TRAIN, VAL = 0, 1  # sample streams; each test condition has its own
+
+
+def first(L, rng, c, test):
+    bits = rng.integers(0, 2, L - 1)
+    x = np.concatenate([[2], bits])  # 2 = <bos>
+    y = np.full(L, -1)
+    y[1:] = bits[0]
+    return x, y
+
+
+def _pairs(L, D, rng, test):
+    """Positions of D stored items and of their D queries (each query after its item). Test: the queries are the
+    last D positions, so the query rows attend to about L keys; training: anywhere, so every n <= N is trained."""
+    if test:
+        return rng.choice(L - D, D, replace=False), L - D + rng.permutation(D)
+    pos = np.sort(rng.choice(L, (D, 2), replace=False), axis=1)
+    return pos[:, 0], pos[:, 1]
+
+
+def recall(L, rng, c, test):
+    D, K = c.task_pairs, c.task_keys  # tokens: FILL fillers, K*K pair tokens "k:v", K query tokens, K answers
+    keys, vals = rng.choice(K, D, replace=False), rng.integers(0, K, D)
+    if c.task_filler == "pairs":  # distractors: pairs of the K - D keys never queried, with random values
+        others = np.setdiff1d(np.arange(K), keys)
+        x = FILL + rng.choice(others, L) * K + rng.integers(0, K, L)
+    else:
+        x = rng.integers(0, FILL, L)
+    y = np.full(L, -1)
+    item, query = _pairs(L, D, rng, test)
+    x[item], x[query], y[query] = FILL + keys * K + vals, FILL + K * K + keys, FILL + K * K + K + vals
+    return x, y
+
+
+def mqar(L, rng, c, test):
+    D, K = c.task_pairs, c.task_keys  # tokens: FILL fillers, K keys, K values; pairs "k v" first, then queries
+    keys, vals = rng.choice(K, D, replace=False), rng.integers(0, K, D)
+    x, y = rng.integers(0, FILL, L), np.full(L, -1)
+    x[0:2 * D:2], x[1:2 * D:2] = FILL + keys, FILL + K + vals
+    query = L - D + rng.permutation(D) if test else 2 * D + rng.choice(L - 2 * D, D, replace=False)
+    x[query], y[query] = FILL + keys, FILL + K + vals
+    return x, y
+
+
+def flipflop(L, rng, c, test):
+    m, p = L // 2, c.task_p_ignore  # m instructions, each followed by a bit: w=0 r=1 i=2, bits 3 and 4
+    op = rng.choice(3, m, p=[(1 - p) / 2, (1 - p) / 2, p])
+    op[0], op[-1] = 0, 1  # start with a write, end with a read
+    bit = rng.integers(0, 2, m)
+    written = np.where(op == 0, np.arange(m), 0)
+    bit = np.where(op == 1, bit[np.maximum.accumulate(written)], bit)  # a read repeats the last write
+    x, y = np.full(L, 2), np.full(L, -1)  # an odd L ends with an ignore
+    x[0:2 * m:2], x[1:2 * m:2] = op, 3 + bit
+    y[0:2 * m:2] = np.where(op == 1, 3 + bit, -1)
+    return x, y
+
+
+def _quantifier(L, rng, c, sign):
+    x = sign * np.abs(rng.normal(0, c.task_sigma, L))  # every: all positive; some: all negative
+    witness = rng.integers(0, L) if rng.random() < 0.5 else L  # L: none
+    x[witness:witness + 1] *= -1
+    before = np.arange(L) < witness
+    return x[:, None].astype(np.float32), np.where(before, 1.0, 0.0) if sign > 0 else np.where(before, 0.0, 1.0)
+
+
+def every(L, rng, c, test):
+    return _quantifier(L, rng, c, +1)
+
+
+def some(L, rng, c, test):
+    return _quantifier(L, rng, c, -1)
+
+
+def linear(L, rng, c, test):
+    k = (L + 1) // 2  # points; an odd L ends with an x
+    a, b = rng.normal(0, c.task_sigma, 2)
+    xs = rng.normal(0, 1, k)
+    ys = a * xs + b
+    feats = np.zeros((L, 3), np.float32)  # (x, y, is an x slot)
+    feats[0::2, 0], feats[0::2, 2], feats[1::2, 1] = xs, 1.0, ys[:L // 2]
+    y = np.full(L, np.nan, np.float32)
+    y[4::2] = ys[2:]  # predicted at x_k, from the 3rd point on (eq. 2)
+    return feats, y
+
+
+@dataclass
+class Task:
+    sample: callable  # (L, rng, config, test) -> (inputs (L,) or (L, n_in), targets (L,))
+    vocab: callable  # config -> vocabulary size (1: a real-valued task with a scalar head)
+    loss: str = "ce"  # ce: tokens | bce: a yes/no logit | mse
+    n_in: int = 0  # real features per position
+    conditions: tuple = (("", {}),)  # test conditions: (name, TaskConfig overrides)
+
+
+SIGMAS = tuple((f"sigma={s}", {"task_sigma": float(s)}) for s in (1, 3, 10))
+TASKS = {
+    "first": Task(first, lambda c: 3),
+    "mqar": Task(mqar, lambda c: FILL + 2 * c.task_keys),
+    "recall": Task(recall, lambda c: FILL + c.task_keys * (c.task_keys + 2)),
+    "flipflop": Task(flipflop, lambda c: 5, conditions=(("p_i=0.8", {}), ("sparse p_i=0.98", {"task_p_ignore": 0.98}),
+                                                         ("dense p_i=0.1", {"task_p_ignore": 0.1}))),
+    "every": Task(every, lambda c: 1, "bce", 1, SIGMAS),
+    "some": Task(some, lambda c: 1, "bce", 1, SIGMAS),
+    "linear": Task(linear, lambda c: 1, "mse", 3, tuple((f"sigma={s}", {"task_sigma": float(s)}) for s in (1, 2, 4))),
+}
+
+
+def check_config(c):
+    """One clear message for a bad task setting (train.py turns it into its error line)."""
+    if c.task not in TASKS:
+        raise ValueError(f"unknown task {c.task!r}; allowed: {', '.join(TASKS)}")
+    if c.task in ("mqar", "recall") and not 1 <= c.task_pairs < c.task_keys:
+        raise ValueError(f"task_pairs={c.task_pairs} must be in 1..task_keys - 1 = {c.task_keys - 1}")
+    if c.task_filler not in ("pairs", "noise"):
+        raise ValueError(f"task_filler={c.task_filler!r}; allowed: pairs, noise")
+    if not (0 <= c.task_p_ignore < 1 and c.task_sigma > 0):
+        raise ValueError(f"need 0 <= task_p_ignore < 1 and task_sigma > 0, got {c.task_p_ignore}, {c.task_sigma}")
+
+
+def min_length(c):
+    return {"mqar": 3 * c.task_pairs, "recall": 2 * c.task_pairs, "flipflop": 2, "first": 2}.get(c.task, 1)
+
+
+def get_batch(c, stream, ix, L, test=False):
+    """Samples ix (a tensor of indices) of `stream` at length L: (x, y) tensors, each sample from its own seeded
+    generator, so any slice of a batch (a DDP rank's) is the same data."""
+    task = TASKS[c.task]
+    xs, ys = zip(*(task.sample(L, np.random.default_rng([c.seed, stream, int(i)]), c, test) for i in ix.tolist()))
+    x, y = np.stack(xs), np.stack(ys)
+    return (torch.from_numpy(x.astype(np.float32)) if task.n_in else torch.from_numpy(x.astype(np.int64)),
+            torch.from_numpy(y.astype(np.float32)) if task.n_in else torch.from_numpy(y.astype(np.int64)))
+
+
+class RealGPT(GPT):
+    """The GPT with the SSA paper's linear input embedding x W and a scalar head; its loss is MSE or a logistic loss
+    on the positions whose target is not NaN."""
+
+    def __init__(self, config, n_in, loss):
+        super().__init__(config)  # config.vocab_size = 1: lm_head is already the scalar head
+        self.transformer.wte = nn.Linear(n_in, config.n_embd, bias=False)
+        nn.init.normal_(self.transformer.wte.weight, mean=0.0, std=0.02)
+        self.loss_kind = loss
+
+    def loss(self, logits, targets, reduction="mean"):
+        pred, scored = logits.float().squeeze(-1), ~torch.isnan(targets)
+        t = torch.where(scored, targets, 0.0)
+        per = ((pred - t) ** 2 if self.loss_kind == "mse" else F.binary_cross_entropy_with_logits(
+            pred, t, reduction="none")) * scored
+        if reduction == "none":
+            return per
+        return per.sum() / (scored.sum() if reduction == "mean" else 1)
+
+
+def build_model(config, task=""):
+    """The model a run of `task` trains: GPT for tokens, RealGPT for reals."""
+    t = TASKS.get(task)
+    return RealGPT(config, t.n_in, t.loss) if t and t.n_in else GPT(config)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Evaluation: accuracy (or MSE) vs length with 95% intervals, and what the attention does
+
+def load(path, **overrides):
+    """(model, checkpoint) of a task run; overrides change model fields (e.g. backend)."""
+    ckpt = read_checkpoint(path)
+    model = build_model(GPTConfig(**{**ckpt["model_args"], **overrides}), ckpt["config"].get("task", ""))
+    model.load_state_dict(ckpt["model"])
+    return model.eval(), ckpt
+
+
+def wilson(k, n, z=1.96):
+    """95% Wilson score interval of k successes in n trials."""
+    p, d = k / n, 1 + z * z / n
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (p + z * z / (2 * n)) / d - half, (p + z * z / (2 * n)) / d + half
+
+
+def setting(c):
+    """The scorer setting a run trained: its scorer, and what sets it apart from that scorer's default."""
+    extra = (["fixed-s"] if c["scorer"] == "ssmax" and not c["ssmax_learn_s"] else []) + (
+        ["bias"] if c["ssmax_bias"] else []) + (["learn-n"] if c["ssa_learn_n"] else []) + (
+        [f"p{c['reweight_p']:g}"] if c["reweight_p"] is not None else [])
+    return "-".join([c["scorer"], *extra])
+
+
+@torch.no_grad()
+def score(model, c, L, n, stream, batch=16):
+    """Per sequence: (1/0 for a right/wrong final answer (its last scored position), its loss in nats), or eq. 2's
+    MSE (linear)."""
+    task, out = TASKS[c.task], []
+    for i in range(0, n, batch):
+        x, y = get_batch(c, stream, torch.arange(i, min(n, i + batch)), L, test=True)
+        logits, _ = model(x, y)
+        if task.loss == "mse":
+            scored = ~torch.isnan(y)
+            out += (((logits.squeeze(-1) - y.nan_to_num()) ** 2 * scored).sum(1) / scored.sum(1)).tolist()
+            continue
+        last = (((y != -1) & ~torch.isnan(y.float())) * torch.arange(L)).argmax(1)  # the final answer's position
+        at, want = logits[torch.arange(len(x)), last].float(), y[torch.arange(len(x)), last]
+        pred = (at.squeeze(-1) > 0).float() if task.loss == "bce" else at.argmax(-1)
+        nll = (F.binary_cross_entropy_with_logits(at.squeeze(-1), want, reduction="none") if task.loss == "bce"
+               else F.cross_entropy(at, want, reduction="none"))  # the answer's loss: confidence, not just argmax
+        out += zip((pred == want).float().tolist(), nll.tolist())
+    return np.array(out)
+
+
+def target_positions(c, x):
+    """Where the final answer is read from, for the attention diagnostics (-1: nowhere, e.g. no witness)."""
+    if c.task == "first":
+        return torch.ones(len(x), dtype=torch.long)
+    if c.task == "recall":  # the pair token of the last query's key
+        K = c.task_keys
+        key = x[:, -1:] - FILL - K * K
+        hit = (x >= FILL) & (x < FILL + K * K) & ((x - FILL) // K == key)
+    elif c.task in ("every", "some"):
+        v = x[..., 0]
+        hit = v < 0 if c.task == "every" else v > 0
+    else:
+        return torch.full((len(x),), -1)
+    return torch.where(hit.any(1), hit.float().argmax(1), -1)
+
+
+@torch.no_grad()
+def diagnose(model, c, L, n, stream):
+    """Per layer and head, over n test sequences: the final row's attention mass on the target token, its entropy,
+    and the uniform mass 1/n for comparison (the SSMax paper's Figs. 1, 7, 8, without an LM's floor effect)."""
+    x, _ = get_batch(c, stream, torch.arange(n), L, test=True)
+    P = model.attention_rows(x, rows=(-1,))[:, :, :, 0]  # (n_layer, B, nh, L)
+    tgt = target_positions(c, x)
+    ok = tgt >= 0
+    mass = P[:, ok, :, :].gather(-1, tgt[ok].view(1, -1, 1, 1).expand(P.size(0), -1, P.size(2), 1))[..., 0]
+    entropy = -(P * P.clamp_min(1e-30).log()).sum(-1)  # (n_layer, B, nh)
+    s = [blk.attn.scorer_params().get("s") for blk in model.transformer.h]
+    return [dict(layer=l, head=h, target_mass=float(mass[l, :, h].mean()) if ok.any() else float("nan"),
+                 entropy=float(entropy[l, :, h].mean()), uniform=1 / L,
+                 s=float(s[l][h]) if s[l] is not None else float("nan"))
+            for l in range(P.size(0)) for h in range(P.size(2))]
+
+
+def write_csv(path, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+ACC_COLUMNS = ("task", "model", "scorer", "seed", "length", "accuracy", "ci_low", "ci_high", "n", "mse", "loss",
+               "condition", "rope", "train_length")
+
+
+def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0):
+    """accuracy.csv (and attention.csv with diag_n > 0) for every checkpoint, written after each one."""
+    runs = [(p, *load(p)) for p in paths]  # every input is checked before the first evaluation
+    os.makedirs(out_dir, exist_ok=True)
+    acc, att = [], []
+    for path, model, ckpt in runs:
+        c = SimpleNamespace(**ckpt["config"])
+        N, task = c.block_size, TASKS[c.task]
+        if not c.task:
+            raise ValueError(f"{path} is a language model, not a task run (its config has no task)")
+        label = os.path.basename(os.path.dirname(os.path.abspath(path)))
+        for rope in (["nope"] if c.pos == "nope" else ropes):
+            for L in lengths:
+                if L < min_length(c):
+                    continue
+                if rope != "nope":
+                    model.extend_rope("none" if rope == "plain" else rope, L / N if rope == "theta" else 1.0, L)
+                for ci, (cond, over) in enumerate(task.conditions):
+                    cc = SimpleNamespace(**{**ckpt["config"], **over})
+                    r = score(model, cc, L, n, stream=2 + ci)
+                    mse = task.loss == "mse"
+                    half = 1.96 * r.std(ddof=1) / math.sqrt(n)  # the mse's normal 95% interval
+                    lo, hi = (r.mean() - half, r.mean() + half) if mse else wilson(r[:, 0].sum(), n)
+                    acc.append(dict(task=c.task, model=label, scorer=setting(ckpt["config"]), seed=c.seed, length=L,
+                                    accuracy="" if mse else r[:, 0].mean(), ci_low=lo, ci_high=hi, n=n,
+                                    mse=r.mean() if mse else "", loss="" if mse else r[:, 1].mean(), condition=cond,
+                                    rope=rope, train_length=N))
+                    if diag_n and ci == 0 and rope in ("nope", "plain"):
+                        att += [dict(task=c.task, model=label, scorer=setting(ckpt["config"]), seed=c.seed,
+                                     length=L, **d) for d in diagnose(model, cc, L, diag_n, stream=2)]
+        write_csv(os.path.join(out_dir, "accuracy.csv"), acc)
+        if att:
+            write_csv(os.path.join(out_dir, "attention.csv"), att)
+        print(f"{label}: " + ", ".join(f"L={r['length']} {r['condition']} {r['rope']}: "
+                                       + (f"mse {r['mse']:.3g}" if r["mse"] != "" else f"acc {r['accuracy']:.3f}")
+                                       for r in acc if r["model"] == label))
+    return acc, att
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Evaluate task runs at many lengths: accuracy.csv (95% Wilson "
+                                             "intervals; MSE with a normal interval for linear), attention.csv.")
+    ap.add_argument("command", choices=["eval"])
+    ap.add_argument("ckpt", nargs="+", help="ckpt.pt or best.pt of task runs (train.py task=...)")
+    ap.add_argument("--lengths", type=int, nargs="+", required=True, help="test lengths L (tokens)")
+    ap.add_argument("--n", type=int, default=256, help="test sequences per length and condition")
+    ap.add_argument("--out_dir", required=True)
+    ap.add_argument("--rope", nargs="+", default=["plain"], choices=["plain", "theta", "dynamic_ntk"],
+                    help="RoPE models: plain theta, theta x L/N, or Dynamic NTK (NoPE models ignore it)")
+    ap.add_argument("--diagnose", type=int, default=0, help="sequences for the attention diagnostics (0: none)")
+    a = ap.parse_args(argv)
+    if a.n < 2 or a.diagnose < 0 or min(a.lengths) < 1:
+        sys.exit(f"error: need --n >= 2, --diagnose >= 0 and lengths >= 1; got {a.n}, {a.diagnose}, {a.lengths}")
+    if os.path.exists(a.out_dir) and not os.path.isdir(a.out_dir):
+        sys.exit(f"error: --out_dir {a.out_dir!r} is a file, not a folder")
+    try:
+        evaluate(a.ckpt, sorted(set(a.lengths)), a.n, a.out_dir, a.rope, a.diagnose)
+    except ValueError as e:  # CheckpointError is one
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()
