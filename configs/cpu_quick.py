@@ -20,3 +20,4 @@ max_iters = 200
 eval_interval = 100
 eval_iters = 10
 log_interval = 20
+overwrite = True  # the quickstart may be run again: a new run replaces out-quick

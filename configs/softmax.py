@@ -1,9 +1,32 @@
-# (a) the baseline: the SSMax paper's 162M Llama-style model and recipe (Nakanishi 2025, App. A-B) with softmax.
-# TrainConfig's defaults ARE that recipe, so each paper config only names its scorer:
-#   16 batch x 128 accum = 2,048 sequences x 1,024 tokens = 2,097,152 tokens/iter; 200,000 iters = ~419B tokens;
-#   AdamW (0.9, 0.95), wd 0.1 on matrices, clip 1.0, lr 6e-4 constant after 1,000 warmup iters.
-# The paper trains on SlimPajama; offline, the embedded Shakespeare (1.4M tokens) is the default dataset. For the
-# real thing: python prepare_data.py hf:cerebras/SlimPajama-627B --name slimpajama --max_tokens 1e10
-#          torchrun --standalone --nproc_per_node=8 train.py configs/softmax.py dataset=slimpajama
+# (a) The baseline, softmax: a quick single-GPU experiment on real web text. The SSMax paper's 162M Llama-style model
+# (Nakanishi 2025, App. A: 12 layers x 12 heads x 768, SwiGLU 2,048, untied head) at N = 1,024 tokens, with its
+# optimizer (AdamW (0.9, 0.95), wd 0.1 on matrices, clip 1.0, lr 6e-4 constant after warmup), for ~1B tokens:
+#   16 batch x 1,024 tokens x 16 accum = 262,144 tokens/iter x 3,800 iters = 996,147,200 tokens
+# Time on one H100: 1,086,137,856 FLOP/token (model.GPT.flops_per_token(1024)) x 996,147,200 tokens = 1.08e18 FLOP;
+# at an assumed 30 % MFU of 989 TFLOP/s (bf16, eager PyTorch with the fused attention kernels; llm.c's fully fused
+# GPT-2 reaches ~40 %) that is ~273,000 tokens/s = 61 min, plus ~2 min of evals and checkpoints. Not yet timed on a
+# GPU (bench/gpu.sh: a short run extrapolated). ssa, ssa_learn_n and lssa take ~1.2x as long, lssar ~1.5x: their
+# kernels are 2-3x softmax's (bench/README.md), and attention is ~15 % of a softmax step.
+# compile=False: torch.compile around the fused Triton kernels' autograd Functions is untested (no GPU here).
+# Data: dataset=fineweb_edu, the first 1B tokens of HuggingFaceFW/fineweb-edu sample-10BT, streamed on first use
+# (prepare_data.py; ~3 GB): one pass, no repeats. Offline: dataset=english (2.4M tokens: it overfits long before
+# 3,800 iters; lower max_iters). With torchrun, run `python prepare_data.py fineweb_edu` first.
+# The paper's full 419B-token, 8-GPU recipe: configs/paper/softmax.py.
 scorer = "softmax"
 out_dir = "out-softmax"
+dataset = "fineweb_edu"
+n_layer = 12
+n_head = 12
+n_embd = 768
+ffn_hidden = 2048
+block_size = 1024
+batch_size = 16
+gradient_accumulation_steps = 16  # global: torchrun divides it among the GPUs
+max_iters = 3800
+learning_rate = 6e-4
+lr_schedule = "constant"  # the paper's; it also lets the (f) switch branch off at any iteration (ssmax_swap.py)
+warmup_iters = 200  # 52M tokens, 5 % of the run
+eval_interval = 200  # 20 points on the loss curve, ~2 s of eval each (2 x 40 batches)
+eval_iters = 40
+log_interval = 10
+compile = False

@@ -1,12 +1,31 @@
 # Softmax -> SSMax switch (Nakanishi 2025, variants e and f): the weights of a softmax checkpoint are kept and every
 # attention layer becomes SSMax with s0 = 1 / mean(log n) over the training length (0.168 for 1,024), set by train.py
-# when the scorer changes (override ssmax_s_init to choose another).
-#   (f) during pretraining: softmax for 175,000 iters (configs/softmax.py max_iters=175000), then 25,000 SSMax iters
-#       with a fresh 1,000-iter warmup:   python train.py configs/ssmax_swap.py init_from=out-softmax/ckpt.pt
+# when the scorer changes (override ssmax_s_init to choose another). Quick single-GPU scale of configs/softmax.py:
+#   (f) during pretraining: softmax for the first 87.5 % (3,325 of 3,800 iters, as the paper's 175,000 of 200,000),
+#       then SSMax for the rest with a fresh warmup (the constant lr makes the two legs one softmax run):
+#         python train.py configs/softmax.py max_iters=3325 && cp out-softmax/ckpt.pt out-softmax/ckpt_3325.pt
+#         python train.py configs/softmax.py resume=True        # softmax on to 3,800 (a resume is exact)
+#         python train.py configs/ssmax_swap.py                 # SSMax from ckpt_3325.pt, ~8 min on one H100:
+#   16 batch x 1,024 tokens x 16 accum = 262,144 tokens/iter x 475 iters = 124,518,400 tokens
 #   (e) after pretraining, no further training (max_iters=0 only converts, evaluates and saves):
-#       python train.py configs/ssmax_swap.py init_from=out-softmax/ckpt.pt max_iters=0 out_dir=out-ssmax-e
+#         python train.py configs/ssmax_swap.py init_from=out-softmax/ckpt.pt max_iters=0 out_dir=out-ssmax-e
+# The paper's scale: configs/paper/ssmax_swap.py.
 scorer = "ssmax"
-init_from = "out-softmax/ckpt.pt"
-max_iters = 25_000
-warmup_iters = 1_000
+init_from = "out-softmax/ckpt_3325.pt"
+max_iters = 475
+warmup_iters = 50  # fresh, ~10 % of this leg (the paper: 1,000 of its 25,000)
 out_dir = "out-ssmax-swap"
+dataset = "fineweb_edu"
+n_layer = 12
+n_head = 12
+n_embd = 768
+ffn_hidden = 2048
+block_size = 1024
+batch_size = 16
+gradient_accumulation_steps = 16
+learning_rate = 6e-4
+lr_schedule = "constant"
+eval_interval = 100
+eval_iters = 40
+log_interval = 10
+compile = False

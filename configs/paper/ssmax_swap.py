@@ -1,0 +1,32 @@
+# Softmax -> SSMax switch (Nakanishi 2025, variants e and f) at the paper's scale: the weights of a softmax checkpoint
+# are kept and every attention layer becomes SSMax with s0 = 1 / mean(log n) over the training length (0.168 for
+# 1,024), set by train.py when the scorer changes (override ssmax_s_init to choose another).
+#   (f) during pretraining: softmax for 175,000 iters (configs/paper/softmax.py max_iters=175000), then 25,000 SSMax
+#       iters with a fresh 1,000-iter warmup:
+#         torchrun --standalone --nproc_per_node=8 train.py configs/paper/ssmax_swap.py
+#   16 batch x 1,024 tokens x 128 accum = 2,097,152 tokens/iter x 25,000 iters = 52,428,800,000 tokens
+#   (e) after pretraining, no further training (max_iters=0 only converts, evaluates and saves):
+#         python train.py configs/paper/ssmax_swap.py init_from=out-paper-softmax/ckpt.pt max_iters=0 \
+#             out_dir=out-paper-ssmax-e
+scorer = "ssmax"
+init_from = "out-paper-softmax/ckpt.pt"
+max_iters = 25_000
+warmup_iters = 1_000
+out_dir = "out-paper-ssmax-swap"
+dataset = "slimpajama"
+n_layer = 12
+n_head = 12
+n_embd = 768
+ffn_hidden = 2048
+block_size = 1024
+batch_size = 16
+gradient_accumulation_steps = 128  # global: 16 per GPU on 8
+learning_rate = 6e-4
+lr_schedule = "constant"
+weight_decay = 0.1
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0
+eval_interval = 1000
+eval_iters = 50
+log_interval = 10

@@ -1,0 +1,249 @@
+"""configs/: every file parses and validates; the arithmetic in the comments matches the fields; the quick GPU configs
+share one recipe under a token budget and the paper's recipe lives in configs/paper/; the CPU cost check stops a long
+run before it starts and lets a tiny one through; the hub dataset fetched on first use (the offline error; local
+files stand in for the hub; a killed fetch). CPU only, never the hub."""
+import dataclasses
+import functools
+import glob
+import json
+import os
+import re
+
+import pytest
+import torch
+
+import prepare_data
+import tasks
+import train
+from model import GPT, PEAK_BF16_FLOPS, GPTConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = sorted(glob.glob(os.path.join(REPO, "configs", "*.py")))
+PAPER = sorted(glob.glob(os.path.join(REPO, "configs", "paper", "*.py")))
+TASKS = sorted(glob.glob(os.path.join(REPO, "configs", "tasks", "*.py")))
+QUICK = [p for p in CONFIGS if os.path.basename(p) not in ("cpu_quick.py", "sft.py")]  # one per scorer setting
+QUICK_TOKEN_BUDGET = 1_000_000_000  # about an hour of the 162M model on one H100 (configs/softmax.py's arithmetic)
+SCORER_FIELDS = ["scorer", "reweight_p", *train.SCORER_OPTIONS]
+# "16 batch x 1,024 tokens x 16 accum = 262,144 tokens/iter x 3,800 iters = 996,147,200 tokens" (accum, iters optional)
+ARITHMETIC = re.compile(r"([\d,]+) batch x ([\d,]+) tokens(?: x ([\d,]+) accum)? = ([\d,]+) tokens/iter"
+                        r"(?: x ([\d,]+) iters = ([\d,]+) tokens)?")
+
+
+def config(path, *overrides):
+    return train.TrainConfig(**train.parse_args([path, *overrides]))
+
+
+def number(text):
+    return int(text.replace(",", ""))
+
+
+def name(path):
+    return os.path.relpath(path, os.path.join(REPO, "configs"))
+
+
+@functools.cache
+def flops_per_token_162m(T):
+    with torch.device("meta"):  # shapes only: no memory, no init
+        return GPT(GPTConfig()).flops_per_token(T)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Every file
+
+@pytest.mark.parametrize("path", CONFIGS + PAPER + TASKS, ids=name)
+def test_every_config_file_parses_and_validates(path):
+    explicit = train.parse_args([path])
+    assert explicit
+    cfg = train.TrainConfig(**explicit)
+    GPTConfig(**{k: getattr(cfg, k) for k in train.MODEL_FIELDS})  # a scorer option of another scorer raises
+    if cfg.task:
+        tasks.check_config(cfg)
+    assert cfg.gradient_accumulation_steps % (8 if path in PAPER else 1) == 0  # torchrun divides it among 8 GPUs
+
+
+@pytest.mark.parametrize("path", QUICK + PAPER + [os.path.join(REPO, "configs", f) for f in ("cpu_quick.py", "sft.py")],
+                         ids=name)
+def test_comment_arithmetic_matches_the_fields(path):
+    comment = "\n".join(line for line in open(path) if line.startswith("#"))
+    m = ARITHMETIC.search(comment)
+    assert m, f"{name(path)}: no 'B batch x T tokens [x A accum] = ... tokens/iter' line in its comment"
+    cfg = config(path)
+    batch, T, accum, per_iter, iters, total = (None if g is None else number(g) for g in m.groups())
+    assert (batch, T, accum or 1) == (cfg.batch_size, cfg.block_size, cfg.gradient_accumulation_steps)
+    assert per_iter == batch * T * (accum or 1)
+    if path.endswith("sft.py"):  # iterations come from the data (sft_epochs)
+        return
+    assert (iters, total) == (cfg.max_iters, per_iter * cfg.max_iters)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The quick single-GPU configs and the paper's recipe
+
+def test_quick_gpu_configs_train_the_162m_model_on_fineweb_edu_in_one_recipe_under_the_token_budget():
+    assert {name(p) for p in QUICK} == {f"{s}.py" for s in ("softmax", "ssmax", "ssmax_nos", "ssmax_bias", "ssa",
+                                                             "ssa_learn_n", "lssa", "lssar", "ssmax_swap")}
+    base = config(os.path.join(REPO, "configs", "softmax.py"))
+    assert (base.n_layer, base.n_head, base.n_embd, base.ffn_hidden, base.block_size) == (12, 12, 768, 2048, 1024)
+    assert base.dataset == "fineweb_edu" and base.device == "auto" and not base.compile and base.init_from == "scratch"
+    tokens = base.batch_size * base.block_size * base.gradient_accumulation_steps * base.max_iters
+    assert tokens <= QUICK_TOKEN_BUDGET and tokens <= prepare_data.NAMED["fineweb_edu"][1]  # at most one pass
+    assert base.max_iters // base.eval_interval >= 10  # a curve, not two points
+    leg = {"scorer", "out_dir", "init_from", "max_iters", "warmup_iters", "eval_interval", *SCORER_FIELDS}
+    for path in QUICK:
+        cfg = config(path)
+        differs = {k for k in train.TrainConfig.__dataclass_fields__ if getattr(cfg, k) != getattr(base, k)}
+        assert differs <= leg, f"{name(path)} changes the shared recipe: {sorted(differs - leg)}"
+        assert cfg.out_dir != base.out_dir or path.endswith("softmax.py")
+    swap, switch = config(os.path.join(REPO, "configs", "ssmax_swap.py")), round(0.875 * base.max_iters)
+    assert swap.max_iters == base.max_iters - switch and f"ckpt_{switch}.pt" in swap.init_from  # variant (f)
+
+
+def test_the_hour_in_softmax_py_is_its_flops_at_the_stated_mfu():
+    comment = "".join(line for line in open(os.path.join(REPO, "configs", "softmax.py")) if line.startswith("#"))
+    cfg = config(os.path.join(REPO, "configs", "softmax.py"))
+    tokens = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps * cfg.max_iters
+    per_token = number(re.search(r"([\d,]+) FLOP/token", comment).group(1))
+    assert per_token == flops_per_token_162m(cfg.block_size)
+    mfu, peak = (float(x) for x in re.search(r"(\d+) % MFU of (\d+) TFLOP/s", comment).groups())
+    assert peak * 1e12 == PEAK_BF16_FLOPS["H100"]
+    rate = mfu / 100 * peak * 1e12 / per_token  # tokens/s
+    assert abs(rate - number(re.search(r"~([\d,]+) tokens/s", comment).group(1))) < 1000
+    assert abs(tokens / rate / 60 - int(re.search(r"= (\d+) min", comment).group(1))) < 1
+
+
+def test_paper_configs_keep_the_papers_recipe_for_every_quick_scorer_setting():
+    assert {name(p).removeprefix("paper/") for p in PAPER} == {name(p) for p in QUICK}
+    for path in PAPER:
+        cfg, quick = config(path), config(os.path.join(REPO, "configs", os.path.basename(path)))
+        assert {k: getattr(cfg, k) for k in SCORER_FIELDS} == {k: getattr(quick, k) for k in SCORER_FIELDS}
+        swap = path.endswith("ssmax_swap.py")
+        assert (cfg.batch_size, cfg.block_size, cfg.gradient_accumulation_steps) == (16, 1024, 128)  # 2,097,152 tokens
+        assert cfg.max_iters == (25_000 if swap else 200_000) and cfg.warmup_iters == 1000
+        assert (cfg.learning_rate, cfg.lr_schedule, cfg.weight_decay, cfg.beta1, cfg.beta2, cfg.grad_clip) == (
+            6e-4, "constant", 0.1, 0.9, 0.95, 1.0)
+        assert (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.ffn_hidden) == (12, 12, 768, 2048)
+        assert cfg.out_dir.startswith("out-paper-")  # never the quick run's folder
+
+
+def test_sft_config_keeps_the_papers_settings_and_starts_from_the_quick_ssmax_run():
+    sft, ssmax = config(os.path.join(REPO, "configs", "sft.py")), config(os.path.join(REPO, "configs", "ssmax.py"))
+    assert sft.init_from == f"{ssmax.out_dir}/ckpt.pt" and sft.out_dir != ssmax.out_dir
+    assert (sft.sft_epochs, sft.learning_rate, sft.lr_schedule, sft.beta2, sft.weight_decay) == (
+        10, 2e-5, "cosine", 0.999, 0.0)
+    assert sft.batch_size * sft.gradient_accumulation_steps == 128
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The CPU cost check
+
+def test_cpu_cost_check_stops_the_quick_gpu_run_on_a_cpu_with_its_cost_and_the_way_out(capsys):
+    cfg = config(os.path.join(REPO, "configs", "ssmax.py"))
+    with pytest.raises(train.TrainError) as e:
+        train.cpu_cost_check(cfg, "cpu", rate=1e11)  # 1e11 FLOP/s: a fast 2-core CPU
+    msg = str(e.value)
+    assert "\n" not in msg and "configs/cpu_quick.py" in msg and "allow_slow=True" in msg
+    hours = 996_147_200 * flops_per_token_162m(1024) / 1e11 / 3600  # ~3,000 (the exact count vs the 6N formula: <0.1%)
+    assert abs(float(re.search(r"~([\d,]+) hours", msg).group(1).replace(",", "")) / hours - 1) < 1e-3
+    assert "996,147,200 tokens" in capsys.readouterr().out
+    assert train.cpu_cost_check(cfg, "cuda", rate=1e11) is None  # a GPU is never checked
+    assert train.cpu_cost_check(config(os.path.join(REPO, "configs", "ssmax.py"), "allow_slow=True"), "cpu",
+                                rate=1e11) is None
+    assert train.cpu_cost_check(cfg, "cpu", start_iter=3799, rate=1e11) is None  # a resume: only what is left counts
+
+
+def test_cpu_cost_check_lets_tiny_runs_start_without_a_measurement(monkeypatch, capsys):
+    def measured(*args):
+        raise AssertionError("a tiny run must not be measured")
+    monkeypatch.setattr(torch, "mm", measured)
+    tiny = ["device=cpu", "vocab_size=512", "n_layer=1", "n_head=2", "n_embd=32", "ffn_hidden=64", "block_size=16",
+            "batch_size=2", "gradient_accumulation_steps=1"]  # tests/test_train.py's, at the default 200,000 iters
+    task_runs = [config(p) for p in TASKS]  # with the task's vocabulary, as train() checks them
+    task_runs = [dataclasses.replace(c, vocab_size=tasks.TASKS[c.task].vocab(c)) for c in task_runs]
+    for cfg in (config(os.path.join(REPO, "configs", "cpu_quick.py")), train.TrainConfig(**train.parse_args(tiny)),
+                *task_runs):
+        assert train.cpu_cost_check(cfg, "cpu") is None
+    assert capsys.readouterr().out == ""
+
+
+def test_the_measured_cpu_rate_stops_a_long_run_of_a_small_model(capsys):
+    small = ["vocab_size=512", "n_layer=1", "n_head=2", "n_embd=32", "ffn_hidden=64", "max_iters=100000000"]
+    cfg = config(os.path.join(REPO, "configs", "cpu_quick.py"), *small)  # 1e11 tokens: weeks on any CPU
+    with pytest.raises(train.TrainError, match="allow_slow=True"):
+        train.cpu_cost_check(cfg, "cpu")
+    assert "measured fp32 matmul rate" in capsys.readouterr().out
+
+
+def test_train_on_a_cpu_stops_before_it_fetches_data_or_writes_a_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(train, "cpu_cost_check", functools.partial(train.cpu_cost_check, rate=1e11))
+    monkeypatch.setattr(prepare_data, "fetch", lambda *a: pytest.fail("fetched before the cost check"))
+    with pytest.raises(SystemExit) as e:
+        train.main([os.path.join(REPO, "configs", "ssmax.py"), "device=cpu", f"data_dir={tmp_path / 'data'}",
+                    f"out_dir={tmp_path / 'out'}"])
+    assert str(e.value.code).startswith("error: this run would take at least ~") and "configs/cpu_quick.py" in str(e.value.code)
+    assert os.listdir(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# fineweb_edu: fetched on first use
+
+def test_offline_first_use_of_the_hub_dataset_is_one_error_line_naming_dataset_english(tmp_path):
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"  # conftest.py: the hub is never reached
+    with pytest.raises(SystemExit) as e:
+        train.main([os.path.join(REPO, "configs", "ssmax.py"), "allow_slow=True", f"data_dir={tmp_path / 'data'}",
+                    f"out_dir={tmp_path / 'out'}"])
+    msg = str(e.value.code)
+    assert msg.startswith("error: cannot load 'hf:HuggingFaceFW/fineweb-edu:sample-10BT'") and "\n" not in msg
+    assert msg.endswith("dataset=english")
+    with pytest.raises(prepare_data.DataError):  # nothing that looks like a dataset
+        prepare_data.check_prepared(str(tmp_path / "data" / "fineweb_edu"))
+
+
+@pytest.fixture
+def local_hub(tmp_path, monkeypatch):
+    """fineweb_edu's source: 500 local jsonl documents of ~50 tokens (id before text, as FineWeb-Edu), 20,000 budget."""
+    os.makedirs(tmp_path / "hub")
+    with open(tmp_path / "hub" / "part-0.jsonl", "w") as f:
+        for i in range(500):
+            f.write(json.dumps({"id": f"doc{i}", "text": f"Document {i} says something about attention. " * 6}) + "\n")
+    monkeypatch.setitem(prepare_data.NAMED, "fineweb_edu", (str(tmp_path / "hub" / "*.jsonl"), 20_000))
+    return str(tmp_path / "data")
+
+
+def test_first_use_fetches_the_named_dataset_to_its_budget_then_keeps_it(local_hub, capsys):
+    prepare_data.fetch("fineweb_edu", local_hub)
+    data_dir = os.path.join(local_hub, "fineweb_edu")
+    prepare_data.check_prepared(data_dir)
+    meta = json.load(open(os.path.join(data_dir, "meta.json")))
+    assert meta["text_field"] == "text" and meta["args"]["max_tokens"] == 20_000
+    assert 0 < meta["tokens"]["val"] and sum(meta["tokens"].values()) == 20_000  # the budget, exactly
+    assert "first use" in capsys.readouterr().out
+    mtime = os.stat(os.path.join(data_dir, "train.bin")).st_mtime_ns
+    prepare_data.fetch("fineweb_edu", local_hub)  # whole: kept, not streamed again
+    assert os.stat(os.path.join(data_dir, "train.bin")).st_mtime_ns == mtime and capsys.readouterr().out == ""
+    os.remove(os.path.join(data_dir, "meta.json"))  # as a kill between the .bin renames and meta.json leaves it
+    prepare_data.fetch("fineweb_edu", local_hub)
+    prepare_data.check_prepared(data_dir)
+
+
+def test_a_killed_fetch_leaves_nothing_that_looks_whole_and_the_next_fetch_completes(local_hub, monkeypatch):
+    stream = prepare_data.stream_docs
+    def killed(*args):  # Ctrl-C after 270 documents (~13k tokens): past the first batch of 256, before the budget
+        docs, field = stream(*args)
+        def gen():
+            for i, doc in enumerate(docs):
+                if i == 270:
+                    raise KeyboardInterrupt
+                yield doc
+        return gen(), field
+    monkeypatch.setattr(prepare_data, "stream_docs", killed)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_data.fetch("fineweb_edu", local_hub)
+    data_dir = os.path.join(local_hub, "fineweb_edu")
+    assert os.path.getsize(os.path.join(data_dir, "train.bin.tmp")) > 0
+    assert not {"train.bin", "val.bin", "meta.json"} & set(os.listdir(data_dir))
+    with pytest.raises(prepare_data.DataError):
+        prepare_data.check_prepared(data_dir)
+    monkeypatch.setattr(prepare_data, "stream_docs", stream)
+    prepare_data.fetch("fineweb_edu", local_hub)
+    prepare_data.check_prepared(data_dir)
+    assert not any(f.endswith(".tmp") for f in os.listdir(data_dir))
