@@ -3,6 +3,7 @@ Reproduce the three papers' experiments at small scale, end to end (RESULTS.md r
 
     python reproduce.py --scale cpu     # 2 CPU cores, ~50 minutes: tiny model, N = 128, evaluation to 10 N
     python reproduce.py --scale gpu     # one H100/H200, ~20 GPU minutes: 6 x 384 model, N = 256, evaluation to 10 N
+    python reproduce.py --suite synthetic [--quick]   # synthetic.py: tasks x scorers x 3 seeds on 2 CPU cores
 
 Every variant is trained on the same data, token budget and seed with train.py; then eval_long.py (RoPE θ x 50, the
 SSMax paper's Fig. 5, and Dynamic NTK, the LSSAR paper's Table 4), needle.py after a short retrieval fine-tune on
@@ -146,7 +147,14 @@ def main(argv=None):
     p.add_argument("--max_iters", type=int, help="override the scale's training iterations (report it if you do)")
     p.add_argument("--name", help="folders out-repro-<name>/ and results/<name>/ (default: the scale)")
     p.add_argument("--skip", nargs="*", default=[], choices=["eval_long", "needle", "passkey", "score", "bench"])
+    p.add_argument("--suite", choices=["lm", "synthetic"], default="lm",
+                   help="lm: the papers' language-model experiments (--scale); synthetic: synthetic.py's task suite")
+    p.add_argument("--quick", action="store_true", help="--suite synthetic: FIRST and recall, 3 settings (~10 min)")
+    p.add_argument("--jobs", type=int, default=2, help="--suite synthetic: runs at once, one core each")
     a = p.parse_args(argv)
+    if a.suite == "synthetic":
+        import synthetic
+        return synthetic.main(quick=a.quick, jobs=a.jobs)
     S = SCALES[a.scale]
     if a.max_iters:  # a copy: SCALES stays what the docs say
         S = {**S, "train": {**S["train"], "max_iters": a.max_iters}}

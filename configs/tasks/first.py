@@ -1,7 +1,7 @@
 # FIRST (Chiang & Cholak 2022): the answer at every position is the first bit after <bos>. Their model: d_model 16,
 # FFN 64, 2 layers, Adam lr 3e-4. Ours is a little wider so that every scorer reaches the gate at N in the budget.
 # 2 layers x 2 heads x 32 wide (~17k parameters); N = 32, tested up to 16 N = 512.
-# 32 sequences x 32 tokens = 1,024 tokens/iter x 600 iters: ~25 s on one core.
+# 32 sequences x 32 tokens = 1,024 tokens/iter x 1,500 iters (LSSAR needs them to reach the gate; all get them).
 task = "first"
 pos = "nope"  # content and the causal mask only: no RoPE-extrapolation confound
 out_dir = "out-first"
@@ -16,10 +16,10 @@ learning_rate = 3e-3
 weight_decay = 0.1
 warmup_iters = 50
 lr_schedule = "cosine"
-max_iters = 600
-lr_decay_iters = 600
+max_iters = 1500
+lr_decay_iters = 1500
 min_lr = 3e-4
-eval_interval = 200
+eval_interval = 500
 eval_iters = 4
 log_interval = 100
 device = "cpu"
