@@ -128,8 +128,12 @@ def summarize(acc):
         ok = {c["setting"]: (c["mean"] <= GATE["mse"] if c["metric"] == "mse" else c["mean"] >= GATE["accuracy"])
               for c in at_n}
         t["gate"] = dict(rule=f"every setting's mean over seeds at L = N: accuracy >= {GATE['accuracy']} "
-                              f"(MSE <= {GATE['mse']} for linear)", passed=all(ok.values()),
+                              f"(MSE <= {GATE['mse']} for linear); a comparison with softmax counts only if both "
+                              f"settings pass", passed=all(ok.values()),
                          failed=sorted(k for k, v in ok.items() if not v))
+        for c in t["cells"]:
+            if "diff_vs_softmax" in c:
+                c["counts"] = ok.get(c["setting"], False) and ok.get("softmax", False)
     return out
 
 
