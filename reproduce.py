@@ -151,10 +151,17 @@ def main(argv=None):
                    help="lm: the papers' language-model experiments (--scale); synthetic: synthetic.py's task suite")
     p.add_argument("--quick", action="store_true", help="--suite synthetic: FIRST and recall, 3 settings (~10 min)")
     p.add_argument("--jobs", type=int, default=2, help="--suite synthetic: runs at once, one core each")
+    p.add_argument("--tasks", nargs="+", help="--suite synthetic: a subset of synthetic.SUITE")
+    p.add_argument("--settings", nargs="+", help="--suite synthetic: a subset of synthetic.SETTINGS")
     a = p.parse_args(argv)
     if a.suite == "synthetic":
         import synthetic
-        return synthetic.main(quick=a.quick, jobs=a.jobs)
+        bad = sorted(set(a.tasks or []) - set(synthetic.SUITE)) + sorted(set(a.settings or []) -
+                                                                         set(synthetic.SETTINGS))
+        if bad or a.jobs < 1:
+            sys.exit(f"error: unknown --tasks/--settings {bad} or --jobs {a.jobs} < 1; tasks: "
+                     f"{', '.join(synthetic.SUITE)}; settings: {', '.join(synthetic.SETTINGS)}")
+        return synthetic.main(quick=a.quick, jobs=a.jobs, settings=a.settings, task_names=a.tasks, name=a.name)
     S = SCALES[a.scale]
     if a.max_iters:  # a copy: SCALES stays what the docs say
         S = {**S, "train": {**S["train"], "max_iters": a.max_iters}}

@@ -26,11 +26,13 @@ SETTINGS = {  # the scorer settings compared: train.py overrides
     "softmax-p3": ["scorer=softmax", "reweight_p=3.0"],  # LSSAR's re-weighting on softmax (run with --settings)
 }
 DEFAULT_SETTINGS = ["softmax", "ssmax", "ssmax-fixed-s", "ssa", "lssa", "lssar"]
+DEFAULT_TASKS = ["first", "recall", "recall-rope", "flipflop", "every", "some", "linear"]
 MULTIPLES = (1, 2, 4, 8, 16)  # test lengths L / N
 SUITE = {  # name -> (config file, extra overrides, L / N multiples, RoPE evaluations, attention diagnostics)
     "first": ("first", [], MULTIPLES, ["plain"], True),
     "recall": ("recall", [], MULTIPLES, ["plain"], True),
     "recall-rope": ("recall", ["pos=rope"], MULTIPLES, ["plain", "theta", "dynamic_ntk"], False),
+    "recall-noise": ("recall", ["task_filler=noise"], MULTIPLES, ["plain"], True),  # the first design: noise filler
     "flipflop": ("flipflop", [], MULTIPLES, ["plain"], False),
     "every": ("every", [], MULTIPLES, ["plain"], True),
     "some": ("some", [], MULTIPLES, ["plain"], True),
@@ -46,8 +48,9 @@ def run_one(task, setting, seed, runs, n_eval):
     config, extra, multiples, ropes, diag = SUITE[task]
     out = os.path.join(runs, f"{task}-{setting}-s{seed}")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one core a run, two runs at once
-    t0 = time.time()
+    t0, ran = time.time(), False
     if not os.path.isfile(os.path.join(out, "done")):
+        ran = True
         with open(os.path.join(runs, f"{os.path.basename(out)}.train.log"), "w") as log:
             subprocess.run([sys.executable, os.path.join(REPO, "train.py"), os.path.join(REPO, "configs", "tasks",
                             f"{config}.py"), *extra, *SETTINGS[setting], f"seed={seed}", f"out_dir={out}",
@@ -55,12 +58,13 @@ def run_one(task, setting, seed, runs, n_eval):
         open(os.path.join(out, "done"), "w").close()
     t1 = time.time()
     if not os.path.isfile(os.path.join(out, "eval", "accuracy.csv")):
-        N = _block_size(out)
+        ran, N = True, _block_size(out)
         subprocess.run([sys.executable, os.path.join(REPO, "tasks.py"), "eval", os.path.join(out, "ckpt.pt"),
                         "--lengths", *[str(m * N) for m in multiples], "--n", str(n_eval), "--out_dir",
                         os.path.join(out, "eval"), "--rope", *ropes, "--diagnose", str(32 if diag else 0)],
                        check=True, env=env, stdout=subprocess.DEVNULL)
-    return dict(task=task, setting=setting, seed=seed, train_s=round(t1 - t0, 1), eval_s=round(time.time() - t1, 1))
+    return dict(task=task, setting=setting, seed=seed, train_s=round(t1 - t0, 1), eval_s=round(time.time() - t1, 1),
+                ran=ran)
 
 
 def _block_size(out):
@@ -76,7 +80,7 @@ def gather(runs, names):
     """Every run's eval CSVs in one list each; the task column names the suite task (recall-rope, not recall)."""
     acc, att = [], []
     for name in names:
-        task = name.rsplit("-", 2)[0] if not name.startswith("recall-rope") else "recall-rope"
+        task = max((t for t in SUITE if name.startswith(t + "-")), key=len)  # recall-rope-..., not recall
         for file, rows in (("accuracy.csv", acc), ("attention.csv", att)):
             path = os.path.join(runs, name, "eval", file)
             if os.path.isfile(path):
@@ -122,7 +126,7 @@ def summarize(acc):
     for c in cells.values():
         out.setdefault(c["task"], {"cells": []})["cells"].append(c)
     for task, t in out.items():
-        first_cond = tasks.TASKS["recall" if task == "recall-rope" else task].conditions[0][0]
+        first_cond = tasks.TASKS[SUITE[task][0]].conditions[0][0]
         at_n = [c for c in t["cells"] if c["multiple"] == 1 and c["condition"] == first_cond and c["rope"] in
                 ("plain", "nope")]
         ok = {c["setting"]: (c["mean"] <= GATE["mse"] if c["metric"] == "mse" else c["mean"] >= GATE["accuracy"])
@@ -140,7 +144,7 @@ def summarize(acc):
 # ----------------------------------------------------------------------------------------------------------------
 # Figures: accuracy (or MSE) vs L / N with 95% bands; what the attention does as n grows
 
-PANELS = [("first", "", "nope"), ("recall", "", "nope"), ("recall-rope", "", "plain"),
+PANELS = [("first", "", "nope"), ("recall", "", "nope"), ("recall-noise", "", "nope"), ("recall-rope", "", "plain"),
           ("recall-rope", "", "dynamic_ntk"), ("flipflop", "sparse p_i=0.98", "plain"),
           ("flipflop", "dense p_i=0.1", "plain"), ("every", "sigma=10", "nope"), ("some", "sigma=10", "nope"),
           ("linear", "sigma=1", "plain"), ("linear", "sigma=4", "plain")]
@@ -187,7 +191,7 @@ def plot_attention(att, path, settings):
     """Per task with diagnostics: the retrieval head's (the head with most target mass at N) mass on the target and
     its entropy vs L / N, mean over seeds; uniform attention (1 / L) for reference. And ssmax's learned s."""
     from matplotlib.figure import Figure
-    task_names = [t for t in ("first", "recall", "every", "some") if any(r["task"] == t for r in att)]
+    task_names = [t for t in ("first", "recall", "recall-noise", "every", "some") if any(r["task"] == t for r in att)]
     fig = Figure(figsize=(3.6 * len(task_names), 6.0), layout="constrained")
     axes = fig.subplots(2, len(task_names), squeeze=False)
     colors = dict(zip(SETTINGS, ["black", "tab:red", "tab:orange", "tab:blue", "tab:green", "tab:purple", "tab:gray"]))
@@ -219,19 +223,20 @@ def plot_attention(att, path, settings):
     fig.savefig(path, dpi=110)
 
 
-def main(quick=False, jobs=2, n_eval=100, settings=None, task_names=None):
-    name = "synthetic-quick" if quick else "synthetic"
+def main(quick=False, jobs=2, n_eval=100, settings=None, task_names=None, name=None):
+    name = name or ("synthetic-quick" if quick else "synthetic")
     settings = settings or (QUICK["settings"] if quick else DEFAULT_SETTINGS)
-    task_names = task_names or (QUICK["tasks"] if quick else list(SUITE))
+    task_names = task_names or (QUICK["tasks"] if quick else DEFAULT_TASKS)
     runs, results = os.path.join(REPO_OUT, f"out-{name}"), os.path.join(REPO_OUT, "results", name)
     os.makedirs(runs, exist_ok=True)
     os.makedirs(results, exist_ok=True)
     todo = [(t, s, seed) for t in task_names for s in settings for seed in SEEDS]
-    t0 = time.time()
+    t0, ran = time.time(), False
     with ThreadPoolExecutor(jobs) as pool:  # each run is a process on one core
         futures = [pool.submit(run_one, *job, runs, n_eval) for job in todo]
         for i, f in enumerate(futures):
             r = f.result()
+            ran |= r["ran"]
             print(f"[{i + 1}/{len(todo)}] {r['task']} {r['setting']} seed {r['seed']}: train {r['train_s']} s, eval "
                   f"{r['eval_s']} s ({time.time() - t0:.0f} s so far)", flush=True)
             with open(os.path.join(results, "steps.jsonl"), "a") as log:
@@ -240,14 +245,18 @@ def main(quick=False, jobs=2, n_eval=100, settings=None, task_names=None):
     tasks.write_csv(os.path.join(results, "accuracy.csv"), acc)
     if att:
         tasks.write_csv(os.path.join(results, "attention.csv"), att)
-    summary = summarize(acc)
+    summary, path = summarize(acc), os.path.join(results, "summary.json")
     wall = time.time() - t0
-    with open(os.path.join(results, "summary.json"), "w") as f:
+    if not ran and os.path.isfile(path):  # only re-reported: the wall time is the run's that trained
+        wall = json.load(open(path))["wall_s"]
+    with open(path, "w") as f:
         json.dump(dict(command="python reproduce.py --suite synthetic" + (" --quick" if quick else ""),
                        wall_s=round(wall), jobs=jobs, n_eval=n_eval, seeds=SEEDS,
                        settings={s: SETTINGS[s] for s in settings},
                        tasks={t: SUITE[t][:2] for t in task_names}, run_info=_run_info(), tasks_summary=summary),
                   f, indent=1)
+    with open(os.path.join(results, "tables.md"), "w") as f:
+        f.write(tables(summary))
     plot_accuracy(summary, os.path.join(results, "accuracy.png"), settings)
     plot_accuracy(summary, os.path.join(results, "loss.png"), settings, loss=True)
     if att:
@@ -255,6 +264,34 @@ def main(quick=False, jobs=2, n_eval=100, settings=None, task_names=None):
     for task, t in summary.items():
         print(f"{task}: gate {'passed' if t['gate']['passed'] else 'FAILED: ' + ', '.join(t['gate']['failed'])}")
     print(f"done in {wall / 60:.1f} min: {results}/accuracy.csv, summary.json, accuracy.png")
+
+
+def tables(summary, multiples=(1, 4, 16)):
+    """Markdown: per task, condition and RoPE evaluation, each setting's mean over seeds ± sd at L / N = multiples,
+    and at the longest its difference to softmax with the Newcombe 95% interval (* : both pass the gate)."""
+    out = []
+    for task, t in summary.items():
+        gate = t["gate"]
+        out.append(f"\n### {task}: gate {'passed' if gate['passed'] else 'missed by ' + ', '.join(gate['failed'])}\n")
+        for cond, rope in sorted({(c["condition"], c["rope"]) for c in t["cells"]}):
+            cells = {(c["setting"], c["multiple"]): c for c in t["cells"]
+                     if (c["condition"], c["rope"]) == (cond, rope)}
+            ms = [m for m in multiples if any(k[1] == m for k in cells)] or sorted({k[1] for k in cells})
+            metric = next(iter(cells.values()))["metric"]
+            out.append(f"{task}, {cond or 'test'}, {rope}: {metric} (mean ± sd over seeds)\n")
+            out.append("| setting | " + " | ".join(f"{m} N" for m in ms)
+                       + (f" | {ms[-1]} N − softmax [95% CI] |" if metric == "accuracy" else " |"))
+            out.append("|---" * (len(ms) + 1 + (metric == "accuracy")) + "|")
+            for setting in dict.fromkeys(k[0] for k in cells):
+                row = [f"{cells[setting, m]['mean']:.3f} ± {cells[setting, m]['sd']:.3f}" if (setting, m) in cells
+                       else "" for m in ms]
+                last = cells.get((setting, ms[-1]), {})
+                if metric == "accuracy":
+                    row.append(f"{last['diff_vs_softmax']:+.3f} [{last['diff_ci'][0]:+.3f}, {last['diff_ci'][1]:+.3f}]"
+                               + ("*" if last.get("counts") else "") if "diff_vs_softmax" in last else "")
+                out.append(f"| {setting} | " + " | ".join(row) + " |")
+            out.append("")
+    return "\n".join(out)
 
 
 def _run_info():

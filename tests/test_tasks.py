@@ -301,15 +301,17 @@ def test_the_suite_trains_evaluates_and_reports_every_run_and_skips_finished_one
     monkeypatch.setattr(synthetic, "REPO_OUT", str(tmp_path))
     monkeypatch.setattr(synthetic, "SUITE", {"first": ("first", tiny, (1, 2), ["plain"], True)})
     monkeypatch.setattr(synthetic, "SEEDS", (0,))
-    synthetic.main(jobs=2, n_eval=4, settings=["softmax", "ssmax"], task_names=["first"])
+    synthetic.main(jobs=2, n_eval=4, settings=["softmax", "ssmax-fixed-s"], task_names=["first"])
     res = tmp_path / "results" / "synthetic"
     rows = list(csv.DictReader(open(res / "accuracy.csv")))
-    assert {(r["scorer"], r["length"]) for r in rows} == {(s, L) for s in ("softmax", "ssmax") for L in ("32", "64")}
+    assert {(r["task"], r["scorer"], r["length"]) for r in rows} == {
+        ("first", s, L) for s in ("softmax", "ssmax-fixed-s") for L in ("32", "64")}
     summary = json.load(open(res / "summary.json"))
     assert summary["tasks_summary"]["first"]["gate"]["rule"] and summary["wall_s"] >= 0
     for f in ("accuracy.png", "loss.png", "attention.png", "attention.csv"):
         assert (res / f).stat().st_size > 0
     steps = (res / "steps.jsonl").read_text().splitlines()
-    synthetic.main(jobs=2, n_eval=4, settings=["softmax", "ssmax"], task_names=["first"])  # all done: skipped
+    synthetic.main(jobs=2, n_eval=4, settings=["softmax", "ssmax-fixed-s"], task_names=["first"])  # all skipped
     again = [json.loads(line) for line in (res / "steps.jsonl").read_text().splitlines()[len(steps):]]
-    assert all(r["train_s"] < 1 and r["eval_s"] < 1 for r in again)
+    assert len(again) == 2 and not any(r["ran"] for r in again)
+    assert json.load(open(res / "summary.json"))["wall_s"] == summary["wall_s"]  # the training run's wall time
