@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 import prepare_data
+import tracking
 from model import BACKENDS, ROPE_METHODS, load_checkpoint, read_checkpoint, run_info
 
 WINDOW_MULTIPLES = (1, 2, 4, 8, 10, 16, 20)  # k x the training length N
@@ -195,6 +196,10 @@ def run(args):
         if device.type == "cuda":
             torch.cuda.empty_cache()
     bar.close()
+    if args.wandb:
+        tracking.log_table(args.wandb_project, f"eval_long {args.rope_method} x{args.rope_scale:g}", [
+            dict(model=m["label"], scorer=m["scorer"], window=k, mean_loss=v["mean_loss"]) for m in models
+            for k, v in m["windows"].items()], args.out_dir)
     print(f"wrote {args.out_dir}/per_position.csv, summary.json, per_position.png")
 
 def main(argv=None):
@@ -208,6 +213,7 @@ def main(argv=None):
     p.add_argument("--rope_scale", type=float, default=50.0, help="the SSMax paper: θ x 50 = 500,000")
     p.add_argument("--num_seqs", type=int, default=64, help="sequences averaged (the SSMax paper: 100,000)")
     p.add_argument("--seed", type=int, default=0)
+    tracking.add_args(p)
     p.add_argument("--batch_size", type=int, default=1)
     p.add_argument("--labels", nargs="+", help="names of the checkpoints in the legend and CSV (default: scorer)")
     p.add_argument("--smooth", type=int, help="moving-average window of the plot (default: L / 200)")
@@ -235,7 +241,7 @@ def main(argv=None):
         p.error(f"--device {args.device!r} is not a device: use auto, cpu, cuda or cuda:N")
     try:
         run(args)
-    except (ValueError, FileNotFoundError, prepare_data.DataError) as e:
+    except (ValueError, FileNotFoundError, prepare_data.DataError, tracking.TrackingError) as e:
         sys.exit(f"error: {e}")
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 import prepare_data
+import tracking
 from prepare_data import EOT, DataError  # DataError: bad input, printed by main as one line
 from model import BACKENDS, ROPE_METHODS, CheckpointError, load_checkpoint, read_checkpoint, run_info
 
@@ -284,6 +285,8 @@ def run(args):
                 model.extend_rope(args.rope_method, args.rope_scale, L)
                 rows += evaluate(model, label, prompts(L), args, enc, bar)
         report(args, rows, models[:k + 1])  # after every model: a later checkpoint that fails keeps these results
+    if args.wandb:
+        tracking.log_table(args.wandb_project, f"needle {args.mode}", rows, args.out_dir)
     print(f"results in {args.out_dir}")
 
 def main(argv=None):
@@ -310,6 +313,7 @@ def main(argv=None):
     p.add_argument("--synthetic", type=int, default=0, help="sft_data: write N synthetic needle examples instead")
     p.add_argument("--sft_length", type=int, default=1024, help="sft_data: tokens per synthetic example")
     p.add_argument("--seed", type=int, default=1337)
+    tracking.add_args(p)
     args = p.parse_args(argv)
     args.mode = args.mode or args.mode_opt or p.error(f"give a mode: one of {', '.join(MODES)}")
     args.context_sizes = args.context_sizes or DEFAULT_CONTEXTS.get(args.mode)
@@ -322,7 +326,7 @@ def main(argv=None):
                 "--rope_scale > 0 and finite, depths in 0..100")
     try:
         run(args)
-    except (DataError, CheckpointError, FileNotFoundError) as e:
+    except (DataError, CheckpointError, FileNotFoundError, tracking.TrackingError) as e:
         sys.exit(f"error: {e}")
 
 if __name__ == "__main__":

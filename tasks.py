@@ -34,6 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import tracking
 from model import GPT, GPTConfig, read_checkpoint
 
 
@@ -348,14 +349,17 @@ def main(argv=None):
     ap.add_argument("--rope", nargs="+", default=["plain"], choices=["plain", "theta", "dynamic_ntk"],
                     help="RoPE models: plain theta, theta x L/N, or Dynamic NTK (NoPE models ignore it)")
     ap.add_argument("--diagnose", type=int, default=0, help="sequences for the attention diagnostics (0: none)")
+    tracking.add_args(ap)
     a = ap.parse_args(argv)
     if a.n < 2 or a.diagnose < 0 or min(a.lengths) < 1:
         sys.exit(f"error: need --n >= 2, --diagnose >= 0 and lengths >= 1; got {a.n}, {a.diagnose}, {a.lengths}")
     if os.path.exists(a.out_dir) and not os.path.isdir(a.out_dir):
         sys.exit(f"error: --out_dir {a.out_dir!r} is a file, not a folder")
     try:
-        evaluate(a.ckpt, sorted(set(a.lengths)), a.n, a.out_dir, a.rope, a.diagnose)
-    except ValueError as e:  # CheckpointError is one
+        acc, _ = evaluate(a.ckpt, sorted(set(a.lengths)), a.n, a.out_dir, a.rope, a.diagnose)
+        if a.wandb:
+            tracking.log_table(a.wandb_project, f"tasks {os.path.basename(os.path.abspath(a.out_dir))}", acc, a.out_dir)
+    except (ValueError, tracking.TrackingError) as e:  # CheckpointError is a ValueError
         sys.exit(f"error: {e}")
 
 

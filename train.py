@@ -5,6 +5,7 @@ Training with the SSMax paper's recipe (Nakanishi 2025, App. B) for any scorer, 
     torchrun --standalone --nproc_per_node=8 train.py configs/ssmax.py            # the paper's 162M model
     python train.py configs/ssmax_swap.py init_from=out-softmax/ckpt.pt           # softmax -> SSMax (variants e, f)
     python train.py configs/sft.py init_from=out-ssmax/ckpt.pt                    # SFT on {"prompt", "answer"} lines
+    python train.py --compare out-softmax out-ssmax [--out compare.png]           # runs' log.jsonl in one figure
 
 Resuming (init_from="resume"; resume=True: if the checkpoint exists) restores weights, optimizer, RNG states and the
 data position: the losses of a run never stopped. DDP: every rank draws the whole global batch from one generator
@@ -22,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import prepare_data
 import tasks
+import tracking
 from model import (CheckpointError, GPTConfig, convert_scorer, read_checkpoint, run_info, save_checkpoint,
                    ssmax_s_for_switch)
 
@@ -57,6 +59,9 @@ class _TrainFields:
     compile: bool = False  # torch.compile the model
     allow_slow: bool = False  # on a CPU, start even a run that cpu_cost_check estimates at over CPU_LIMIT_HOURS
     seed: int = 1337
+    wandb_log: bool = False  # also log each step and eval to Weights & Biases (rank 0; WANDB_MODE=offline works)
+    wandb_project: str = "nanoscorer"
+    wandb_run_name: str = ""  # "": out_dir's name
 
 
 TrainConfig = make_dataclass("TrainConfig", [(f.name, f.type, field(default=f.default))
@@ -424,6 +429,8 @@ def train(explicit):
                                       else "no checkpoint was written yet")
 
     def log(record):
+        if cfg.wandb_log:  # first: a wandb error leaves no log.jsonl behind; the first record starts the run
+            tracking.wandb_log(record, cfg, info, raw_model)
         with open(log_path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -526,12 +533,17 @@ def usage():
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if {"-h", "--help"} & set(argv):
+    if {"-h", "--help"} & set(argv) and argv[:1] != ["--compare"]:
         return print(usage())
     try:
+        if argv[:1] == ["--compare"]:  # runs' log.jsonl curves in one PNG, no wandb needed (tracking.py)
+            return tracking.compare_main(argv[1:])
         train(parse_args(argv))
-    except (TrainError, prepare_data.DataError) as e:
+        tracking.finish()  # a wandb run ends with its training: an in-process caller's next run is a new one
+    except (TrainError, prepare_data.DataError, tracking.TrackingError) as e:
         sys.exit(f"error: {e}")
+    finally:  # stopped by an error: the wandb run, if still open, ends as failed
+        tracking.finish(failed=True)
 
 
 if __name__ == "__main__":

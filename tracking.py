@@ -1,0 +1,121 @@
+"""
+Experiment tracking: optional Weights & Biases logging, and a local figure that overlays several runs.
+
+    WANDB_MODE=offline python train.py configs/cpu_quick.py wandb_log=True   # no network; `wandb sync` uploads later
+    python train.py --compare out-softmax out-ssmax [--out compare.png]       # no wandb: runs' log.jsonl in one PNG
+
+wandb is imported only when asked (wandb_log=True, log_table): a run without it never pays for it. A run's wandb
+folder is in its out_dir: `wandb sync out-quick/wandb/offline-run-*` uploads an offline one.
+"""
+import argparse, json, math, os
+from dataclasses import asdict
+
+class TrackingError(Exception):
+    """Bad input to tracking (no wandb package, a folder without log.jsonl): train.main prints it as one line."""
+
+def import_wandb():
+    try:
+        import wandb
+    except ImportError:
+        raise TrackingError("logging to Weights & Biases needs the wandb package: `pip install wandb` (without it, "
+                            "`python train.py --compare OUT_DIR ...` draws runs side by side)")
+    return wandb
+
+def add_args(parser):
+    """--wandb and --wandb_project for an evaluation script: its results as a table in the project."""
+    parser.add_argument("--wandb", action="store_true", help="also log the results to Weights & Biases")
+    parser.add_argument("--wandb_project", default="nanoscorer")
+
+def start(**kwargs):
+    """wandb.init(**kwargs) as a new run; its failure is one line."""
+    wandb = import_wandb()
+    try:
+        return wandb.init(reinit="create_new", **kwargs)
+    except Exception as e:  # e.g. online with no API key: say how to go offline
+        raise TrackingError(f"wandb.init failed: {(str(e).strip() or type(e).__name__).splitlines()[0]}; with no "
+                            f"account or network, set WANDB_MODE=offline (and upload later: wandb sync)")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Weights & Biases: train.py's log records as history, evaluation tables as runs of their own
+
+def scorer_stats(model):
+    """mean, min and max over heads of each layer's learned scorer parameters (s, b, n), fetched in one transfer."""
+    import torch
+    stats = {}
+    with torch.no_grad():  # one attention module per layer, in order
+        for layer, attn in enumerate(m for m in model.modules() if hasattr(m, "scorer_params")):
+            for name, v in ((k, v.float()) for k, v in attn.scorer_params().items() if v is not None):
+                stats.update({f"scorer/layer{layer}/{name}_{s}": f(v) for s, f in
+                              (("mean", torch.mean), ("min", torch.min), ("max", torch.max))})
+    return dict(zip(stats, torch.stack(list(stats.values())).tolist())) if stats else {}
+
+_run = None  # the wandb run of the training in progress: its own, never a run its caller opened (a notebook's)
+
+def wandb_log(record, cfg, info, model):
+    """One log.jsonl record to wandb (rank 0). The first call starts the run: the resolved config and run_info as its
+    config, its folder in out_dir. A step record (iter, loss, lr, tokens/s, MFU) gains the scorer parameters; an eval
+    record (train_loss, val_loss) goes to the same step."""
+    global _run
+    if _run is None:
+        _run = start(project=cfg.wandb_project, name=cfg.wandb_run_name or os.path.basename(
+            os.path.abspath(cfg.out_dir)), dir=cfg.out_dir, config={**asdict(cfg), "run_info": info})
+    if "iter" in record:
+        scalars = {k: v for k, v in record.items() if k != "iter" and type(v) in (int, float)}  # mfu None on a CPU
+        _run.log({**scalars, **(scorer_stats(model) if "loss" in record else {})}, step=record["iter"])
+
+def finish(failed=False):
+    """End the training's wandb run, if one was started: an in-process caller's next training starts a new one."""
+    global _run
+    if _run is not None:
+        _run.finish(exit_code=1 if failed else 0)
+        _run = None
+
+def log_table(project, name, rows, out_dir=None):
+    """An evaluation's rows (a list of flat dicts: eval_long windows, needle/passkey accuracies, tasks.py accuracy by
+    length) as the table `name` of a run named `name` (job_type "eval") in `project`; WANDB_MODE=offline works."""
+    wandb = import_wandb()
+    columns = list(dict.fromkeys(k for r in rows for k in r))  # every key, in first-seen order
+    cell = lambda v: None if v == "" else v.item() if hasattr(v, "item") else v if isinstance(
+        v, (int, float, str, bool, type(None))) else json.dumps(v)  # numpy scalars; "" = not measured
+    with start(project=project, name=name, job_type="eval", dir=out_dir) as run:
+        run.log({name: wandb.Table(columns=columns, data=[[cell(r.get(k)) for k in columns] for r in rows])})
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Local comparison: train loss (smoothed) and eval val loss of several runs in one figure
+
+def read_run(out_dir):
+    """(label, steps {iter: loss}, evals {iter: val_loss}) from out_dir/log.jsonl; a resumed run's entry wins."""
+    path = os.path.join(out_dir, "log.jsonl")
+    if not os.path.isfile(path):
+        raise TrackingError(f"{out_dir!r} has no log.jsonl: not a train.py out_dir (or no step was logged yet)")
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    scorer = next((r["config"].get("scorer") for r in reversed(rows) if "config" in r), None)
+    label = os.path.basename(os.path.abspath(out_dir)) + (f" ({scorer})" if scorer else "")
+    return (label, {r["iter"]: r["loss"] for r in rows if "loss" in r},
+            {r["iter"]: r["val_loss"] for r in rows if "val_loss" in r})
+
+def compare(out_dirs, out="compare.png"):
+    """Per-step train loss (moving average over ~1/50 of each run, drawn at each window's last step) and eval val
+    loss of every run, one color per run."""
+    import numpy as np
+    from matplotlib.figure import Figure  # not pyplot: no GUI backend, no global figure
+    runs = [read_run(d) for d in out_dirs]  # every folder checked before drawing
+    ax = Figure(figsize=(8, 4.5)).subplots()
+    for i, (label, steps, evals) in enumerate(runs):
+        it, w = sorted(steps), max(1, math.ceil(len(steps) / 50))
+        ax.plot(it[w - 1:], np.convolve([steps[k] for k in it], np.ones(w) / w, "valid"), "-", color=f"C{i}", lw=1,
+                label=f"{label}: train" + (f" (mean of {w})" if w > 1 else ""))
+        ax.plot(sorted(evals), [evals[k] for k in sorted(evals)], "o--", color=f"C{i}", ms=4, label=f"{label}: val")
+    ax.set(xlabel="iteration", ylabel="loss (nats)", title=f"{len(runs)} runs")
+    ax.legend(fontsize=8)
+    ax.figure.savefig(out, dpi=120, bbox_inches="tight")
+    print(f"wrote {out}")
+    return out
+
+def compare_main(argv):
+    p = argparse.ArgumentParser(prog="train.py --compare", description="Overlay runs' log.jsonl curves in one PNG.")
+    p.add_argument("out_dirs", nargs="+", help="train.py out_dir folders, each with its log.jsonl")
+    p.add_argument("--out", default="compare.png", help="the PNG to write")
+    return compare(**vars(p.parse_args(argv)))
