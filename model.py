@@ -66,6 +66,8 @@ class GPTConfig:
                                  f"scorer={self.scorer!r} (only to {owner})")
         if self.scorer == "ssa" and not (self.ssa_b_init > 0 and self.ssa_n > 1):
             raise ValueError(f"ssa needs ssa_b_init > 0 and ssa_n > 1, got {self.ssa_b_init}, {self.ssa_n}")
+        if self.backend == "sdpa" and (self.scorer not in ("softmax", "ssmax") or self.reweight_p is not None):
+            raise ValueError("backend='sdpa' runs softmax and ssmax without re-weighting only; use backend='auto'")
         if self.reweight_p is not None and not self.reweight_p > 0:
             raise ValueError(f"reweight_p={self.reweight_p} must be > 0 (or None for no re-weighting)")
 

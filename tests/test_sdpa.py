@@ -196,3 +196,10 @@ def test_cuda_sdpa_bf16_matches_the_reference(scorer):
     out = attention(*(x.cuda().bfloat16() for x in (q, k, v)), scorer, offset=43, backend="sdpa",
                     **{name: x.cuda() for name, x in kw.items()})
     torch.testing.assert_close(out.double().cpu(), ref, rtol=0, atol=3e-2)
+
+
+def test_a_config_asking_sdpa_for_a_scorer_it_cannot_run_is_refused_when_built():
+    for kw in (dict(scorer="ssa"), dict(scorer="lssar"), dict(scorer="softmax", reweight_p=3.0)):
+        with pytest.raises(ValueError, match="backend='sdpa' runs softmax and ssmax"):
+            GPTConfig(backend="sdpa", **kw)
+    GPTConfig(backend="sdpa", scorer="ssmax")
