@@ -240,5 +240,5 @@ def test_checkpoint_round_trip_is_atomic_and_restores_the_model(tmp_path):
     m2, ckpt = model.load_checkpoint(path)
     idx = torch.randint(0, 64, (1, 9))
     torch.testing.assert_close(m(idx, idx)[0], m2(idx, idx)[0])
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(model.CheckpointError, match="does not exist"):
         model.load_checkpoint(str(tmp_path / "missing.pt"))
