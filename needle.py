@@ -138,7 +138,16 @@ def synthetic_examples(enc, hay, n, length, rng):
     for _ in range(n):
         city, number = TRAIN_CITIES[rng.integers(len(TRAIN_CITIES))], draw_number(rng, "train")
         answer = NEEDLE_TAIL.format(number=number)
-        t = needle_in_window(enc, hay, length - len(enc.encode(answer)), int(rng.integers(0, 101)), city, number, rng)
+        n_answer = len(enc.encode(answer))
+        try:
+            t = needle_in_window(enc, hay, length - n_answer, int(rng.integers(0, 101)), city, number, rng)
+        except DataError as e:  # say it in the option's words: the prompt's context is --sft_length minus the answer
+            m = re.search(r"at least (\d+)", str(e))
+            if not m:
+                raise
+            raise DataError(f"--sft_length {length} is too short for a synthetic example: its needle, question and "
+                            f"answer take {int(m.group(1)) + n_answer - 1} tokens (more with a longer city name), "
+                            f"and the haystack needs room too") from None
         yield {"prompt": enc.decode(t["ids"].tolist()), "answer": answer}
 
 def load_hay(data_dir, split):

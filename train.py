@@ -142,7 +142,8 @@ def load_sft(path, block_size):
     """{"prompt", "answer"} lines -> [(ids, n_prompt)]: prompt + answer + <|endoftext|> in at most block_size + 1
     tokens, the prompt cropped on the left so that the answer stays (an over-long answer keeps its beginning)."""
     if not os.path.isfile(path):
-        raise TrainError(f"sft_data file {path!r} does not exist (`python needle.py sft_data` writes one)")
+        raise TrainError(f"sft_data {path!r} " + ("is a directory, expected a .jsonl file" if os.path.isdir(path) else
+                         "does not exist") + " (`python needle.py sft_data` writes one)")
     try:
         rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
         prompts, answers = [r["prompt"] for r in rows], [r["answer"] for r in rows]

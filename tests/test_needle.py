@@ -272,6 +272,12 @@ def test_rope_scale_zero_negative_or_not_finite_is_one_error_line(ckpts, scale):
     assert f"--rope_scale {float(scale)}" in one_line_error(["passkey", "--ckpt", ckpts[0], "--rope_scale", scale])
 
 
+def test_sft_length_too_small_names_the_option_not_a_context_size(tmp_path, data_dir):
+    msg = one_line_error(["sft_data", "--synthetic", "3", "--sft_length", "10", "--data", data_dir, "--out_dir",
+                          str(tmp_path)])
+    assert "--sft_length 10 is too short" in msg and "context size" not in msg
+
+
 def no_model_runs(*args, **kwargs):
     pytest.fail("a model was evaluated")
 

@@ -401,6 +401,7 @@ def test_sft_crops_long_prompts_on_the_left_and_long_answers_on_the_right(tmp_pa
 
 @pytest.mark.parametrize("content,words", [
     (None, "does not exist"),
+    ("a directory", "is a directory, expected a .jsonl file"),
     ("", "every line must be"),
     ('{"prompt": "a", "answer": "b"}\nnot json\n', "every line must be"),
     ('{"prompt": "a"}\n', "every line must be"),
@@ -409,7 +410,9 @@ def test_sft_crops_long_prompts_on_the_left_and_long_answers_on_the_right(tmp_pa
 ])
 def test_bad_sft_file_is_one_error_line(content, words, tmp_path):
     path = tmp_path / "sft.jsonl"
-    if content is not None:
+    if content == "a directory":
+        path.mkdir()
+    elif content is not None:
         path.write_text(content)
     msg = error_of(["device=cpu", f"sft_data={path}", f"out_dir={tmp_path / 'out'}", "n_layer=1", "n_head=2",
                     "n_embd=32", "ffn_hidden=64", "block_size=16"])
