@@ -415,7 +415,7 @@ def test_bad_sft_file_is_one_error_line(content, words, tmp_path):
     elif content is not None:
         path.write_text(content)
     msg = error_of(["device=cpu", f"sft_data={path}", f"out_dir={tmp_path / 'out'}", "n_layer=1", "n_head=2",
-                    "n_embd=32", "ffn_hidden=64", "block_size=16"])
+                    "n_embd=32", "ffn_hidden=64", "block_size=16", "max_iters=1"])
     assert words in msg and str(path) in msg
 
 
