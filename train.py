@@ -1,9 +1,12 @@
 """
-Training with the SSMax paper's recipe (Nakanishi 2025, App. B) for any scorer, on a CPU, a GPU or many (DDP).
+Training for any scorer, on a CPU, a GPU or many (DDP): the SSMax paper's recipe (Nakanishi 2025, App. B), language
+modelling or a synthetic task of tasks.py; no run is overwritten unasked, every checkpoint loads with weights_only.
 
     python train.py configs/cpu_quick.py [scorer=ssmax out_dir=out-quick-ssmax]   # ~3 min on 2 CPU cores
-    torchrun --standalone --nproc_per_node=8 train.py configs/ssmax.py            # the paper's 162M model
-    python train.py configs/ssmax_swap.py init_from=out-softmax/ckpt.pt           # softmax -> SSMax (variants e, f)
+    python train.py configs/ssmax.py                                              # one GPU, ~1 h: the 162M model
+    torchrun --standalone --nproc_per_node=8 train.py configs/paper/ssmax.py      # the paper's full recipe
+    python train.py configs/tasks/recall.py scorer=ssmax                          # a synthetic task (tasks.py)
+    python train.py configs/ssmax_swap.py                                         # softmax -> SSMax (variant f)
     python train.py configs/sft.py init_from=out-ssmax/ckpt.pt                    # SFT on {"prompt", "answer"} lines
     python train.py --compare out-softmax out-ssmax [--out compare.png]           # runs' log.jsonl in one figure
 
