@@ -302,13 +302,14 @@ ACC_COLUMNS = ("task", "model", "scorer", "seed", "length", "accuracy", "ci_low"
 def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0):
     """accuracy.csv (and attention.csv with diag_n > 0) for every checkpoint, written after each one."""
     runs = [(p, *load(p)) for p in paths]  # every input is checked before the first evaluation
+    for path, _, ckpt in runs:
+        if ckpt["config"].get("task") not in TASKS:
+            raise ValueError(f"{path} is a language model, not a task run (its config names no task of tasks.py)")
     os.makedirs(out_dir, exist_ok=True)
     acc, att = [], []
     for path, model, ckpt in runs:
         c = SimpleNamespace(**ckpt["config"])
         N, task = c.block_size, TASKS[c.task]
-        if not c.task:
-            raise ValueError(f"{path} is a language model, not a task run (its config has no task)")
         label = os.path.basename(os.path.dirname(os.path.abspath(path)))
         for rope in (["nope"] if c.pos == "nope" else ropes):
             for L in lengths:

@@ -264,6 +264,12 @@ def test_eval_writes_accuracy_with_wilson_intervals_and_attention_diagnostics(tm
         bad.write_text("not a checkpoint")
         tasks.main(["eval", ckpts[0], str(bad), "--lengths", "8", "--out_dir", str(tmp_path / "ev2")])
     assert "bad.pt" in str(e.value.code) and not (tmp_path / "ev2").exists()
+    lm = tmp_path / "lm.pt"  # a language model's checkpoint: no task in its config
+    ck = torch.load(ckpts[0], weights_only=True)
+    torch.save({**ck, "config": {k: v for k, v in ck["config"].items() if k != "task"}}, lm)
+    with pytest.raises(SystemExit) as e:
+        tasks.main(["eval", ckpts[0], str(lm), "--lengths", "8", "--out_dir", str(tmp_path / "ev3")])
+    assert "is a language model, not a task run" in str(e.value.code) and not (tmp_path / "ev3").exists()
 
 
 # ----------------------------------------------------------------------------------------------------------------
