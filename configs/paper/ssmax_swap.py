@@ -8,25 +8,10 @@
 #   (e) after pretraining, no further training (max_iters=0 only converts, evaluates and saves):
 #         python train.py configs/paper/ssmax_swap.py init_from=out-paper-softmax/ckpt.pt max_iters=0 \
 #             out_dir=out-paper-ssmax-e
+# Every other field is TrainConfig's default, which is the recipe (written out in configs/paper/softmax.py).
 scorer = "ssmax"
 init_from = "out-paper-softmax/ckpt.pt"
 max_iters = 25_000
 warmup_iters = 1_000
 out_dir = "out-paper-ssmax-swap"
 dataset = "slimpajama"
-n_layer = 12
-n_head = 12
-n_embd = 768
-ffn_hidden = 2048
-block_size = 1024
-batch_size = 16
-gradient_accumulation_steps = 128  # global: 16 per GPU on 8
-learning_rate = 6e-4
-lr_schedule = "constant"
-weight_decay = 0.1
-beta1 = 0.9
-beta2 = 0.95
-grad_clip = 1.0
-eval_interval = 1000
-eval_iters = 50
-log_interval = 10
