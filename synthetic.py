@@ -40,6 +40,7 @@ SUITE = {  # name -> (config file, extra overrides, L / N multiples, RoPE evalua
 }
 QUICK = dict(tasks=["first", "recall"], settings=["softmax", "ssmax", "lssa"])
 SEEDS = (0, 1, 2)
+COLORS = dict(zip(SETTINGS, ["black", "tab:red", "tab:orange", "tab:blue", "tab:green", "tab:purple", "tab:gray"]))
 GATE = dict(accuracy=0.95, mse=0.1)  # at L = N (default condition, plain RoPE), every setting, mean over seeds
 
 
@@ -158,7 +159,6 @@ def plot_accuracy(summary, path, settings, loss=False):
     cols = min(5, len(panels))
     fig = Figure(figsize=(3.4 * cols, 3.0 * math.ceil(len(panels) / cols)), layout="constrained")
     axes = fig.subplots(math.ceil(len(panels) / cols), cols, squeeze=False).ravel()
-    colors = dict(zip(SETTINGS, ["black", "tab:red", "tab:orange", "tab:blue", "tab:green", "tab:purple", "tab:gray"]))
     for ax, (task, cond, rope) in zip(axes, panels):
         for s in settings:
             cs = sorted((c for c in summary[task]["cells"] if (c["setting"], c["condition"], c["rope"]) ==
@@ -169,8 +169,8 @@ def plot_accuracy(summary, path, settings, loss=False):
             y, lo, hi = (([c["loss"] for c in cs], [min(c["loss_per_seed"]) for c in cs], [max(c["loss_per_seed"])
                           for c in cs]) if loss else ([c["mean"] for c in cs], [c["ci"][0] for c in cs],
                                                      [c["ci"][1] for c in cs]))
-            ax.plot(x, y, "o-", ms=3, color=colors[s], label=s, lw=1.2)
-            ax.fill_between(x, lo, hi, color=colors[s], alpha=0.15, lw=0)
+            ax.plot(x, y, "o-", ms=3, color=COLORS[s], label=s, lw=1.2)
+            ax.fill_between(x, lo, hi, color=COLORS[s], alpha=0.15, lw=0)
         mse = any(c["metric"] == "mse" for c in summary[task]["cells"])
         ax.set(xscale="log", yscale="log" if mse or loss else "linear", xlabel="test length / train length N",
                ylabel="answer loss (nats)" if loss else "MSE (eq. 2)" if mse else "accuracy",
@@ -194,7 +194,6 @@ def plot_attention(att, path, settings):
     task_names = [t for t in ("first", "recall", "recall-noise", "every", "some") if any(r["task"] == t for r in att)]
     fig = Figure(figsize=(3.6 * len(task_names), 6.0), layout="constrained")
     axes = fig.subplots(2, len(task_names), squeeze=False)
-    colors = dict(zip(SETTINGS, ["black", "tab:red", "tab:orange", "tab:blue", "tab:green", "tab:purple", "tab:gray"]))
     for j, task in enumerate(task_names):
         for s in settings:
             rows = [r for r in att if r["task"] == task and r["scorer"] == s]
@@ -212,8 +211,8 @@ def plot_attention(att, path, settings):
                 mass.append([float(r["target_mass"]) for r in head])
                 ent.append([float(r["entropy"]) for r in head])
             x = [L / lengths[0] for L in lengths]
-            axes[0, j].plot(x, np.mean(mass, 0), "o-", ms=3, color=colors[s], label=s)
-            axes[1, j].plot(x, np.mean(ent, 0), "o-", ms=3, color=colors[s], label=s)
+            axes[0, j].plot(x, np.mean(mass, 0), "o-", ms=3, color=COLORS[s], label=s)
+            axes[1, j].plot(x, np.mean(ent, 0), "o-", ms=3, color=COLORS[s], label=s)
         x = [L / lengths[0] for L in lengths]
         axes[0, j].plot(x, [1 / L for L in lengths], ":", color="gray", label="uniform 1/L")
         axes[1, j].plot(x, [math.log(L) for L in lengths], ":", color="gray", label="uniform: log L")

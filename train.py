@@ -196,7 +196,7 @@ CPU_SLOWEST_FLOPS = 1e10  # a run under the limit even at this rate starts witho
 
 def cpu_cost_check(cfg, device_type, start_iter=0, rate=None):
     """On a CPU, a run estimated at over CPU_LIMIT_HOURS prints its cost and stops (TrainError: exit status 1). The
-    estimate: its FLOPs (6N + attention, as model.GPT.flops_per_token) at `rate` FLOP/s, measured (this CPU's matmul)
+    estimate: its FLOPs (model.GPT.flops_per_token: 6N + attention) at `rate` FLOP/s, measured (this CPU's matmul)
     only when even CPU_SLOWEST_FLOPS would not finish it in time. Tests pass the rate."""
     if device_type != "cpu" or cfg.allow_slow:
         return
@@ -204,9 +204,13 @@ def cpu_cost_check(cfg, device_type, start_iter=0, rate=None):
     if cfg.sft_data and cfg.sft_epochs > 0 and os.path.isfile(cfg.sft_data):  # train() sets max_iters from the data
         examples = sum(1 for line in open(cfg.sft_data, encoding="utf-8") if line.strip())
         iters = cfg.sft_epochs * math.ceil(examples / (cfg.gradient_accumulation_steps * cfg.batch_size))
-    L, C, T = cfg.n_layer, cfg.n_embd, cfg.block_size
-    n_params = 2 * cfg.vocab_size * C + L * (4 * C * C + 3 * C * cfg.ffn_hidden)  # embedding, head, matrices
-    flops_per_token = lambda t: 6 * n_params + 12 * L * C * t
+    T = cfg.block_size
+    try:
+        with torch.device("meta"):  # the model's own count, without allocating its weights
+            flops_per_token = tasks.build_model(GPTConfig(**{k: getattr(cfg, k) for k in MODEL_FIELDS}),
+                                                cfg.task).flops_per_token
+    except ValueError:  # a bad model config: train() reports it in its own words, later
+        return
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * T
     tokens = max(0, iters - start_iter) * tokens_per_iter
     flops = tokens * flops_per_token(T)
