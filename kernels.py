@@ -1,41 +1,40 @@
 """
-Fused causal attention for every nanoscorer scorer (SCORERS.md), in Triton, laid out like Triton's fused-attention
-tutorial (FlashAttention-2, Dao 2023): O(T) memory, per-row statistics, recompute-style backward.
+Fused causal attention for every scorer of scorers.SCORERS (definitions: SCORERS.md), in Triton, laid out like
+Triton's fused-attention tutorial (FlashAttention-2, Dao 2023): O(T) memory, per-row statistics, recompute-style
+backward.
 
-- softmax; ssmax (Nakanishi 2025, eq. 2, 4): logits of row i times s*log(n_i) + b; ssa (Naim et al. 2025, eq. 5):
-  weights (1 + b|z|)^(sgn(z) n); lssa (Gao & Spratling 2025, eq. 4): softplus(log(d) log(n_i) cos) / sum;
-  re-weighting (Gao & Spratling eq. 5) with p on top of any of them (lssar = lssa + p).
-- Stage 1 (the scorer): P_ij = exp2(x_ij - M_i) with x a base-2 logit and M its running logsumexp; lssa's weights
-  A = softplus(u) are bounded (|u| <= log(d) log(n)), so plain sums and P = A * exp2(-M), M = log2(sum A).
+- Named compile-time flags from the scorer's registry entry (_prepare; scorers.Scorer says what each value means):
+  ROW (the row setup), LOGIT (the stage-1 score), ONLINE_MAX (base-2 logits x, P = exp2(x - M) with M a running
+  logsumexp; else bounded weights A in plain sums, P = A * exp2(-M) or P = A unnormalised) and NORMALISE: rows sum
+  to 1, so only they are divided by their sum, have the row term sigma_i in the backward, merge split keys by weight
+  and may be re-weighted. The scorer math is in three helpers: _row_setup, _logit (with _prob), _grad_factor.
 - Stage 2 (re-weighting, p given): pass 1 keeps only each row's M and largest stage-1 logit, hence the row's
   largest y = n_i P - o_i; pass 2 recomputes P and sums (y / y_max)^p over y > 0: in [0, 1], so no overflow at
-  p = 100, n = 1e5, and no running max. "y > 0" means y > TIE n_i (model.reweight's rule): rows with none keep P.
+  p = 100, n = 1e5, and no running max. "y > 0" means y > TIE n_i (scorers.reweight's rule): rows with none keep P.
 - Backward: dq (row blocks) then dk/dv (key blocks), no atomics. With re-weighting the dq kernel first makes one more
   pass per row for sigma_i = sum_k P_ik dP_ik, which dk/dv then reads. Scorer parameters get per-row partial sums,
   reduced in PyTorch.
 - Decode (Tq <= 16): BLOCK_M = 16 and the keys split over programs (flash-decoding), merged in PyTorch.
 - lssa takes raw q, k and per-row inverse norms (cos = q.k * |q|^-1 * |k|^-1), so bf16 q, k keep their precision.
-Public: attention(...) (Triton, differentiable) and flex_attention(...) (torch FlexAttention peer).
+Public: attention(...) (Triton, differentiable); kernels_flex.py holds the torch FlexAttention peer.
 """
-import csv
-import itertools
 import math
 import os
-import timeit
-from unittest import mock
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import scorers
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # CPU: kernels run in Triton's interpreter
-SCORER_IDS = {"softmax": 0, "ssmax": 1, "ssa": 2, "lssa": 3, "lssar": 3}
-LSSAR_DEFAULT_P = 15.0
+FLAGS = ("ROW", "LOGIT", "ONLINE_MAX", "NORMALISE")
+KERNELS = {("plain", "linear", True, True), ("logn", "linear", True, True), ("plain", "ssa", True, True),
+           ("norm", "softplus", False, True), ("bias", "sigmoid", False, False)}
 LOG2E = tl.constexpr(1.4426950408889634)
 NEG = tl.constexpr(-1.0e30)  # finite "-inf": exp2(NEG - NEG) stays a number for rows that saw no key yet
-TIE = tl.constexpr(8 * 2.0**-23)  # re-weighting: y = n P - o counts as positive above TIE n (fp32 eps; model.reweight)
+TIE = tl.constexpr(8 * 2.0**-23)  # re-weighting: y = n P - o counts as positive above TIE n (as scorers.reweight)
 DECODE_M = 16  # the smallest tl.dot M on a GPU: decode and short chunks use it, with split keys
 DECODE_N = 32 if INTERPRET else 64
 NO_GPU = "the fused Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1 for testing); use backend=torch"
@@ -70,49 +69,71 @@ def _pow(r, p, P_INT: tl.constexpr):
 
 
 @triton.jit
-def _row_setup(QS, rows, row_ok, t, offset, s_h, b_h, sm_scale, SCORER: tl.constexpr):
+def _row_setup(QS, rows, row_ok, t, offset, s_h, b_h, sm_scale, ROW: tl.constexpr):
     """Query rows t: n_i (keys the row attends to), the re-weighting offset o_i (0 for absolute rows i < 3) and
     the multiplier c of q.k: the base-2 logit scale, or for lssa the exponent log(d) log(n_i) / |q_i|."""
     n_i = (offset + t + 1).to(tl.float32)
     ln_n = tl.log(n_i)
-    if SCORER == 1:  # ssmax: z times s log n_i + b, folded into the scale with 1/sqrt(d) and log2(e): free
+    if ROW == "logn":  # ssmax: z times s log n_i + b, folded into the scale with 1/sqrt(d) and log2(e): free
         c = (s_h * ln_n + b_h) * (sm_scale * LOG2E)
-    elif SCORER == 3:  # lssa: sm_scale carries log(d)
+    elif ROW == "norm":  # lssa: sm_scale carries log(d)
         c = ln_n * sm_scale * tl.load(QS + rows, mask=row_ok, other=0.0)
-    else:
+    else:  # "plain"; "bias" (sigmoid) subtracts log n_i in _logit
         c = ln_n * 0.0 + sm_scale * LOG2E
     return n_i, tl.where(n_i > 3.0, 1.0, 0.0), c
 
 
 @triton.jit
-def _logit(qk, c, ks, sm_scale, b_h, n_h, SCORER: tl.constexpr):
-    """Stage-1 score: base-2 logit x (P = exp2(x - M)); for lssa the weight A itself (P = A exp2(-M))."""
-    if SCORER == 2:  # ssa in the log domain: no pow on negative bases; sgn(0) is moot since log(1) = 0
+def _logit(qk, c, ks, n_i, sm_scale, b_h, n_h, LOGIT: tl.constexpr):
+    """Stage-1 score: a base-2 logit x (ONLINE_MAX: P = exp2(x - M)), or the weight itself (lssa's A: P = A
+    exp2(-M); sigmoid's w: P = w)."""
+    if LOGIT == "ssa":  # in the log domain: no pow on negative bases; sgn(0) is moot since log(1) = 0
         z = qk * sm_scale
         x = tl.where(z < 0, -n_h, n_h) * tl.log2(1.0 + b_h * tl.abs(z))
-    elif SCORER == 3:
+    elif LOGIT == "softplus":
         x = _softplus(qk * c[:, None] * ks[None, :])
-    else:
+    elif LOGIT == "sigmoid":  # sigmoid(z - log n_i) = 1 / (1 + 2^-(x)); 2^+big = inf gives 0, never NaN
+        x = 1.0 / (1.0 + tl.exp2(tl.log2(n_i)[:, None] - qk * c[:, None]))
+    else:  # "linear"
         x = qk * c[:, None]
     return x
 
 
 @triton.jit
-def _prob(x, m1, SCORER: tl.constexpr):
-    if SCORER == 3:
+def _prob(x, m1, ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr):
+    """Stage-1 weights P from _logit's x and the row statistic m1 (its base-2 lse)."""
+    if ONLINE_MAX:
+        P = tl.exp2(x - m1[:, None])
+    elif NORMALISE:
         P = x * tl.exp2(-m1)[:, None]
     else:
-        P = tl.exp2(x - m1[:, None])
+        P = x
     return P
 
 
 @triton.jit
+def _grad_factor(qk, x, P, c, ks, m1, sm_scale, b_h, n_h, LOGIT: tl.constexpr):
+    """W = dP/dqk before normalisation: dL/dqk = (dP - sigma_i) W, with sigma_i = sum_j P dP (0 without it)."""
+    if LOGIT == "softplus":  # lssa: dP/dA = 1/l_i, dA/du = sigmoid(u) = exp(u - softplus(u)), du/dqk = c_i ks_j
+        u = qk * c[:, None] * ks[None, :]
+        W = (c * tl.exp2(-m1))[:, None] * ks[None, :] * tl.exp(u - x)
+    elif LOGIT == "ssa":  # dlogit/dz = n b / (1 + b|z|)
+        W = P * (n_h * b_h * sm_scale) / (1.0 + b_h * tl.abs(qk * sm_scale))
+    elif LOGIT == "sigmoid":  # dw/dz = w (1 - w)
+        W = P * (1.0 - P) * sm_scale
+    else:  # softmax, ssmax: dlogit/dqk = c_i / log2(e)
+        W = P * (c / LOG2E)[:, None]
+    return W
+
+
+@triton.jit
 def _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p,
-              SCORER: tl.constexpr, REWEIGHT: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):
+              LOGIT: tl.constexpr, ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr, REWEIGHT: tl.constexpr,
+              MASK: tl.constexpr, PREC: tl.constexpr):
     """Recompute a tile: final weights Pf, stage-1 P, g = dL/dPf, dP = dL/dP, W with dL/dqk = (dP - sigma_i) W."""
     qk = tl.dot(q, kT, input_precision=PREC)
-    x = _logit(qk, c, ks, sm_scale, b_h, n_h, SCORER)
-    P = _prob(x, m1, SCORER)
+    x = _logit(qk, c, ks, n_i, sm_scale, b_h, n_h, LOGIT)
+    P = _prob(x, m1, ONLINE_MAX, NORMALISE)
     if MASK:
         P = tl.where(keep, P, 0.0)
     g = tl.dot(do, vT, input_precision=PREC)  # dL/dPf_ij = dO_i . v_j
@@ -127,15 +148,10 @@ def _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale,
     else:
         Pf = P
         dP = g
-    if SCORER == 3:  # lssa: dP/dA = 1/l_i, dA/du = sigmoid(u) = exp(u - softplus(u)) (no division), du/dqk = c_i ks_j
-        u = qk * c[:, None] * ks[None, :]
-        W = (c * tl.exp2(-m1))[:, None] * ks[None, :] * tl.exp(u - x)
+    W = _grad_factor(qk, x, P, c, ks, m1, sm_scale, b_h, n_h, LOGIT)
+    if LOGIT == "softplus":  # the other factors carry P, which is already 0 where masked
         if MASK:
             W = tl.where(keep, W, 0.0)
-    elif SCORER == 2:  # ssa: dlogit/dz = n b / (1 + b|z|)
-        W = P * (n_h * b_h * sm_scale) / (1.0 + b_h * tl.abs(qk * sm_scale))
-    else:  # softmax, ssmax: dlogit/dqk = c_i / log2(e)
-        W = P * (c / LOG2E)[:, None]
     return Pf, P, dP, W, qk, g
 
 
@@ -178,10 +194,10 @@ def _pick(tune, tune_fp32):
 # Kernels. q, k, v, o, do, dq, dk, dv (B*H, T, D) and row statistics (B*H, T): contiguous.
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk, offset, c, m1, n_i, o_i, inv_ym,
-               fb, sm_scale, b_h, n_h, p, SCORER: tl.constexpr, STAGE: tl.constexpr, MASK: tl.constexpr,
-               P_INT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr,
-               PREC: tl.constexpr):
+def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk, offset, c, m1, n_i, o_i, inv_ym, fb,
+               sm_scale, b_h, n_h, p, ROW: tl.constexpr, LOGIT: tl.constexpr, ONLINE_MAX: tl.constexpr,
+               NORMALISE: tl.constexpr, STAGE: tl.constexpr, MASK: tl.constexpr, P_INT: tl.constexpr,
+               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if MASK:  # the diagonal blocks (and the ragged end of k): causal mask j <= offset + t
@@ -190,17 +206,17 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk,
         else:
             kT = tl.load(k_ptrs + start_n * HEAD_DIM).to(DT)
         ks = cols * 0.0
-        if SCORER == 3:
+        if ROW == "norm":
             ks = tl.load(KS + cols, mask=cols < Tk, other=0.0)
-        x = _logit(tl.dot(q, kT, input_precision=PREC), c, ks, sm_scale, b_h, n_h, SCORER)
+        x = _logit(tl.dot(q, kT, input_precision=PREC), c, ks, n_i, sm_scale, b_h, n_h, LOGIT)
         if STAGE == 2:  # re-weighting: (y / y_max)^p where y = n P - o > 0; a fallback row (fb) keeps P
-            P = _prob(x, m1, SCORER)
+            P = _prob(x, m1, ONLINE_MAX, NORMALISE)
             y = n_i[:, None] * P - o_i[:, None]
             a = tl.where(fb[:, None], P, tl.where(y > n_i[:, None] * TIE, _pow(y * inv_ym[:, None], p, P_INT), 0.0))
             if MASK:
                 a = tl.where(keep, a, 0.0)
             l_i += tl.sum(a, 1)
-        elif SCORER == 3:  # lssa: bounded weights, plain sums
+        elif not ONLINE_MAX:  # bounded weights (lssa's A, sigmoid's w): plain sums
             a = x
             if MASK:
                 a = tl.where(keep, a, 0.0)
@@ -230,7 +246,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk,
 
 @triton.jit
 def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB, H, Tq, Tk, offset, sm_scale, p, split_size, T_BUCKET,
-              SCORER: tl.constexpr, STAGE: tl.constexpr, P_INT: tl.constexpr, HEAD_DIM: tl.constexpr,
+              ROW: tl.constexpr, LOGIT: tl.constexpr, ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr,
+              STAGE: tl.constexpr, P_INT: tl.constexpr, HEAD_DIM: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """STAGE 1: the scorer's output and lse; with re-weighting STAGE 0 (pass 1): the rows' lse M1 and largest
     stage-1 logit MX, then STAGE 2 (pass 2): the re-weighted output, its lse and the fallback rows FB."""
@@ -247,20 +264,21 @@ def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB, H, Tq, Tk, offset,
     k_ptrs = K + off_hz.to(tl.int64) * Tk * HEAD_DIM + offs_n[None, :] * HEAD_DIM + offs_d[:, None]
     v_ptrs = V + off_hz.to(tl.int64) * Tk * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     b_h, n_h = tl.load(Bp + off_h), tl.load(Np + off_h)
-    n_i, o_i, c = _row_setup(QS, rows, row_ok, offs_m, offset, tl.load(S + off_h), b_h, sm_scale, SCORER)
+    n_i, o_i, c = _row_setup(QS, rows, row_ok, offs_m, offset, tl.load(S + off_h), b_h, sm_scale, ROW)
     m1 = n_i * 0.0
     ym = n_i * 0.0 + 1.0
     fb = n_i < 0.0
     if STAGE == 2:  # pass 1 knows each row's largest y = n P - o (P is monotone in the logit): no running max
         m1 = tl.load(M1 + rows, mask=row_ok, other=0.0)
         mx = tl.load(MX + rows, mask=row_ok, other=0.0)
-        ym = tl.sum(n_i[:, None] * _prob(mx[:, None], m1, SCORER) - o_i[:, None], 1)  # the tile's arithmetic
+        ym = tl.sum(n_i[:, None] * _prob(mx[:, None], m1, ONLINE_MAX, NORMALISE) - o_i[:, None],
+                    1)  # the tile's arithmetic
         fb = ym <= n_i * TIE  # no n P - o above the tie tolerance in the row: it keeps P
         ym = tl.where(fb, 1.0, ym)
         tl.store(FB + rows, fb.to(tl.int8), mask=row_ok)  # every split writes the same
     inv_ym = 1.0 / ym
     m_i = tl.zeros([BLOCK_M], tl.float32)
-    if SCORER != 3:
+    if ONLINE_MAX:
         m_i += NEG
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -271,14 +289,14 @@ def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB, H, Tq, Tk, offset,
     end = tl.minimum(offset + start_m + BLOCK_M, Tk)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KSb, lo, tl.minimum(hi, diag), offs_m, offs_n,
                                Tk, offset, c, m1, n_i, o_i, inv_ym, fb, sm_scale, b_h, n_h, p,
-                               SCORER, STAGE, False, P_INT, HEAD_DIM, BLOCK_N, DT, PREC)
+                               ROW, LOGIT, ONLINE_MAX, NORMALISE, STAGE, False, P_INT, HEAD_DIM, BLOCK_N, DT, PREC)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KSb, tl.maximum(lo, diag), tl.minimum(hi, end),
                                offs_m, offs_n, Tk, offset, c, m1, n_i, o_i, inv_ym, fb, sm_scale, b_h, n_h, p,
-                               SCORER, STAGE, True, P_INT, HEAD_DIM, BLOCK_N, DT, PREC)
+                               ROW, LOGIT, ONLINE_MAX, NORMALISE, STAGE, True, P_INT, HEAD_DIM, BLOCK_N, DT, PREC)
     ok = l_i > 0  # l_i = 0: no key in this split
     l_safe = tl.where(ok, l_i, 1.0)
-    ref = m_i  # the base-2 logit the weights are relative to: 0 for lssa (plain sums), p log2 y_max in pass 2
-    if SCORER == 3:
+    ref = m_i  # the base-2 logit the weights are relative to: 0 for plain sums, p log2 y_max in pass 2
+    if not ONLINE_MAX:
         ref = m_i * 0.0
     if STAGE == 2:
         ref = tl.where(fb, 0.0, p * tl.log2(ym))
@@ -287,13 +305,16 @@ def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB, H, Tq, Tk, offset,
     if STAGE == 0:
         tl.store(MX + rows_s, m_i, mask=row_ok)
     else:
-        out = acc / l_safe[:, None]
+        out = acc
+        if NORMALISE:  # else (sigmoid) the output is sum_j w_ij v_j as it stands, and splits merge by adding
+            out = acc / l_safe[:, None]
         tl.store(O + rows_s[:, None] * HEAD_DIM + offs_d[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit
 def _bwd_dq_inner(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk, offset, c, m1, m2, fb,
-                  delta, n_i, o_i, sm_scale, b_h, n_h, p, SCORER: tl.constexpr, REWEIGHT: tl.constexpr,
+                  delta, n_i, o_i, sm_scale, b_h, n_h, p, ROW: tl.constexpr, LOGIT: tl.constexpr,
+                  ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr, REWEIGHT: tl.constexpr,
                   MASK: tl.constexpr, PASS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                   DT: tl.constexpr, PREC: tl.constexpr):
     # PASS 0: sum_j Pf g (delta'), 1: sum_j P dP (sigma), both into `sigma`; 2: dq and the parameter sums
@@ -303,10 +324,10 @@ def _bwd_dq_inner(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, lo, hi, offs_m,
         vT = tl.load(v_ptrs + start_n * HEAD_DIM, mask=cols[None, :] < Tk, other=0.0).to(DT)
         keep = cols[None, :] <= offset + offs_m[:, None]
         ks = cols * 0.0
-        if SCORER == 3:
+        if ROW == "norm":
             ks = tl.load(KS + cols, mask=cols < Tk, other=0.0)
         Pf, P, dP, W, qk, g = _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h,
-                                           n_h, p, SCORER, REWEIGHT, MASK, PREC)
+                                           n_h, p, LOGIT, ONLINE_MAX, NORMALISE, REWEIGHT, MASK, PREC)
         if PASS == 0:  # also sum Pf into g2 (reset after the pass)
             sigma += tl.sum(Pf * g, 1)
             g2 += tl.sum(Pf, 1)
@@ -316,38 +337,38 @@ def _bwd_dq_inner(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, lo, hi, offs_m,
         else:
             dl = dP - sigma[:, None]  # dL/dlogit = P (dP - sigma): the softmax (or l1-normalisation) backward
             acc = tl.dot((dl * W).to(DT), tl.trans(kT), acc, input_precision=PREC)
-            if SCORER == 1:  # ssmax: sum_j dL/dlogit * qk (times 1/sqrt(d) and log n_i later)
+            if ROW == "logn":  # ssmax: sum_j dL/dlogit * qk (times 1/sqrt(d) and log n_i later)
                 g1 += tl.sum(dl * P * qk, 1)
-            if SCORER == 2:  # ssa: dlogit/db = n z / (1 + b|z|), dlogit/dn = sgn(z) log(1 + b|z|)
+            if LOGIT == "ssa":  # dlogit/db = n z / (1 + b|z|), dlogit/dn = sgn(z) log(1 + b|z|)
                 z = qk * sm_scale
                 den = 1.0 + b_h * tl.abs(z)
                 g1 += tl.sum(dl * P * (n_h * z / den), 1)
                 g2 += tl.sum(dl * P * tl.where(z < 0, -1.0, 1.0) * tl.log(den), 1)
-            if SCORER == 3:  # lssa: d|q|^-1 = sum_j dL/dqk qk / |q|^-1 (divided in PyTorch)
+            if ROW == "norm":  # lssa: d|q|^-1 = sum_j dL/dqk qk / |q|^-1 (divided in PyTorch)
                 g1 += tl.sum(dl * W * qk, 1)
     return acc, g1, g2, sigma
 
 
 @triton.jit
 def _bwd_dq_pass(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, diag, end, offs_m, offs_n, Tk, offset, c, m1, m2, fb,
-                 delta, n_i, o_i, sm_scale, b_h, n_h, p, SCORER: tl.constexpr, REWEIGHT: tl.constexpr,
-                 PASS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr,
-                 PREC: tl.constexpr):
+                 delta, n_i, o_i, sm_scale, b_h, n_h, p, ROW: tl.constexpr, LOGIT: tl.constexpr,
+                 ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr, REWEIGHT: tl.constexpr, PASS: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """One pass over the keys of a row block: below the diagonal without a mask, then the diagonal blocks."""
     acc, g1, g2, sigma = _bwd_dq_inner(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, 0, diag, offs_m, offs_n, Tk,
-                                       offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, SCORER,
-                                       REWEIGHT, False, PASS, HEAD_DIM, BLOCK_N, DT, PREC)
+                                       offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, ROW, LOGIT,
+                                       ONLINE_MAX, NORMALISE, REWEIGHT, False, PASS, HEAD_DIM, BLOCK_N, DT, PREC)
     acc, g1, g2, sigma = _bwd_dq_inner(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, diag, end, offs_m, offs_n, Tk,
-                                       offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, SCORER,
-                                       REWEIGHT, True, PASS, HEAD_DIM, BLOCK_N, DT, PREC)
+                                       offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, ROW, LOGIT,
+                                       ONLINE_MAX, NORMALISE, REWEIGHT, True, PASS, HEAD_DIM, BLOCK_N, DT, PREC)
     return acc, g1, g2, sigma
 
 
 @triton.jit
 def _attn_bwd_dq(Q, K, V, DO, O, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G, M2R, H, Tq, Tk, offset, sm_scale, p,
-                 T_BUCKET,
-                 SCORER: tl.constexpr, REWEIGHT: tl.constexpr, EXACT_SIGMA: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+                 T_BUCKET, ROW: tl.constexpr, LOGIT: tl.constexpr, ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr,
+                 REWEIGHT: tl.constexpr, EXACT_SIGMA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     off_hz = tl.program_id(1)
     off_h = off_hz % H
@@ -362,12 +383,13 @@ def _attn_bwd_dq(Q, K, V, DO, O, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G,
     v_ptrs = V + off_hz.to(tl.int64) * Tk * HEAD_DIM + offs_n[None, :] * HEAD_DIM + offs_d[:, None]
     KSb = KS + off_hz.to(tl.int64) * Tk
     b_h, n_h = tl.load(Bp + off_h), tl.load(Np + off_h)
-    n_i, o_i, c = _row_setup(QS, rows, row_ok, offs_m, offset, tl.load(S + off_h), b_h, sm_scale, SCORER)
+    n_i, o_i, c = _row_setup(QS, rows, row_ok, offs_m, offset, tl.load(S + off_h), b_h, sm_scale, ROW)
     m1 = tl.load(M1 + rows, mask=row_ok, other=0.0)
     delta = tl.zeros([BLOCK_M], tl.float32)
     if not (REWEIGHT or EXACT_SIGMA):  # delta_i = rowsum(dO * O) (FlashAttention-2), stored for dk/dv
-        o = tl.load(O + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-        delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+        if NORMALISE:  # rows that are not normalised (sigmoid) have no row-sum term: sigma = delta = 0
+            o = tl.load(O + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+            delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
         tl.store(DELTA + rows, delta, mask=row_ok)
     m2 = tl.load(M2 + rows, mask=row_ok, other=0.0)
     fb = m2 == -float("inf")  # re-weighting found no n P > o in this row: it kept P
@@ -385,8 +407,8 @@ def _attn_bwd_dq(Q, K, V, DO, O, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G,
     zero = tl.zeros([BLOCK_M], tl.float32)
     if REWEIGHT:
         acc, g1, g2, delta = _bwd_dq_pass(acc, g1, g2, zero, q, do, k_ptrs, v_ptrs, KSb, diag, end, offs_m, offs_n,
-                                          Tk, offset, c, m1, m2, fb, zero, n_i, o_i, sm_scale, b_h, n_h, p, SCORER,
-                                          REWEIGHT, 0, HEAD_DIM, BLOCK_N, DT, PREC)
+                                          Tk, offset, c, m1, m2, fb, zero, n_i, o_i, sm_scale, b_h, n_h, p, ROW,
+                                          LOGIT, ONLINE_MAX, NORMALISE, REWEIGHT, 0, HEAD_DIM, BLOCK_N, DT, PREC)
         # renormalise the recomputed Pf: rounding in P moves it by ~p n / y ulps, and dP multiplies by p n / y again
         lf = tl.where(fb, 1.0, g2)
         delta = delta / lf
@@ -396,8 +418,8 @@ def _attn_bwd_dq(Q, K, V, DO, O, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G,
         tl.store(M2R + rows, tl.where(fb, -float("inf"), m2), mask=row_ok)  # for dk, dv
     if REWEIGHT or EXACT_SIGMA:
         acc, g1, g2, sigma = _bwd_dq_pass(acc, g1, g2, zero, q, do, k_ptrs, v_ptrs, KSb, diag, end, offs_m, offs_n,
-                                          Tk, offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, SCORER,
-                                          REWEIGHT, 1, HEAD_DIM, BLOCK_N, DT, PREC)
+                                          Tk, offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, ROW,
+                                          LOGIT, ONLINE_MAX, NORMALISE, REWEIGHT, 1, HEAD_DIM, BLOCK_N, DT, PREC)
         # divided by the recomputed sum P (1 up to rounding): then sum_j P (dP - sigma) = 0 exactly, as in the forward,
         # and logits rounded at |z| ~ 1e4 cost a relative error, not an absolute one
         sigma = sigma / tl.where(g2 > 0, g2, 1.0)
@@ -406,20 +428,20 @@ def _attn_bwd_dq(Q, K, V, DO, O, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G,
     else:
         sigma = delta
     acc, g1, g2, sigma = _bwd_dq_pass(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KSb, diag, end, offs_m, offs_n,
-                                      Tk, offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, SCORER,
-                                      REWEIGHT, 2, HEAD_DIM, BLOCK_N, DT, PREC)
+                                      Tk, offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, ROW, LOGIT,
+                                      ONLINE_MAX, NORMALISE, REWEIGHT, 2, HEAD_DIM, BLOCK_N, DT, PREC)
     tl.store(DQ + rows[:, None] * HEAD_DIM + offs_d[None, :], acc.to(DQ.dtype.element_ty), mask=row_ok[:, None])
-    if SCORER == 1:
+    if ROW == "logn":
         g1 = g1 * sm_scale  # z = qk / sqrt(d)
     tl.store(G + rows, g1, mask=row_ok)
     tl.store(G + tl.num_programs(1) * Tq + rows, g2, mask=row_ok)
 
 
 @triton.jit
-def _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGMA, QS, lo, hi, offs_m, offs_n,
-                    Tq, offset, s_h, sm_scale, b_h, n_h, p,
-                    SCORER: tl.constexpr, REWEIGHT: tl.constexpr, MASK: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    BLOCK_M: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+def _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGMA, QS, lo, hi, offs_m, offs_n, Tq,
+                    offset, s_h, sm_scale, b_h, n_h, p, ROW: tl.constexpr, LOGIT: tl.constexpr,
+                    ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr, REWEIGHT: tl.constexpr, MASK: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
         t = start_m + offs_m
         row_ok = t < Tq
@@ -431,23 +453,23 @@ def _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGM
         m2 = tl.load(M2 + t, mask=row_ok, other=0.0)
         fb = m2 == -float("inf")
         m2 = tl.where(fb, 0.0, m2)
-        n_i, o_i, c = _row_setup(QS, t, row_ok, t, offset, s_h, b_h, sm_scale, SCORER)
+        n_i, o_i, c = _row_setup(QS, t, row_ok, t, offset, s_h, b_h, sm_scale, ROW)
         keep = (offs_n[None, :] <= offset + t[:, None]) & row_ok[:, None]
         Pf, P, dP, W, qk, g = _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h,
-                                           n_h, p, SCORER, REWEIGHT, MASK, PREC)
+                                           n_h, p, LOGIT, ONLINE_MAX, NORMALISE, REWEIGHT, MASK, PREC)
         dv = tl.dot(tl.trans(Pf).to(DT), do, dv, input_precision=PREC)
         dqk = (dP - sigma[:, None]) * W
         dk = tl.dot(tl.trans(dqk).to(DT), q, dk, input_precision=PREC)
-        if SCORER == 3:
+        if ROW == "norm":
             gk += tl.sum(dqk * qk, 0)
     return dk, dv, gk
 
 
 @triton.jit
 def _attn_bwd_dkdv(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DK, DV, GK, H, Tq, Tk, offset, sm_scale, p,
-                   T_BUCKET,
-                   SCORER: tl.constexpr, REWEIGHT: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+                   T_BUCKET, ROW: tl.constexpr, LOGIT: tl.constexpr, ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr,
+                   REWEIGHT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   DT: tl.constexpr, PREC: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     off_hz = tl.program_id(1)
     off_h = off_hz % H
@@ -459,7 +481,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DK, DV,
     kT = tl.load(K + cols[None, :] * HEAD_DIM + offs_d[:, None], mask=col_ok[None, :], other=0.0).to(DT)
     vT = tl.load(V + cols[None, :] * HEAD_DIM + offs_d[:, None], mask=col_ok[None, :], other=0.0).to(DT)
     ks = offs_n * 0.0
-    if SCORER == 3:
+    if ROW == "norm":
         ks = tl.load(KS + cols, mask=col_ok, other=0.0)
     row0 = off_hz.to(tl.int64) * Tq
     q_ptrs = Q + (row0 + offs_m[:, None]) * HEAD_DIM + offs_d[None, :]
@@ -475,14 +497,14 @@ def _attn_bwd_dkdv(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DK, DV,
     hi_full = Tq // BLOCK_M * BLOCK_M  # the last, ragged query block needs the row mask
     M1, M2, DELTA, SIGMA, QS = M1 + row0, M2 + row0, DELTA + row0, SIGMA + row0, QS + row0  # this (b, h)'s rows
     dk, dv, gk = _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGMA, QS, lo, mid, offs_m,
-                                 offs_n, Tq, offset, s_h, sm_scale, b_h, n_h, p, SCORER, REWEIGHT, True,
-                                 HEAD_DIM, BLOCK_M, DT, PREC)
+                                 offs_n, Tq, offset, s_h, sm_scale, b_h, n_h, p, ROW, LOGIT, ONLINE_MAX, NORMALISE,
+                                 REWEIGHT, True, HEAD_DIM, BLOCK_M, DT, PREC)
     dk, dv, gk = _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGMA, QS, mid, hi_full,
-                                 offs_m, offs_n, Tq, offset, s_h, sm_scale, b_h, n_h, p, SCORER, REWEIGHT,
-                                 False, HEAD_DIM, BLOCK_M, DT, PREC)
+                                 offs_m, offs_n, Tq, offset, s_h, sm_scale, b_h, n_h, p, ROW, LOGIT, ONLINE_MAX,
+                                 NORMALISE, REWEIGHT, False, HEAD_DIM, BLOCK_M, DT, PREC)
     dk, dv, gk = _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGMA, QS,
                                  tl.maximum(mid, hi_full), Tq, offs_m, offs_n, Tq, offset, s_h, sm_scale, b_h, n_h, p,
-                                 SCORER, REWEIGHT, True, HEAD_DIM, BLOCK_M, DT, PREC)
+                                 ROW, LOGIT, ONLINE_MAX, NORMALISE, REWEIGHT, True, HEAD_DIM, BLOCK_M, DT, PREC)
     tl.store(DK + cols[:, None] * HEAD_DIM + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
     tl.store(DV + cols[:, None] * HEAD_DIM + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
     tl.store(GK + cols, gk, mask=col_ok)
@@ -490,12 +512,12 @@ def _attn_bwd_dkdv(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DK, DV,
 
 # no STAGE in the forward key: both re-weighting passes run one config, so pass 2 recomputes pass 1's logits bit for bit
 # (Triton adds every tensor argument's dtype to the key: fp32 and bf16 tune apart)
-_attn_fwd_tuned = triton.autotune(FWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", "SCORER"],
+_attn_fwd_tuned = triton.autotune(FWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", *FLAGS],
                                   prune_configs_by={"early_config_prune": _pick(FWD_TUNE, FWD_TUNE_FP32)})(_attn_fwd)
-_attn_bwd_dq_tuned = triton.autotune(BWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", "SCORER", "REWEIGHT", "EXACT_SIGMA"],
+_attn_bwd_dq_tuned = triton.autotune(BWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", *FLAGS, "REWEIGHT", "EXACT_SIGMA"],
                                      prune_configs_by={"early_config_prune": _pick(BWD_TUNE, BWD_TUNE_FP32)})(
     _attn_bwd_dq)
-_attn_bwd_dkdv_tuned = triton.autotune(BWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", "SCORER", "REWEIGHT"],
+_attn_bwd_dkdv_tuned = triton.autotune(BWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", *FLAGS, "REWEIGHT"],
                                        prune_configs_by={"early_config_prune": _pick(BWD_TUNE, BWD_TUNE_FP32)})(
     _attn_bwd_dkdv)
 
@@ -517,8 +539,9 @@ def _num_splits(BH, Tk, device):
     return max(1, min(triton.cdiv(Tk, DECODE_N), triton.cdiv(2 * sms, BH)))
 
 
-def _merge(o, lse):
-    """Combine per-split outputs (each normalised over its keys; None: only the lse) with their base-2 lse."""
+def _merge(o, lse, normalise=True):
+    """Combine per-split outputs (None: only the lse) with their base-2 lse: normalised ones (each over its own keys)
+    weighted by their share of the row's sum; unnormalised ones (sigmoid: sums of w v) by adding."""
     m = lse.amax(0)
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     w = torch.exp2(lse - m)  # 0 for splits that saw no key
@@ -526,10 +549,12 @@ def _merge(o, lse):
     lse = torch.where(l > 0, m + torch.log2(l), torch.full_like(l, -math.inf))
     if o is None:
         return None, lse
+    if not normalise:
+        return o.sum(0), lse
     return (w.unsqueeze(-1) * o).sum(0) / torch.where(l > 0, l, torch.ones_like(l)).unsqueeze(-1), lse
 
 
-def _forward(q, k, v, s, b, n, qs, ks, sid, p, offset, sm_scale):
+def _forward(q, k, v, s, b, n, qs, ks, flags, p, offset, sm_scale):
     B, H, Tq, D = q.shape
     Tk, BH = k.shape[2], B * H
     DT, PREC = _dot_types(q.dtype)
@@ -550,13 +575,13 @@ def _forward(q, k, v, s, b, n, qs, ks, sid, p, offset, sm_scale):
         args = (q, k, v, s, b, n, qs, ks, lse if M1 is None else M1, lse if mx is None else mx,
                 lse if o is None else o, lse, lse if fb is None else fb, H, Tq, Tk, offset, sm_scale, p or 0.0,
                 chunk, triton.next_power_of_2(Tk))
-        meta = dict(SCORER=sid, STAGE=stage, P_INT=P_INT if stage == 2 else 0, HEAD_DIM=D, DT=DT, PREC=PREC)
+        meta = dict(**flags, STAGE=stage, P_INT=P_INT if stage == 2 else 0, HEAD_DIM=D, DT=DT, PREC=PREC)
         if decode:
             _attn_fwd[(1, BH, splits)](*args, **meta, BLOCK_M=DECODE_M, BLOCK_N=DECODE_N, num_warps=4, num_stages=2)
         else:
             _attn_fwd_tuned[lambda META: (triton.cdiv(Tq, META["BLOCK_M"]), BH, 1)](*args, **meta)
         if splits > 1:
-            o, lse = _merge(o, lse)
+            o, lse = _merge(o, lse, flags["NORMALISE"])
             mx = mx.amax(0) if stage == 0 else mx
             o = None if o is None else o.view(B, H, Tq, D).to(q.dtype)
         return o, lse, mx, fb
@@ -569,13 +594,14 @@ def _forward(q, k, v, s, b, n, qs, ks, sid, p, offset, sm_scale):
     return out, M1, torch.where(fb.bool(), -math.inf, M2)  # M2 = -inf marks a fallback row for the backward
 
 
-def _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, sid, p, offset, sm_scale, exact_sigma):
+def _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, flags, p, offset, sm_scale, exact_sigma):
     B, H, Tq, D = q.shape
     Tk, BH = k.shape[2], B * H
     DT, PREC = _dot_types(q.dtype)
     do = do.contiguous()
-    exact_sigma = p is not None or exact_sigma
-    # the dq kernel writes sigma (with re-weighting also delta'); without exact sigma, sigma = delta = rowsum(dO * O)
+    exact_sigma = (p is not None or exact_sigma) and flags["NORMALISE"]
+    # dk/dv read sigma from SIGMA. Exact, the dq kernel writes it there; else it is delta = rowsum(dO * O) (0 for rows
+    # that are not normalised), so one buffer is passed as both DELTA and SIGMA
     delta = torch.empty(BH, Tq, device=q.device, dtype=torch.float32)
     sigma = torch.empty_like(delta) if exact_sigma else delta
     dq = torch.empty(B, H, Tq, D, device=q.device, dtype=q.dtype)
@@ -586,7 +612,7 @@ def _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, sid, p, offset, sm_scal
     M2r = torch.empty_like(M2) if p is not None else M2  # the renormalised M2 from the dq kernel, for dk/dv
     params = (s, b, n, qs, ks, M1)
     scalars = (H, Tq, Tk, offset, sm_scale, p or 0.0, triton.next_power_of_2(Tk))
-    meta = dict(SCORER=sid, REWEIGHT=p is not None, HEAD_DIM=D, DT=DT, PREC=PREC)
+    meta = dict(**flags, REWEIGHT=p is not None, HEAD_DIM=D, DT=DT, PREC=PREC)
     dq_args = (q, k, v, do, out, *params, M2, delta, sigma, dq, G, M2r, *scalars)
     dkdv_args = (q, k, v, do, *params, M2r, delta, sigma, dk, dv, GK, *scalars)
     if Tq <= DECODE_M:  # short query blocks: the fixed small config, no autotuning
@@ -600,27 +626,27 @@ def _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, sid, p, offset, sm_scal
     G = G.view(2, B, H, Tq)
     ln_n = torch.log(torch.arange(offset + 1, offset + Tq + 1, device=q.device, dtype=torch.float32))
     ds = db = dn = dqs = dks = None
-    if sid == 1:  # ds_h = sum dL * z * log n_i, db_h = sum dL * z
+    if flags["ROW"] == "logn":  # ds_h = sum dL * z * log n_i, db_h = sum dL * z
         ds, db = (G[0] * ln_n).sum((0, 2)), G[0].sum((0, 2))
-    elif sid == 2:
+    elif flags["LOGIT"] == "ssa":
         db, dn = G[0].sum((0, 2)), G[1].sum((0, 2))
-    elif sid == 3:  # cos = qk * qs_i * ks_j: dqs_i = sum_j dL/dqk * qk / qs_i
+    elif flags["ROW"] == "norm":  # cos = qk * qs_i * ks_j: dqs_i = sum_j dL/dqk * qk / qs_i
         dqs, dks = G[0].view(B, H, Tq) / qs, GK.view(B, H, Tk) / ks
     return dq, dk, dv, ds, db, dn, dqs, dks
 
 
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, s, b, n, qs, ks, sid, p, offset, sm_scale):
-        out, M1, M2 = _forward(q, k, v, s, b, n, qs, ks, sid, p, offset, sm_scale)
+    def forward(ctx, q, k, v, s, b, n, qs, ks, flags, p, offset, sm_scale):
+        out, M1, M2 = _forward(q, k, v, s, b, n, qs, ks, flags, p, offset, sm_scale)
         ctx.save_for_backward(q, k, v, s, b, n, qs, ks, out, M1, M2)
-        ctx.cfg = (sid, p, offset, sm_scale)
+        ctx.cfg = (flags, p, offset, sm_scale)
         return out
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, s, b, n, qs, ks, out, M1, M2 = ctx.saved_tensors
-        # exact sigma when s, b or n learn (sid 3 has no parameters)
+        # exact sigma when s, b or n learn
         grads = _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, *ctx.cfg, any(ctx.needs_input_grad[3:6]))
         return (*grads, None, None, None, None)
 
@@ -629,9 +655,9 @@ class _Attention(torch.autograd.Function):
 # Public API
 
 def _prepare(q, k, v, scorer, s, b, n, p, offset):
-    """Checks shapes, fills the defaults of SCORERS.md, returns per-head fp32 parameters and the options."""
-    if scorer not in SCORER_IDS:
-        raise ValueError(f"unknown scorer {scorer!r}; allowed: {', '.join(SCORER_IDS)}")
+    """Checks the inputs; returns the registry entry, the kernels' compile-time flags, per-head fp32 s, b, n (the
+    defaults of SCORERS.md for those the scorer does not have or was not given) and p."""
+    entry, p = scorers.get(scorer, p)
     assert q.dim() == 4 and k.shape == v.shape and k.shape[:2] == q.shape[:2] and k.shape[3] == q.shape[3], \
         f"q (B, H, Tq, D) and k, v (B, H, Tk, D) expected, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
     B, H, Tq, D = q.shape
@@ -639,15 +665,16 @@ def _prepare(q, k, v, scorer, s, b, n, p, offset):
     assert D in (16, 32, 64, 128), f"head dim {D} not supported (16, 32, 64, 128)"
     assert q.dtype in (torch.float32, torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype, \
         f"q, k, v must share one of fp32/fp16/bf16, got {q.dtype}, {k.dtype}, {v.dtype}"
-    sid = SCORER_IDS[scorer]
-    default_b = 1.0 if sid == 2 else 0.0  # ssa: b = 1; ssmax: no bias
+    flags = entry.kernel_flags()
+    if tuple(flags.values()) not in KERNELS:  # a registry entry whose math no kernel helper has
+        raise ValueError(f"kernels.py implements no kernel for {scorer!r}'s flags {flags} (known: {sorted(KERNELS)})")
+    default = {"s": 1.0, "b": 0.0, "n": 1.5, **{prm.name: prm.default for prm in entry.params}}
 
-    def per_head(x, default):  # made on q's device: a CPU tensor copied over would sync the stream on every call
-        x = torch.full((H,), default, device=q.device) if x is None else x
+    def per_head(x, name):  # made on q's device: a CPU tensor copied over would sync the stream on every call
+        x = torch.full((H,), default[name], device=q.device) if x is None else x
         return x.to(q.device, torch.float32).expand(H).contiguous()
 
-    p = LSSAR_DEFAULT_P if scorer == "lssar" and p is None else p
-    return sid, per_head(s, 1.0), per_head(b, default_b), per_head(n, 1.5), None if p is None else float(p)
+    return entry, flags, per_head(s, "s"), per_head(b, "b"), per_head(n, "n"), p
 
 
 def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):
@@ -656,219 +683,14 @@ def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):
     q, k, v and s, b, n when they are tensors; p (float) re-weights on top of any scorer (lssar: 15 if None)."""
     if not (q.is_cuda or INTERPRET):  # else Triton's launcher fails deep inside ("0 active drivers")
         raise RuntimeError(NO_GPU)
-    sid, s, b, n, p = _prepare(q, k, v, scorer, s, b, n, p, offset)
+    entry, flags, s, b, n, p = _prepare(q, k, v, scorer, s, b, n, p, offset)
     q, k, v = (x.contiguous() for x in (q, k, v))  # the model's v is a view of qkv: one copy, simpler kernels
     D = q.size(-1)
-    if sid == 3:  # lssa: raw q, k and inverse norms (as F.normalize: |x| clamped at 1e-12); autograd does the chain
+    if entry.cosine:  # lssa: raw q, k and inverse norms (as F.normalize: |x| clamped at 1e-12); autograd does the chain
         qs = 1.0 / torch.linalg.vector_norm(q, dim=-1, dtype=torch.float32).clamp_min(1e-12)
         ks = 1.0 / torch.linalg.vector_norm(k, dim=-1, dtype=torch.float32).clamp_min(1e-12)
         sm_scale = math.log(D)
     else:  # unused by the kernels: any fp32 buffer
         qs = ks = s
         sm_scale = 1.0 / math.sqrt(D)
-    return _Attention.apply(q, k, v, s, b, n, qs, ks, sid, p, offset, sm_scale)
-
-
-_flex_compiled = None
-
-
-def _flex_pass(q, k, v, block_mask, scale, sid, pos0, s, b, n, ln_d, lse1, p):
-    """One FlexAttention pass: stage-1 scores (lse1 None) or the re-weighting pass over stage-1 lse1."""
-    from torch.nn.attention.flex_attention import AuxRequest, flex_attention as flex  # AuxRequest: torch >= 2.9
-
-    def logit(score, h, q_idx):  # natural-log stage-1 logit of SCORERS.md
-        ln_n = torch.log((q_idx + pos0 + 1).to(torch.float32))
-        if sid == 1:
-            return score * (s[h] * ln_n + b[h])
-        if sid == 2:
-            return n[h] * torch.where(score >= 0, torch.log1p(b[h] * score.clamp(min=0)),  # slope n b at 0
-                                      -torch.log1p(-b[h] * score.clamp(max=0)))
-        if sid == 3:  # A / sum A = softmax(log A): exact, and softplus >= e^-56 here, so the log is finite
-            return torch.log(F.softplus(ln_d * ln_n * score))
-        return score
-
-    def reweight(score, bb, h, q_idx, kv_idx):  # p log(n P - o) on n P - o > TIE n, else -inf
-        n_i = (q_idx + pos0 + 1).to(torch.float32)
-        y = n_i * torch.exp(logit(score, h, q_idx) - lse1[bb, h, q_idx]) - (n_i > 3).to(torch.float32)
-        pos = y > TIE.value * n_i
-        return torch.where(pos, p * torch.log(torch.where(pos, y, torch.ones_like(y))), -math.inf)
-
-    mod = (lambda score, bb, h, q_idx, kv_idx: logit(score, h, q_idx)) if lse1 is None else reweight
-    out, aux = flex(q, k, v, score_mod=mod, block_mask=block_mask, scale=scale, return_aux=AuxRequest(lse=True))
-    return out, aux.lse
-
-
-def flex_attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):
-    """The same semantics through torch's FlexAttention (a score_mod per scorer, a causal block mask shifted by
-    offset). lssa is a softmax over log(softplus(u)); re-weighting is a second pass over the first pass's lse.
-    q, k, v are padded to multiples of 128 (FlexAttention with score_mod + block_mask gave NaN gradients at other
-    lengths). On CUDA the passes are compiled; on CPU they run eagerly (forward only: no CPU backward)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-    global _flex_compiled
-    sid, s, b, n, p = _prepare(q, k, v, scorer, s, b, n, p, offset)
-    B, H, Tq, D = q.shape
-    Tk = k.size(2)
-    if sid == 3:
-        q, k, scale = F.normalize(q, dim=-1), F.normalize(k, dim=-1), 1.0
-    else:
-        scale = 1.0 / math.sqrt(D)
-    pad_q, pad_k = -Tq % 128, -Tk % 128
-    q, k, v = F.pad(q, (0, 0, 0, pad_q)), F.pad(k, (0, 0, 0, pad_k)), F.pad(v, (0, 0, 0, pad_k))
-    block_mask = create_block_mask(lambda bb, h, q_idx, kv_idx: (kv_idx <= q_idx + offset) & (kv_idx < Tk),
-                                   None, None, Tq + pad_q, Tk + pad_k, device=q.device)
-    pos0 = torch.tensor(offset, device=q.device)  # a tensor, so a new offset does not recompile
-    run = _flex_pass
-    if q.is_cuda:
-        _flex_compiled = _flex_compiled or torch.compile(_flex_pass)
-        run = _flex_compiled
-    out, lse1 = run(q, k, v, block_mask, scale, sid, pos0, s, b, n, math.log(D), None, p)
-    if p is not None:
-        out2, lse2 = run(q, k, v, block_mask, scale, sid, pos0, s, b, n, math.log(D), lse1, p)
-        out = torch.where(torch.isinf(lse2).unsqueeze(-1), out, out2)  # fallback rows keep stage 1
-    return out[:, :, :Tq]
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Benchmark (`python kernels.py --help`). Causal FLOPs, FlashAttention's convention: forward = two matmuls of 2 T^2 D
-# per head, half masked (4 B H T^2 D / 2); forward+backward = 3.5x (backward 2.5x: five matmuls, one a recompute).
-# Every scorer is credited the same FLOPs, so TFLOP/s compares times, not the work of extra passes.
-
-PROVIDERS = ("triton", "flex", "eager", "sdpa", "cudnn")
-PARAMS = {"ssmax": dict(s=1.0, b=0.0), "ssa": dict(b=1.0, n=1.5)}  # learned per head, as in model.py
-
-
-def _sdpa(q, k, v, scorer, *, s=None, b=None, p=None, backend=SDPBackend.FLASH_ATTENTION):
-    """softmax (or ssmax: SDPA on q times s log n_i + b) on one named backend; left to choose, recent torch
-    builds run cuDNN first on Hopper (what the H200 table's "SDPA" column most likely timed)."""
-    if scorer == "ssmax":
-        q = q * (s[:, None] * torch.arange(1, q.size(2) + 1, device=q.device).log() + b[:, None])[..., None].to(q.dtype)
-    with sdpa_kernel(backend):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
-SLOW_MS = 500.0
-
-
-def _measure(fn, grads, cuda):
-    """ms (median after a warm-up that compiles and autotunes); on CUDA the peak MiB of one call above the inputs."""
-    if not cuda:
-        fn()
-        return 1e3 * sorted(timeit.repeat(fn, number=1, repeat=3))[1], None
-    fn()  # compile and autotune outside the timing
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    ms = start.elapsed_time(end)  # a call of over SLOW_MS (eager at 16k, a slow path) is timed once, not ~100 times
-    if ms < SLOW_MS:
-        ms = triton.testing.do_bench(fn, grad_to_none=grads, return_mode="median")  # flushes L2 between calls
-    for t in grads:
-        t.grad = None
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    return ms, (torch.cuda.max_memory_allocated() - base) / 2**20
-
-
-def plot(rows, out):
-    """<out>.png: TFLOP/s vs T, a panel per (D, mode); colour: scorer, line style: provider. rows: benchmark()'s,
-    or a CSV's (csv.DictReader), so a table measured elsewhere can be drawn again."""
-    from matplotlib.figure import Figure
-    num = lambda x: float(x) if x not in (None, "") else None  # noqa: E731 (tflops None: oom or error, a gap)
-    rows = [{**r, "D": int(r["D"]), "T": int(r["T"]), "tflops": num(r["tflops"])} for r in rows]
-    key = lambda *cols: list(dict.fromkeys(tuple(r[c] for c in cols) for r in rows))  # noqa: E731
-    scorers, panels, r0 = key("scorer"), key("D", "mode"), rows[0]
-    fig = Figure(figsize=(5 * len(panels), 4.5), layout="tight")
-    for ax, (D, mode) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
-        for name, provider in key("scorer", "provider"):
-            pts = sorted((r["T"], r["tflops"]) for r in rows if (r["scorer"], r["provider"], r["D"], r["mode"]) ==
-                         (name, provider, D, mode))
-            style = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)))[PROVIDERS.index(provider)]
-            if pts:
-                ax.plot(*zip(*pts), linestyle=style, marker="o", color=f"C{scorers.index((name,))}",
-                        label=f"{name} {provider}")
-        ax.set_xscale("log", base=2)
-        ax.set(title=f"D={D} {mode} ({r0['dtype']}, B*T={int(r0['B']) * int(r0['T'])}, H={r0['H']})", xlabel="T",
-               ylabel="TFLOP/s (causal)")
-    fig.axes[0].legend(fontsize=7)  # the forward panel has every (scorer, provider)
-    fig.savefig(f"{out}.png", dpi=120)
-
-
-def benchmark(Ts, Ds, scorers, providers, tokens=16384, heads=16, dtype=torch.bfloat16, device="cuda", out=None):
-    """Rows (D, T, scorer, provider, mode) at B = tokens // T, printed and, given out, written to <out>.csv, .png.
-    A scorer "<name>_p<p>" (e.g. softmax_p3) adds re-weighting with that p."""
-    import model
-    import torch.nn.attention.flex_attention as fa
-    H, modes, rows, inputs, masks, make_mask = heads, ("fwd", "fwd+bwd"), [], {}, {}, fa.create_block_mask
-    providers_fn = {"triton": attention, "flex": flex_attention, "eager": model.attention, "sdpa": _sdpa,
-                    "cudnn": lambda *a, **kw: _sdpa(*a, **kw, backend=SDPBackend.CUDNN_ATTENTION)}
-    info = model.run_info(seed=0)  # provenance columns of every row
-    torch._dynamo.config.recompile_limit = 64  # flex compiles per scorer, pass, grad mode and shape
-
-    # flex_attention builds its block mask on every call, a model once per step for all layers: reuse it (offset
-    # is 0 here, so the lengths fix the mask)
-    def cached_mask(mask_mod, *args, device):
-        if args not in masks:
-            masks[args] = make_mask(mask_mod, *args, device=device)
-        return masks[args]
-
-    print(f"{'scorer':<11}{'provider':<9}{'D':>4}{'T':>7}{'B':>5} {'mode':<8}",
-          *(f"{c:>9}" for c in ("ms", "TFLOP/s", "MiB")))
-    for D, T, name, provider, mode in itertools.product(Ds, Ts, scorers, providers, modes):
-        scorer, _, p = name.partition("_p")
-        if provider in ("sdpa", "cudnn") and (scorer not in ("softmax", "ssmax") or p):
-            continue
-        B = max(1, tokens // T)
-        if (D, T) not in inputs:  # one shape in memory at a time
-            inputs.clear()
-            g = torch.Generator(device).manual_seed(0)
-            inputs[D, T] = [torch.randn(B, H, T, D, generator=g, device=device, dtype=dtype) for _ in range(4)]
-        q, k, v, do = inputs[D, T]
-        x = [t.detach().requires_grad_(mode != "fwd") for t in (q, k, v)]
-        params = {n: torch.full((H,), a, device=device, requires_grad=True) for n, a in PARAMS.get(scorer, {}).items()}
-        f = lambda: providers_fn[provider](*x, scorer, p=float(p) if p else None, **params)
-        fn = torch.no_grad()(f) if mode == "fwd" else lambda: f().backward(do)
-        row = dict(scorer=name, provider=provider, D=D, T=T, B=B, H=H, mode=mode, dtype=str(dtype)[6:], ms=None,
-                   tflops=None, peak_mib=None, status="ok")
-        try:
-            with mock.patch.object(fa, "create_block_mask", cached_mask):
-                row["ms"], row["peak_mib"] = _measure(fn, [*x, *params.values()], q.is_cuda)
-            row["tflops"] = 4 * B * H * T * T * D / 2 * (1 if mode == "fwd" else 3.5) / row["ms"] / 1e9
-        except torch.OutOfMemoryError:
-            row["status"] = "oom"
-        except Exception as e:  # one failing (provider, shape) must not end a long run
-            row["status"] = f"error: {type(e).__name__}: {str(e)[:200]}"
-        torch.cuda.empty_cache()
-        rows.append({**row, **info})
-        if out:  # rewritten per row: a run cut short keeps its rows
-            os.makedirs(os.path.dirname(str(out)) or ".", exist_ok=True)
-            with open(f"{out}.csv", "w", newline="") as fh:
-                csv.writer(fh).writerows([list(rows[0]), *(r.values() for r in rows)])
-        print(f"{name:<11}{provider:<9}{D:>4}{T:>7}{B:>5} {mode:<8}", *(f"{row[c]:9.4g}" if row[c] else f"{'-':>9}"
-              for c in ("ms", "tflops", "peak_mib")), "" if row["status"] == "ok" else row["status"], flush=True)
-    assert rows, "nothing to run (sdpa and cudnn run softmax and ssmax only)"
-    if out:
-        plot(rows, out)
-        print(f"wrote {out}.csv, {out}.png")
-    return rows
-
-
-if __name__ == "__main__":
-    import argparse
-    ap = argparse.ArgumentParser(description="Fused kernels against eager, SDPA and compiled FlexAttention")
-    ap.add_argument("--T", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
-    ap.add_argument("--D", type=int, nargs="+", default=[64, 128])
-    ap.add_argument("--scorers", nargs="+", default=["softmax", "ssmax", "ssa", "lssa", "lssar", "softmax_p3"])
-    ap.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=PROVIDERS,
-                    help="sdpa (its flash backend) and cudnn run softmax and ssmax only")
-    ap.add_argument("--tokens", type=int, default=16384, help="B * T")
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32", "bfloat16", "float16", "float32"))
-    ap.add_argument("--out", help="writes <out>.csv and <out>.png (e.g. out-bench/kernels); default: print only")
-    a = ap.parse_args()
-    if not (torch.cuda.is_available() or INTERPRET):  # the interpreter: tiny shapes, as the test runs
-        raise SystemExit("error: kernels.py times the kernels on a CUDA GPU and found none (or TRITON_INTERPRET=1)")
-    dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(a.dtype, a.dtype))
-    benchmark(a.T, a.D, a.scorers, a.providers, a.tokens, a.heads, dtype, "cuda" if torch.cuda.is_available() else
-              "cpu", a.out)
+    return _Attention.apply(q, k, v, s, b, n, qs, ks, flags, p, offset, sm_scale)

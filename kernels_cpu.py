@@ -1,6 +1,6 @@
 """
-Exact attention on the CPU for the scorers that SDPA cannot run: ssa, lssa, lssar and re-weighting on any scorer
-(SCORERS.md). model.attention(backend="cpu"); backend="auto" takes it on the CPU (softmax and ssmax take SDPA).
+Exact attention on the CPU for the scorers that SDPA cannot run: ssa, lssa, lssar, sigmoid and re-weighting on any
+normalised scorer (SCORERS.md). model.attention(backend="cpu"); backend="auto" takes it on the CPU (softmax and ssmax take SDPA).
 
 The reference (model.attention, backend="torch") lets autograd differentiate the equations: a dozen (Tq, Tk)
 temporaries per layer, both branches of every torch.where, and every chunk scored against all of its keys' square.
@@ -16,19 +16,24 @@ import math
 import torch
 import torch.nn.functional as F
 
+import scorers
+
 CHUNK = 128  # query rows per block: fewer, larger ops (each has a fixed cost) against 128^2 / 2 masked scores a block
-LSSAR_DEFAULT_P = 15.0
 
 
 def _blocks(Tq):
     return [(t0, min(t0 + CHUNK, Tq)) for t0 in range(0, Tq, CHUNK)]
 
 
-def _stage1(x, kind, n, mask):
+def _stage1(x, kind, n, mask, ln_n):
     """Stage-1 weights P of one block from x = q' k'^T (B*H, m, Tk), whose last m keys are the diagonal block. Future
-    keys are cut by mask (m, m): multiplied by 0 for lssa, else -inf added (a masked fill with a boolean mask costs
-    several adds on the CPU). lssa returns the row sums S too (P = A / S)."""
+    keys are cut by mask (m, m): multiplied by 0 for lssa and sigmoid, else -inf added (a masked fill with a boolean
+    mask costs several adds on the CPU). lssa returns the row sums S too (P = A / S)."""
     m = x.size(-2)
+    if kind == "sigmoid":  # w = sigmoid(z - log n_i), x = z: not normalised
+        P = torch.sigmoid(x.sub_(ln_n))
+        P[..., -m:].mul_(mask)
+        return P, None
     if kind == "lssa":  # A = softplus(u), u = log(d) log(n_i) cos: bounded, so plain sums
         A = F.softplus(x)
         A[..., -m:].mul_(mask)
@@ -46,11 +51,11 @@ def _forward(q, k, v, n, kind, p, offset, save):
     tie = 8 * torch.finfo(q.dtype).eps  # model.reweight's rule (kernels.TIE)
     out, saved = torch.empty_like(q), []
     keep = torch.ones(CHUNK, CHUNK, dtype=q.dtype, device=q.device).tril_()  # 1 on and below the diagonal
-    mask = keep if kind == "lssa" else keep.log_()  # log 1 = 0, log 0 = -inf
+    mask = keep if kind in ("lssa", "sigmoid") else keep.log_()  # log 1 = 0, log 0 = -inf
     for t0, t1 in _blocks(q.size(1)):
         Tk = offset + t1
         x = q[:, t0:t1] @ k[:, :Tk].transpose(1, 2)  # (B*H, m, Tk)
-        P, S = _stage1(x, kind, n, mask[:t1 - t0, :t1 - t0])
+        P, S = _stage1(x, kind, n, mask[:t1 - t0, :t1 - t0], _rows(offset, t0, t1, x)[0].log())
         P2 = has = None
         if p is not None:  # P2 = softmax(p log x) over x = n_i P - o_i > TIE n_i (model.reweight); other rows keep P
             n_i, inv_o = _rows(offset, t0, t1, P)
@@ -97,7 +102,9 @@ def _backward(do, q, k, v, n, out, saved, kind, p, offset, need_dn):
             if not has.all():  # rows that kept P: dL/dP passes through (divided by alpha)
                 dP = torch.where(has, dP, (dob @ v[:, :Tk].transpose(1, 2)).div_(alpha))
             d = torch.linalg.vecdot(P, dP).unsqueeze(-1)
-        if kind == "lssa":  # P = A / S, A = softplus(x): dx = (dP - d) sigmoid(x) / S, sigmoid(x) = -expm1(-A)
+        if kind == "sigmoid":  # w = sigmoid(x - log n_i): dx = dP w (1 - w), no row sum to subtract
+            dx = dP.mul_(P).mul_(1.0 - P)
+        elif kind == "lssa":  # P = A / S, A = softplus(x): dx = (dP - d) sigmoid(x) / S, sigmoid(x) = -expm1(-A)
             dx = dP.sub_(d).mul_(torch.mul(P, -S).expm1_())  # times -1/S: row
         else:  # a softmax of the logits: dlogits = P (dP - d)
             dx = dP.sub_(d).mul_(P)
@@ -140,20 +147,19 @@ def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):
     with torch.autocast(q.device.type, enabled=False):
         qd, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         ln_n = torch.arange(offset + 1, offset + Tq + 1, device=q.device, dtype=dtype).log()[:, None]  # (Tq, 1)
-        kind = "lssa" if scorer in ("lssa", "lssar") else "ssa" if scorer == "ssa" else "dot"
+        entry, p = scorers.get(scorer, p)
+        kind = "lssa" if entry.cosine else entry.kernel_logit if entry.kernel_logit in ("ssa", "sigmoid") else "dot"
         if kind == "lssa":  # u = log(d) log(n_i) q_hat . k_hat: the row factor rides on q_hat
             qd, k = F.normalize(qd, dim=-1) * (math.log(D) * ln_n), F.normalize(k, dim=-1)
-        elif scorer == "ssmax":  # logits (s log n_i + b) z
+        elif entry.row == "logn":  # ssmax: logits (s log n_i + b) z
             qd = qd * ((per_head(s, 1.0) * ln_n + per_head(b, 0.0)) / math.sqrt(D))
-        elif scorer == "ssa":  # the weights need only b z (b > 0)
+        elif kind == "ssa":  # the weights need only b z (b > 0)
             qd = qd * (per_head(b, 1.0) / math.sqrt(D))
-        elif scorer == "softmax":
+        elif entry.row in ("plain", "bias"):  # softmax; sigmoid (its -log n_i is added in _stage1)
             qd = qd / math.sqrt(D)
         else:
-            raise ValueError(f"unknown scorer {scorer!r}; allowed: softmax, ssmax, ssa, lssa, lssar")
+            raise ValueError(f"kernels_cpu has no path for scorer {scorer!r} (row setup {entry.row!r})")
         n = per_head(n, 1.5).expand(B, H, 1, 1).reshape(B * H, 1, 1) if kind == "ssa" else None
-        p = LSSAR_DEFAULT_P if scorer == "lssar" and p is None else p
-        p = None if p is None else float(p)
         args = (*(x.reshape(B * H, -1, D) for x in (qd, k, v)), n, kind, p, offset)  # (B*H, T, D): torch.bmm
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:4]):
             out = _Attention.apply(*args)

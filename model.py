@@ -1,16 +1,10 @@
 """
 nanoscorer model: one Llama-style GPT (RoPE, RMSNorm, SwiGLU, no biases, untied head) whose attention has a
-`scorer` switch. The reference path below reads like the papers' equations; kernels.py holds the fused path.
-
-Scorers (exact definitions and contracts in SCORERS.md):
-- softmax: the baseline.
-- ssmax: Scalable-Softmax, Nakanishi 2025 "Scalable-Softmax Is Superior for Attention" (eq. 2, 4, 11): the logits
-  of query row i are *multiplied* by s*log(n_i) + b, n_i = number of keys that row attends to.
-- ssa: Scaled Signed Averaging, Naim et al. 2025 "Improving in-context learning with a better scoring function"
-  (eq. 5): weights (1 + b|z|)^(sgn(z) n), normalised.
-- lssa / lssar: Gao & Spratling 2025 "Softplus Attention with Re-weighting Boosts Length Extrapolation" (eq. 4, 5):
-  softplus of log(d)*log(N)-scaled cosine scores, l1-normalised; then ReLU(N*A - O)^p, l1-normalised again.
+`scorer` switch. The scorers (softmax, ssmax, ssa, lssa, lssar, sigmoid) are one registry in scorers.py, with the
+reference path that reads like the papers' equations (definitions: SCORERS.md); kernels.py holds the fused path.
+Beside the model: the softmax -> SSMax switch (convert_scorer), MFU, and checkpoints with their provenance.
 """
+import hashlib
 import importlib.metadata
 import importlib.util
 import math
@@ -24,10 +18,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-SCORERS = ("softmax", "ssmax", "ssa", "lssa", "lssar")
-BACKENDS = ("auto", "torch", "sdpa", "cpu", "triton", "flex")
+import scorers
+from scorers import (BACKENDS, LSSAR_DEFAULT_P, SCORERS, attention, attention_weights, auto_backend,  # noqa: F401
+                     reweight, sdpa_attention, ssmax_s_for_switch)
+
 POS = ("rope", "nope")
-LSSAR_DEFAULT_P = 15.0
 
 @dataclass
 class GPTConfig:
@@ -58,144 +53,15 @@ class GPTConfig:
                              f"{', '.join(POS)}")
         if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
             raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} heads of even size (RoPE)")
-        # An option that the chosen scorer ignores is almost always a typo'd experiment: refuse it.
-        for f in fields(self):
-            owner = f.name.split("_")[0]  # ssmax_* options belong to ssmax, ssa_* to ssa
-            if owner in ("ssmax", "ssa") and getattr(self, f.name) != f.default and self.scorer != owner:
-                raise ValueError(f"option {f.name}={getattr(self, f.name)!r} does not apply to "
-                                 f"scorer={self.scorer!r} (only to {owner})")
-        if self.scorer == "ssa" and not (self.ssa_b_init > 0 and self.ssa_n > 1):
-            raise ValueError(f"ssa needs ssa_b_init > 0 and ssa_n > 1, got {self.ssa_b_init}, {self.ssa_n}")
+        scorers.check_options(self)  # options of other scorers, bounds, re-weighting on unnormalised rows
         if self.backend == "sdpa" and (self.scorer not in ("softmax", "ssmax") or self.reweight_p is not None):
             raise ValueError("backend='sdpa' runs softmax and ssmax without re-weighting only; use backend='auto'")
         if self.reweight_p is not None and not self.reweight_p > 0:
             raise ValueError(f"reweight_p={self.reweight_p} must be > 0 (or None for no re-weighting)")
 
     @property
-    def p(self):  # the re-weighting exponent that actually applies
-        return LSSAR_DEFAULT_P if self.scorer == "lssar" and self.reweight_p is None else self.reweight_p
-
-# ----------------------------------------------------------------------------------------------------------------
-# Scorers: reference path. Each returns the weights P (B, H, Tq, Tk) with masked (future) entries exactly 0.
-
-def _rows(Tq, Tk, offset, device):
-    """n_i = offset + t + 1 for query t, as (Tq, 1), and the causal mask (Tq, Tk)."""
-    assert Tk == offset + Tq, f"k has {Tk} keys but offset + Tq = {offset} + {Tq}"
-    i = torch.arange(offset, offset + Tq, device=device)
-    mask = torch.arange(Tk, device=device)[None, :] <= i[:, None]
-    return (i + 1)[:, None], mask
-
-def _per_head(x, default, H, like):
-    x = torch.full((H,), default, device=like.device) if x is None else x  # on the device: no sync per call
-    return x.to(like.device, like.dtype).view(H, 1, 1)  # broadcast over (Tq, Tk)
-
-def _masked_softmax(logits, mask):
-    return torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
-
-def _z(q, k):
-    return q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk) raw scaled logits
-
-def score_softmax(q, k, n_i, mask, **_):
-    return _masked_softmax(_z(q, k), mask)
-
-def score_ssmax(q, k, n_i, mask, s=None, b=None, **_):
-    z = _z(q, k)
-    scale = _per_head(s, 1.0, q.size(1), z) * torch.log(n_i.to(z.dtype)) + _per_head(b, 0.0, q.size(1), z)
-    return _masked_softmax(scale * z, mask)  # (H, Tq, 1) scale multiplies the logits: not a (no-op) shift
-
-def score_ssa(q, k, n_i, mask, b=None, n=None, **_):
-    z = _z(q, k)
-    b, n = _per_head(b, 1.0, q.size(1), z), _per_head(n, 1.5, q.size(1), z)
-    # w = (1 + b|z|)^(sgn(z) n), normalised = softmax of its log: no pow on negative bases, no overflow. Not
-    # sgn(z) log1p(b|z|): autograd's slope at z = 0 is then 0, the true one n b (clamps: the unused side stays finite)
-    logw = torch.where(z >= 0, torch.log1p(b * z.clamp(min=0)), -torch.log1p(-b * z.clamp(max=0)))
-    return _masked_softmax(n * logw, mask)
-
-def score_lssa(q, k, n_i, mask, **_):
-    d = q.size(-1)
-    cos = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)  # no 1/sqrt(d)
-    A = F.softplus(math.log(d) * torch.log(n_i.to(cos.dtype)) * cos) * mask
-    return A / A.sum(-1, keepdim=True)
-
-SCORE_FNS = {"softmax": score_softmax, "ssmax": score_ssmax, "ssa": score_ssa, "lssa": score_lssa, "lssar": score_lssa}
-
-def reweight(P, n_i, p):
-    """LSSAR eq. 5: R = ReLU(n_i P - o_i)^p, P' = R / sum R; o_i = 0 for rows i < 3, else 1.
-    Computed as a softmax of p*log(n P - o) over the positive entries, since (nP)^p overflows fp32.
-    "Positive" means above 8 n_i eps (eps of P's dtype; kernels.TIE, the same rule): a row with no such entry keeps
-    P. Only an exactly uniform row has none, and there n P - 1 is rounding of either sign (exp, log, a sum of n
-    terms: up to ~n eps / 2), which must not pick the branch; below 8 n eps re-weighting would amplify that noise."""
-    n = n_i.to(P.dtype)
-    x = n * P - (n_i > 3).to(P.dtype)  # row i has n_i = i + 1, so i < 3 <=> n_i <= 3
-    pos = x > 8 * n * torch.finfo(P.dtype).eps
-    logR = torch.where(pos, p * torch.log(torch.where(pos, x, torch.ones_like(x))), float("-inf"))
-    has = pos.any(-1, keepdim=True)
-    return torch.where(has, torch.softmax(logR.masked_fill(~has, 0.0), dim=-1), P)
-
-def attention_weights(q, k, scorer, *, s=None, b=None, n=None, p=None, offset=0):
-    """The attention weights P (B, H, Tq, Tk) of SCORERS.md; q at absolute positions offset..offset+Tq-1."""
-    if scorer not in SCORE_FNS:
-        raise ValueError(f"unknown scorer {scorer!r}; allowed: {', '.join(SCORERS)}")
-    dtype = torch.promote_types(q.dtype, torch.float32)  # half inputs are scored in fp32, under autocast too
-    q, k = q.to(dtype), k.to(dtype)
-    n_i, mask = _rows(q.size(-2), k.size(-2), offset, q.device)
-    with torch.autocast(q.device.type, enabled=False):  # else autocast runs q @ k.T in bf16 again
-        P = SCORE_FNS[scorer](q, k, n_i, mask, s=s, b=b, n=n)
-        p = LSSAR_DEFAULT_P if scorer == "lssar" and p is None else p
-        return P if p is None else reweight(P, n_i, p)
-
-def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0, backend="torch", chunk=1024):
-    """Causal attention (B, H, Tq, D) for every scorer. backend: torch (the reference below), sdpa (softmax, ssmax),
-    cpu (kernels_cpu.py), triton (kernels.py), flex; auto: the fastest exact one for the device (auto_backend).
-    The reference scores at most `chunk` query rows at a time, so its memory is O(chunk * Tk), not O(T^2)."""
-    kw = dict(s=s, b=b, n=n, p=p, offset=offset)
-    backend = auto_backend(scorer, p, q.device) if backend == "auto" else backend
-    if backend == "sdpa":
-        return sdpa_attention(q, k, v, scorer, **kw)
-    if backend == "cpu":
-        import kernels_cpu
-        return kernels_cpu.attention(q, k, v, scorer, **kw)
-    if backend in ("triton", "flex"):
-        import kernels
-        return (kernels.attention if backend == "triton" else kernels.flex_attention)(q, k, v, scorer, **kw)
-    if backend != "torch":
-        raise ValueError(f"unknown attention backend {backend!r}; allowed: {', '.join(BACKENDS)}")
-    if q.size(-2) > chunk:
-        return torch.cat([attention(q[:, :, t:t + chunk], k[:, :, :offset + t + chunk], v[:, :, :offset + t + chunk],
-                                    scorer, **{**kw, "offset": offset + t}, chunk=chunk)
-                          for t in range(0, q.size(-2), chunk)], dim=2)
-    P = attention_weights(q, k, scorer, **kw)
-    return (P @ v.to(P.dtype)).to(q.dtype)
-
-def auto_backend(scorer, p, device):
-    """softmax and ssmax (no re-weighting): SDPA, exact (ssmax scales q); others: Triton on CUDA, else kernels_cpu."""
-    if scorer in ("softmax", "ssmax") and p is None:
-        return "sdpa"
-    return "triton" if torch.device(device).type == "cuda" else "cpu"
-
-def sdpa_attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):
-    """softmax and ssmax on torch's SDPA (flash, cuDNN, efficient or CPU flash: torch chooses). SSMax multiplies row
-    i's logits by s log n_i + b, which is q_i scaled by it (Qwen's log-n attention runs so). SDPA's default scale
-    1/sqrt(d) is z's. Causal mask: is_causal at offset 0 (top-left), bottom-right after a cache, none for one row."""
-    if scorer not in ("softmax", "ssmax") or p is not None:
-        raise ValueError(f"backend='sdpa' runs softmax and ssmax without re-weighting, not scorer={scorer!r} with "
-                         f"p={p}; use backend='auto' (cpu or triton for the others)")
-    Tq, Tk = q.size(-2), k.size(-2)
-    assert Tk == offset + Tq, f"k has {Tk} keys but offset + Tq = {offset} + {Tq}"
-    if scorer == "ssmax":  # the scale in fp32 (or fp64) and q rounded once to its dtype, as under bf16 autocast
-        dtype = torch.promote_types(q.dtype, torch.float32)
-        ln_n = torch.arange(offset + 1, offset + Tq + 1, device=q.device, dtype=dtype).log()[:, None]  # (Tq, 1)
-        H = q.size(1)
-        q = (q.to(dtype) * (_per_head(s, 1.0, H, ln_n) * ln_n + _per_head(b, 0.0, H, ln_n))).to(q.dtype)
-    mask = None
-    if offset and Tq > 1:  # a chunk after a cache: row t sees keys 0..offset + t, the bottom-right triangle
-        from torch.nn.attention.bias import causal_lower_right  # torch >= 2.2
-        mask = causal_lower_right(Tq, Tk)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=offset == 0 and Tq > 1)
-
-def ssmax_s_for_switch(N):
-    """s0 = 1 / mean_{n=1..N} log n: keeps the average logit scale at a softmax->SSMax switch (0.168 at N=1024)."""
-    return 1.0 / (math.lgamma(N + 1) / N)
+    def p(self):  # the re-weighting exponent that actually applies (lssar: 15 when None)
+        return SCORERS[self.scorer].p if self.reweight_p is None else self.reweight_p
 
 # ----------------------------------------------------------------------------------------------------------------
 # RoPE as pure functions (real cos/sin); the model's tables are non-persistent buffers, so θ can change on load.
@@ -252,6 +118,9 @@ class RMSNorm(nn.Module):
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
+def param_name(scorer, prm):  # ssmax_s, ssmax_b, ssa_b_raw, ssa_n_raw: the names in a checkpoint
+    return f"{scorer}_{prm.name}" + ("_raw" if prm.low is not None else "")
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -259,26 +128,25 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.scorer, self.p, self.backend = H, config.scorer, config.p, config.backend
         self.rope = config.pos == "rope"
         self.c_attn, self.c_proj = nn.Linear(C, 3 * C, bias=False), nn.Linear(C, C, bias=False)
-        # Scorer parameters, per head; a fixed one is a buffer, so it is still saved with the weights.
-        # b and n of SSA are stored through softplus so that b > 0 and n > 1 always.
-        def add(name, value, learn=True):
+        # The scorer's parameters (scorers.SCORERS), per head, named <scorer>_<symbol>: ssmax_s, ssmax_b, ... A fixed
+        # one is a buffer, so it is still saved with the weights. One kept > low (ssa's b > 0, n > 1) is stored raw,
+        # as low + softplus(raw): <scorer>_<symbol>_raw
+        self.params = [prm for prm in SCORERS[config.scorer].params if not prm.only_if or getattr(config, prm.only_if)]
+        for prm in self.params:
+            value = getattr(config, prm.init) if prm.init else prm.default
+            if prm.low is not None:
+                value = math.log(math.expm1(value - prm.low))  # softplus^-1
             value = torch.full((H,), float(value))
-            setattr(self, name, nn.Parameter(value)) if learn else self.register_buffer(name, value)
-        if config.scorer == "ssmax":
-            add("ssmax_s", config.ssmax_s_init, config.ssmax_learn_s)
-            if config.ssmax_bias:
-                add("ssmax_b", 0.0)
-        if config.scorer == "ssa":
-            add("ssa_b_raw", math.log(math.expm1(config.ssa_b_init)))
-            add("ssa_n_raw", math.log(math.expm1(config.ssa_n - 1.0)), config.ssa_learn_n)
+            if not prm.learn or getattr(config, prm.learn):
+                setattr(self, param_name(self.scorer, prm), nn.Parameter(value))
+            else:
+                self.register_buffer(param_name(self.scorer, prm), value)
 
     def scorer_params(self):
-        """s, b, n as (H,) tensors (or None), in the form the equations use."""
-        if self.scorer == "ssmax":
-            return dict(s=self.ssmax_s, b=getattr(self, "ssmax_b", None))
-        if self.scorer == "ssa":
-            return dict(b=F.softplus(self.ssa_b_raw), n=1.0 + F.softplus(self.ssa_n_raw))
-        return {}
+        """The scorer's parameters as (H,) tensors, in the form the equations use: {"s": ..., "b": ...}."""
+        values = {prm.name: getattr(self, param_name(self.scorer, prm)) for prm in self.params}
+        return {prm.name: values[prm.name] if prm.low is None else prm.low + F.softplus(values[prm.name])
+                for prm in self.params}
 
     def forward(self, x, cos, sin, cache=None, capture=None):
         B, T, C = x.size()
@@ -441,7 +309,8 @@ def convert_scorer(model, **changes):
     config = GPTConfig(**{**asdict(model.config), **changes})
     new = GPT(config).to(model.lm_head.weight.device)
     missing, unexpected = new.load_state_dict(model.state_dict(), strict=False)
-    bad = [k for k in missing + unexpected if not k.endswith(("ssmax_s", "ssmax_b", "ssa_b_raw", "ssa_n_raw"))]
+    own = tuple(param_name(name, prm) for name, entry in SCORERS.items() for prm in entry.params)
+    bad = [k for k in missing + unexpected if not k.endswith(own)]
     assert not bad, f"convert_scorer: weights that do not carry over: {bad}"
     return new
 
@@ -458,17 +327,24 @@ def device_peak_flops(device=None):
     name = torch.cuda.get_device_name(device)  # dict order: "A100" is tried before "A10", "L40S" before "L4"
     return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
 
-def run_info(seed=None):
-    """What every checkpoint and result file records: git SHA, versions, device, seed."""
+def _git(*args):
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=5,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout
     except (OSError, subprocess.SubprocessError):
-        sha = None
+        return ""
+
+def run_info(seed=None):
+    """What every checkpoint and result file records: git SHA, whether tracked files differed from it (git_dirty)
+    and a hash of that diff, versions, device, seed. Untracked files are not counted (out_dirs, data)."""
+    sha = _git("rev-parse", "HEAD").strip() or None
+    diff = _git("diff", "HEAD") if sha else ""
     triton = importlib.util.find_spec("triton") and importlib.metadata.version("triton")
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     # str(): torch.__version__ is a TorchVersion, a class weights_only loading refuses unless allowed by name
-    return dict(git_sha=sha, torch=str(torch.__version__), triton=triton or None, device=device, seed=seed)
+    return dict(git_sha=sha, git_dirty=bool(diff) if sha else None,
+                git_diff_sha256=hashlib.sha256(diff.encode()).hexdigest()[:16] if diff else None,
+                torch=str(torch.__version__), triton=triton or None, device=device, seed=seed)
 
 def save_checkpoint(obj, path):
     """Atomic (temp file + rename): a crash mid-write leaves the previous checkpoint intact."""

@@ -3,8 +3,8 @@
 # its files while it stays warm, so later steps may follow earlier ones):
 #
 #     bash bench/gpu.sh tests [K]  # the CUDA-only tests of tests/test_kernels.py (pytest -k K, default cuda)
-#     bash bench/gpu.sh bench      # kernels.py at D = 128, T = 1k, 4k, 16k (every scorer and peer)
-#     bash bench/gpu.sh bench64    # kernels.py at D = 64 and T = 2k, 8k
+#     bash bench/gpu.sh bench      # bench/attention.py at D = 128, T = 1k, 4k, 16k (every scorer and peer)
+#     bash bench/gpu.sh bench64    # bench/attention.py at D = 64 and T = 2k, 8k
 #     bash bench/gpu.sh repro      # reproduce.py --scale gpu; rerun it: finished steps are skipped
 #     bash bench/gpu.sh train      # bench/train_speed.py: the 162M model (configs/ssmax.py), bf16, 30 steps a scorer:
 #                                  # tokens/s, MFU, peak memory, attention path (the SDPA kernel torch chose)
@@ -31,9 +31,9 @@ case "${1:-}" in
     # SIGINT at the limit: pytest stops as on Ctrl-C and still prints the failures so far (last time they were lost)
     tests) timeout -s INT -k 20 $limit python3 -m pytest -v -rA --tb=short -k "${2:-cuda}" tests/test_kernels.py \
                tests/test_sdpa.py > "$out/cuda_tests.log" 2>&1 ;;
-    bench) timeout $limit python3 kernels.py --D 128 --T 1024 4096 16384 --out "$out/kernels_d128" \
+    bench) timeout $limit python3 bench/attention.py --D 128 --T 1024 4096 16384 --out "$out/kernels_d128" \
                > "$out/bench_d128.log" 2>&1 ;;
-    bench64) timeout $limit python3 kernels.py --D 64 --T 2048 8192 --out "$out/kernels_d64" \
+    bench64) timeout $limit python3 bench/attention.py --D 64 --T 2048 8192 --out "$out/kernels_d64" \
                  > "$out/bench_d64.log" 2>&1 ;;
     repro) timeout $limit python3 reproduce.py --scale gpu > "$out/repro.log" 2>&1 ;;
     train) timeout $limit python3 bench/train_speed.py --config configs/ssmax.py --steps 30 \

@@ -28,16 +28,19 @@ from triton.compiler import ASTSource  # noqa: E402
 import torch  # noqa: E402
 
 import kernels  # noqa: E402
+from scorers import SCORERS  # noqa: E402
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-# (name, kernel, constexprs): each scorer as the model calls it (ssmax and ssa with learned parameters: exact sigma)
-VARIANTS = [("fwd", "softmax", dict(SCORER=0, STAGE=1)), ("fwd", "ssmax", dict(SCORER=1, STAGE=1)),
-            ("fwd", "ssa", dict(SCORER=2, STAGE=1)), ("fwd", "lssa", dict(SCORER=3, STAGE=1)),
-            ("fwd", "lssar_pass1", dict(SCORER=3, STAGE=0)), ("fwd", "lssar_pass2", dict(SCORER=3, STAGE=2, P_INT=15))]
-VARIANTS += [(k, name, dict(SCORER=sid, REWEIGHT=rw, **(dict(EXACT_SIGMA=ex) if k == "dq" else {})))
-             for k in ("dq", "dkdv") for name, sid, rw, ex in [("softmax", 0, False, False), ("ssmax", 1, False, True),
-                                                              ("ssa", 2, False, True), ("lssa", 3, False, False),
-                                                              ("lssar", 3, True, True)]]
+# (kernel, name, constexprs): each scorer of the registry as the model calls it (learned parameters: exact sigma),
+# re-weighting's two forward passes apart
+VARIANTS = []
+for name, entry in SCORERS.items():
+    flags, rw = entry.kernel_flags(), entry.p is not None
+    VARIANTS += [("fwd", f"{name}_pass1", dict(**flags, STAGE=0)),
+                 ("fwd", f"{name}_pass2", dict(**flags, STAGE=2, P_INT=int(entry.p)))] if rw else \
+        [("fwd", name, dict(**flags, STAGE=1))]
+    VARIANTS += [("dq", name, dict(**flags, REWEIGHT=rw, EXACT_SIGMA=(rw or bool(entry.params)) and entry.normalised)),
+                 ("dkdv", name, dict(**flags, REWEIGHT=rw))]
 KERNELS = {"fwd": kernels._attn_fwd, "dq": kernels._attn_bwd_dq, "dkdv": kernels._attn_bwd_dkdv}
 INTS = {"H", "Tq", "Tk", "offset", "split_size", "T_BUCKET"}  # all but offset divisible by 16, as the JIT would see
 

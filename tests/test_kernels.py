@@ -4,6 +4,7 @@ Errors are max|fused - ref64| / max|ref64| per tensor, bounded by a multiple of 
 runs in the same precision (fp32, fp16, bf16) plus a small atol: a well-conditioned case is then held to ~1e-4,
 while re-weighting, whose dP carries p n / (n P - o), is allowed the reference's own fp32 sensitivity."""
 import csv
+import importlib.util
 import math
 import os
 import subprocess
@@ -14,17 +15,15 @@ import pytest
 import torch
 
 import kernels
+import kernels_flex
 import model
+from scorers import SCORERS
 
-CASES = [  # (scorer, kwargs making every parameter matter); parameters are per head, H = 2
-    ("softmax", {}),
-    ("ssmax", dict(s=[0.7, 1.3], b=[0.2, -0.4])),
-    ("ssa", dict(b=[0.5, 2.0], n=[1.1, 2.5])),
-    ("lssa", {}),
-    ("lssar", {}),
-    ("softmax", dict(p=3.0)),
-]
-IDS = ["softmax", "ssmax", "ssa", "lssa", "lssar", "softmax_p3"]
+# Every scorer of the registry with each parameter per head (H = 2) off its default, so that every one matters
+# (within its constraint: ssa's b > 0, n > 1), and re-weighting on softmax
+CASES = [(name, {prm.name: [prm.default - 0.3, prm.default + 0.5] for prm in entry.params})
+         for name, entry in SCORERS.items()] + [("softmax", dict(p=3.0))]
+IDS = [*SCORERS, "softmax_p3"]
 SHAPES = [  # (Tq, offset, D): odd lengths, a query block after a cache, decoding one token after a long cache
     (1, 0, 16), (15, 0, 16), (63, 0, 32), (130, 0, 16), (40, 23, 32), (1, 129, 16),
 ]
@@ -202,7 +201,8 @@ def test_all_equal_scores_give_the_prefix_mean_and_finite_grads(scorer, kw):
     q, k, v, do = _inputs(35, 0, 16)
     q = torch.zeros_like(q)  # every score equal: uniform weights; with p, the fallback (or a uniform re-weighting)
     fused = _run(kernels.attention, scorer, kw, q, k, v, do, torch.float32, 0)
-    prefix_mean = v.cumsum(2) / torch.arange(1, 36).view(1, 1, 35, 1)
+    n = torch.arange(1, 36).view(1, 1, 35, 1)  # sigmoid's rows are not normalised: w = sigmoid(-log n) = 1 / (n + 1)
+    prefix_mean = v.cumsum(2) / (n if SCORERS[scorer].normalised else n + 1)
     torch.testing.assert_close(fused[0], prefix_mean, rtol=1e-5, atol=1e-5)
     assert all(torch.isfinite(g).all() for g in fused)
     # re-weighting: rows i >= 3 fall back to P in both paths (the tie tolerance, not rounding, decides), so their
@@ -238,7 +238,7 @@ def test_reweighting_tie_tolerance_decides_alike_in_reference_kernel_and_flex():
         k[0, 0, -1, 0] = a  # z = a on the last key, 0 elsewhere; earlier rows (all z = 0) are uniform
         v = torch.randn(1, 1, n, D, generator=torch.Generator().manual_seed(0))
         expect = v[0, 0, -1] if f > 1 else model.attention(q, k, v, "softmax")[0, 0, -1]
-        for fn in (model.attention, kernels.attention, kernels.flex_attention):
+        for fn in (model.attention, kernels.attention, kernels_flex.flex_attention):
             torch.testing.assert_close(fn(q, k, v, "softmax", p=15.0)[0, 0, -1], expect, msg=f"{fn.__module__} {f}")
 
 
@@ -268,6 +268,8 @@ def test_shape_errors_are_clear():
         kernels.attention(q, k, v, "softmax", offset=3)
     with pytest.raises(ValueError, match="unknown scorer"):
         kernels.attention(q, k, v, "sparsemax")
+    with pytest.raises(ValueError, match="needs normalised rows"):  # re-weighting does not apply to sigmoid
+        kernels.attention(q, k, v, "sigmoid", p=3.0)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -279,7 +281,7 @@ def test_shape_errors_are_clear():
 def test_flex_forward_matches_reference(scorer, kw, Tq, offset):
     q, k, v, _ = _inputs(Tq, offset, 16)
     params = {n: torch.tensor(x) for n, x in kw.items() if n != "p"}
-    out = kernels.flex_attention(q, k, v, scorer, p=kw.get("p"), offset=offset, **params)
+    out = kernels_flex.flex_attention(q, k, v, scorer, p=kw.get("p"), offset=offset, **params)
     ref = _ref(q.double(), k.double(), v.double(), scorer, p=kw.get("p"), offset=offset,
                **{n: x.double() for n, x in params.items()})
     assert out.shape == q.shape and _err(out, ref) < 2e-5
@@ -330,7 +332,7 @@ def test_cuda_calls_never_synchronize_with_the_host(scorer, kw):
 @pytest.mark.parametrize("scorer,kw", CASES, ids=IDS)
 def test_cuda_flex_forward_and_backward(scorer, kw):
     q, k, v, do = _inputs(200, 0, 64, device="cuda")
-    flex = _run(kernels.flex_attention, scorer, kw, q, k, v, do, torch.float32, 0)
+    flex = _run(kernels_flex.flex_attention, scorer, kw, q, k, v, do, torch.float32, 0)
     ref = _run(_ref, scorer, kw, q, k, v, do, torch.float64, 0)
     for f, r in zip(flex, ref):
         assert torch.isfinite(f).all() and _err(f, r) < 2e-3
@@ -350,12 +352,19 @@ def test_cuda_memory_is_linear_in_sequence_length():
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Benchmark (`python kernels.py`): a tiny CPU configuration through the same code as the H100 table
+# Benchmark (`python bench/attention.py`): a tiny CPU configuration through the same code as the H100 table
+
+REPO = os.path.dirname(os.path.abspath(kernels.__file__))
+BENCH = os.path.join(REPO, "bench", "attention.py")
+_spec = importlib.util.spec_from_file_location("bench_attention", BENCH)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
 
 def test_benchmark_writes_one_timed_row_per_configuration_csv_and_png(tmp_path):
     scorers, providers, modes = ["softmax", "lssar"], ["triton", "eager", "sdpa"], ["fwd", "fwd+bwd"]
-    rows = kernels.benchmark(Ts=[32], Ds=[16], scorers=scorers, providers=providers, tokens=32, heads=2,
-                             dtype=torch.float32, device="cpu", out=tmp_path / "k")
+    rows = bench.benchmark(Ts=[32], Ds=[16], scorers=scorers, providers=providers, tokens=32, heads=2,
+                           dtype=torch.float32, device="cpu", out=tmp_path / "k")
     with open(tmp_path / "k.csv", newline="") as f:
         table = list(csv.DictReader(f))
     keys = sorted((r["scorer"], r["provider"], int(r["D"]), int(r["T"]), r["mode"]) for r in table)
@@ -365,9 +374,6 @@ def test_benchmark_writes_one_timed_row_per_configuration_csv_and_png(tmp_path):
         assert r["status"] == "ok" and r["device"] and r["peak_mib"] == ""  # no peak memory on CPU
         assert 0 < float(r["ms"]) < math.inf and 0 < float(r["tflops"]) < math.inf
     assert (tmp_path / "k.png").stat().st_size > 0
-
-
-REPO = os.path.dirname(os.path.abspath(kernels.__file__))
 
 
 def _cpu_python(*args, cwd=REPO):
@@ -385,20 +391,20 @@ def test_triton_backend_on_cpu_without_interpreter_is_one_clear_error():
 
 
 def test_benchmark_script_on_cpu_exits_with_one_line_and_writes_nothing(tmp_path):
-    r = _cpu_python(os.path.join(REPO, "kernels.py"), "--T", "32", "--D", "16", cwd=tmp_path)
+    r = _cpu_python(BENCH, "--T", "32", "--D", "16", cwd=tmp_path)
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "CUDA GPU" in r.stderr, r.stderr
     assert not list(tmp_path.iterdir())  # no stray bench/kernels.csv: files only under an explicit --out
 
 
 def test_sdpa_peer_runs_the_backend_it_names():  # unpinned, torch may pick cuDNN over flash on Hopper
     q, k, v, _ = _inputs(40, 0, 16)
-    torch.testing.assert_close(kernels._sdpa(q, k, v, "softmax"), _ref(q, k, v, "softmax"), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(bench._sdpa(q, k, v, "softmax"), _ref(q, k, v, "softmax"), rtol=1e-5, atol=1e-5)
     with pytest.raises(RuntimeError):  # no cuDNN attention on the CPU: the pin is applied, not a hint
-        kernels._sdpa(q, k, v, "softmax", backend=kernels.SDPBackend.CUDNN_ATTENTION)
+        bench._sdpa(q, k, v, "softmax", backend=bench.SDPBackend.CUDNN_ATTENTION)
 
 
 @cuda
-@pytest.mark.parametrize("scorer", ["softmax", "ssmax", "ssa", "lssar"])
+@pytest.mark.parametrize("scorer", ["softmax", "ssmax", "ssa", "lssar", "sigmoid"])
 def test_cuda_162M_model_forward_at_20000_tokens(scorer):
     """The issue's bar for the fused path: the paper's 162M model scores a 20,000-token sequence on one GPU."""
     torch.manual_seed(0)

@@ -1,5 +1,6 @@
 """The reference scorers (model.attention / attention_weights) against SCORERS.md, written here independently:
-row by row, in float64, straight from the formulas."""
+row by row, in float64, straight from the formulas; and the scorer registry (scorers.SCORERS) against every place
+that reads it."""
 import math
 
 import pytest
@@ -19,6 +20,7 @@ SCORER_CASES = [  # (scorer, kwargs that make every parameter matter)
     ("lssar", dict(p=3.0)),
     ("softmax", dict(p=3.0)),
     ("ssmax", dict(s=[0.5, 2.0], p=15.0)),
+    ("sigmoid", {}),
 ]
 
 
@@ -48,10 +50,12 @@ def spec_weights(q, k, scorer, s=None, b=None, n=None, p=None, offset=0):
                     bh = 1.0 if b is None else float(b[h])
                     nh = 1.5 if n is None else float(n[h])
                     w = (1 + bh * z.abs()) ** (torch.sign(z) * nh)
+                elif scorer == "sigmoid":
+                    w = 1 / (1 + torch.exp(-(z - math.log(n_i))))
                 else:  # lssa, lssar
                     cos = (kj / kj.norm(dim=-1, keepdim=True)) @ (qi / qi.norm())
                     w = torch.nn.functional.softplus(math.log(d) * math.log(n_i) * cos)
-                P = w / w.sum()
+                P = w if scorer == "sigmoid" else w / w.sum()  # sigmoid's rows are not normalised
                 pp = 15.0 if scorer == "lssar" and p is None else p
                 if pp is not None:
                     o = 0.0 if i < 3 else 1.0
@@ -77,7 +81,8 @@ def test_weights_match_the_spec_rows_sum_to_one_and_future_is_zero(scorer, kw):
     q, k, v = _qk(T=9, scale=1.5)
     P = attention_weights(q, k, scorer, **_t(kw))
     torch.testing.assert_close(P, spec_weights(q, k, scorer, **_t(kw)), rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(P.sum(-1), torch.ones(2, 2, 9, dtype=torch.float64))
+    if model.SCORERS[scorer].normalised:  # sigmoid's rows are not (their sums: test_sigmoid_rows_...)
+        torch.testing.assert_close(P.sum(-1), torch.ones(2, 2, 9, dtype=torch.float64))
     assert (P.triu(diagonal=1) == 0).all()
     torch.testing.assert_close(attention(q, k, v, scorer, **_t(kw)), P @ v)
 
@@ -151,7 +156,8 @@ def test_edge_cases_are_finite(scorer, kw, case):
         kwd = {key: (val.to(dtype) if torch.is_tensor(val) else val) for key, val in _t(kw).items()}
         P = attention_weights(q.to(dtype), k.to(dtype), scorer, **kwd)
         assert torch.isfinite(P).all()
-        torch.testing.assert_close(P.sum(-1), torch.ones_like(P.sum(-1)))
+        if model.SCORERS[scorer].normalised:
+            torch.testing.assert_close(P.sum(-1), torch.ones_like(P.sum(-1)))
         q2, k2, v2 = (x.to(dtype).requires_grad_() for x in (q, k, v))
         attention(q2, k2, v2, scorer, **kwd).square().sum().backward()
         assert all(torch.isfinite(x.grad).all() for x in (q2, k2, v2))
@@ -258,3 +264,50 @@ def test_attention_rows_under_bf16_autocast_score_the_models_q_k_in_fp32(monkeyp
     assert q.dtype == torch.bfloat16 and rows.dtype == torch.float32
     expect = attention_weights(q.float(), k.float(), "ssmax", s=gpt.transformer.h[0].attn.ssmax_s)
     torch.testing.assert_close(rows[0], expect[:, :, [11, 5]], rtol=0, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The registry: every place that lists scorers or their options reads scorers.SCORERS and agrees with it
+
+def test_registry_agrees_with_config_model_train_kernels_flex_ptxas_and_docs():
+    import importlib.util
+    import inspect
+    import os
+    from dataclasses import fields
+
+    import kernels
+    import train
+    from scorers import SCORERS
+    option_fields = {f for e in SCORERS.values() for prm in e.params for f in prm.fields()}
+    config_fields = {f.name for f in fields(model.GPTConfig)}
+    assert option_fields <= config_fields  # every option a Param names is a GPTConfig field ...
+    assert {f for f in config_fields if f.split("_")[0] in SCORERS} == option_fields  # ... and each <scorer>_* field
+    assert set(train.SCORER_OPTIONS) == option_fields
+    for name, entry in SCORERS.items():
+        cfg = model.GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=8, scorer=name,
+                              **{prm.only_if: True for prm in entry.params if prm.only_if})
+        attn = model.GPT(cfg).transformer.h[0].attn
+        own = {k for k, _ in [*attn.named_parameters(), *attn.named_buffers()] if not k.startswith("c_")}
+        assert own == {model.param_name(name, prm) for prm in entry.params}, name
+        assert tuple(entry.kernel_flags().values()) in kernels.KERNELS, name  # the fused kernels implement it
+        assert list(inspect.signature(entry.logit).parameters)[3:] == [prm.name for prm in entry.params], name
+        assert not (entry.p is not None and not entry.normalised), name  # re-weighting needs normalised rows
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("ptxas_report", os.path.join(root, "bench", "ptxas_report.py"))
+    ptxas = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ptxas)
+    assert {name.split("_pass")[0] for _, name, _ in ptxas.VARIANTS} == set(SCORERS)
+    for doc in ("README.md", "SCORERS.md"):
+        text = open(os.path.join(root, doc), encoding="utf-8").read()
+        assert all(f"`{name}`" in text for name in SCORERS), doc
+
+
+def test_sigmoid_rows_are_not_normalised_and_refuse_reweighting():
+    q, k, v = _qk()
+    P = attention_weights(torch.zeros_like(q), k, "sigmoid")  # z = 0: w = sigmoid(-log n) = 1 / (n + 1)
+    n = torch.arange(1, 8, dtype=torch.float64)
+    torch.testing.assert_close(P.sum(-1)[0, 0], n / (n + 1))
+    with pytest.raises(ValueError, match="needs normalised rows"):
+        attention_weights(q, k, "sigmoid", p=3.0)
+    with pytest.raises(ValueError, match="needs normalised rows"):
+        model.GPTConfig(scorer="sigmoid", reweight_p=3.0)

@@ -6,13 +6,14 @@ import torch
 
 import kernels_cpu
 import model
+import scorers
 from model import GPT, GPTConfig, attention
 
 H, D = 3, 16
 SHAPES = [(0, 33), (40, 7), (90, 1)]  # (offset = keys already cached, Tq): a prompt, a chunk after a cache, decoding
 CPU_SHAPES = SHAPES + [(0, 1), (0, 50), (5, 41)]  # and T = 1; with CHUNK = 16 below, 33 to 50 rows are 3-4 blocks
 PARAMS = {  # per head, every one different so that a head mixed up or a parameter dropped shows
-    "softmax": {}, "lssa": {}, "lssar": {},
+    "softmax": {}, "lssa": {}, "lssar": {}, "sigmoid": {},
     "ssmax": dict(s=[0.6, 1.0, 1.7], b=[0.3, 0.0, -0.5]),
     "ssa": dict(b=[0.5, 1.0, 2.0], n=[1.1, 1.5, 2.5]),
 }
@@ -75,7 +76,7 @@ def test_sdpa_refuses_other_scorers_and_reweighting_with_one_clear_error():
 # backend="cpu": kernels_cpu.py
 
 CPU_CASES = [("ssa", None), ("lssa", None), ("lssar", None), ("lssar", 100.0), ("softmax", 3.0), ("ssmax", 15.0),
-             ("ssa", 2.0)]
+             ("ssa", 2.0), ("sigmoid", None)]
 
 
 @pytest.fixture
@@ -135,7 +136,7 @@ def test_auto_picks_sdpa_for_softmax_and_ssmax_and_the_fused_path_for_the_others
 
 VARIANTS = {"softmax": dict(scorer="softmax"), "softmax_p3": dict(scorer="softmax", reweight_p=3.0),
             "ssmax_bias": dict(scorer="ssmax", ssmax_bias=True), "ssa_learn_n": dict(scorer="ssa", ssa_learn_n=True),
-            "lssa": dict(scorer="lssa"), "lssar": dict(scorer="lssar")}
+            "lssa": dict(scorer="lssa"), "lssar": dict(scorer="lssar"), "sigmoid": dict(scorer="sigmoid")}
 
 
 def _tiny(**kw):
@@ -153,7 +154,7 @@ def test_model_runs_the_backend_auto_picks_and_matches_the_reference(variant, mo
     fast = GPT(_tiny(**VARIANTS[variant]))
     fast.load_state_dict(ref.state_dict())
     ran = []
-    for backend, (mod, fn) in {"sdpa": (model, "sdpa_attention"), "cpu": (kernels_cpu, "attention")}.items():
+    for backend, (mod, fn) in {"sdpa": (scorers, "sdpa_attention"), "cpu": (kernels_cpu, "attention")}.items():
         f = getattr(mod, fn)
         monkeypatch.setattr(mod, fn, lambda *a, _f=f, _b=backend, **kw: ran.append(_b) or _f(*a, **kw))
     idx = torch.randint(0, 64, (2, 24))

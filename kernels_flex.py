@@ -1,0 +1,67 @@
+"""
+Causal attention for every scorer (SCORERS.md) through torch's FlexAttention: the peer the fused kernels (kernels.py)
+are timed against (bench/attention.py), and model.attention(backend="flex"). Each scorer's stage-1 logit is its
+registry entry's `logit` (scorers.SCORERS) used as the score_mod; re-weighting is a second pass.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+from kernels import TIE, _prepare  # re-weighting's tie rule, and the fused kernels' argument checks and defaults
+
+
+_flex_compiled = None
+
+
+def _flex_pass(q, k, v, block_mask, scale, stage1, pos0, params, ln_d, lse1, p):
+    """One FlexAttention pass: stage-1 scores (lse1 None) or the re-weighting pass over stage-1 lse1."""
+    from torch.nn.attention.flex_attention import AuxRequest, flex_attention as flex  # AuxRequest: torch >= 2.9
+
+    def logit(score, h, q_idx):  # the registry's natural-log stage-1 logit (scorers.SCORERS)
+        ln_n = torch.log((q_idx + pos0 + 1).to(torch.float32))
+        return stage1(score, ln_n, ln_d, **{name: x[h] for name, x in params.items()})
+
+    def reweight(score, bb, h, q_idx, kv_idx):  # p log(n P - o) on n P - o > TIE n, else -inf
+        n_i = (q_idx + pos0 + 1).to(torch.float32)
+        y = n_i * torch.exp(logit(score, h, q_idx) - lse1[bb, h, q_idx]) - (n_i > 3).to(torch.float32)
+        pos = y > TIE.value * n_i
+        return torch.where(pos, p * torch.log(torch.where(pos, y, torch.ones_like(y))), -math.inf)
+
+    mod = (lambda score, bb, h, q_idx, kv_idx: logit(score, h, q_idx)) if lse1 is None else reweight
+    out, aux = flex(q, k, v, score_mod=mod, block_mask=block_mask, scale=scale, return_aux=AuxRequest(lse=True))
+    return out, aux.lse
+
+
+def flex_attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):
+    """The same semantics through torch's FlexAttention (the registry's logit as score_mod, a causal block mask shifted
+    by offset). lssa is a softmax over log(softplus(u)), sigmoid one over log(w) times sum_j w = exp(lse);
+    re-weighting is a second pass over the first pass's lse.
+    q, k, v are padded to multiples of 128 (FlexAttention with score_mod + block_mask gave NaN gradients at other
+    lengths). On CUDA the passes are compiled; on CPU they run eagerly (forward only: no CPU backward)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    global _flex_compiled
+    entry, _, s, b, n, p = _prepare(q, k, v, scorer, s, b, n, p, offset)
+    params = {prm.name: dict(s=s, b=b, n=n)[prm.name] for prm in entry.params}
+    B, H, Tq, D = q.shape
+    Tk = k.size(2)
+    if entry.cosine:
+        q, k, scale = F.normalize(q, dim=-1), F.normalize(k, dim=-1), 1.0
+    else:
+        scale = 1.0 / math.sqrt(D)
+    pad_q, pad_k = -Tq % 128, -Tk % 128
+    q, k, v = F.pad(q, (0, 0, 0, pad_q)), F.pad(k, (0, 0, 0, pad_k)), F.pad(v, (0, 0, 0, pad_k))
+    block_mask = create_block_mask(lambda bb, h, q_idx, kv_idx: (kv_idx <= q_idx + offset) & (kv_idx < Tk),
+                                   None, None, Tq + pad_q, Tk + pad_k, device=q.device)
+    pos0 = torch.tensor(offset, device=q.device)  # a tensor, so a new offset does not recompile
+    run = _flex_pass
+    if q.is_cuda:
+        _flex_compiled = _flex_compiled or torch.compile(_flex_pass)
+        run = _flex_compiled
+    out, lse1 = run(q, k, v, block_mask, scale, entry.logit, pos0, params, math.log(D), None, p)
+    if p is not None:
+        out2, lse2 = run(q, k, v, block_mask, scale, entry.logit, pos0, params, math.log(D), lse1, p)
+        out = torch.where(torch.isinf(lse2).unsqueeze(-1), out, out2)  # fallback rows keep stage 1
+    if not entry.normalised:  # sigmoid: flex normalised sum_j w_ij v_j by sum_j w_ij = exp(lse); undo it
+        out = out * torch.exp(lse1).unsqueeze(-1).to(out.dtype)
+    return out[:, :, :Tq]

@@ -1,0 +1,236 @@
+"""
+nanoscorer's attention scorers: the registry that every other place reads, and the reference path.
+
+The exact definitions are SCORERS.md. One `Scorer` entry per scorer holds its reference function (below, written
+like the paper's equation), its per-head parameters, whether its rows are normalised, and the flags the fused paths
+compile from (kernels.py, kernels_cpu.py, flex). GPTConfig's checks, the model's parameters, train.py's options and
+the tests' case tables derive from SCORERS, and tests/test_scorers.py checks that they agree. A new scorer is one
+function here, one entry in SCORERS and, when its math is new to the kernels, one branch in each kernel helper.
+
+- softmax: the baseline.
+- ssmax: Scalable-Softmax, Nakanishi 2025 "Scalable-Softmax Is Superior for Attention" (eq. 2, 4, 11): the logits
+  of query row i are *multiplied* by s*log(n_i) + b, n_i = number of keys that row attends to.
+- ssa: Scaled Signed Averaging, Naim et al. 2025 "Improving in-context learning with a better scoring function"
+  (eq. 5): weights (1 + b|z|)^(sgn(z) n), normalised.
+- lssa / lssar: Gao & Spratling 2025 "Softplus Attention with Re-weighting Boosts Length Extrapolation" (eq. 4, 5):
+  softplus of log(d)*log(N)-scaled cosine scores, l1-normalised; then ReLU(N*A - O)^p, l1-normalised again.
+- sigmoid: Ramapuram et al. 2024 "Theory, Analysis, and Best Practices for Sigmoid Self-Attention": weights
+  sigmoid(z - log n_i), not normalised.
+"""
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+BACKENDS = ("auto", "torch", "sdpa", "cpu", "triton", "flex")
+LSSAR_DEFAULT_P = 15.0
+
+# ----------------------------------------------------------------------------------------------------------------
+# The reference path. Each scorer returns the weights P (B, H, Tq, Tk) with masked (future) entries exactly 0.
+
+def _rows(Tq, Tk, offset, device):
+    """n_i = offset + t + 1 for query t, as (Tq, 1), and the causal mask (Tq, Tk)."""
+    assert Tk == offset + Tq, f"k has {Tk} keys but offset + Tq = {offset} + {Tq}"
+    i = torch.arange(offset, offset + Tq, device=device)
+    mask = torch.arange(Tk, device=device)[None, :] <= i[:, None]
+    return (i + 1)[:, None], mask
+
+def _per_head(x, default, H, like):
+    x = torch.full((H,), default, device=like.device) if x is None else x  # on the device: no sync per call
+    return x.to(like.device, like.dtype).view(H, 1, 1)  # broadcast over (Tq, Tk)
+
+def _masked_softmax(logits, mask):
+    return torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
+
+def _z(q, k):
+    return q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk) raw scaled logits
+
+def score_softmax(q, k, n_i, mask, **_):
+    return _masked_softmax(_z(q, k), mask)
+
+def score_ssmax(q, k, n_i, mask, s=None, b=None, **_):
+    z = _z(q, k)
+    scale = _per_head(s, 1.0, q.size(1), z) * torch.log(n_i.to(z.dtype)) + _per_head(b, 0.0, q.size(1), z)
+    return _masked_softmax(scale * z, mask)  # (H, Tq, 1) scale multiplies the logits: not a (no-op) shift
+
+def score_ssa(q, k, n_i, mask, b=None, n=None, **_):
+    z = _z(q, k)
+    b, n = _per_head(b, 1.0, q.size(1), z), _per_head(n, 1.5, q.size(1), z)
+    # w = (1 + b|z|)^(sgn(z) n), normalised = softmax of its log: no pow on negative bases, no overflow. Not
+    # sgn(z) log1p(b|z|): autograd's slope at z = 0 is then 0, the true one n b (clamps: the unused side stays finite)
+    logw = torch.where(z >= 0, torch.log1p(b * z.clamp(min=0)), -torch.log1p(-b * z.clamp(max=0)))
+    return _masked_softmax(n * logw, mask)
+
+def score_lssa(q, k, n_i, mask, **_):
+    d = q.size(-1)
+    cos = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)  # no 1/sqrt(d)
+    A = F.softplus(math.log(d) * torch.log(n_i.to(cos.dtype)) * cos) * mask
+    return A / A.sum(-1, keepdim=True)
+
+def score_sigmoid(q, k, n_i, mask, **_):
+    z = _z(q, k)
+    return torch.sigmoid(z - torch.log(n_i.to(z.dtype))) * mask  # not normalised: the output is sum_j w_ij v_j
+
+def reweight(P, n_i, p):
+    """LSSAR eq. 5: R = ReLU(n_i P - o_i)^p, P' = R / sum R; o_i = 0 for rows i < 3, else 1.
+    Computed as a softmax of p*log(n P - o) over the positive entries, since (nP)^p overflows fp32.
+    "Positive" means above 8 n_i eps (eps of P's dtype; kernels.TIE, the same rule): a row with no such entry keeps
+    P. Only an exactly uniform row has none, and there n P - 1 is rounding of either sign (exp, log, a sum of n
+    terms: up to ~n eps / 2), which must not pick the branch; below 8 n eps re-weighting would amplify that noise."""
+    n = n_i.to(P.dtype)
+    x = n * P - (n_i > 3).to(P.dtype)  # row i has n_i = i + 1, so i < 3 <=> n_i <= 3
+    pos = x > 8 * n * torch.finfo(P.dtype).eps
+    logR = torch.where(pos, p * torch.log(torch.where(pos, x, torch.ones_like(x))), float("-inf"))
+    has = pos.any(-1, keepdim=True)
+    return torch.where(has, torch.softmax(logR.masked_fill(~has, 0.0), dim=-1), P)
+
+# ----------------------------------------------------------------------------------------------------------------
+# The registry
+
+@dataclass(frozen=True)
+class Param:
+    """A per-head parameter of a scorer. `name` is the paper's symbol and attention()'s keyword."""
+    name: str
+    default: float  # its value when attention() is not given it
+    init: str = ""  # the GPTConfig field it starts from in a model ("": default)
+    learn: str = ""  # the GPTConfig field that says whether it learns ("": always)
+    only_if: str = ""  # the GPTConfig field that adds it ("": always there)
+    low: Optional[float] = None  # kept > low: stored as raw, used as low + softplus(raw)
+
+    def fields(self):
+        return [f for f in (self.init, self.learn, self.only_if) if f]
+
+@dataclass(frozen=True)
+class Scorer:
+    weights: Callable  # the reference: P from (q, k, n_i, mask, **params)
+    logit: Callable  # FlexAttention's stage-1 logit (natural log) of a score, ln n_i, ln d and the head's params
+    params: tuple = ()
+    normalised: bool = True  # rows sum to 1; False: the output is sum_j w_ij v_j, and re-weighting does not apply
+    p: Optional[float] = None  # re-weighting exponent used when none is given (lssar)
+    cosine: bool = False  # scores cos(q_i, k_j) (lssa), not z = q.k / sqrt(d)
+    # The fused kernels' compile-time flags (kernels.py): stage-1 statistics ("online_max": base-2 logits with a
+    # running max; "plain_sum": bounded weights summed as they are), the row setup ("plain"; "logn": logits times
+    # s log n_i + b; "norm": log(d) log(n_i) / |q_i|; "bias": minus log n_i) and the logit ("linear", "ssa",
+    # "softplus", "sigmoid")
+    stats: str = "online_max"
+    row: str = "plain"
+    kernel_logit: str = "linear"
+
+    def kernel_flags(self):  # as the kernels take them (kernels.FLAGS; kernels.KERNELS: those they implement)
+        return dict(ROW=self.row, LOGIT=self.kernel_logit, ONLINE_MAX=self.stats == "online_max",
+                    NORMALISE=self.normalised)
+
+def _ssa_logit(z, ln_n, ln_d, b, n):  # slope n b at z = 0 (see score_ssa)
+    return n * torch.where(z >= 0, torch.log1p(b * z.clamp(min=0)), -torch.log1p(-b * z.clamp(max=0)))
+
+_lssa = dict(weights=score_lssa, cosine=True, stats="plain_sum", row="norm", kernel_logit="softplus",
+             logit=lambda cos, ln_n, ln_d: torch.log(F.softplus(ln_d * ln_n * cos)))  # A / sum A = softmax(log A)
+SCORERS = {
+    "softmax": Scorer(score_softmax, lambda z, ln_n, ln_d: z),
+    "ssmax": Scorer(score_ssmax, lambda z, ln_n, ln_d, s, b: z * (s * ln_n + b), row="logn",
+                    params=(Param("s", 1.0, init="ssmax_s_init", learn="ssmax_learn_s"),  # (c): s fixed
+                            Param("b", 0.0, only_if="ssmax_bias"))),  # (d): a learnable bias
+    "ssa": Scorer(score_ssa, _ssa_logit, kernel_logit="ssa",
+                  params=(Param("b", 1.0, init="ssa_b_init", low=0.0),
+                          Param("n", 1.5, init="ssa_n", learn="ssa_learn_n", low=1.0))),
+    "lssa": Scorer(**_lssa),
+    "lssar": Scorer(**_lssa, p=LSSAR_DEFAULT_P),
+    "sigmoid": Scorer(score_sigmoid, lambda z, ln_n, ln_d: F.logsigmoid(z - ln_n), normalised=False,
+                      stats="plain_sum", row="bias", kernel_logit="sigmoid"),
+}
+
+def check_options(config):
+    """GPTConfig's scorer options against the registry: one clear error for an option the chosen scorer ignores
+    (almost always a typo'd experiment), an initial value out of its bound, re-weighting on unnormalised rows."""
+    for name, entry in SCORERS.items():
+        for f in (f for prm in entry.params for f in prm.fields()):
+            if getattr(config, f) != type(config).__dataclass_fields__[f].default and config.scorer != name:
+                raise ValueError(f"option {f}={getattr(config, f)!r} does not apply to scorer={config.scorer!r} "
+                                 f"(only to {name})")
+    for prm in SCORERS[config.scorer].params:
+        if prm.low is not None and prm.init and not getattr(config, prm.init) > prm.low:
+            raise ValueError(f"{config.scorer} needs {prm.init} > {prm.low:g}, got {getattr(config, prm.init)}")
+    if config.reweight_p is not None and not SCORERS[config.scorer].normalised:
+        raise ValueError(f"reweight_p={config.reweight_p} needs normalised rows; scorer={config.scorer!r} has none")
+
+def get(scorer, p=None):
+    """The scorer's entry and the re-weighting exponent that applies; one clear error for a bad name or p."""
+    if scorer not in SCORERS:
+        raise ValueError(f"unknown scorer {scorer!r}; allowed: {', '.join(SCORERS)}")
+    entry = SCORERS[scorer]
+    p = entry.p if p is None else p
+    if p is not None and not entry.normalised:
+        raise ValueError(f"re-weighting (p={p}) needs normalised rows; scorer={scorer!r} has none")
+    return entry, None if p is None else float(p)
+
+# ----------------------------------------------------------------------------------------------------------------
+# attention(): the one call every layer makes, on the reference or a fused backend
+
+def attention_weights(q, k, scorer, *, s=None, b=None, n=None, p=None, offset=0):
+    """The attention weights P (B, H, Tq, Tk) of SCORERS.md; q at absolute positions offset..offset+Tq-1."""
+    entry, p = get(scorer, p)
+    dtype = torch.promote_types(q.dtype, torch.float32)  # half inputs are scored in fp32, under autocast too
+    q, k = q.to(dtype), k.to(dtype)
+    n_i, mask = _rows(q.size(-2), k.size(-2), offset, q.device)
+    with torch.autocast(q.device.type, enabled=False):  # else autocast runs q @ k.T in bf16 again
+        P = entry.weights(q, k, n_i, mask, s=s, b=b, n=n)
+        return P if p is None else reweight(P, n_i, p)
+
+def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0, backend="torch", chunk=1024):
+    """Causal attention (B, H, Tq, D) for every scorer. backend: torch (the reference above), sdpa (softmax, ssmax),
+    cpu (kernels_cpu.py), triton (kernels.py),
+    flex (kernels_flex.py); auto: the fastest exact one for the device (auto_backend).
+    The reference scores at most `chunk` query rows at a time, so its memory is O(chunk * Tk), not O(T^2)."""
+    kw = dict(s=s, b=b, n=n, p=p, offset=offset)
+    backend = auto_backend(scorer, p, q.device) if backend == "auto" else backend
+    if backend == "sdpa":
+        return sdpa_attention(q, k, v, scorer, **kw)
+    if backend == "cpu":
+        import kernels_cpu
+        return kernels_cpu.attention(q, k, v, scorer, **kw)
+    if backend == "triton":
+        import kernels
+        return kernels.attention(q, k, v, scorer, **kw)
+    if backend == "flex":
+        import kernels_flex
+        return kernels_flex.flex_attention(q, k, v, scorer, **kw)
+    if backend != "torch":
+        raise ValueError(f"unknown attention backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+    if q.size(-2) > chunk:
+        return torch.cat([attention(q[:, :, t:t + chunk], k[:, :, :offset + t + chunk], v[:, :, :offset + t + chunk],
+                                    scorer, **{**kw, "offset": offset + t}, chunk=chunk)
+                          for t in range(0, q.size(-2), chunk)], dim=2)
+    P = attention_weights(q, k, scorer, **kw)
+    return (P @ v.to(P.dtype)).to(q.dtype)
+
+def auto_backend(scorer, p, device):
+    """softmax and ssmax (no re-weighting): SDPA, exact (ssmax scales q); others: Triton on CUDA, else kernels_cpu."""
+    if scorer in ("softmax", "ssmax") and p is None:
+        return "sdpa"
+    return "triton" if torch.device(device).type == "cuda" else "cpu"
+
+def sdpa_attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):
+    """softmax and ssmax on torch's SDPA (flash, cuDNN, efficient or CPU flash: torch chooses). SSMax multiplies row
+    i's logits by s log n_i + b, which is q_i scaled by it (Qwen's log-n attention runs so). SDPA's default scale
+    1/sqrt(d) is z's. Causal mask: is_causal at offset 0 (top-left), bottom-right after a cache, none for one row."""
+    if scorer not in ("softmax", "ssmax") or p is not None:
+        raise ValueError(f"backend='sdpa' runs softmax and ssmax without re-weighting, not scorer={scorer!r} with "
+                         f"p={p}; use backend='auto' (cpu or triton for the others)")
+    Tq, Tk = q.size(-2), k.size(-2)
+    assert Tk == offset + Tq, f"k has {Tk} keys but offset + Tq = {offset} + {Tq}"
+    if scorer == "ssmax":  # the scale in fp32 (or fp64) and q rounded once to its dtype, as under bf16 autocast
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        ln_n = torch.arange(offset + 1, offset + Tq + 1, device=q.device, dtype=dtype).log()[:, None]  # (Tq, 1)
+        H = q.size(1)
+        q = (q.to(dtype) * (_per_head(s, 1.0, H, ln_n) * ln_n + _per_head(b, 0.0, H, ln_n))).to(q.dtype)
+    mask = None
+    if offset and Tq > 1:  # a chunk after a cache: row t sees keys 0..offset + t, the bottom-right triangle
+        from torch.nn.attention.bias import causal_lower_right  # torch >= 2.2
+        mask = causal_lower_right(Tq, Tk)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=offset == 0 and Tq > 1)
+
+def ssmax_s_for_switch(N):
+    """s0 = 1 / mean_{n=1..N} log n: keeps the average logit scale at a softmax->SSMax switch (0.168 at N=1024)."""
+    return 1.0 / (math.lgamma(N + 1) / N)
