@@ -1,6 +1,6 @@
 """
 The synthetic suite: every task of tasks.py x every scorer setting x 3 seeds, trained with train.py and evaluated
-with `tasks.py eval` up to 16 N, on 2 CPU cores (`python reproduce.py --suite synthetic [--quick]`).
+with eval_tasks.py up to 16 N, on 2 CPU cores (`python reproduce.py --suite synthetic [--quick]`).
 
 Runs live in out-synthetic[-quick]/<task>-<setting>-s<seed>/ (checkpoints, the eval's CSVs); results in
 results/synthetic[-quick]/: accuracy.csv (every run x length x condition), attention.csv, summary.json (the gate,
@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+import eval_tasks
 import tasks
 
 REPO = os.path.dirname(os.path.abspath(__file__))
@@ -60,7 +61,7 @@ def run_one(task, setting, seed, runs, n_eval):
     t1 = time.time()
     if not os.path.isfile(os.path.join(out, "eval", "accuracy.csv")):
         ran, N = True, _block_size(out)
-        subprocess.run([sys.executable, os.path.join(REPO, "tasks.py"), "eval", os.path.join(out, "ckpt.pt"),
+        subprocess.run([sys.executable, os.path.join(REPO, "eval_tasks.py"), os.path.join(out, "ckpt.pt"),
                         "--lengths", *[str(m * N) for m in multiples], "--n", str(n_eval), "--out_dir",
                         os.path.join(out, "eval"), "--rope", *ropes, "--diagnose", str(32 if diag else 0)],
                        check=True, env=env, stdout=subprocess.DEVNULL)
@@ -114,7 +115,7 @@ def summarize(acc):
             c["ci"] = [c["mean"] - 1.96 * se, c["mean"] + 1.96 * se]
         else:
             n = sum(int(r["n"]) for r in rows)
-            c["ci"] = list(tasks.wilson(sum(float(r["accuracy"]) * int(r["n"]) for r in rows), n))
+            c["ci"] = list(eval_tasks.wilson(sum(float(r["accuracy"]) * int(r["n"]) for r in rows), n))
             c["loss_per_seed"] = [round(float(r["loss"]), 5) for r in rows]  # the answer's loss, nats
             c["loss"] = float(np.mean(c["loss_per_seed"]))
         cells[(task, cond, rope, mult, setting)] = c
@@ -241,9 +242,9 @@ def main(quick=False, jobs=2, n_eval=100, settings=None, task_names=None, name=N
             with open(os.path.join(results, "steps.jsonl"), "a") as log:
                 log.write(json.dumps(r) + "\n")
     acc, att = gather(runs, [f"{t}-{s}-s{seed}" for t, s, seed in todo])
-    tasks.write_csv(os.path.join(results, "accuracy.csv"), acc)
+    eval_tasks.write_csv(os.path.join(results, "accuracy.csv"), acc)
     if att:
-        tasks.write_csv(os.path.join(results, "attention.csv"), att)
+        eval_tasks.write_csv(os.path.join(results, "attention.csv"), att)
     summary, path = summarize(acc), os.path.join(results, "summary.json")
     wall = time.time() - t0
     if not ran and os.path.isfile(path):  # only re-reported: the wall time is the run's that trained

@@ -1,6 +1,7 @@
-"""tasks.py: every generator's labels equal a brute-force checker's (small sizes, odd lengths, train and test layouts),
-generation is a pure function of (seed, stream, index), training through train.py (resume exact, NoPE, the real-valued
-model), the eval command's accuracy.csv and attention.csv, and the Wilson interval. Tiny sizes, CPU only."""
+"""tasks.py and eval_tasks.py: every generator's labels equal a brute-force checker's (small sizes, odd lengths, train
+and test layouts), generation is a pure function of (seed, stream, index), training through train.py (resume exact,
+NoPE, the real-valued model), eval_tasks.py's accuracy.csv and attention.csv, and the Wilson interval. Tiny sizes,
+CPU only."""
 import csv
 import json
 import math
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+import eval_tasks
 import synthetic
 import tasks
 import train
@@ -154,9 +156,9 @@ def test_bad_task_settings_are_one_clear_message():
 
 
 def test_wilson_interval_matches_the_closed_form():
-    lo, hi = tasks.wilson(8, 10)
+    lo, hi = eval_tasks.wilson(8, 10)
     assert lo == pytest.approx(0.4902, abs=1e-4) and hi == pytest.approx(0.9433, abs=1e-4)
-    lo, hi = tasks.wilson(0, 20)
+    lo, hi = eval_tasks.wilson(0, 20)
     assert lo == pytest.approx(0.0, abs=1e-12) and hi == pytest.approx(0.1611, abs=1e-4)
 
 
@@ -238,10 +240,10 @@ def test_eval_writes_accuracy_with_wilson_intervals_and_attention_diagnostics(tm
         "scorer=ssmax", "ssmax_learn_s=False")
     run(tmp_path / "flip", "task=flipflop", "block_size=8", "max_iters=1", "eval_interval=1")
     ckpts = [str(tmp_path / d / "ckpt.pt") for d in ("first-softmax", "first-ssmax", "flip")]
-    tasks.main(["eval", *ckpts, "--lengths", "8", "17", "--n", "6", "--out_dir", str(tmp_path / "ev"),
-                "--diagnose", "3", "--rope", "plain", "theta"])
+    eval_tasks.main([*ckpts, "--lengths", "8", "17", "--n", "6", "--out_dir", str(tmp_path / "ev"),
+                     "--diagnose", "3", "--rope", "plain", "theta"])
     rows = list(csv.DictReader(open(tmp_path / "ev" / "accuracy.csv")))
-    assert set(tasks.ACC_COLUMNS) <= set(rows[0])
+    assert set(eval_tasks.ACC_COLUMNS) <= set(rows[0])
     first = [r for r in rows if r["task"] == "first"]
     assert {(r["model"], r["scorer"], r["length"], r["rope"]) for r in first} == {
         (m, s, L, "nope") for m, s in (("first-softmax", "softmax"), ("first-ssmax", "ssmax-fixed-s"))
@@ -249,7 +251,7 @@ def test_eval_writes_accuracy_with_wilson_intervals_and_attention_diagnostics(tm
     for r in rows:
         acc, lo, hi = float(r["accuracy"]), float(r["ci_low"]), float(r["ci_high"])
         k = round(acc * 6)
-        assert (lo, hi) == pytest.approx(tasks.wilson(k, 6)) and lo <= acc <= hi and r["n"] == "6"
+        assert (lo, hi) == pytest.approx(eval_tasks.wilson(k, 6)) and lo <= acc <= hi and r["n"] == "6"
     flip = {(r["condition"], r["rope"]) for r in rows if r["task"] == "flipflop"}
     assert flip == {(c, rope) for c, _ in tasks.TASKS["flipflop"].conditions for rope in ("plain", "theta")}
     att = list(csv.DictReader(open(tmp_path / "ev" / "attention.csv")))
@@ -262,14 +264,16 @@ def test_eval_writes_accuracy_with_wilson_intervals_and_attention_diagnostics(tm
     with pytest.raises(SystemExit) as e:  # a bad checkpoint stops before anything is evaluated
         bad = tmp_path / "bad.pt"
         bad.write_text("not a checkpoint")
-        tasks.main(["eval", ckpts[0], str(bad), "--lengths", "8", "--out_dir", str(tmp_path / "ev2")])
+        eval_tasks.main([ckpts[0], str(bad), "--lengths", "8", "--out_dir", str(tmp_path / "ev2")])
     assert "bad.pt" in str(e.value.code) and not (tmp_path / "ev2").exists()
     lm = tmp_path / "lm.pt"  # a language model's checkpoint: no task in its config
     ck = torch.load(ckpts[0], weights_only=True)
     torch.save({**ck, "config": {k: v for k, v in ck["config"].items() if k != "task"}}, lm)
     with pytest.raises(SystemExit) as e:
-        tasks.main(["eval", ckpts[0], str(lm), "--lengths", "8", "--out_dir", str(tmp_path / "ev3")])
+        eval_tasks.main([ckpts[0], str(lm), "--lengths", "8", "--out_dir", str(tmp_path / "ev3")])
     assert "is a language model, not a task run" in str(e.value.code) and not (tmp_path / "ev3").exists()
+    tasks.main(["eval", ckpts[0], "--lengths", "8", "--n", "2", "--out_dir", str(tmp_path / "ev4")])  # the old command
+    assert (tmp_path / "ev4" / "accuracy.csv").is_file()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -280,12 +284,12 @@ def test_eval_writes_accuracy_with_wilson_intervals_and_attention_diagnostics(tm
 def test_newcombe_difference_interval_matches_the_published_example():
     # Newcombe (1998), Table II example (a)-(b): 56/70 vs 48/80, method 10 gives 0.0524 to 0.3339
     p1, p2 = 56 / 70, 48 / 80
-    lo, hi = synthetic.newcombe(p1, *tasks.wilson(56, 70), p2, *tasks.wilson(48, 80))
+    lo, hi = synthetic.newcombe(p1, *eval_tasks.wilson(56, 70), p2, *eval_tasks.wilson(48, 80))
     assert lo == pytest.approx(0.0524, abs=1e-4) and hi == pytest.approx(0.3339, abs=1e-4)
 
 
 def _row(setting, seed, mult, acc, task="first", cond="", n=100):
-    lo, hi = tasks.wilson(acc * n, n)
+    lo, hi = eval_tasks.wilson(acc * n, n)
     return dict(task=task, model=f"{task}-{setting}-s{seed}", scorer=setting, seed=seed, length=32 * mult,
                 accuracy=acc, ci_low=lo, ci_high=hi, n=n, mse="", loss=0.1, condition=cond, rope="nope",
                 train_length=32)
@@ -298,7 +302,7 @@ def test_summary_pools_seeds_and_the_gate_fails_when_one_setting_misses_at_n():
     assert out["gate"]["passed"] is False and out["gate"]["failed"] == ["ssmax"]
     cell = next(c for c in out["cells"] if c["setting"] == "ssmax" and c["multiple"] == 16)
     assert cell["mean"] == pytest.approx(0.6) and cell["sd"] == pytest.approx(0.1) and cell["seeds"] == 3
-    assert cell["ci"] == pytest.approx(list(tasks.wilson(180, 300)))  # every seed's sequences pooled
+    assert cell["ci"] == pytest.approx(list(eval_tasks.wilson(180, 300)))  # every seed's sequences pooled
     assert cell["diff_vs_softmax"] == pytest.approx(0.0) and cell["diff_ci"][0] < 0 < cell["diff_ci"][1]
 
 

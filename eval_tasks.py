@@ -1,0 +1,175 @@
+"""
+Evaluation of the synthetic task runs (tasks.py, trained with train.py): accuracy, or MSE for linear, at many test
+lengths with 95% intervals, and what the attention does as n grows.
+
+    python eval_tasks.py out-first-*/ckpt.pt --lengths 32 64 128 256 512 --out_dir out-first-eval
+    python eval_tasks.py out-recall-ssmax/ckpt.pt --lengths 32 128 512 --out_dir out-recall-eval --diagnose 32
+
+accuracy.csv has a row per checkpoint x length x test condition x RoPE evaluation: the final answer's accuracy with
+its 95% Wilson interval and the answer's loss in nats (linear: eq. 2's MSE with a normal interval). attention.csv
+(--diagnose K) has, per layer and head, the final row's attention mass on the target token, its entropy, the
+uniform mass 1/L and the learned s: the SSMax paper's Figs. 1, 7, 8 without a language model's floor effect. Every
+checkpoint is read before the first evaluation, and both files are rewritten as each checkpoint finishes.
+"""
+import argparse
+import csv
+import math
+import os
+import sys
+from types import SimpleNamespace  # a checkpoint's config read as attributes, as the samplers do
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import tracking
+from model import GPTConfig, read_checkpoint
+from tasks import TASKS, build_model, get_batch, min_length, target_positions
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading and scoring: accuracy (or MSE) vs length with 95% intervals
+
+def load(path, **overrides):
+    """(model, checkpoint) of a task run; overrides change model fields (e.g. backend)."""
+    ckpt = read_checkpoint(path)
+    model = build_model(GPTConfig(**{**ckpt["model_args"], **overrides}), ckpt["config"].get("task", ""))
+    model.load_state_dict(ckpt["model"])
+    return model.eval(), ckpt
+
+
+def wilson(k, n, z=1.96):
+    """95% Wilson score interval of k successes in n trials."""
+    p, d = k / n, 1 + z * z / n
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (p + z * z / (2 * n)) / d - half, (p + z * z / (2 * n)) / d + half
+
+
+def setting(c):
+    """The scorer setting a run trained: its scorer, and what sets it apart from that scorer's default."""
+    extra = (["fixed-s"] if c["scorer"] == "ssmax" and not c["ssmax_learn_s"] else []) + (
+        ["bias"] if c["ssmax_bias"] else []) + (["learn-n"] if c["ssa_learn_n"] else []) + (
+        [f"p{c['reweight_p']:g}"] if c["reweight_p"] is not None else [])
+    return "-".join([c["scorer"], *extra])
+
+
+@torch.no_grad()
+def score(model, c, L, n, stream, batch=16):
+    """Per sequence: (1/0 for a right/wrong final answer (its last scored position), its loss in nats), or eq. 2's
+    MSE (linear)."""
+    task, out = TASKS[c.task], []
+    for i in range(0, n, batch):
+        x, y = get_batch(c, stream, torch.arange(i, min(n, i + batch)), L, test=True)
+        logits, _ = model(x, y)
+        if task.loss == "mse":
+            scored = ~torch.isnan(y)
+            out += (((logits.squeeze(-1) - y.nan_to_num()) ** 2 * scored).sum(1) / scored.sum(1)).tolist()
+            continue
+        last = (((y != -1) & ~torch.isnan(y.float())) * torch.arange(L)).argmax(1)  # the final answer's position
+        at, want = logits[torch.arange(len(x)), last].float(), y[torch.arange(len(x)), last]
+        pred = (at.squeeze(-1) > 0).float() if task.loss == "bce" else at.argmax(-1)
+        nll = (F.binary_cross_entropy_with_logits(at.squeeze(-1), want, reduction="none") if task.loss == "bce"
+               else F.cross_entropy(at, want, reduction="none"))  # the answer's loss: confidence, not just argmax
+        out += zip((pred == want).float().tolist(), nll.tolist())
+    return np.array(out)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What the attention does: the final row's mass on the target and its entropy
+
+@torch.no_grad()
+def diagnose(model, c, L, n, stream):
+    """Per layer and head, over n test sequences: the final row's attention mass on the target token, its entropy,
+    and the uniform mass 1/n for comparison (the SSMax paper's Figs. 1, 7, 8, without an LM's floor effect)."""
+    x, _ = get_batch(c, stream, torch.arange(n), L, test=True)
+    P = model.attention_rows(x, rows=(-1,))[:, :, :, 0]  # (n_layer, B, nh, L)
+    tgt = target_positions(c, x)
+    ok = tgt >= 0
+    mass = P[:, ok, :, :].gather(-1, tgt[ok].view(1, -1, 1, 1).expand(P.size(0), -1, P.size(2), 1))[..., 0]
+    entropy = -(P * P.clamp_min(1e-30).log()).sum(-1)  # (n_layer, B, nh)
+    s = [blk.attn.scorer_params().get("s") for blk in model.transformer.h]
+    return [dict(layer=l, head=h, target_mass=float(mass[l, :, h].mean()) if ok.any() else float("nan"),
+                 entropy=float(entropy[l, :, h].mean()), uniform=1 / L,
+                 s=float(s[l][h]) if s[l] is not None else float("nan"))
+            for l in range(P.size(0)) for h in range(P.size(2))]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Every checkpoint x length x condition x RoPE evaluation, written as each checkpoint finishes
+
+def write_csv(path, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+ACC_COLUMNS = ("task", "model", "scorer", "seed", "length", "accuracy", "ci_low", "ci_high", "n", "mse", "loss",
+               "condition", "rope", "train_length")
+
+
+def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0):
+    """accuracy.csv (and attention.csv with diag_n > 0) for every checkpoint, written after each one."""
+    runs = [(p, *load(p)) for p in paths]  # every input is checked before the first evaluation
+    for path, _, ckpt in runs:
+        if ckpt["config"].get("task") not in TASKS:
+            raise ValueError(f"{path} is a language model, not a task run (its config names no task of tasks.py)")
+    os.makedirs(out_dir, exist_ok=True)
+    acc, att = [], []
+    for path, model, ckpt in runs:
+        c = SimpleNamespace(**ckpt["config"])
+        N, task = c.block_size, TASKS[c.task]
+        label = os.path.basename(os.path.dirname(os.path.abspath(path)))
+        for rope in (["nope"] if c.pos == "nope" else ropes):
+            for L in lengths:
+                if L < min_length(c):
+                    continue
+                if rope != "nope":
+                    model.extend_rope("none" if rope == "plain" else rope, L / N if rope == "theta" else 1.0, L)
+                for ci, (cond, over) in enumerate(task.conditions):
+                    cc = SimpleNamespace(**{**ckpt["config"], **over})
+                    r = score(model, cc, L, n, stream=2 + ci)
+                    mse = task.loss == "mse"
+                    half = 1.96 * r.std(ddof=1) / math.sqrt(n)  # the mse's normal 95% interval
+                    lo, hi = (r.mean() - half, r.mean() + half) if mse else wilson(r[:, 0].sum(), n)
+                    acc.append(dict(task=c.task, model=label, scorer=setting(ckpt["config"]), seed=c.seed, length=L,
+                                    accuracy="" if mse else r[:, 0].mean(), ci_low=lo, ci_high=hi, n=n,
+                                    mse=r.mean() if mse else "", loss="" if mse else r[:, 1].mean(), condition=cond,
+                                    rope=rope, train_length=N))
+                    if diag_n and ci == 0 and rope in ("nope", "plain"):
+                        att += [dict(task=c.task, model=label, scorer=setting(ckpt["config"]), seed=c.seed,
+                                     length=L, **d) for d in diagnose(model, cc, L, diag_n, stream=2)]
+        write_csv(os.path.join(out_dir, "accuracy.csv"), acc)
+        if att:
+            write_csv(os.path.join(out_dir, "attention.csv"), att)
+        print(f"{label}: " + ", ".join(f"L={r['length']} {r['condition']} {r['rope']}: "
+                                       + (f"mse {r['mse']:.3g}" if r["mse"] != "" else f"acc {r['accuracy']:.3f}")
+                                       for r in acc if r["model"] == label))
+    return acc, att
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Evaluate task runs at many lengths: accuracy.csv (95% Wilson "
+                                             "intervals; MSE with a normal interval for linear), attention.csv.")
+    ap.add_argument("ckpt", nargs="+", help="ckpt.pt or best.pt of task runs (train.py task=...)")
+    ap.add_argument("--lengths", type=int, nargs="+", required=True, help="test lengths L (tokens)")
+    ap.add_argument("--n", type=int, default=256, help="test sequences per length and condition")
+    ap.add_argument("--out_dir", required=True)
+    ap.add_argument("--rope", nargs="+", default=["plain"], choices=["plain", "theta", "dynamic_ntk"],
+                    help="RoPE models: plain theta, theta x L/N, or Dynamic NTK (NoPE models ignore it)")
+    ap.add_argument("--diagnose", type=int, default=0, help="sequences for the attention diagnostics (0: none)")
+    tracking.add_args(ap)
+    a = ap.parse_args(argv)
+    if a.n < 2 or a.diagnose < 0 or min(a.lengths) < 1:
+        sys.exit(f"error: need --n >= 2, --diagnose >= 0 and lengths >= 1; got {a.n}, {a.diagnose}, {a.lengths}")
+    if os.path.exists(a.out_dir) and not os.path.isdir(a.out_dir):
+        sys.exit(f"error: --out_dir {a.out_dir!r} is a file, not a folder")
+    try:
+        acc, _ = evaluate(a.ckpt, sorted(set(a.lengths)), a.n, a.out_dir, a.rope, a.diagnose)
+        if a.wandb:
+            tracking.log_table(a.wandb_project, f"tasks {os.path.basename(os.path.abspath(a.out_dir))}", acc, a.out_dir)
+    except (ValueError, tracking.TrackingError) as e:  # CheckpointError is a ValueError
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()
