@@ -3,14 +3,14 @@ Retrieval in long contexts: needle-in-a-haystack (SSMax paper, Nakanishi 2025, F
 paper, Gao & Spratling 2025, Fig. 3), per-head needle scores (SSMax Figs. 7-8) and retrieval fine-tuning data.
 
     python needle.py needle  --ckpt out-softmax/ckpt.pt out-ssmax/ckpt.pt --data data/shakespeare
-    python needle.py passkey --ckpt out-softmax/ckpt.pt out-lssar/ckpt.pt
+    python needle.py passkey --ckpt out-softmax/ckpt.pt out-lssar/ckpt.pt --labels softmax lssar
     python needle.py score   --ckpt out-softmax/ckpt.pt out-ssmax/ckpt.pt --context 8000 --trials 100
     python needle.py sft_data [--squad 'squad/*.parquet']  # SQuAD 2.0 (hub or local) -> out-needle/sft_squad.jsonl
     python needle.py sft_data --synthetic 20000 --data data/shakespeare --sft_length 1024
 
-retrieval.py holds the tasks (token-space prompts, answer grading, fine-tuning sets); this script runs the models and
-writes CSV, JSON, PNG. Answers are greedy over the tokens other than <|endoftext|>. RoPE is extended as in
-eval_long.py: θ x 50 by default (the SSMax paper's 10,000 -> 500,000, no further training).
+retrieval.py holds the tasks (token-space prompts, answer grading, the needle score, fine-tuning sets); this script
+runs the models and writes CSV, JSON, PNG. Answers are greedy over the tokens other than <|endoftext|>. RoPE is
+extended as in eval_long.py: θ x 50 by default (the SSMax paper's 10,000 -> 500,000, no further training).
 """
 import argparse, csv, itertools, json, math, os, sys
 
@@ -22,14 +22,20 @@ import prepare_data
 import tracking
 from prepare_data import EOT, DataError  # DataError: bad input, printed by main as one line
 from model import BACKENDS, ROPE_METHODS, CheckpointError, load_checkpoint, read_checkpoint, run_info
-from retrieval import load_hay, score_answer, squad_examples, synthetic_examples, trials
+from retrieval import cells, load_hay, score_answer, score_trials, sft_examples, trials
 
 MODES = ("sft_data", "needle", "passkey", "score")
 DEFAULT_CONTEXTS = {"needle": [1024, 2048, 4096, 6144, 8192, 10240], "passkey": [1024, 1536, 2048, 4096, 8192]}
 FIELDS = ["model", "trial", "context", "depth", "city", "number", "output", "score", "top_score", "top_layer",
-          "top_head"]  # of the CSV rows, where a mode has them
+          "top_head", "mean_score", "control_top_score", "control_mean_score", "uniform", "span_start", "span_tokens",
+          "control_start", "keys"]  # of the CSV rows, where a mode has them; top = the best head
+LEGEND = dict(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))  # beside the axes: room for many models
 MARKERS = {"exact": "o", "first_digit": "^", "wrong": "x"}  # Fig. 8: fully correct, first digit only, wrong
-
+BARS = [("needle, best head", "top_score", "tab:red", ""),  # the score summary: (label, column, colour, hatch)
+        ("control, best head", "control_top_score", "tab:gray", ""),
+        ("needle, mean head", "mean_score", "tab:red", "//"),
+        ("control, mean head", "control_mean_score", "tab:gray", "//"),
+        ("uniform", "uniform", "black", "")]
 
 # ----------------------------------------------------------------------------------------------------------------
 # The model side
@@ -46,10 +52,9 @@ def greedy(model, idx, max_new_tokens):
         logits = model(out[-1], cache=cache)[0]
     return torch.cat(out, 1)
 
-def needle_scores(model, idx, spans):
-    """(B, n_layer, n_head): weight of the last row (it generates the first answer token) on each span [a, e)."""
-    w = model.attention_rows(idx, rows=(-1,))[:, :, :, 0].float()  # (n_layer, B, nh, T): O(T), never T x T
-    return torch.stack([w[:, b, :, a:e].sum(-1) for b, (a, e) in enumerate(spans)])
+def last_row_weights(model, idx):
+    """(n_layer, B, n_head, T): every head's weights of the last row (it generates the first answer token)."""
+    return model.attention_rows(idx, rows=(-1,))[:, :, :, 0].float()  # O(T), never T x T
 
 def evaluate(model, label, prompts, args, enc, bar):
     rows = []
@@ -57,26 +62,16 @@ def evaluate(model, label, prompts, args, enc, bar):
         idx = torch.tensor(np.stack([t.pop("ids") for t in batch]), device=args.device)
         with torch.autocast(idx.device.type, torch.bfloat16, enabled=idx.device.type == "cuda"):  # bf16 as the paper
             out = [enc.decode(o) for o in greedy(model, idx, args.max_new_tokens).tolist()]
-            heads = needle_scores(model, idx, [t["span"] for t in batch]).cpu() if args.mode == "score" else None
+            scores = score_trials(last_row_weights(model, idx).cpu(), [t["span"] for t in batch],
+                                  [t["control"] for t in batch]) if args.mode == "score" else [{}] * len(batch)
         for b, t in enumerate(batch):
-            t.update(model=label, output=out[b], score=score_answer(out[b], t["number"]))
-            if heads is not None:  # Fig. 8 marks a trial by its top head
-                top_layer, top_head = divmod(int(heads[b].argmax()), heads.size(2))
-                t.update(heads=heads[b], top_score=heads[b].max().item(), top_layer=top_layer, top_head=top_head)
+            t.update(model=label, output=out[b], score=score_answer(out[b], t["number"]), **scores[b])
         rows += batch
         bar.update(len(batch))
     return rows
 
 # ----------------------------------------------------------------------------------------------------------------
 # Outputs: CSV (one row per trial or head), JSON (summary, run_info, args), PNG
-
-def cells(rows, keys):
-    """Accuracy = exact answers; first_digit = answers whose first digit is right (exact ones included)."""
-    groups = {}
-    for r in rows:
-        groups.setdefault(tuple(r[k] for k in keys), []).append(r["score"])
-    return [dict(zip(keys, g), n=len(s), accuracy=s.count("exact") / len(s), first_digit=1 - s.count("wrong") / len(s))
-            for g, s in groups.items()]
 
 def save(args, name, rows=None, fields=FIELDS, fig=None, **results):
     os.makedirs(args.out_dir, exist_ok=True)
@@ -90,49 +85,82 @@ def save(args, name, rows=None, fields=FIELDS, fig=None, **results):
     if fig is not None:
         fig.savefig(os.path.join(args.out_dir, f"{name}.png"), dpi=120)
 
-def figure(n=1):
+def figure(n=1, ncols=None, size=(5, 4)):
+    """n panels, ncols (default: all) to a row, each about size inches: any number of models stays legible."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no display
-    fig = Figure(figsize=(5 * n + 1, 4), layout="tight")
-    return fig, fig.subplots(1, n, squeeze=False)[0]
+    ncols = ncols or n
+    fig = Figure(figsize=(size[0] * ncols + 1, size[1] * math.ceil(n / ncols)), layout="constrained")
+    axes = fig.subplots(math.ceil(n / ncols), ncols, squeeze=False).flatten()
+    for ax in axes[n:]:  # the last row of a grid may have empty cells
+        ax.set_axis_off()
+    return fig, axes[:n]
 
-def report(args, rows, models):
-    if args.mode == "needle":  # Fig. 6: depth x context size, one panel per model
-        acc, (fig, axes) = cells(rows, ["model", "context", "depth"]), figure(len(models))
+def colors(n):
+    """n distinct colours ("C{i}" repeats after 10): tab20's 10 strong shades, then its 10 light ones, then turbo."""
+    from matplotlib import colormaps
+    if n > 20:
+        return list(colormaps["turbo"](np.linspace(0, 1, n)))
+    return [colormaps["tab20"](2 * i % 20 + i // 10) for i in range(n)]
+
+def report(args, rows, models, labels):
+    palette = colors(len(models))
+    if args.mode == "needle":  # Fig. 6: depth x context size, one panel per model, in a grid
+        acc = cells(rows, ["model", "context", "depth"])
+        fig, axes = figure(len(models), math.ceil(math.sqrt(len(models))), size=(4.5, 3.5))
         a = {(c["model"], c["context"], c["depth"]): c["accuracy"] for c in acc}
-        for ax, m in zip(axes, models):
+        for ax, m, label in zip(axes, models, labels):
             grid = np.array([[a[m, L, d] for L in args.context_sizes] for d in args.depths])
-            fig.colorbar(ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto"), ax=ax, label="accuracy")
-            ax.set(title=m, xlabel="context size", ylabel="depth (%)", xticks=range(len(args.context_sizes)),
+            im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+            ax.set(title=label, xlabel="context size", ylabel="depth (%)", xticks=range(len(args.context_sizes)),
                    xticklabels=args.context_sizes, yticks=range(len(args.depths)), yticklabels=args.depths)
             for (i, j), v in np.ndenumerate(grid):
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8)
+        fig.colorbar(im, ax=list(axes), label="fraction of answers exactly right")
         return save(args, "needle", rows, FIELDS, fig, cells=acc)
     if args.mode == "passkey":  # LSSAR Fig. 3: accuracy vs length
         acc, (fig, (ax,)) = cells(rows, ["model", "context"]), figure()
-        for m in models:
-            ax.plot(args.context_sizes, [c["accuracy"] for c in acc if c["model"] == m], "o-", label=m)
+        for m, label, color in zip(models, labels, palette):
+            ax.plot(args.context_sizes, [c["accuracy"] for c in acc if c["model"] == m], "o-", color=color, label=label)
         ax.set(xlabel="context length (tokens)", ylabel="passkey accuracy", ylim=(-0.05, 1.05))
-        ax.legend()
+        ax.legend(**LEGEND)
         return save(args, "passkey", rows, FIELDS, fig, cells=acc)
     fig7, fig8 = [r for r in rows if r["trial"] == 0], [r for r in rows if r["trial"] > 0]
     heads = [dict(model=r["model"], rank=i + 1, layer=j // r["heads"].size(1), head=j % r["heads"].size(1),
                   score=r["heads"].flatten()[j].item())
              for r in fig7 for i, j in enumerate(r["heads"].flatten().argsort(descending=True).tolist())]
-    (f7, (ax7,)), (f8, (ax8,)) = figure(), figure()
-    for c, m in enumerate(models):
-        top = [h["score"] for h in heads if h["model"] == m][:25]
-        ax7.plot(range(1, len(top) + 1), top, "o-", color=f"C{c}", label=m)
-        ranked = sorted((r for r in fig8 if r["model"] == m), key=lambda r: -r["top_score"])
+    trials_of = {m: [r for r in fig8 if r["model"] == m] for m in models}
+    summary = [dict(model=m, n=len(rs), **{k: float(np.mean([r[k] for r in rs])) for _, k, _, _ in BARS})
+               for m, rs in trials_of.items()]  # per model: the means over its trials
+    n_heads = max(r["heads"].numel() for r in fig7)  # n_layer x n_head
+    shown = min(n_heads, 25)  # Fig. 7: the strongest heads, at most 25 of them
+    (f7, (ax7,)), (f8, (ax8, ax)) = figure(), figure(2, size=(max(5, 0.7 * len(models)), 4))
+    for m, label, color in zip(models, labels, palette):
+        top = [h["score"] for h in heads if h["model"] == m][:shown]
+        ax7.plot(range(1, len(top) + 1), top, "o-", color=color, label=label)
+        ranked = sorted(trials_of[m], key=lambda r: -r["top_score"])
+        ax8.plot([], [], "o", color=color, label=label)  # the legend names the colours, the title the markers
         for outcome, marker in MARKERS.items():
             pts = [(k + 1, r["top_score"]) for k, r in enumerate(ranked) if r["score"] == outcome]
             if pts:
-                ax8.scatter(*zip(*pts), marker=marker, color=f"C{c}", label=f"{m}: {outcome}")
-    ax7.set(xlabel="head rank (top 25)", ylabel="needle score", title=f"context {args.context}, depth {args.depth}%")
-    ax8.set(xlabel="trial rank", ylabel="top needle score", title=f"context {args.context}, {args.trials} trials")
-    ax7.legend(), ax8.legend(fontsize=7)
+                ax8.scatter(*zip(*pts), marker=marker, color=color)
+    ax7.axhline(fig7[0]["uniform"], ls="--", color="gray", label="uniform attention")  # every model: the same prompt
+    ax7.set(xlabel=f"head rank (all {n_heads} heads)" if shown == n_heads else f"head rank (top {shown} of {n_heads})",
+            ylabel="needle score (weight on the number)", title=f"context {args.context}, depth {args.depth}%")
+    ax8.set(xlabel="trial rank", ylabel="best head's score", title=f"context {args.context}, {args.trials} trials: "
+            + ", ".join(f"{marker} {outcome}" for outcome, marker in MARKERS.items()))
+    slot = 0.8 / len(BARS)  # each model's bars side by side, in 0.8 of its unit slot
+    for j, (name, k, color, hatch) in enumerate(BARS):
+        ax.bar(np.arange(len(models)) - 0.4 + j * slot, [s[k] for s in summary], slot, align="edge", color=color,
+               hatch=hatch, alpha=0.8, label=name)
+    ax.set(yscale="log", title="needle vs control span vs uniform", ylabel=f"weight on the span, mean of {args.trials}")
+    ax.set_xticks(range(len(models)), labels, rotation=30, ha="right")  # long names side by side
+    ax7.legend(**LEGEND), ax8.legend(**LEGEND), ax.legend(**LEGEND)
+    s = summary[-1]  # after each model: its line
+    print(f"{labels[-1]}: needle score {s['top_score']:.3f} best head, {s['mean_score']:.4f} mean head; "
+          f"control span {s['control_top_score']:.3f}, {s['control_mean_score']:.4f}; uniform {s['uniform']:.4f}")
     save(args, "needle_score_heads", heads, ["model", "rank", "layer", "head", "score"], f7,
          fig7=[{k: r[k] for k in FIELDS} for r in fig7])
-    save(args, "needle_score_trials", fig8, FIELDS, f8, cells=cells(fig8, ["model"]))
+    save(args, "needle_score_trials", fig8, FIELDS, f8, cells=cells(fig8, ["model"]), scores=summary)
 
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -141,10 +169,7 @@ def run(args):
         raise DataError(f"--out_dir {args.out_dir!r} is a file, expected a folder for the results")
     enc = prepare_data.get_tokenizer()
     if args.mode == "sft_data":
-        name = "sft_synthetic" if args.synthetic else "sft_squad"
-        rng = np.random.default_rng(args.seed)
-        examples = (synthetic_examples(enc, load_hay(args.data, "train"), args.synthetic, args.sft_length, rng)
-                    if args.synthetic else squad_examples(args.squad))
+        name, examples = sft_examples(args, enc)
         examples = list(tqdm(examples, desc=name, unit="ex", total=args.synthetic or None))
         path = os.path.join(args.out_dir, f"{name}.jsonl")
         save(args, name, examples=len(examples), jsonl=path)
@@ -161,16 +186,21 @@ def run(args):
     for L in contexts:
         next(prompts(L))  # a context too short fails now, before any checkpoint is loaded
     n = 1 + args.trials if args.mode == "score" else args.samples * (len(args.depths) if args.mode == "needle" else 1)
-    rows, models = [], [os.path.dirname(c) or c if os.path.basename(c) == "ckpt.pt" else c for c in args.ckpt]
+    rows, models = [], args.labels or [os.path.dirname(c) or c if os.path.basename(c) == "ckpt.pt" else c
+                                       for c in args.ckpt]
+    labels = [os.path.basename(m.rstrip("/\\")) or m for m in models]  # titles and legends: the run folder's name
+    labels = labels if len(set(labels)) == len(labels) else models  # unless two share it
     for k, (path, label) in enumerate(zip(args.ckpt, models)):
         model = load_checkpoint(path, args.device, backend=args.backend)[0].eval()
         with tqdm(total=n * len(contexts), desc=label, unit="prompt") as bar:
             for L in contexts:
                 model.extend_rope(args.rope_method, args.rope_scale, L)
                 rows += evaluate(model, label, prompts(L), args, enc, bar)
-        report(args, rows, models[:k + 1])  # after every model: a later checkpoint that fails keeps these results
-    if args.wandb:
-        tracking.log_table(args.wandb_project, f"needle {args.mode}", rows, args.out_dir)
+        # after every model: a later checkpoint that fails keeps these results
+        report(args, rows, models[:k + 1], labels[:k + 1])
+    if args.wandb:  # the CSV's columns: a row's per-head tensor is no table cell
+        table = [{k: r[k] for k in FIELDS if k in r} for r in rows]
+        tracking.log_table(args.wandb_project, f"needle {args.mode}", table, args.out_dir)
     print(f"results in {args.out_dir}")
 
 def main(argv=None):
@@ -179,6 +209,7 @@ def main(argv=None):
     p.add_argument("mode", nargs="?", choices=MODES)
     p.add_argument("--mode", dest="mode_opt", choices=MODES, help="the same as the positional mode")
     p.add_argument("--ckpt", nargs="+", default=[], help="one or more checkpoints, compared in every plot")
+    p.add_argument("--labels", nargs="+", help="a name for each --ckpt (the CSV's model; default: its folder)")
     p.add_argument("--data", default="data/shakespeare", help="prepared dataset: val = haystacks, train = SFT's")
     p.add_argument("--out_dir", default="out-needle")
     p.add_argument("--context_sizes", type=int, nargs="+", help=f"needle, passkey (default {DEFAULT_CONTEXTS})")
@@ -208,6 +239,8 @@ def main(argv=None):
     if bad or not all(0 <= d <= 100 for d in args.depths + [args.depth]):
         p.error(f"{' '.join(bad) or '--depths/--depth'}: counts and sizes must be >= 1, --synthetic and --seed >= 0, "
                 "--rope_scale > 0 and finite, depths in 0..100")
+    if args.labels and (len(args.labels) != len(args.ckpt) or len(set(args.labels)) < len(args.labels)):
+        p.error(f"--labels {' '.join(args.labels)}: give one distinct name per --ckpt ({len(args.ckpt)} checkpoints)")
     try:
         run(args)
     except (DataError, CheckpointError, FileNotFoundError, tracking.TrackingError) as e:

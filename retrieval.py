@@ -1,7 +1,8 @@
 """
 The retrieval tasks that needle.py runs: needle-in-a-haystack (SSMax paper, Nakanishi 2025, Fig. 6) and passkey
-(LSSAR paper, Gao & Spratling 2025, Fig. 3) prompts, answer grading and the retrieval fine-tuning sets (SQuAD 2.0,
-synthetic needles). No model here: needle.py runs the models and writes the results.
+(LSSAR paper, Gao & Spratling 2025, Fig. 3) prompts, answer grading, the needle score (SSMax Figs. 7-8) of given
+attention weights with its baselines, and the retrieval fine-tuning sets (SQuAD 2.0, synthetic needles). No model
+here: needle.py runs the models and writes the results.
 
 Prompts are built in token space from the templates below, each piece encoded on its own: the needle's ids decode
 to exactly its text, a prompt is exactly the context size, and the needle (or pass key) sits right after the
@@ -10,6 +11,7 @@ sentence-end id nearest to depth % of the haystack (val-split text with <|endoft
 import functools, itertools, os, re
 
 import numpy as np
+import torch
 
 import prepare_data
 from prepare_data import EOT, DataError  # DataError: bad input, printed by needle.main as one line
@@ -42,6 +44,14 @@ def score_answer(text, number):
     digits = m.group().replace(" ", "") if m else ""
     return "exact" if digits == str(number) else "first_digit" if digits[:1] == str(number)[0] else "wrong"
 
+def cells(rows, keys):
+    """Accuracy = exact answers; first_digit = answers whose first digit is right (exact ones included)."""
+    groups = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r["score"])
+    return [dict(zip(keys, g), n=len(s), accuracy=s.count("exact") / len(s), first_digit=1 - s.count("wrong") / len(s))
+            for g, s in groups.items()]
+
 @functools.cache
 def sentence_ends(enc):
     # by decoding every id: a harness that looks for the id of "." alone silently puts the needle at depth 0
@@ -65,9 +75,10 @@ def build_prompt(enc, hay, insert, question, L, depth, prefix=()):
 
 def needle_trial(enc, hay, L, depth, city, number):
     head, tail = enc.encode(NEEDLE_HEAD.format(city=city)), enc.encode(NEEDLE_TAIL.format(number=number))
-    ids, pos = build_prompt(enc, hay, head + tail, enc.encode(NEEDLE_QUESTION.format(city=city)), L, depth)
+    question = enc.encode(NEEDLE_QUESTION.format(city=city))
+    ids, pos = build_prompt(enc, hay, head + tail, question, L, depth)
     return dict(context=L, depth=depth, city=city, number=number, ids=ids, pos=pos,
-                span=(pos + len(head), pos + len(head) + len(tail)))
+                span=(pos + len(head), pos + len(head) + len(tail)), question=len(ids) - len(question))
 
 def needle_in_window(enc, hay, L, depth, city, number, rng, tries=10):
     """needle_trial in a random stretch of hay; a stretch without a sentence end is redrawn (a few times)."""
@@ -78,6 +89,19 @@ def needle_in_window(enc, hay, L, depth, city, number, rng, tries=10):
         except DataError:
             if i == tries - 1:
                 raise
+
+def control_span(t, rng):
+    """[c, c + n): n haystack tokens, n the length of the needle's number span, drawn uniformly among the stretches
+    that overlap neither the needle sentence nor the question: scored like the needle, it says how much weight any
+    span of that length gets. Token 0 is left out: trained models park much of many heads' weight on the first
+    token (an attention sink), and a control on it would measure that instead of the haystack."""
+    a, e = t["span"]  # the number ends the needle sentence: e is the sentence's end too
+    starts = np.r_[1:t["pos"] - (e - a) + 1, e:t["question"] - (e - a) + 1]
+    if len(starts) == 0:
+        raise DataError(f"context size {t['context']} leaves no {e - a}-token stretch of haystack beside the needle "
+                        "for the control span: use a longer context")
+    c = int(rng.choice(starts))
+    return c, c + e - a
 
 def trials(args, enc, hay, L, rng):
     """The prompts of one context size, made lazily (thousands of 10k-token prompts add up)."""
@@ -92,9 +116,38 @@ def trials(args, enc, hay, L, rng):
             ids, pos = build_prompt(enc, filler * (L // len(filler) + 1), enc.encode(PASSKEY.format(k=k)),
                                     enc.encode(PASSKEY_QUESTION), L, depth, enc.encode(PASSKEY_INTRO))
             yield dict(trial=i, context=L, depth=depth, number=k, ids=ids, pos=pos)
-    else:  # score: trial 0 is Fig. 7's fixed needle, then Fig. 8's random ones
-        yield dict(needle_in_window(enc, hay, L, args.depth, "Tokyo", 8106422, rng), trial=0)  # the paper's needle
-        yield from (dict(needle(int(rng.integers(0, 101))), trial=i) for i in range(1, args.trials + 1))
+    else:  # score: trial 0 is Fig. 7's fixed needle, then Fig. 8's random ones, each with its control span
+        # drawn from a generator of its own: the prompts stay those of the same seed without controls
+        scored = lambda t, i: dict(t, trial=i, control=control_span(t, np.random.default_rng([args.seed, L, i])))
+        yield scored(needle_in_window(enc, hay, L, args.depth, "Tokyo", 8106422, rng), 0)  # the paper's needle
+        yield from (scored(needle(int(rng.integers(0, 101))), i) for i in range(1, args.trials + 1))
+
+# ----------------------------------------------------------------------------------------------------------------
+# The needle score: attention weight on a span, against a control span and uniform attention
+#
+# A head's needle score is the weight that the prompt's last row (it generates the first answer token) puts on the
+# needle's number span. Each trial reports it at the best head (max over layers x heads: Figs. 7-8) and at the mean
+# head, beside two baselines: a control span as long, elsewhere in the haystack, scored the same way (a max over
+# heads is high by selection alone), and uniform attention, span tokens / keys that row attends to.
+
+def needle_scores(w, spans):
+    """(B, n_layer, n_head): each prompt's weight on its span [a, e); w (n_layer, B, n_head, T) holds one query row
+    per prompt (needle.py: the last, which generates the first answer token)."""
+    return torch.stack([w[:, b, :, a:e].sum(-1) for b, (a, e) in enumerate(spans)])
+
+def score_trials(w, spans, controls):
+    """Per prompt: the weight on its needle span and on its control span at the best head (each span's own max over
+    layers x heads, so that both gain the same from the selection) and at the mean head; uniform attention's weight
+    on the span: span tokens / keys the row attends to (all T of them for the last row: attention is causal)."""
+    heads, control, T = needle_scores(w, spans), needle_scores(w, controls), w.size(-1)  # (B, n_layer, n_head)
+    out = []
+    for b, ((a, e), (c, _)) in enumerate(zip(spans, controls)):
+        top_layer, top_head = divmod(int(heads[b].argmax()), heads.size(2))  # Fig. 8 marks a trial by its top head
+        out.append(dict(heads=heads[b], top_score=heads[b].max().item(), top_layer=top_layer, top_head=top_head,
+                        mean_score=heads[b].mean().item(), control_top_score=control[b].max().item(),
+                        control_mean_score=control[b].mean().item(), uniform=(e - a) / T, span_start=a,
+                        span_tokens=e - a, control_start=c, keys=T))
+    return out
 
 # ----------------------------------------------------------------------------------------------------------------
 # Retrieval fine-tuning data
@@ -133,6 +186,13 @@ def synthetic_examples(enc, hay, n, length, rng):
                             f"answer take {int(m.group(1)) + n_answer - 1} tokens (more with a longer city name), "
                             f"and the haystack needs room too") from None
         yield {"prompt": enc.decode(t["ids"].tolist()), "answer": answer}
+
+def sft_examples(args, enc):
+    """(name, examples) of `needle.py sft_data`: args.synthetic needles in train-split text, or else SQuAD 2.0."""
+    if not args.synthetic:
+        return "sft_squad", squad_examples(args.squad)
+    rng = np.random.default_rng(args.seed)
+    return "sft_synthetic", synthetic_examples(enc, load_hay(args.data, "train"), args.synthetic, args.sft_length, rng)
 
 def load_hay(data_dir, split):
     if not os.path.isfile(os.path.join(data_dir, f"{split}.bin")):
