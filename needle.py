@@ -3,18 +3,16 @@ Retrieval in long contexts: needle-in-a-haystack (SSMax paper, Nakanishi 2025, F
 paper, Gao & Spratling 2025, Fig. 3), per-head needle scores (SSMax Figs. 7-8) and retrieval fine-tuning data.
 
     python needle.py needle  --ckpt out-softmax/ckpt.pt out-ssmax/ckpt.pt --data data/shakespeare
-    python needle.py passkey --ckpt out-softmax/ckpt.pt out-lssar/ckpt.pt
+    python needle.py passkey --ckpt out-softmax/ckpt.pt out-lssar/ckpt.pt --labels softmax lssar
     python needle.py score   --ckpt out-softmax/ckpt.pt out-ssmax/ckpt.pt --context 8000 --trials 100
     python needle.py sft_data [--squad 'squad/*.parquet']  # SQuAD 2.0 (hub or local) -> out-needle/sft_squad.jsonl
     python needle.py sft_data --synthetic 20000 --data data/shakespeare --sft_length 1024
 
-Prompts are built in token space from the templates below, each piece encoded on its own: the needle's ids decode
-to exactly its text, a prompt is exactly the context size, and the needle (or pass key) sits right after the
-sentence-end id nearest to depth % of the haystack (val-split text with <|endoftext|> dropped; passkey: the filler).
-Answers are greedy over the tokens other than <|endoftext|>. RoPE is extended as in eval_long.py: θ x 50 by default
-(the SSMax paper's 10,000 -> 500,000, no further training).
+retrieval.py holds the tasks (token-space prompts, answer grading, the needle score, fine-tuning sets); this script
+runs the models and writes CSV, JSON, PNG. Answers are greedy over the tokens other than <|endoftext|>. RoPE is
+extended as in eval_long.py: θ x 50 by default (the SSMax paper's 10,000 -> 500,000, no further training).
 """
-import argparse, csv, functools, itertools, json, math, os, re, sys
+import argparse, csv, itertools, json, math, os, sys
 
 import numpy as np
 import torch
@@ -24,137 +22,20 @@ import prepare_data
 import tracking
 from prepare_data import EOT, DataError  # DataError: bad input, printed by main as one line
 from model import BACKENDS, ROPE_METHODS, CheckpointError, load_checkpoint, read_checkpoint, run_info
+from retrieval import cells, load_hay, score_answer, score_trials, sft_examples, trials
 
 MODES = ("sft_data", "needle", "passkey", "score")
-NEEDLE_HEAD, NEEDLE_TAIL = " The special magic {city} number is:", " {number}."  # the needle score's span: the tail
-NEEDLE_QUESTION = "\nWhat is the special magic {city} number?\nThe special magic {city} number is:"
-# Mohtashami & Jaggi 2023; k is uniform in 10000..99999
-PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
-                 "I will quiz you about the important information there.")
-PASSKEY_FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-PASSKEY = " The pass key is {k}. Remember it. {k} is the pass key."
-PASSKEY_QUESTION = " What is the pass key? The pass key is"
-SQUAD_PROMPT = "{context}\n{question}\nAnswer:"  # answer: " " + the first answer text
-# synthetic SFT data uses TRAIN_CITIES and odd numbers, evaluation EVAL_CITIES and even ones: nothing leaks
-EVAL_CITIES = ("Tokyo", "Paris", "Cairo", "Lima", "Oslo", "Nairobi", "Toronto", "Mumbai", "Sydney", "Berlin",
-               "Madrid", "Seoul", "Istanbul", "Chicago", "Bangkok", "Dublin", "Havana", "Jakarta", "Lagos", "Vienna")
-TRAIN_CITIES = ("London", "Rome", "Moscow", "Beijing", "Delhi", "Lisbon", "Athens", "Prague", "Warsaw", "Boston",
-                "Denver", "Manila", "Karachi", "Dhaka", "Tehran", "Riyadh", "Santiago", "Bogota", "Quebec", "Helsinki")
 DEFAULT_CONTEXTS = {"needle": [1024, 2048, 4096, 6144, 8192, 10240], "passkey": [1024, 1536, 2048, 4096, 8192]}
 FIELDS = ["model", "trial", "context", "depth", "city", "number", "output", "score", "top_score", "top_layer",
-          "top_head"]  # of the CSV rows, where a mode has them
+          "top_head", "mean_score", "control_top_score", "control_mean_score", "uniform", "span_start", "span_tokens",
+          "control_start", "keys"]  # of the CSV rows, where a mode has them; top = the best head
+LEGEND = dict(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))  # beside the axes: room for many models
 MARKERS = {"exact": "o", "first_digit": "^", "wrong": "x"}  # Fig. 8: fully correct, first digit only, wrong
-
-# ----------------------------------------------------------------------------------------------------------------
-# Prompts and scoring
-
-def draw_number(rng, split):
-    n = int(rng.integers(10**6, 10**7))  # 7 digits
-    return n - n % 2 + (split == "train")  # odd for training, even for evaluation
-
-def score_answer(text, number):
-    """The first run of digits in text (single spaces inside allowed: " 8 1 0" reads 810) against the number."""
-    m = re.search(r"\d(?: ?\d)*", text)
-    digits = m.group().replace(" ", "") if m else ""
-    return "exact" if digits == str(number) else "first_digit" if digits[:1] == str(number)[0] else "wrong"
-
-@functools.cache
-def sentence_ends(enc):
-    # by decoding every id: a harness that looks for the id of "." alone silently puts the needle at depth 0
-    return np.array([enc.decode_single_token_bytes(i).endswith((b".", b"!", b"?")) for i in range(enc.n_vocab)])
-
-def build_prompt(enc, hay, insert, question, L, depth, prefix=()):
-    """prefix + hay[:pos] + insert + hay[pos:n] + question, exactly L ids; pos is the boundary right after a
-    sentence-end id nearest to depth % of the n haystack ids. Returns (ids, position of insert)."""
-    n = L - len(prefix) - len(insert) - len(question)
-    if n < 1:
-        raise DataError(f"context size {L} is too short to hold the needle and the question: they take {L - n} "
-                        f"tokens, so use at least {L - n + 1} (and more, for a haystack)")
-    hay = np.asarray(hay[:n])
-    if len(hay) < n:
-        raise DataError(f"the haystack text has {len(hay)} tokens, fewer than the {n} that context {L} needs")
-    cuts = np.flatnonzero(sentence_ends(enc)[hay]) + 1
-    if len(cuts) == 0:
-        raise DataError(f"no sentence end ('.', '!', '?') in a {n}-token haystack: nowhere to insert the needle")
-    pos = int(cuts[np.abs(cuts - depth / 100 * n).argmin()])
-    return np.concatenate([prefix, hay[:pos], insert, hay[pos:], question]).astype(np.int64), len(prefix) + pos
-
-def needle_trial(enc, hay, L, depth, city, number):
-    head, tail = enc.encode(NEEDLE_HEAD.format(city=city)), enc.encode(NEEDLE_TAIL.format(number=number))
-    ids, pos = build_prompt(enc, hay, head + tail, enc.encode(NEEDLE_QUESTION.format(city=city)), L, depth)
-    return dict(context=L, depth=depth, city=city, number=number, ids=ids, pos=pos,
-                span=(pos + len(head), pos + len(head) + len(tail)))
-
-def needle_in_window(enc, hay, L, depth, city, number, rng, tries=10):
-    """needle_trial in a random stretch of hay; a stretch without a sentence end is redrawn (a few times)."""
-    for i in range(tries):
-        s = int(rng.integers(max(len(hay) - L, 0) + 1))
-        try:
-            return needle_trial(enc, hay[s:s + L], L, depth, city, number)
-        except DataError:
-            if i == tries - 1:
-                raise
-
-def trials(args, enc, hay, L, rng):
-    """The prompts of one context size, made lazily (thousands of 10k-token prompts add up)."""
-    needle = lambda depth: needle_in_window(enc, hay, L, depth, EVAL_CITIES[rng.integers(len(EVAL_CITIES))],
-                                            draw_number(rng, "eval"), rng)
-    if args.mode == "needle":
-        yield from (dict(needle(d), trial=i) for d in args.depths for i in range(args.samples))
-    elif args.mode == "passkey":
-        filler = enc.encode(PASSKEY_FILLER)
-        for i in range(args.samples):
-            k, depth = int(rng.integers(10**4, 10**5)), int(rng.integers(0, 101))
-            ids, pos = build_prompt(enc, filler * (L // len(filler) + 1), enc.encode(PASSKEY.format(k=k)),
-                                    enc.encode(PASSKEY_QUESTION), L, depth, enc.encode(PASSKEY_INTRO))
-            yield dict(trial=i, context=L, depth=depth, number=k, ids=ids, pos=pos)
-    else:  # score: trial 0 is Fig. 7's fixed needle, then Fig. 8's random ones
-        yield dict(needle_in_window(enc, hay, L, args.depth, "Tokyo", 8106422, rng), trial=0)  # the paper's needle
-        yield from (dict(needle(int(rng.integers(0, 101))), trial=i) for i in range(1, args.trials + 1))
-
-# ----------------------------------------------------------------------------------------------------------------
-# Retrieval fine-tuning data
-
-def squad_examples(source):
-    """(prompt, answer) of the SQuAD 2.0 examples whose context, question and answer are all non-empty."""
-    import datasets  # here: slow to import, and only this mode needs it
-    ext = os.path.splitext(source)[1].lower()
-    kw = dict(path=source) if ext not in (".json", ".jsonl", ".parquet") else dict(
-        path="parquet" if ext == ".parquet" else "json", data_files=source)
-    try:  # streaming: no copy in the datasets cache
-        rows = iter(datasets.load_dataset(**kw, split="train", streaming=True))
-        first = next(rows, None)
-    except Exception as e:  # offline hub, unknown name, no such file: one line that says so
-        raise DataError(f"cannot load SQuAD from {source!r}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}")
-    if first is None or not {"context", "question", "answers"} <= set(first):
-        raise DataError(f"{source!r} needs columns context, question, answers{{text}}; has {list(first or [])}")
-    fields = (((ex["context"] or "").strip(), (ex["question"] or "").strip(),
-               (((ex["answers"] or {}).get("text") or [""])[0] or "").strip()) for ex in itertools.chain([first], rows))
-    return ({"prompt": SQUAD_PROMPT.format(context=c, question=q), "answer": " " + a}
-            for c, q, a in fields if c and q and a)
-
-def synthetic_examples(enc, hay, n, length, rng):
-    """Needles in train-split text, the question at the end; prompt + answer = length tokens."""
-    for _ in range(n):
-        city, number = TRAIN_CITIES[rng.integers(len(TRAIN_CITIES))], draw_number(rng, "train")
-        answer = NEEDLE_TAIL.format(number=number)
-        n_answer = len(enc.encode(answer))
-        try:
-            t = needle_in_window(enc, hay, length - n_answer, int(rng.integers(0, 101)), city, number, rng)
-        except DataError as e:  # say it in the option's words: the prompt's context is --sft_length minus the answer
-            m = re.search(r"at least (\d+)", str(e))
-            if not m:
-                raise
-            raise DataError(f"--sft_length {length} is too short for a synthetic example: its needle, question and "
-                            f"answer take {int(m.group(1)) + n_answer - 1} tokens (more with a longer city name), "
-                            f"and the haystack needs room too") from None
-        yield {"prompt": enc.decode(t["ids"].tolist()), "answer": answer}
-
-def load_hay(data_dir, split):
-    if not os.path.isfile(os.path.join(data_dir, f"{split}.bin")):
-        raise DataError(f"dataset {data_dir!r} has no {split}.bin: prepare one (python prepare_data.py shakespeare)")
-    tokens = np.asarray(prepare_data.load_split(data_dir, split))
-    return tokens[tokens != EOT]  # one running text
+BARS = [("needle, best head", "top_score", "tab:red", ""),  # the score summary: (label, column, colour, hatch)
+        ("control, best head", "control_top_score", "tab:gray", ""),
+        ("needle, mean head", "mean_score", "tab:red", "//"),
+        ("control, mean head", "control_mean_score", "tab:gray", "//"),
+        ("uniform", "uniform", "black", "")]
 
 # ----------------------------------------------------------------------------------------------------------------
 # The model side
@@ -171,10 +52,9 @@ def greedy(model, idx, max_new_tokens):
         logits = model(out[-1], cache=cache)[0]
     return torch.cat(out, 1)
 
-def needle_scores(model, idx, spans):
-    """(B, n_layer, n_head): weight of the last row (it generates the first answer token) on each span [a, e)."""
-    w = model.attention_rows(idx, rows=(-1,))[:, :, :, 0].float()  # (n_layer, B, nh, T): O(T), never T x T
-    return torch.stack([w[:, b, :, a:e].sum(-1) for b, (a, e) in enumerate(spans)])
+def last_row_weights(model, idx):
+    """(n_layer, B, n_head, T): every head's weights of the last row (it generates the first answer token)."""
+    return model.attention_rows(idx, rows=(-1,))[:, :, :, 0].float()  # O(T), never T x T
 
 def evaluate(model, label, prompts, args, enc, bar):
     rows = []
@@ -182,26 +62,16 @@ def evaluate(model, label, prompts, args, enc, bar):
         idx = torch.tensor(np.stack([t.pop("ids") for t in batch]), device=args.device)
         with torch.autocast(idx.device.type, torch.bfloat16, enabled=idx.device.type == "cuda"):  # bf16 as the paper
             out = [enc.decode(o) for o in greedy(model, idx, args.max_new_tokens).tolist()]
-            heads = needle_scores(model, idx, [t["span"] for t in batch]).cpu() if args.mode == "score" else None
+            scores = score_trials(last_row_weights(model, idx).cpu(), [t["span"] for t in batch],
+                                  [t["control"] for t in batch]) if args.mode == "score" else [{}] * len(batch)
         for b, t in enumerate(batch):
-            t.update(model=label, output=out[b], score=score_answer(out[b], t["number"]))
-            if heads is not None:  # Fig. 8 marks a trial by its top head
-                top_layer, top_head = divmod(int(heads[b].argmax()), heads.size(2))
-                t.update(heads=heads[b], top_score=heads[b].max().item(), top_layer=top_layer, top_head=top_head)
+            t.update(model=label, output=out[b], score=score_answer(out[b], t["number"]), **scores[b])
         rows += batch
         bar.update(len(batch))
     return rows
 
 # ----------------------------------------------------------------------------------------------------------------
 # Outputs: CSV (one row per trial or head), JSON (summary, run_info, args), PNG
-
-def cells(rows, keys):
-    """Accuracy = exact answers; first_digit = answers whose first digit is right (exact ones included)."""
-    groups = {}
-    for r in rows:
-        groups.setdefault(tuple(r[k] for k in keys), []).append(r["score"])
-    return [dict(zip(keys, g), n=len(s), accuracy=s.count("exact") / len(s), first_digit=1 - s.count("wrong") / len(s))
-            for g, s in groups.items()]
 
 def save(args, name, rows=None, fields=FIELDS, fig=None, **results):
     os.makedirs(args.out_dir, exist_ok=True)
@@ -215,49 +85,82 @@ def save(args, name, rows=None, fields=FIELDS, fig=None, **results):
     if fig is not None:
         fig.savefig(os.path.join(args.out_dir, f"{name}.png"), dpi=120)
 
-def figure(n=1):
+def figure(n=1, ncols=None, size=(5, 4)):
+    """n panels, ncols (default: all) to a row, each about size inches: any number of models stays legible."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no display
-    fig = Figure(figsize=(5 * n + 1, 4), layout="tight")
-    return fig, fig.subplots(1, n, squeeze=False)[0]
+    ncols = ncols or n
+    fig = Figure(figsize=(size[0] * ncols + 1, size[1] * math.ceil(n / ncols)), layout="constrained")
+    axes = fig.subplots(math.ceil(n / ncols), ncols, squeeze=False).flatten()
+    for ax in axes[n:]:  # the last row of a grid may have empty cells
+        ax.set_axis_off()
+    return fig, axes[:n]
 
-def report(args, rows, models):
-    if args.mode == "needle":  # Fig. 6: depth x context size, one panel per model
-        acc, (fig, axes) = cells(rows, ["model", "context", "depth"]), figure(len(models))
+def colors(n):
+    """n distinct colours ("C{i}" repeats after 10): tab20's 10 strong shades, then its 10 light ones, then turbo."""
+    from matplotlib import colormaps
+    if n > 20:
+        return list(colormaps["turbo"](np.linspace(0, 1, n)))
+    return [colormaps["tab20"](2 * i % 20 + i // 10) for i in range(n)]
+
+def report(args, rows, models, labels):
+    palette = colors(len(models))
+    if args.mode == "needle":  # Fig. 6: depth x context size, one panel per model, in a grid
+        acc = cells(rows, ["model", "context", "depth"])
+        fig, axes = figure(len(models), math.ceil(math.sqrt(len(models))), size=(4.5, 3.5))
         a = {(c["model"], c["context"], c["depth"]): c["accuracy"] for c in acc}
-        for ax, m in zip(axes, models):
+        for ax, m, label in zip(axes, models, labels):
             grid = np.array([[a[m, L, d] for L in args.context_sizes] for d in args.depths])
-            fig.colorbar(ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto"), ax=ax, label="accuracy")
-            ax.set(title=m, xlabel="context size", ylabel="depth (%)", xticks=range(len(args.context_sizes)),
+            im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+            ax.set(title=label, xlabel="context size", ylabel="depth (%)", xticks=range(len(args.context_sizes)),
                    xticklabels=args.context_sizes, yticks=range(len(args.depths)), yticklabels=args.depths)
             for (i, j), v in np.ndenumerate(grid):
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8)
+        fig.colorbar(im, ax=list(axes), label="fraction of answers exactly right")
         return save(args, "needle", rows, FIELDS, fig, cells=acc)
     if args.mode == "passkey":  # LSSAR Fig. 3: accuracy vs length
         acc, (fig, (ax,)) = cells(rows, ["model", "context"]), figure()
-        for m in models:
-            ax.plot(args.context_sizes, [c["accuracy"] for c in acc if c["model"] == m], "o-", label=m)
+        for m, label, color in zip(models, labels, palette):
+            ax.plot(args.context_sizes, [c["accuracy"] for c in acc if c["model"] == m], "o-", color=color, label=label)
         ax.set(xlabel="context length (tokens)", ylabel="passkey accuracy", ylim=(-0.05, 1.05))
-        ax.legend()
+        ax.legend(**LEGEND)
         return save(args, "passkey", rows, FIELDS, fig, cells=acc)
     fig7, fig8 = [r for r in rows if r["trial"] == 0], [r for r in rows if r["trial"] > 0]
     heads = [dict(model=r["model"], rank=i + 1, layer=j // r["heads"].size(1), head=j % r["heads"].size(1),
                   score=r["heads"].flatten()[j].item())
              for r in fig7 for i, j in enumerate(r["heads"].flatten().argsort(descending=True).tolist())]
-    (f7, (ax7,)), (f8, (ax8,)) = figure(), figure()
-    for c, m in enumerate(models):
-        top = [h["score"] for h in heads if h["model"] == m][:25]
-        ax7.plot(range(1, len(top) + 1), top, "o-", color=f"C{c}", label=m)
-        ranked = sorted((r for r in fig8 if r["model"] == m), key=lambda r: -r["top_score"])
+    trials_of = {m: [r for r in fig8 if r["model"] == m] for m in models}
+    summary = [dict(model=m, n=len(rs), **{k: float(np.mean([r[k] for r in rs])) for _, k, _, _ in BARS})
+               for m, rs in trials_of.items()]  # per model: the means over its trials
+    n_heads = max(r["heads"].numel() for r in fig7)  # n_layer x n_head
+    shown = min(n_heads, 25)  # Fig. 7: the strongest heads, at most 25 of them
+    (f7, (ax7,)), (f8, (ax8, ax)) = figure(), figure(2, size=(max(5, 0.7 * len(models)), 4))
+    for m, label, color in zip(models, labels, palette):
+        top = [h["score"] for h in heads if h["model"] == m][:shown]
+        ax7.plot(range(1, len(top) + 1), top, "o-", color=color, label=label)
+        ranked = sorted(trials_of[m], key=lambda r: -r["top_score"])
+        ax8.plot([], [], "o", color=color, label=label)  # the legend names the colours, the title the markers
         for outcome, marker in MARKERS.items():
             pts = [(k + 1, r["top_score"]) for k, r in enumerate(ranked) if r["score"] == outcome]
             if pts:
-                ax8.scatter(*zip(*pts), marker=marker, color=f"C{c}", label=f"{m}: {outcome}")
-    ax7.set(xlabel="head rank (top 25)", ylabel="needle score", title=f"context {args.context}, depth {args.depth}%")
-    ax8.set(xlabel="trial rank", ylabel="top needle score", title=f"context {args.context}, {args.trials} trials")
-    ax7.legend(), ax8.legend(fontsize=7)
+                ax8.scatter(*zip(*pts), marker=marker, color=color)
+    ax7.axhline(fig7[0]["uniform"], ls="--", color="gray", label="uniform attention")  # every model: the same prompt
+    ax7.set(xlabel=f"head rank (all {n_heads} heads)" if shown == n_heads else f"head rank (top {shown} of {n_heads})",
+            ylabel="needle score (weight on the number)", title=f"context {args.context}, depth {args.depth}%")
+    ax8.set(xlabel="trial rank", ylabel="best head's score", title=f"context {args.context}, {args.trials} trials: "
+            + ", ".join(f"{marker} {outcome}" for outcome, marker in MARKERS.items()))
+    slot = 0.8 / len(BARS)  # each model's bars side by side, in 0.8 of its unit slot
+    for j, (name, k, color, hatch) in enumerate(BARS):
+        ax.bar(np.arange(len(models)) - 0.4 + j * slot, [s[k] for s in summary], slot, align="edge", color=color,
+               hatch=hatch, alpha=0.8, label=name)
+    ax.set(yscale="log", title="needle vs control span vs uniform", ylabel=f"weight on the span, mean of {args.trials}")
+    ax.set_xticks(range(len(models)), labels, rotation=30, ha="right")  # long names side by side
+    ax7.legend(**LEGEND), ax8.legend(**LEGEND), ax.legend(**LEGEND)
+    s = summary[-1]  # after each model: its line
+    print(f"{labels[-1]}: needle score {s['top_score']:.3f} best head, {s['mean_score']:.4f} mean head; "
+          f"control span {s['control_top_score']:.3f}, {s['control_mean_score']:.4f}; uniform {s['uniform']:.4f}")
     save(args, "needle_score_heads", heads, ["model", "rank", "layer", "head", "score"], f7,
          fig7=[{k: r[k] for k in FIELDS} for r in fig7])
-    save(args, "needle_score_trials", fig8, FIELDS, f8, cells=cells(fig8, ["model"]))
+    save(args, "needle_score_trials", fig8, FIELDS, f8, cells=cells(fig8, ["model"]), scores=summary)
 
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -266,10 +169,7 @@ def run(args):
         raise DataError(f"--out_dir {args.out_dir!r} is a file, expected a folder for the results")
     enc = prepare_data.get_tokenizer()
     if args.mode == "sft_data":
-        name = "sft_synthetic" if args.synthetic else "sft_squad"
-        rng = np.random.default_rng(args.seed)
-        examples = (synthetic_examples(enc, load_hay(args.data, "train"), args.synthetic, args.sft_length, rng)
-                    if args.synthetic else squad_examples(args.squad))
+        name, examples = sft_examples(args, enc)
         examples = list(tqdm(examples, desc=name, unit="ex", total=args.synthetic or None))
         path = os.path.join(args.out_dir, f"{name}.jsonl")
         save(args, name, examples=len(examples), jsonl=path)
@@ -286,16 +186,21 @@ def run(args):
     for L in contexts:
         next(prompts(L))  # a context too short fails now, before any checkpoint is loaded
     n = 1 + args.trials if args.mode == "score" else args.samples * (len(args.depths) if args.mode == "needle" else 1)
-    rows, models = [], [os.path.dirname(c) or c if os.path.basename(c) == "ckpt.pt" else c for c in args.ckpt]
+    rows, models = [], args.labels or [os.path.dirname(c) or c if os.path.basename(c) == "ckpt.pt" else c
+                                       for c in args.ckpt]
+    labels = [os.path.basename(m.rstrip("/\\")) or m for m in models]  # titles and legends: the run folder's name
+    labels = labels if len(set(labels)) == len(labels) else models  # unless two share it
     for k, (path, label) in enumerate(zip(args.ckpt, models)):
         model = load_checkpoint(path, args.device, backend=args.backend)[0].eval()
         with tqdm(total=n * len(contexts), desc=label, unit="prompt") as bar:
             for L in contexts:
                 model.extend_rope(args.rope_method, args.rope_scale, L)
                 rows += evaluate(model, label, prompts(L), args, enc, bar)
-        report(args, rows, models[:k + 1])  # after every model: a later checkpoint that fails keeps these results
-    if args.wandb:
-        tracking.log_table(args.wandb_project, f"needle {args.mode}", rows, args.out_dir)
+        # after every model: a later checkpoint that fails keeps these results
+        report(args, rows, models[:k + 1], labels[:k + 1])
+    if args.wandb:  # the CSV's columns: a row's per-head tensor is no table cell
+        table = [{k: r[k] for k in FIELDS if k in r} for r in rows]
+        tracking.log_table(args.wandb_project, f"needle {args.mode}", table, args.out_dir)
     print(f"results in {args.out_dir}")
 
 def main(argv=None):
@@ -304,6 +209,7 @@ def main(argv=None):
     p.add_argument("mode", nargs="?", choices=MODES)
     p.add_argument("--mode", dest="mode_opt", choices=MODES, help="the same as the positional mode")
     p.add_argument("--ckpt", nargs="+", default=[], help="one or more checkpoints, compared in every plot")
+    p.add_argument("--labels", nargs="+", help="a name for each --ckpt (the CSV's model; default: its folder)")
     p.add_argument("--data", default="data/shakespeare", help="prepared dataset: val = haystacks, train = SFT's")
     p.add_argument("--out_dir", default="out-needle")
     p.add_argument("--context_sizes", type=int, nargs="+", help=f"needle, passkey (default {DEFAULT_CONTEXTS})")
@@ -333,6 +239,8 @@ def main(argv=None):
     if bad or not all(0 <= d <= 100 for d in args.depths + [args.depth]):
         p.error(f"{' '.join(bad) or '--depths/--depth'}: counts and sizes must be >= 1, --synthetic and --seed >= 0, "
                 "--rope_scale > 0 and finite, depths in 0..100")
+    if args.labels and (len(args.labels) != len(args.ckpt) or len(set(args.labels)) < len(args.labels)):
+        p.error(f"--labels {' '.join(args.labels)}: give one distinct name per --ckpt ({len(args.ckpt)} checkpoints)")
     try:
         run(args)
     except (DataError, CheckpointError, FileNotFoundError, tracking.TrackingError) as e:

