@@ -12,6 +12,13 @@ Position t (1-based) is the loss of predicting token t+1 from the t tokens befor
 N has seen positions 1..N. Every checkpoint is scored on the same --num_seqs windows of L+1 contiguous tokens of the
 split, their starts drawn uniformly with numpy's default_rng(seed) and recorded in summary.json. Every checkpoint is
 read (weights_only) before the first model runs, and the outputs are rewritten as each model finishes.
+
+Dynamic NTK sets RoPE's base from the sequence length, so window k is read from kN-token sequences, each with the
+factor for kN (LSSAR Table 4; prefix_1x = native RoPE); --no-ntk_per_length: one L-token pass with the factor for L.
+The other methods' tables do not depend on the length: one causal pass of L tokens gives every window. Beside any
+extension each model also runs with its trained θ on the same sequences (rope "native"; the method: "extended").
+Outputs: per_sequence.csv (model x rope x sequence x window), differences.csv/png (each model minus --baseline,
+paired over sequences, bootstrap 95% CI; compare.py), per_position.csv/png (raw curves), summary.json.
 """
 import argparse, csv, json, math, os, sys
 
@@ -19,17 +26,16 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+import compare
 import prepare_data
 import tracking
 from model import BACKENDS, ROPE_METHODS, load_checkpoint, read_checkpoint, run_info
 
 WINDOW_MULTIPLES = (1, 2, 4, 8, 10, 16, 20)  # k x the training length N
 WINDOW_RULE = ("window kx: mean loss over positions (k*N - N, k*N], the last N positions up to k times the "
-               "training length N; prefix_kx: mean over positions 1..k*N, the loss of a k*N-token sequence "
-               "(LSSAR Table 4's validation loss at that length); only k*N <= L")
+               "training length N; prefix_kx: over positions 1..k*N, the loss of a k*N-token sequence (LSSAR Table "
+               "4); k*N <= L. Dynamic NTK per length: both from k*N-token passes with the factor for k*N")
 POSITION_RULE = "position t = the loss of predicting token t+1 from tokens 1..t; trained positions are 1..N"
-FADING_S = 0.43  # the SSMax paper's Fig. 1
-FADING_ZMAX_N, FADING_ZMAX_S = (10, 1000, 100000), (0.43, 1.0)  # Fig. 3: a few sizes, two s
 
 # ----------------------------------------------------------------------------------------------------------------
 # Sequences and RoPE
@@ -47,118 +53,92 @@ def draw_starts(n_tokens, L, num_seqs, seed):
     """Start offsets of num_seqs windows of L+1 tokens; the same for every checkpoint of a run."""
     return np.random.default_rng(seed).integers(0, n_tokens - L, size=num_seqs)
 
+def window_bounds(N, L):
+    """{window: (first, last) position, 1-based} of every window that ends by position L."""
+    out = {}
+    for k in (k for k in WINDOW_MULTIPLES if k * N <= L):
+        out[f"{k}x"], out[f"prefix_{k}x"] = (k * N - N + 1, k * N), (1, k * N)
+    return out
+
 @torch.no_grad()
-def per_position_loss(model, data, starts, L, batch_size, bar=None):
-    """Mean per-token loss at each position 1..L over the sequences at `starts`, as float64 (L,)."""
+def per_position_loss(model, data, starts, L, batch_size, bounds, bar=None):
+    """The first L positions of the sequences at `starts`: mean loss at each position, float64 (L,), and each
+    sequence's mean loss over each window of `bounds` (all within L), {window: float64 (num_seqs,)}."""
     device = model.lm_head.weight.device
     total = torch.zeros(L, dtype=torch.float64, device=device)
+    per_seq = {w: [] for w in bounds}
     for i in range(0, len(starts), batch_size):
         chunk = np.stack([np.asarray(data[s:s + L + 1], dtype=np.int64) for s in starts[i:i + batch_size]])
         xy = torch.from_numpy(chunk).to(device)
         # bf16 on CUDA as the paper (and so that 20,000 tokens fit); CPU runs the reference path in fp32
         with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
             _, loss = model(xy[:, :-1], xy[:, 1:], reduction="none")  # (B, L)
-        total += loss.double().sum(0)
+        loss = loss.double()
+        total += loss.sum(0)
+        for w, (first, last) in bounds.items():
+            per_seq[w].append(loss[:, first - 1:last].mean(1).cpu())
         if bar is not None:
             bar.update(1)
-    return (total / len(starts)).cpu().numpy()
+    return (total / len(starts)).cpu().numpy(), {w: torch.cat(v).numpy() for w, v in per_seq.items()}
 
-def windows(loss, N):
-    out = {}
-    for k in WINDOW_MULTIPLES:
-        if k * N <= len(loss):
-            out[f"{k}x"] = dict(positions=[k * N - N + 1, k * N], mean_loss=float(loss[k * N - N:k * N].mean()))
-            out[f"prefix_{k}x"] = dict(positions=[1, k * N], mean_loss=float(loss[:k * N].mean()))
-    return out
+def pass_lengths(args, N, method):
+    """Sequence lengths run for one RoPE setting. Dynamic NTK per length: every window's end kN and L (the curve)."""
+    if method == "dynamic_ntk" and args.ntk_per_length:  # the only method whose tables depend on the length
+        return sorted({last for _, last in window_bounds(N, args.length).values()} | {args.length})
+    return [args.length]
 
-# ----------------------------------------------------------------------------------------------------------------
-# Figures: matplotlib's Figure without pyplot (no global state, no display)
+def evaluate(model, data, starts, args, N, method, scale, bar):
+    """One RoPE setting on every sequence: the L-position curve, its RoPE info, each window's per-sequence losses and
+    the effective θ each window ran with (None for pi and yarn)."""
+    bounds, per_seq, theta = window_bounds(N, args.length), {}, {}
+    lengths = pass_lengths(args, N, method)
+    for n in lengths:  # the last one is L: its curve and RoPE info are returned
+        rope = model.extend_rope(method, scale, n)
+        mine = {w: b for w, b in bounds.items() if b[1] == n or len(lengths) == 1}
+        curve, losses = per_position_loss(model, data, starts, n, args.batch_size, mine, bar)
+        per_seq.update(losses)
+        theta.update(dict.fromkeys(mine, rope["rope_theta_effective"]))
+    return curve, rope, per_seq, theta
 
-def figure(n=1):
-    from matplotlib.figure import Figure
-    fig = Figure(figsize=(5.5 * n + 1, 4.2), layout="tight")
-    return fig, fig.subplots(1, n, squeeze=False)[0]
-
-def moving_average(y, w):
-    return np.convolve(y, np.ones(w) / w, mode="valid")  # point j = mean of y[j : j + w]
-
-def plot_per_position(path, loss, models, L, w, logx, title):
-    fig, (ax,) = figure()
-    pos = np.arange(1, L + 1)
-    for c, m in enumerate(models):
-        theta = m["rope_theta_effective"] or m["rope_theta"]
-        method = "" if m["rope_method"] in ("none", "theta") else f", {m['rope_method']} x{m['rope_scale']:g}"
-        ax.plot(moving_average(pos, w), moving_average(loss[m["label"]], w), color=f"C{c}", lw=1.2,
-                label=f"{m['label']} ({m['scorer']}, θ={theta:,.0f}{method})")
-    for N in sorted({m["train_len"] for m in models}):
-        ax.axvline(N, color="gray", ls=":", lw=1.2)  # the training length, as the paper's grey dotted line
-    ax.set(xlabel="context size (position)", ylabel=f"test loss (moving average of {w} positions)",
-           xscale="log" if logx else "linear")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    fig.savefig(path, dpi=130)
-
-def fading(out_dir):
-    """Fig. 1 in closed form: n-1 logits at -2 and one at +3. Softmax's largest output is
-    e^3 / (e^3 + (n-1) e^-2); SSMax multiplies the logits by s*log n, so its largest is 1 / (1 + (n-1) n^(-5s)).
-    Fig. 3: logits (0, 1/(n-2), ..., 1, z_max): the output at z_max as z_max varies, for a few n."""
-    n = np.unique(np.round(np.logspace(0, 6, 181)))  # 1 .. 10^6, 30 per decade
-    soft = 1 / (1 + (n - 1) * np.exp(-5.0))
-    ssmax = 1 / (1 + (n - 1) * n ** (-5 * FADING_S))
-    zmax = np.linspace(0, 15, 301)
-    sweep = {}
-    for k in FADING_ZMAX_N:
-        grid = np.linspace(0, 1, k - 1)  # the other n-1 logits
-        for name, c in [("softmax", 1.0)] + [(f"ssmax_s{s:g}", s * math.log(k)) for s in FADING_ZMAX_S]:
-            sweep[f"{name}_n{k}"] = np.exp(c * zmax) / (np.exp(c * grid).sum() + np.exp(c * zmax))
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "fading.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["n", "softmax_max", f"ssmax_max_s{FADING_S:g}"])
-        w.writerows(zip(n.astype(int), soft, ssmax))
-    with open(os.path.join(out_dir, "fading_zmax.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["z_max", *sweep])
-        w.writerows(zip(zmax, *sweep.values()))
-    fig, (ax1, ax3) = figure(2)
-    ax1.plot(n, soft, color="C0", label="softmax")
-    ax1.plot(n, ssmax, color="C3", label=f"SSMax (s = {FADING_S})")
-    ax1.set(xscale="log", xlabel="input size n", ylabel="largest output", ylim=(-0.03, 1.03),
-            title="Fig. 1: logits (-2, ..., -2, +3)")
-    styles = dict(zip(FADING_ZMAX_N, ("-", "--", ":")))
-    colors = {"softmax": "C0", **{f"ssmax_s{s:g}": c for s, c in zip(FADING_ZMAX_S, ("C3", "C1"))}}
-    for key, y in sweep.items():
-        name, k = key.rsplit("_n", 1)
-        ax3.plot(zmax, y, color=colors[name], ls=styles[int(k)], label=f"{name.replace('_s', ' s=')}, n={int(k):,}")
-    ax3.set(xlabel="z_max", ylabel="output at z_max", title="Fig. 3: logits (0, 1/(n-2), ..., 1, z_max)")
-    ax1.legend(), ax3.legend(fontsize=7)
-    fig.savefig(os.path.join(out_dir, "fading.png"), dpi=130)
-    print(f"fading: n = 10^6: softmax max {soft[-1]:.2e}, SSMax max {ssmax[-1]:.4f} -> {out_dir}/fading.png")
+def rope_settings(args):
+    """(rope, method, scale, description) per pass: the requested method, then (if it extends RoPE) the trained θ."""
+    ntk = ", per length" * (args.rope_method == "dynamic_ntk" and args.ntk_per_length)
+    ext = [("extended", args.rope_method, args.rope_scale, f"{args.rope_method} x{args.rope_scale:g}{ntk}")]
+    return ext * (args.rope_method != "none") + [("native", "none", 1.0, "native θ")]
 
 # ----------------------------------------------------------------------------------------------------------------
 
-def write_results(args, loss, models, starts):
+def write_results(args, curves, models, rows, starts, baseline):
     """Rewritten after every model: a later checkpoint that fails leaves the finished ones' results on disk."""
     os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "per_position.csv"), "w", newline="") as f:
+    out = lambda name: os.path.join(args.out_dir, name)
+    names = sorted(curves, key=lambda n: curves[n][3] != "-")  # the requested method's columns first, as always
+    with open(out("per_position.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["position", *loss])
-        w.writerows(zip(range(1, args.length + 1), *(map(float, v) for v in loss.values())))
-    note = (f"{args.num_seqs} sequences of {args.length:,} tokens ({args.split}), "
-            f"RoPE {args.rope_method} x{args.rope_scale:g}")
-    with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
-        json.dump(dict(models=models, window_rule=WINDOW_RULE, position_rule=POSITION_RULE,
-                       smoothing=f"moving average over {args.smooth} positions (plot only; the CSV is unsmoothed)",
-                       sequences=dict(split=args.split, length=args.length, starts=starts.tolist()),
+        w.writerow(["position", *names])
+        w.writerows(zip(range(1, args.length + 1), *(map(float, curves[n][1]) for n in names)))
+    compare.write_csv(out("per_sequence.csv"), rows, compare.PER_SEQUENCE_COLUMNS)
+    diffs = compare.paired_differences(rows, baseline, args.n_boot, args.seed)
+    compare.write_csv(out("differences.csv"), diffs, compare.DIFFERENCE_COLUMNS)
+    note = f"{args.num_seqs} sequences of {args.length:,} tokens ({args.split})"
+    with open(out("summary.json"), "w") as f:
+        json.dump(dict(models=models, baseline=baseline, differences=diffs, window_rule=WINDOW_RULE,
+                       position_rule=POSITION_RULE, ci=f"{compare.LEVEL:.0%} percentile bootstrap over sequences, "
+                       f"paired, {args.n_boot} resamples", sequences=dict(split=args.split, length=args.length,
+                       starts=starts.tolist()), smoothing=f"moving average over {args.smooth} positions (plot only)",
                        run_info=run_info(args.seed), args=vars(args)), f, indent=1)
-    plot_per_position(os.path.join(args.out_dir, "per_position.png"), loss, models, args.length, args.smooth,
-                      args.logx, note)
+    ropes = {rope: description for rope, _, _, description in rope_settings(args)}
+    compare.plot_per_position(out("per_position.png"), [curves[n] for n in names], [m["train_len"] for m in models],
+                              args.smooth, args.logx, f"{note}, RoPE " + "; dashed: ".join(ropes.values()))
+    if diffs:  # from the second model on
+        compare.plot_differences(out("differences.png"), diffs, [m["label"] for m in models], ropes,
+                                 f"{note}: paired difference to {baseline}, {compare.LEVEL:.0%} bootstrap CI")
 
 def run(args):
     if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):  # now, not after the models ran
         raise ValueError(f"--out_dir {args.out_dir!r} is a file, expected a folder for the results")
     if args.fading:
-        fading(args.out_dir)
+        compare.fading(args.out_dir)
     if not args.ckpt:
         return
     # every checkpoint is read (its pickle; tensors mapped, not read) and checked before the first model runs
@@ -168,39 +148,57 @@ def run(args):
     if args.length < N:
         raise ValueError(f"--length {args.length} is shorter than the training length {N} of {path!r}: "
                          f"no window to report; use --length >= {N}")
+    labels = []
+    for i, (a, path) in enumerate(zip(model_args, args.ckpt)):
+        label = args.labels[i] if args.labels else a.get("scorer", "softmax")
+        if label in labels:  # two checkpoints of one scorer: tell them apart by their folders
+            label = f"{label} #{i + 1} ({os.path.basename(os.path.dirname(os.path.abspath(path)))})"
+        labels.append(label)
+    baseline = labels[0] if args.baseline is None else args.baseline
+    if baseline not in labels:
+        raise ValueError(f"--baseline {baseline!r} is not one of the models: {', '.join(labels)}")
     data = load_tokens(args.data, args.split, args.length)
     starts = draw_starts(len(data), args.length, args.num_seqs, args.seed)  # the same sequences for every model
     args.smooth = min(args.smooth or max(1, args.length // 200), args.length)
-    device = torch.device(args.device)
-    models, loss = [], {}
-    bar = tqdm(total=math.ceil(args.num_seqs / args.batch_size) * len(args.ckpt), unit="batch", disable=None)
-    for i, path in enumerate(args.ckpt):
+    device, settings = torch.device(args.device), rope_settings(args)
+    models, curves, rows, table = [], {}, [], []
+    n_pass = sum(len(pass_lengths(args, a["block_size"], s[1])) for a in model_args for s in settings)
+    bar = tqdm(total=math.ceil(args.num_seqs / args.batch_size) * n_pass, unit="batch", disable=None)
+    for label, path in zip(labels, args.ckpt):
         model, ckpt = load_checkpoint(path, device, backend=args.backend)
         model.eval()
-        cfg = model.config
-        label = args.labels[i] if args.labels else cfg.scorer
-        if label in loss:  # two checkpoints of one scorer: tell them apart by their folders
-            label = f"{label} #{i + 1} ({os.path.basename(os.path.dirname(os.path.abspath(path)))})"
-        rope = model.extend_rope(args.rope_method, args.rope_scale, args.length)
-        bar.set_description(f"{label} L={args.length:,}")
-        loss[label] = per_position_loss(model, data, starts, args.length, args.batch_size, bar)
-        models.append(dict(label=label, checkpoint=os.path.abspath(path), scorer=cfg.scorer,
-                           train_len=cfg.block_size, iter_num=ckpt.get("iter_num"), rope_method=args.rope_method,
-                           rope_scale=args.rope_scale, **rope, mean_loss=float(loss[label].mean()),
-                           windows=windows(loss[label], cfg.block_size), model_args=ckpt["model_args"],
-                           train_run_info=ckpt.get("run_info")))
-        print(f"{label}: " + ", ".join(f"{k} {v['mean_loss']:.4f}" for k, v in models[-1]["windows"].items()
-                                      if not k.startswith("prefix")) + f", all {models[-1]['mean_loss']:.4f}")
-        write_results(args, loss, models, starts)
+        cfg, ckpt_path = model.config, os.path.abspath(path)
+        bounds = window_bounds(cfg.block_size, args.length)
+        models.append(dict(label=label, checkpoint=ckpt_path, scorer=cfg.scorer, train_len=cfg.block_size,
+                           iter_num=ckpt.get("iter_num"), rope_method=args.rope_method, rope_scale=args.rope_scale))
+        for i, (rope, method, scale, _) in enumerate(settings):
+            bar.set_description(f"{label} {rope} L={args.length:,}")
+            curve, info, per_seq, theta = evaluate(model, data, starts, args, cfg.block_size, method, scale, bar)
+            name = label if i == 0 else f"{label} [native]"  # its column in per_position.csv, dashed if native
+            curves[name] = (f"{name} (θ={info['rope_theta_effective'] or info['rope_theta']:,.0f})", curve,
+                            len(models) - 1, "--" if i else "-")
+            windows = {w: dict(positions=list(b), rope_theta_effective=theta[w], mean_loss=float(per_seq[w].mean()))
+                       for w, b in bounds.items()}
+            result = dict(**info, mean_loss=float(curve.mean()), windows=windows)
+            # the requested method where its numbers always were, the native baseline beside it
+            models[-1].update(result if i == 0 else dict(native=dict(rope_method="none", **result)))
+            rows += [dict(model=label, ckpt=ckpt_path, rope=rope, rope_method=method, rope_scale=scale,
+                          theta=theta[w] or "", sequence=j, start=int(starts[j]), window=w, tokens=b[1] - b[0] + 1,
+                          loss=float(x)) for w, b in bounds.items() for j, x in enumerate(per_seq[w])]
+            table += [dict(model=label, scorer=cfg.scorer, rope=rope, window=w, mean_loss=v["mean_loss"])
+                      for w, v in windows.items()]
+            print(f"{label} [{rope}]: " + ", ".join(f"{w} {v['mean_loss']:.4f}" for w, v in windows.items()
+                                                   if not w.startswith("prefix")) + f", all {result['mean_loss']:.4f}")
+        models[-1].update(model_args=ckpt["model_args"], train_run_info=ckpt.get("run_info"))
+        write_results(args, curves, models, rows, starts, baseline)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
     bar.close()
     if args.wandb:
-        tracking.log_table(args.wandb_project, f"eval_long {args.rope_method} x{args.rope_scale:g}", [
-            dict(model=m["label"], scorer=m["scorer"], window=k, mean_loss=v["mean_loss"]) for m in models
-            for k, v in m["windows"].items()], args.out_dir)
-    print(f"wrote {args.out_dir}/per_position.csv, summary.json, per_position.png")
+        tracking.log_table(args.wandb_project, f"eval_long {args.rope_method} x{args.rope_scale:g}", table,
+                           args.out_dir)
+    print(f"wrote {args.out_dir}/per_sequence.csv, differences.csv/png, per_position.csv/png, summary.json")
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="Per-position loss of long sequences with RoPE extended (SSMax Fig. 5).")
@@ -211,6 +209,10 @@ def main(argv=None):
     p.add_argument("--length", type=int, help="tokens per sequence L (default: 10 x the first block_size)")
     p.add_argument("--rope_method", choices=ROPE_METHODS, default="theta")
     p.add_argument("--rope_scale", type=float, default=50.0, help="the SSMax paper: θ x 50 = 500,000")
+    p.add_argument("--ntk_per_length", action=argparse.BooleanOptionalAction, default=True,
+                   help="dynamic_ntk: window k from kN-token sequences with the factor for kN (LSSAR Table 4)")
+    p.add_argument("--baseline", help="label of the model the others are compared to (default: the first model)")
+    p.add_argument("--n_boot", type=int, default=2000, help="bootstrap resamples of the paired 95%% CIs")
     p.add_argument("--num_seqs", type=int, default=64, help="sequences averaged (the SSMax paper: 100,000)")
     p.add_argument("--seed", type=int, default=0)
     tracking.add_args(p)
@@ -225,7 +227,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if not args.ckpt and not args.fading:
         p.error("give one or more checkpoints, or --fading")
-    bad = [f"--{k} {getattr(args, k)}" for k in ("num_seqs", "batch_size", "length", "smooth")
+    bad = [f"--{k} {getattr(args, k)}" for k in ("num_seqs", "batch_size", "length", "smooth", "n_boot")
            if getattr(args, k) is not None and getattr(args, k) < 1]
     bad += [f"--rope_scale {args.rope_scale}"] * (not 0 < args.rope_scale < math.inf)  # `not <` refuses nan too
     bad += [f"--seed {args.seed}"] * (not 0 <= args.seed < 2**64)

