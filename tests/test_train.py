@@ -369,12 +369,12 @@ def write_sft(path, rows=SFT_ROWS):
 
 def test_sft_targets_are_answer_and_endoftext_with_minus_one_on_prompt_and_padding(tmp_path):
     enc, T = prepare_data.get_tokenizer(), 32
-    examples = train.load_sft(write_sft(tmp_path / "sft.jsonl"), T)
+    examples = prepare_data.load_sft(write_sft(tmp_path / "sft.jsonl"), T)
     assert len(examples) == len(SFT_ROWS)
     for (ids, n_prompt), row in zip(examples, SFT_ROWS):
         p, a = enc.encode_ordinary(row["prompt"]), enc.encode_ordinary(row["answer"])
         assert ids.tolist() == p + a + [prepare_data.EOT] and n_prompt == len(p)
-    x, y = train.sft_batch(examples, torch.tensor([1, 3, 0]), T)
+    x, y = prepare_data.sft_batch(examples, torch.tensor([1, 3, 0]), T)
     assert x.shape == y.shape == (3, T) and x.dtype == y.dtype == torch.long
     for b, i in enumerate([1, 3, 0]):
         ids, n_prompt = examples[i]
@@ -389,13 +389,13 @@ def test_sft_crops_long_prompts_on_the_left_and_long_answers_on_the_right(tmp_pa
     enc, T = prepare_data.get_tokenizer(), 8
     rows = [{"prompt": "one two three four five six seven eight nine ten", "answer": " eleven twelve"},
             {"prompt": "short", "answer": " a b c d e f g h i j k l m n o p"}]
-    examples = train.load_sft(write_sft(tmp_path / "sft.jsonl", rows), T)
+    examples = prepare_data.load_sft(write_sft(tmp_path / "sft.jsonl", rows), T)
     (ids0, n0), (ids1, n1) = examples
     p0, a0 = enc.encode_ordinary(rows[0]["prompt"]), enc.encode_ordinary(rows[0]["answer"]) + [prepare_data.EOT]
     assert len(ids0) == T + 1 and ids0.tolist() == p0[-(T + 1 - len(a0)):] + a0 and n0 == T + 1 - len(a0)
     a1 = enc.encode_ordinary(rows[1]["answer"])
     assert ids1.tolist() == a1[:T + 1] and n1 == 0  # the answer's beginning, no prompt left
-    x, y = train.sft_batch(examples, torch.tensor([0, 1]), T)
+    x, y = prepare_data.sft_batch(examples, torch.tensor([0, 1]), T)
     assert y[0].tolist() == [-1] * (n0 - 1) + a0 and y[1].tolist() == a1[1:T + 1]
 
 
