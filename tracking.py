@@ -54,12 +54,15 @@ def log(record, cfg, info, model):
 def plot_losses(out_dir, title):
     """loss.png from log.jsonl (the numbers behind it), the whole history; a resumed run's entry of an iter wins."""
     from matplotlib.figure import Figure  # not pyplot: no GUI backend to pick, no figure to close
-    rows = [r for r in read_log(os.path.join(out_dir, "log.jsonl")) if "iter" in r]
+    log = read_log(os.path.join(out_dir, "log.jsonl"))
+    rows = [r for r in log if "iter" in r]
     ax = Figure(figsize=(8, 4.5)).subplots()
     for key, label in (("loss", "train (per step)"), ("train_loss", "train (eval)"), ("val_loss", "val (eval)")):
         points = {r["iter"]: r[key] for r in rows if key in r}
         ax.plot(sorted(points), [points[k] for k in sorted(points)], "-" if key == "loss" else "o-", ms=3, label=label,
                 lw=0.6 if key == "loss" else 1.5)
+    for r in (r for r in log if "switch" in r):  # where a run switched its scorer (train.py), and to what
+        ax.axvline(r["start_iter"], color="gray", ls=":", lw=1, label=f"scorer -> {r['switch']['scorer'][1]}")
     ax.set(xlabel="iteration", ylabel="loss (nats)", title=title)
     ax.legend()
     ax.figure.savefig(os.path.join(out_dir, "loss.png"), dpi=120, bbox_inches="tight")

@@ -6,13 +6,19 @@ modelling or a synthetic task of tasks.py; no run is overwritten unasked, every 
     python train.py configs/ssmax.py                                              # one GPU, ~1 h: the 162M model
     torchrun --standalone --nproc_per_node=8 train.py configs/paper/ssmax.py      # the paper's full recipe
     python train.py configs/tasks/recall.py scorer=ssmax                          # a synthetic task (tasks.py)
-    python train.py configs/ssmax_swap.py                                         # softmax -> SSMax (variant f)
+    python train.py configs/ssmax_swap.py                                         # softmax -> SSMax, a new leg
     python train.py configs/sft.py init_from=out-ssmax/ckpt.pt                    # SFT on {"prompt", "answer"} lines
     python train.py --compare out-softmax out-ssmax [--out compare.png]           # runs' log.jsonl in one figure
 
 Resuming (init_from="resume"; resume=True: if the checkpoint exists) restores weights, optimizer, RNG states and the
 data position: the losses of a run never stopped. DDP: every rank draws the whole global batch from one generator
 seeded alike and takes its slice, so K processes see exactly the batches of one.
+A resume may also switch the scorer (scorer= and its ssmax_*/ssa_* options; the architecture stays): the SSMax paper's
+variant (f) exactly. It trains on the batches the unswitched run draws next, keeps AdamW's state of every kept weight,
+starts the new s (and b) fresh at s0 (or ssmax_s_init), evaluates the switched model first and logs the switch in
+log.jsonl's start record ({"switch": {field: [old, new]}, "start_iter": ...}):
+    mkdir -p out-ssmax-f && cp out-softmax/ckpt_3325.pt out-ssmax-f/ckpt.pt                 # the run at the switch
+    python train.py init_from=resume out_dir=out-ssmax-f scorer=ssmax max_iters=3800      # SSMax from 3,325 on
 """
 import ast, difflib, math, os, runpy, sys, textwrap, time, types
 from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
@@ -291,24 +297,30 @@ def estimate_loss(cfg, data, run, model):
 
 def build(cfg, explicit, ckpt, run):
     """The model (the checkpoint's weights; this command may change its scorer, θ, block_size, dropout...) and AdamW
-    -> cfg showing the model actually trained, the model, the optimizer."""
-    model_args = {k: getattr(cfg, k) for k in MODEL_FIELDS}
+    (a resume's state) -> cfg showing the model actually trained, the model, the optimizer, the scorer switch made:
+    {field: [old, new]} of the scorer's fields, or {}."""
+    model_args, switch = {k: getattr(cfg, k) for k in MODEL_FIELDS}, {}
     if ckpt is not None:
         src = ckpt["model_args"]
         model_args = {**src, **{k: v for k, v in explicit.items() if k in MODEL_FIELDS}}
-        for k in ARCH_FIELDS + (("scorer", *SCORER_OPTIONS) if run.resuming else ()):
+        switched = model_args["scorer"] != src["scorer"]
+        # a resume keeps its scorer's options (its s, b, n exist already), unless the scorer itself changes
+        for k in ARCH_FIELDS + (tuple(SCORER_OPTIONS) if run.resuming and not switched else ()):
             if model_args[k] != src[k]:
+                why = ("(a different architecture)" if not run.resuming else "when resuming with the same scorer"
+                       if k in SCORER_OPTIONS else "when resuming")
                 raise TrainError(f"{k}={model_args[k]!r} differs from the checkpoint's {src[k]!r}: it cannot change "
-                                 + ("when resuming" if run.resuming else "(a different architecture)"))
-        if model_args["scorer"] != src["scorer"]:  # the old scorer's options do not apply to the new one
+                                 f"{why}")
+        if switched:  # the old scorer's options do not apply to the new one
             model_args.update({k: getattr(GPTConfig, k) for k in SCORER_OPTIONS if k not in explicit})  # the defaults
             if model_args["scorer"] == "ssmax" and "ssmax_s_init" not in explicit:
                 model_args["ssmax_s_init"] = ssmax_s_for_switch(src["block_size"])  # the paper's s0 (variants e, f)
+            switch = {k: [src[k], model_args[k]] for k in ("scorer", *SCORER_OPTIONS) if model_args[k] != src[k]}
     try:
         GPTConfig(**model_args)
     except ValueError as e:
         raise TrainError(str(e))
-    model = tasks.build_model(GPTConfig(**(model_args if ckpt is None else ckpt["model_args"])), cfg.task)
+    model = old = tasks.build_model(GPTConfig(**(model_args if ckpt is None else ckpt["model_args"])), cfg.task)
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         if model_args != ckpt["model_args"]:
@@ -318,8 +330,22 @@ def build(cfg, explicit, ckpt, run):
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
                                            run.device_type)
     if run.resuming:
-        optimizer.load_state_dict(ckpt["optimizer"])
-    return cfg, model, optimizer
+        state = ckpt["optimizer"]
+        if model is not old:  # AdamW's state is indexed by position: each kept weight's goes to its new position
+            before = old.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), "cpu")
+            where = {name: i for i, name in enumerate(param_names(old, before))}  # the checkpoint's order
+            state = {"state": {i: state["state"][where[name]] for i, name in enumerate(param_names(model, optimizer))
+                               if where.get(name) in state["state"]},  # a new scorer parameter starts fresh
+                     "param_groups": [{**group, "params": new["params"]} for group, new
+                                      in zip(state["param_groups"], optimizer.state_dict()["param_groups"])]}
+        optimizer.load_state_dict(state)
+    return cfg, model, optimizer, switch
+
+
+def param_names(model, optimizer):
+    """The names of the optimizer's parameters in the order of its state_dict."""
+    name = {id(p): n for n, p in model.named_parameters()}
+    return [name[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
 def get_lr(cfg, it):
@@ -337,15 +363,15 @@ def get_lr(cfg, it):
 def train(explicit):
     cfg, ckpt, run = setup(explicit)
     cfg, data = load_data(cfg, run)
-    cfg, raw_model, optimizer = build(cfg, explicit, ckpt, run)
+    cfg, raw_model, optimizer, switch = build(cfg, explicit, ckpt, run)
     iter_num, best_val_loss, resuming, master = 0, float("inf"), run.resuming, run.master
-    if resuming:
-        iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
+    if resuming:  # a switched scorer's best.pt is its own best (not the old scorer's)
+        iter_num, best_val_loss = ckpt["iter_num"], float("inf") if switch else ckpt["best_val_loss"]
         torch.set_rng_state(ckpt["rng"]["torch"])
         if run.device_type == "cuda" and ckpt["rng"]["cuda"] is not None:
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
         data.g.set_state(ckpt["data_state"]["generator"])
-    pending_eval = ckpt if resuming and "eval" in ckpt else None  # its eval record may lack its log line
+    pending_eval = ckpt if resuming and not switch and "eval" in ckpt else None  # its eval may lack its log line
     ckpt, T, accum = None, cfg.block_size, cfg.gradient_accumulation_steps // run.world
     eval_model = model = torch.compile(raw_model) if cfg.compile else raw_model
     if run.ddp:
@@ -391,18 +417,23 @@ def train(explicit):
         for f in os.listdir(cfg.out_dir):  # what a kill mid-write left, and an overwritten run's files
             if f.endswith(".tmp") or (not resuming and f in RUN_FILES):
                 os.remove(os.path.join(cfg.out_dir, f))
-        done = resuming and any(r.get("iter") == iter_num and "val_loss" in r
-                                for r in tracking.read_log(os.path.join(cfg.out_dir, "log.jsonl")))
+        done = resuming and not switch and any(r.get("iter") == iter_num and "val_loss" in r
+                                               for r in tracking.read_log(os.path.join(cfg.out_dir, "log.jsonl")))
         if resuming and not done and pending_eval is not None:
             losses = finish_eval(pending_eval)  # killed between ckpt.pt and the eval's log line
         elif done and iter_num >= cfg.max_iters:
             print(f"already done: {cfg.out_dir} finished at iter {iter_num} of max_iters={cfg.max_iters} (best val "
                   f"loss {best_val_loss:.4f}); set a larger max_iters to train on")
             return
-        log({"config": asdict(cfg), "run_info": info, "unigram_entropy": data.unigram, "start_iter": iter_num})
-    t_start, dt_avg, start_iter = time.time(), None, iter_num  # a resume's first eval is done already
-    while True:
-        if (iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters) and (not resuming or iter_num > start_iter):
+        log({"config": asdict(cfg), "run_info": info, "unigram_entropy": data.unigram, "start_iter": iter_num,
+             **({"switch": switch} if switch else {})})  # where the scorer changed: {field: [old, new]}
+        if switch:
+            print(f"scorer switch at iter {iter_num}: "
+                  + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in switch.items()))
+    t_start, dt_avg, start_iter = time.time(), None, iter_num
+    while True:  # a resume's first eval is done already, unless its scorer changed: the new model is evaluated first
+        due = iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters
+        if (due and (not resuming or iter_num > start_iter)) or (switch and iter_num == start_iter):
             losses = estimate_loss(cfg, data, run, eval_model)
             if not all(map(math.isfinite, losses.values())):
                 raise TrainError(f"eval loss {losses} at iter {iter_num}: {diverged()}")
