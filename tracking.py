@@ -77,7 +77,7 @@ CPU_SLOWEST_FLOPS = 1e10  # a run under the limit even at this rate starts witho
 def cpu_hours(cfg, start_iter=0, rate=None):
     """A lower bound on the hours the rest of a run takes on this CPU, printed with its arithmetic: its FLOPs
     (model.GPT.flops_per_token: 6N + attention) at `rate` FLOP/s, measured (this CPU's matmul) only when even
-    CPU_SLOWEST_FLOPS would not finish it in time (then 0 is returned unprinted, as it is for a bad model config)."""
+    CPU_SLOWEST_FLOPS would not finish it in time. A run that would (or a bad model config) is 0, unprinted."""
     import torch
     import tasks
     from model import GPTConfig
