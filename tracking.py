@@ -1,5 +1,6 @@
 """
-Experiment tracking: optional Weights & Biases logging, and a local figure that overlays several runs.
+Experiment tracking, what a run records and reports: its log.jsonl and loss.png, its cost on a CPU before it starts,
+optional Weights & Biases logging, and a local figure that overlays several runs.
 
     WANDB_MODE=offline python train.py configs/cpu_quick.py wandb_log=True   # no network; `wandb sync` uploads later
     python train.py --compare out-softmax out-ssmax [--out compare.png]       # no wandb: runs' log.jsonl in one PNG
@@ -7,8 +8,8 @@ Experiment tracking: optional Weights & Biases logging, and a local figure that 
 wandb is imported only when asked (wandb_log=True, log_table): a run without it never pays for it. A run's wandb
 folder is in its out_dir: `wandb sync out-quick/wandb/offline-run-*` uploads an offline one.
 """
-import argparse, json, math, os
-from dataclasses import asdict
+import argparse, json, math, os, time
+from dataclasses import asdict, fields
 
 class TrackingError(Exception):
     """Bad input to tracking (no wandb package, a folder without log.jsonl): train.main prints it as one line."""
@@ -34,6 +35,80 @@ def start(**kwargs):
     except Exception as e:  # e.g. online with no API key: say how to go offline
         raise TrackingError(f"wandb.init failed: {(str(e).strip() or type(e).__name__).splitlines()[0]}; with no "
                             f"account or network, set WANDB_MODE=offline (and upload later: wandb sync)")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A run's own records: one JSON line per step and eval in out_dir/log.jsonl, loss.png redrawn from it
+
+def read_log(path):
+    """log.jsonl's records ([] before the first)."""
+    return [json.loads(line) for line in open(path)] if os.path.isfile(path) else []
+
+def log(record, cfg, info, model):
+    """One record to out_dir/log.jsonl and, with wandb_log, to Weights & Biases."""
+    if cfg.wandb_log:  # first: a wandb error leaves no log.jsonl behind; the first record starts the run
+        wandb_log(record, cfg, info, model)
+    with open(os.path.join(cfg.out_dir, "log.jsonl"), "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+def plot_losses(out_dir, title):
+    """loss.png from log.jsonl (the numbers behind it), the whole history; a resumed run's entry of an iter wins."""
+    from matplotlib.figure import Figure  # not pyplot: no GUI backend to pick, no figure to close
+    log = read_log(os.path.join(out_dir, "log.jsonl"))
+    rows = [r for r in log if "iter" in r]
+    ax = Figure(figsize=(8, 4.5)).subplots()
+    for key, label in (("loss", "train (per step)"), ("train_loss", "train (eval)"), ("val_loss", "val (eval)")):
+        points = {r["iter"]: r[key] for r in rows if key in r}
+        ax.plot(sorted(points), [points[k] for k in sorted(points)], "-" if key == "loss" else "o-", ms=3, label=label,
+                lw=0.6 if key == "loss" else 1.5)
+    for r in (r for r in log if "switch" in r):  # where a run switched its scorer (train.py), and to what
+        ax.axvline(r["start_iter"], color="gray", ls=":", lw=1, label=f"scorer -> {r['switch']['scorer'][1]}")
+    ax.set(xlabel="iteration", ylabel="loss (nats)", title=title)
+    ax.legend()
+    ax.figure.savefig(os.path.join(out_dir, "loss.png"), dpi=120, bbox_inches="tight")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The cost of a run on a CPU, printed before it starts (train.cpu_cost_check stops one over CPU_LIMIT_HOURS)
+
+CPU_LIMIT_HOURS = 1.0  # a CPU run estimated at longer stops before it starts, unless allow_slow=True
+CPU_SLOWEST_FLOPS = 1e10  # a run under the limit even at this rate starts without a measurement (tests, cpu_quick)
+
+def cpu_hours(cfg, start_iter=0, rate=None):
+    """A lower bound on the hours the rest of a run takes on this CPU, printed with its arithmetic: its FLOPs
+    (model.GPT.flops_per_token: 6N + attention) at `rate` FLOP/s, measured (this CPU's matmul) only when even
+    CPU_SLOWEST_FLOPS would not finish it in time. A run that would (or a bad model config) is 0, unprinted."""
+    import torch
+    import tasks
+    from model import GPTConfig
+    iters = cfg.max_iters
+    if cfg.sft_data and cfg.sft_epochs > 0 and os.path.isfile(cfg.sft_data):  # train.py sets max_iters from the data
+        examples = sum(1 for line in open(cfg.sft_data, encoding="utf-8") if line.strip())
+        iters = cfg.sft_epochs * math.ceil(examples / (cfg.gradient_accumulation_steps * cfg.batch_size))
+    T = cfg.block_size
+    try:
+        with torch.device("meta"):  # the model's own count, without allocating its weights
+            flops_per_token = tasks.build_model(GPTConfig(**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}),
+                                                cfg.task).flops_per_token
+    except ValueError:  # a bad model config: train.py reports it in its own words, later
+        return 0.0
+    tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * T
+    tokens = max(0, iters - start_iter) * tokens_per_iter
+    flops = tokens * flops_per_token(T)
+    if flops < CPU_SLOWEST_FLOPS * CPU_LIMIT_HOURS * 3600:
+        return 0.0
+    how = "given"
+    if rate is None:  # this CPU's fp32 matmul rate, ~0.1 s: training runs slower, so the hours are a lower bound
+        a = torch.ones(1024, 1024)
+        for _ in range(2):  # the first pass warms up, the second is timed
+            t0 = time.perf_counter()
+            torch.mm(torch.mm(a, a), a)
+        rate, how = 4 * 1024 ** 3 / (time.perf_counter() - t0), "this CPU's measured fp32 matmul rate"
+    hours = flops / rate / 3600
+    print(f"cost on this CPU: {tokens:,} tokens ({iters - start_iter:,} iters x {tokens_per_iter:,}) x "
+          f"{flops_per_token(T) / 1e9:.3g} GFLOP/token = {flops:.3g} FLOP at {rate / 1e9:.3g} GFLOP/s ({how}): "
+          f"at least ~{hours:,.{0 if hours >= 10 else 1}f} hours")
+    return hours
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -6,15 +6,21 @@ modelling or a synthetic task of tasks.py; no run is overwritten unasked, every 
     python train.py configs/ssmax.py                                              # one GPU, ~1 h: the 162M model
     torchrun --standalone --nproc_per_node=8 train.py configs/paper/ssmax.py      # the paper's full recipe
     python train.py configs/tasks/recall.py scorer=ssmax                          # a synthetic task (tasks.py)
-    python train.py configs/ssmax_swap.py                                         # softmax -> SSMax (variant f)
+    python train.py configs/ssmax_swap.py                                         # softmax -> SSMax, a new leg
     python train.py configs/sft.py init_from=out-ssmax/ckpt.pt                    # SFT on {"prompt", "answer"} lines
     python train.py --compare out-softmax out-ssmax [--out compare.png]           # runs' log.jsonl in one figure
 
 Resuming (init_from="resume"; resume=True: if the checkpoint exists) restores weights, optimizer, RNG states and the
 data position: the losses of a run never stopped. DDP: every rank draws the whole global batch from one generator
 seeded alike and takes its slice, so K processes see exactly the batches of one.
+A resume may also switch the scorer (scorer= and its ssmax_*/ssa_* options; the architecture stays): the SSMax paper's
+variant (f) exactly. It trains on the batches the unswitched run draws next, keeps AdamW's state of every kept weight,
+starts the new s (and b) fresh at s0 (or ssmax_s_init), evaluates the switched model first and logs the switch in
+log.jsonl's start record ({"switch": {field: [old, new]}, "start_iter": ...}):
+    mkdir -p out-ssmax-f && cp out-softmax/ckpt_3325.pt out-ssmax-f/ckpt.pt                 # the run at the switch
+    python train.py init_from=resume out_dir=out-ssmax-f scorer=ssmax max_iters=3800      # SSMax from 3,325 on
 """
-import ast, difflib, json, math, os, runpy, sys, textwrap, time, types
+import ast, difflib, math, os, runpy, sys, textwrap, time, types
 from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
 from datetime import timedelta
 from typing import get_args
@@ -139,103 +145,10 @@ def parse_args(argv):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# SFT data and the loss plot
+# Setup: processes, device, the checkpoint to start from; a run that cannot start stops here, before any download
 
-def load_sft(path, block_size):
-    """{"prompt", "answer"} lines -> [(ids, n_prompt)]: prompt + answer + <|endoftext|> in at most block_size + 1
-    tokens, the prompt cropped on the left so that the answer stays (an over-long answer keeps its beginning)."""
-    if not os.path.isfile(path):
-        raise TrainError(f"sft_data {path!r} " + ("is a directory, expected a .jsonl file" if os.path.isdir(path) else
-                         "does not exist") + " (`python needle.py sft_data` writes one)")
-    try:
-        rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
-        prompts, answers = [r["prompt"] for r in rows], [r["answer"] for r in rows]
-        assert rows and all(isinstance(s, str) for s in prompts + answers)
-    except (ValueError, KeyError, TypeError, AssertionError):
-        raise TrainError(f"{path}: every line must be a JSON object {{\"prompt\": str, \"answer\": str}}")
-    enc, examples = prepare_data.get_tokenizer(), []
-    for p, a in zip(enc.encode_ordinary_batch(prompts), enc.encode_ordinary_batch(answers)):
-        a = (a + [prepare_data.EOT])[:block_size + 1]
-        p = p[max(0, len(p) - (block_size + 1 - len(a))):]
-        examples.append((np.array(p + a, dtype=np.int64), len(p)))
-    return examples
-
-
-def sft_batch(examples, ix, T):
-    x = torch.full((len(ix), T), prepare_data.EOT, dtype=torch.long)  # padding, whose targets are -1
-    y = torch.full((len(ix), T), -1, dtype=torch.long)
-    for b, i in enumerate(ix.tolist()):
-        ids, n_prompt = examples[i]
-        x[b, :len(ids) - 1], y[b, :len(ids) - 1] = torch.from_numpy(ids[:-1]), torch.from_numpy(ids[1:])
-        y[b, :max(n_prompt - 1, 0)] = -1  # position t predicts token t + 1: a prompt token for t < n_prompt - 1
-    return x, y
-
-
-def read_log(path):
-    """log.jsonl's records ([] before the first)."""
-    return [json.loads(line) for line in open(path)] if os.path.isfile(path) else []
-
-
-def plot_losses(out_dir, title):
-    """loss.png from log.jsonl (the numbers behind it), the whole history; a resumed run's entry of an iter wins."""
-    from matplotlib.figure import Figure  # not pyplot: no GUI backend to pick, no figure to close
-    rows = [r for r in read_log(os.path.join(out_dir, "log.jsonl")) if "iter" in r]
-    ax = Figure(figsize=(8, 4.5)).subplots()
-    for key, label in (("loss", "train (per step)"), ("train_loss", "train (eval)"), ("val_loss", "val (eval)")):
-        points = {r["iter"]: r[key] for r in rows if key in r}
-        ax.plot(sorted(points), [points[k] for k in sorted(points)], "-" if key == "loss" else "o-", ms=3, label=label,
-                lw=0.6 if key == "loss" else 1.5)
-    ax.set(xlabel="iteration", ylabel="loss (nats)", title=title)
-    ax.legend()
-    ax.figure.savefig(os.path.join(out_dir, "loss.png"), dpi=120, bbox_inches="tight")
-
-
-CPU_LIMIT_HOURS = 1.0  # a CPU run estimated at longer stops before it starts, unless allow_slow=True
-CPU_SLOWEST_FLOPS = 1e10  # a run under the limit even at this rate starts without a measurement (tests, cpu_quick)
-
-
-def cpu_cost_check(cfg, device_type, start_iter=0, rate=None):
-    """On a CPU, a run estimated at over CPU_LIMIT_HOURS prints its cost and stops (TrainError: exit status 1). The
-    estimate: its FLOPs (model.GPT.flops_per_token: 6N + attention) at `rate` FLOP/s, measured (this CPU's matmul)
-    only when even CPU_SLOWEST_FLOPS would not finish it in time. Tests pass the rate."""
-    if device_type != "cpu" or cfg.allow_slow:
-        return
-    iters = cfg.max_iters
-    if cfg.sft_data and cfg.sft_epochs > 0 and os.path.isfile(cfg.sft_data):  # train() sets max_iters from the data
-        examples = sum(1 for line in open(cfg.sft_data, encoding="utf-8") if line.strip())
-        iters = cfg.sft_epochs * math.ceil(examples / (cfg.gradient_accumulation_steps * cfg.batch_size))
-    T = cfg.block_size
-    try:
-        with torch.device("meta"):  # the model's own count, without allocating its weights
-            flops_per_token = tasks.build_model(GPTConfig(**{k: getattr(cfg, k) for k in MODEL_FIELDS}),
-                                                cfg.task).flops_per_token
-    except ValueError:  # a bad model config: train() reports it in its own words, later
-        return
-    tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * T
-    tokens = max(0, iters - start_iter) * tokens_per_iter
-    flops = tokens * flops_per_token(T)
-    if flops < CPU_SLOWEST_FLOPS * CPU_LIMIT_HOURS * 3600:
-        return
-    how = "given"
-    if rate is None:  # this CPU's fp32 matmul rate, ~0.1 s: training runs slower, so the hours are a lower bound
-        a = torch.ones(1024, 1024)
-        for _ in range(2):  # the first pass warms up, the second is timed
-            t0 = time.perf_counter()
-            torch.mm(torch.mm(a, a), a)
-        rate, how = 4 * 1024 ** 3 / (time.perf_counter() - t0), "this CPU's measured fp32 matmul rate"
-    hours = flops / rate / 3600
-    print(f"cost on this CPU: {tokens:,} tokens ({iters - start_iter:,} iters x {tokens_per_iter:,}) x "
-          f"{flops_per_token(T) / 1e9:.3g} GFLOP/token = {flops:.3g} FLOP at {rate / 1e9:.3g} GFLOP/s ({how}): "
-          f"at least ~{hours:,.{0 if hours >= 10 else 1}f} hours")
-    if hours > CPU_LIMIT_HOURS:
-        raise TrainError(f"this run would take at least ~{hours:,.0f} hours on this CPU (over {CPU_LIMIT_HOURS:g} h), "
-                         f"so it stops before it starts: `python train.py configs/cpu_quick.py` trains a small model "
-                         f"here in ~3 minutes; allow_slow=True runs this one anyway")
-
-
-def train(explicit):
-    # ------------------------------------------------------------------------------------------------------------
-    # Setup: processes, device, the checkpoint to start from
+def setup(explicit):
+    """-> cfg resolved with the checkpoint, the checkpoint (None from scratch), run: the processes, device and paths."""
     cfg = TrainConfig(**explicit)
     ddp = int(os.environ.get("RANK", -1)) != -1  # launched by torchrun
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
@@ -252,31 +165,33 @@ def train(explicit):
             device = f"cuda:{os.environ['LOCAL_RANK']}"
             torch.cuda.set_device(device)
     rank, world = (dist.get_rank(), dist.get_world_size()) if ddp else (0, 1)
-    master, device_type = rank == 0, torch.device(device).type  # only the master prints and writes
+    device_type = torch.device(device).type
     ctx = torch.autocast(device_type, torch.bfloat16, enabled=device_type == "cuda")
-    ckpt_path, best_path = os.path.join(cfg.out_dir, "ckpt.pt"), os.path.join(cfg.out_dir, "best.pt")
-    resuming = cfg.init_from == "resume" or (cfg.resume and os.path.isfile(ckpt_path))
-    path = ckpt_path if resuming else cfg.init_from
+    run = types.SimpleNamespace(ddp=ddp, rank=rank, world=world, master=rank == 0,  # only the master prints and writes
+                                device=device, device_type=device_type, ctx=ctx,
+                                ckpt_path=os.path.join(cfg.out_dir, "ckpt.pt"),
+                                best_path=os.path.join(cfg.out_dir, "best.pt"))
+    run.resuming = cfg.init_from == "resume" or (cfg.resume and os.path.isfile(run.ckpt_path))
+    path = run.ckpt_path if run.resuming else cfg.init_from
     if path != "scratch" and not os.path.isfile(path):
         raise TrainError(f"init_from={cfg.init_from!r}: checkpoint {path!r} does not exist")
     if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
         raise TrainError(f"out_dir={cfg.out_dir!r} is a file, not a folder")
     old = [f for f in RUN_FILES if os.path.exists(os.path.join(cfg.out_dir, f))]
-    if old and not (resuming or cfg.resume or cfg.overwrite):  # a new run never destroys an old one unasked
+    if old and not (run.resuming or cfg.resume or cfg.overwrite):  # a new run never destroys an old one unasked
         raise TrainError(f"out_dir={cfg.out_dir!r} already holds a run ({', '.join(old)}): continue it with "
                          f"resume=True, choose another out_dir=..., or replace it with overwrite=True")
     try:  # weights_only: a shared checkpoint cannot run code
         ckpt = None if path == "scratch" else read_checkpoint(path)
     except CheckpointError as e:
         raise TrainError(str(e))
-    if resuming:  # the run's stored config, then what this command sets
+    if run.resuming:  # the run's stored config, then what this command sets
         cfg = TrainConfig(**{**{k: v for k, v in ckpt["config"].items() if hasattr(cfg, k)}, **explicit})
     elif ckpt is not None:  # init_from: the checkpoint's model fields (block_size too) unless this command sets them
         cfg = replace(cfg, **{k: v for k, v in ckpt["model_args"].items() if k in MODEL_FIELDS and k not in explicit})
     if cfg.lr_schedule not in LR_SCHEDULES or cfg.gradient_accumulation_steps % world:
         raise TrainError(f"need lr_schedule in {LR_SCHEDULES} and gradient_accumulation_steps (global) divisible by "
                          f"{world} processes; got {cfg.lr_schedule!r}, {cfg.gradient_accumulation_steps}")
-    accum, T = cfg.gradient_accumulation_steps // world, cfg.block_size
     if cfg.task:  # the task's vocabulary is the model's (1: a scalar head)
         try:
             tasks.check_config(cfg)
@@ -287,145 +202,189 @@ def train(explicit):
             raise TrainError(f"vocab_size={cfg.vocab_size} does not match task {cfg.task!r}, whose vocabulary is "
                              f"{vocab}")
         cfg = replace(cfg, vocab_size=vocab)
-        if T < tasks.min_length(cfg):
-            raise TrainError(f"block_size={T} is too short for task {cfg.task!r}: at least {tasks.min_length(cfg)}")
-    cpu_cost_check(cfg, device_type, ckpt["iter_num"] if resuming else 0)  # before any download or model
-    if cfg.dataset in prepare_data.NAMED and not (cfg.task or cfg.sft_data) and master:  # e.g. fineweb_edu
-        prepare_data.fetch(cfg.dataset, cfg.data_dir)  # streamed from the hub on first use, then kept
-    if ddp:  # the other ranks wait for it
-        dist.barrier()
+        if cfg.block_size < tasks.min_length(cfg):
+            raise TrainError(f"block_size={cfg.block_size} is too short for task {cfg.task!r}: at least "
+                             f"{tasks.min_length(cfg)}")
+    cpu_cost_check(cfg, device_type, ckpt["iter_num"] if run.resuming else 0)  # before any download or model
     torch.manual_seed(cfg.seed)  # the same on every rank, so the one saved RNG state is every rank's
-    data_g = torch.Generator().manual_seed(cfg.seed)  # its state is the data position
+    return cfg, ckpt, run
 
-    # ------------------------------------------------------------------------------------------------------------
-    # Data: random windows of train.bin, or SFT examples in epochs of seeded shuffles
-    unigram = None
+
+def cpu_cost_check(cfg, device_type, start_iter=0, rate=None):
+    """On a CPU, a run estimated at over CPU_LIMIT_HOURS prints its cost and stops (TrainError: exit status 1), unless
+    allow_slow=True. The estimate is tracking.cpu_hours: FLOPs at `rate` FLOP/s (tests pass it), else measured."""
+    if device_type != "cpu" or cfg.allow_slow:
+        return
+    hours = tracking.cpu_hours(cfg, start_iter, rate)
+    if hours > tracking.CPU_LIMIT_HOURS:
+        raise TrainError(f"this run would take at least ~{hours:,.0f} hours on this CPU (over "
+                         f"{tracking.CPU_LIMIT_HOURS:g} h), so it stops before it starts: `python train.py "
+                         f"configs/cpu_quick.py` trains a small model here in ~3 minutes; allow_slow=True runs this "
+                         f"one anyway")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data: random windows of train.bin, task samples, or SFT examples in epochs of seeded shuffles
+
+def load_data(cfg, run):
+    """-> cfg (SFT in epochs sets its schedule), data: what get_batch reads and the generator whose state is the data
+    position."""
+    T, data = cfg.block_size, types.SimpleNamespace(sft=None, dir=None, unigram=None)
+    data.g = torch.Generator().manual_seed(cfg.seed)  # the same on every rank: each takes its slice of one batch
     if cfg.task:  # an endless seeded stream per split: "window offsets" are sample indices
-        split_size = {"train": 2 ** 62, "val": 2 ** 62}
+        data.size = {"train": 2 ** 62, "val": 2 ** 62}
     elif cfg.sft_data:
-        sft = load_sft(cfg.sft_data, T)
-        split_size = {"train": len(sft), "val": len(sft)}
+        data.sft = prepare_data.load_sft(cfg.sft_data, T)
+        data.size = {"train": len(data.sft), "val": len(data.sft)}
         if cfg.sft_epochs > 0:  # the paper's SFT schedule is in epochs
-            epoch = math.ceil(len(sft) / (cfg.gradient_accumulation_steps * cfg.batch_size))  # iterations
+            epoch = math.ceil(len(data.sft) / (cfg.gradient_accumulation_steps * cfg.batch_size))  # iterations
             cfg = replace(cfg, max_iters=cfg.sft_epochs * epoch, lr_decay_iters=cfg.sft_epochs * epoch,
                           warmup_iters=epoch)
+    else:  # both splits as meta.json records them: a truncated train.bin is never trained on silently
+        data.dir = prepare_data.fetch(cfg.dataset, cfg.data_dir, make=run.master)  # embedded or hub: made on first use
+        if run.ddp:  # the other ranks wait for it
+            dist.barrier()
+        data.size = {s: len(prepare_data.load_split(data.dir, s)) - T for s in prepare_data.SPLITS}
+        if min(data.size.values()) < 1:
+            raise TrainError(f"{data.dir}: a split has fewer than block_size + 1 = {T + 1} tokens")
+        data.unigram = prepare_data.unigram_entropy(data.dir)
+    return cfg, data
+
+
+def get_batch(cfg, data, split, ix, device):  # ix: window offsets, task sample indices or SFT example indices
+    T = cfg.block_size
+    if cfg.task:
+        x, y = tasks.get_batch(cfg, tasks.TRAIN if split == "train" else tasks.VAL, ix, T)
+    elif cfg.sft_data:
+        x, y = prepare_data.sft_batch(data.sft, ix, T)
     else:
-        data_dir = os.path.join(cfg.data_dir, cfg.dataset)
-        try:  # both splits as meta.json records them: a truncated train.bin is never trained on silently
-            prepare_data.check_prepared(data_dir)
-        except prepare_data.DataError as e:
-            if cfg.dataset in prepare_data.EMBEDDED:  # missing or broken: prepared (again)
-                if master:
-                    prepare_data.prepare(cfg.dataset, out_dir=cfg.data_dir)
-                if ddp:
-                    dist.barrier()
-            elif not os.path.isdir(data_dir):
-                raise TrainError(f"dataset {data_dir!r} not found: prepare it with `python prepare_data.py SOURCE "
-                                 f"--name {cfg.dataset} --out_dir {cfg.data_dir}`")
-            elif os.path.exists(os.path.join(data_dir, "meta.json")) or not all(
-                    os.path.isfile(os.path.join(data_dir, f"{s}.bin")) for s in ("train", "val")):
-                raise TrainError(str(e))  # (two .bin files without meta.json were made by another tool: unchecked)
-        split_size = {s: len(prepare_data.load_split(data_dir, s)) - T for s in ("train", "val")}
-        if min(split_size.values()) < 1:
-            raise TrainError(f"{data_dir}: a split has fewer than block_size + 1 = {T + 1} tokens")
-        # the unigram entropy of train (its first 10M tokens) is the loss of a model that ignores the context
-        ids = prepare_data.load_split(data_dir, "train")[:10_000_000]
-        prob = np.bincount(ids) / len(ids)
-        unigram = float(-(prob[prob > 0] * np.log(prob[prob > 0])).sum())
+        tokens = prepare_data.load_split(data.dir, split)  # a new memmap per batch avoids a leak (nanoGPT)
+        x, y = (torch.from_numpy(np.stack([tokens[i + k:i + k + T] for i in ix.tolist()]).astype(np.int64))
+                for k in (0, 1))
+    return x.to(device), y.to(device)
 
-    def get_batch(split, ix):  # ix: window offsets, task sample indices or SFT example indices
-        if cfg.task:
-            x, y = tasks.get_batch(cfg, tasks.TRAIN if split == "train" else tasks.VAL, ix, T)
-        elif cfg.sft_data:
-            x, y = sft_batch(sft, ix, T)
-        else:
-            data = prepare_data.load_split(data_dir, split)  # a new memmap per batch avoids a leak (nanoGPT)
-            x, y = (torch.from_numpy(np.stack([data[i + k:i + k + T] for i in ix.tolist()]).astype(np.int64))
-                    for k in (0, 1))
-        return x.to(device), y.to(device)
 
-    def next_indices(it, n):  # the global batch of step it: n training windows, or SFT examples
-        if not cfg.sft_data:
-            return torch.randint(split_size["train"], (n,), generator=data_g)
-        k = torch.arange(it * n, (it + 1) * n)  # epochs of seeded shuffles: example k is in epoch k // len(sft)
-        return torch.cat([torch.randperm(len(sft), generator=torch.Generator().manual_seed(cfg.seed + int(e)))[
-            k[k // len(sft) == e] % len(sft)] for e in (k // len(sft)).unique()])
+def next_indices(cfg, data, it, n):  # the global batch of step it: n training windows, or SFT examples
+    if not cfg.sft_data:
+        return torch.randint(data.size["train"], (n,), generator=data.g)
+    k, m = torch.arange(it * n, (it + 1) * n), len(data.sft)  # epochs of seeded shuffles: example k is in epoch k // m
+    return torch.cat([torch.randperm(m, generator=torch.Generator().manual_seed(cfg.seed + int(e)))[k[k // m == e] % m]
+                      for e in (k // m).unique()])
 
-    def batch_loss(m, x, y):  # SFT: the paper's "sum of token losses over the answer span" per sequence
-        with ctx:
-            _, loss = m(x, y, reduction="sum" if cfg.sft_data else "mean")
-        return loss / len(x) if cfg.sft_data else loss
 
-    # ------------------------------------------------------------------------------------------------------------
-    # Model and optimizer
-    model_args = {k: getattr(cfg, k) for k in MODEL_FIELDS}
-    if ckpt is not None:  # the checkpoint's model; this command may change its scorer, θ, block_size, dropout...
+def batch_loss(cfg, ctx, model, x, y):  # SFT: the paper's "sum of token losses over the answer span" per sequence
+    with ctx:
+        _, loss = model(x, y, reduction="sum" if cfg.sft_data else "mean")
+    return loss / len(x) if cfg.sft_data else loss
+
+
+@torch.no_grad()
+def estimate_loss(cfg, data, run, model):
+    """Mean loss over the same eval_iters batches per split at every eval (a fresh generator); on every rank."""
+    out = {}
+    model.eval()
+    for split in ("train", "val"):
+        ix = torch.randint(data.size[split], (cfg.eval_iters, cfg.batch_size),
+                           generator=torch.Generator().manual_seed(cfg.seed + 1))
+        out[split] = float(np.mean([batch_loss(cfg, run.ctx, model, *get_batch(cfg, data, split, i, run.device)).item()
+                                    for i in ix]))
+    model.train()
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Model and optimizer
+
+def build(cfg, explicit, ckpt, run):
+    """The model (the checkpoint's weights; this command may change its scorer, θ, block_size, dropout...) and AdamW
+    (a resume's state) -> cfg showing the model actually trained, the model, the optimizer, the scorer switch made:
+    {field: [old, new]} of the scorer's fields, or {}."""
+    model_args, switch = {k: getattr(cfg, k) for k in MODEL_FIELDS}, {}
+    if ckpt is not None:
         src = ckpt["model_args"]
         model_args = {**src, **{k: v for k, v in explicit.items() if k in MODEL_FIELDS}}
-        for k in ARCH_FIELDS + (("scorer", *SCORER_OPTIONS) if resuming else ()):
+        switched = model_args["scorer"] != src["scorer"]
+        # a resume keeps its scorer's options (its s, b, n exist already), unless the scorer itself changes
+        for k in ARCH_FIELDS + (tuple(SCORER_OPTIONS) if run.resuming and not switched else ()):
             if model_args[k] != src[k]:
+                why = ("(a different architecture)" if not run.resuming else "when resuming with the same scorer"
+                       if k in SCORER_OPTIONS else "when resuming")
                 raise TrainError(f"{k}={model_args[k]!r} differs from the checkpoint's {src[k]!r}: it cannot change "
-                                 + ("when resuming" if resuming else "(a different architecture)"))
-        if model_args["scorer"] != src["scorer"]:  # the old scorer's options do not apply to the new one
+                                 f"{why}")
+        if switched:  # the old scorer's options do not apply to the new one
             model_args.update({k: getattr(GPTConfig, k) for k in SCORER_OPTIONS if k not in explicit})  # the defaults
             if model_args["scorer"] == "ssmax" and "ssmax_s_init" not in explicit:
                 model_args["ssmax_s_init"] = ssmax_s_for_switch(src["block_size"])  # the paper's s0 (variants e, f)
+            switch = {k: [src[k], model_args[k]] for k in ("scorer", *SCORER_OPTIONS) if model_args[k] != src[k]}
     try:
         GPTConfig(**model_args)
     except ValueError as e:
         raise TrainError(str(e))
-    model = tasks.build_model(GPTConfig(**(model_args if ckpt is None else ckpt["model_args"])), cfg.task)
+    model = old = tasks.build_model(GPTConfig(**(model_args if ckpt is None else ckpt["model_args"])), cfg.task)
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         if model_args != ckpt["model_args"]:
             model = convert_scorer(model, **model_args)  # other weights kept; switching to ssmax adds s = s0
-    model.to(device)
+    model.to(run.device)
     cfg = replace(cfg, **asdict(model.config))  # the stored config shows the model actually trained
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
-    iter_num, best_val_loss = 0, float("inf")
-    if resuming:
-        optimizer.load_state_dict(ckpt["optimizer"])
-        iter_num, best_val_loss = ckpt["iter_num"], ckpt["best_val_loss"]
+    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
+                                           run.device_type)
+    if run.resuming:
+        state = ckpt["optimizer"]
+        if model is not old:  # AdamW's state is indexed by position: each kept weight's goes to its new position
+            before = old.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), "cpu")
+            where = {name: i for i, name in enumerate(param_names(old, before))}  # the checkpoint's order
+            state = {"state": {i: state["state"][where[name]] for i, name in enumerate(param_names(model, optimizer))
+                               if where.get(name) in state["state"]},  # a new scorer parameter starts fresh
+                     "param_groups": [{**group, "params": new["params"]} for group, new
+                                      in zip(state["param_groups"], optimizer.state_dict()["param_groups"])]}
+        optimizer.load_state_dict(state)
+    return cfg, model, optimizer, switch
+
+
+def param_names(model, optimizer):
+    """The names of the optimizer's parameters in the order of its state_dict."""
+    name = {id(p): n for n, p in model.named_parameters()}
+    return [name[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def get_lr(cfg, it):
+    if it < cfg.warmup_iters:  # linear warmup
+        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
+    if cfg.lr_schedule == "constant":
+        return cfg.learning_rate
+    ratio = min(1.0, (it - cfg.warmup_iters) / max(1, cfg.lr_decay_iters - cfg.warmup_iters))
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Training loop: eval and checkpoint, then one step of gradient_accumulation_steps micro-batches
+
+def train(explicit):
+    cfg, ckpt, run = setup(explicit)
+    cfg, data = load_data(cfg, run)
+    cfg, raw_model, optimizer, switch = build(cfg, explicit, ckpt, run)
+    iter_num, best_val_loss, resuming, master = 0, float("inf"), run.resuming, run.master
+    if resuming:  # a switched scorer's best.pt is its own best (not the old scorer's)
+        iter_num, best_val_loss = ckpt["iter_num"], float("inf") if switch else ckpt["best_val_loss"]
         torch.set_rng_state(ckpt["rng"]["torch"])
-        if device_type == "cuda" and ckpt["rng"]["cuda"] is not None:
+        if run.device_type == "cuda" and ckpt["rng"]["cuda"] is not None:
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
-        data_g.set_state(ckpt["data_state"]["generator"])
-    pending_eval = ckpt if resuming and "eval" in ckpt else None  # its eval record may lack its log line
-    ckpt, raw_model = None, model
-    eval_model = model = torch.compile(model) if cfg.compile else model
-    if ddp:
-        model = DDP(model, device_ids=[torch.cuda.current_device()] if device_type == "cuda" else None)
+        data.g.set_state(ckpt["data_state"]["generator"])
+    pending_eval = ckpt if resuming and not switch and "eval" in ckpt else None  # its eval may lack its log line
+    ckpt, T, accum = None, cfg.block_size, cfg.gradient_accumulation_steps // run.world
+    eval_model = model = torch.compile(raw_model) if cfg.compile else raw_model
+    if run.ddp:
+        model = DDP(model, device_ids=[torch.cuda.current_device()] if run.device_type == "cuda" else None)
     info, tokens_per_iter = run_info(cfg.seed), cfg.gradient_accumulation_steps * cfg.batch_size * T
     if master:
         print("config: " + textwrap.fill(", ".join(f"{k}={v!r}" for k, v in asdict(cfg).items()), 116,
                                          subsequent_indent="  "))
-        print(f"{raw_model.get_num_params() / 1e6:.2f}M parameters, {world} process(es), {tokens_per_iter:,} tokens"
-              f" per iteration, device {device}" + (f"; unigram entropy of train {unigram:.4f} nats" if unigram else "")
-              + (f"; {len(sft) / (tokens_per_iter / T):.1f} iterations per epoch" if cfg.sft_data else ""))
+        print(f"{raw_model.get_num_params() / 1e6:.2f}M parameters, {run.world} process(es), {tokens_per_iter:,} "
+              f"tokens per iteration, device {run.device}" + (f"; unigram entropy of train {data.unigram:.4f} nats"
+                                                                if data.unigram else "")
+              + (f"; {len(data.sft) / (tokens_per_iter / T):.1f} iterations per epoch" if cfg.sft_data else ""))
 
-    @torch.no_grad()
-    def estimate_loss():
-        """Mean loss over the same eval_iters batches per split at every eval (a fresh generator); on every rank."""
-        out = {}
-        eval_model.eval()
-        for split in ("train", "val"):
-            ix = torch.randint(split_size[split], (cfg.eval_iters, cfg.batch_size),
-                               generator=torch.Generator().manual_seed(cfg.seed + 1))
-            out[split] = float(np.mean([batch_loss(eval_model, *get_batch(split, i)).item() for i in ix]))
-        eval_model.train()
-        return out
-
-    def get_lr(it):
-        if it < cfg.warmup_iters:  # linear warmup
-            return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
-        if cfg.lr_schedule == "constant":
-            return cfg.learning_rate
-        ratio = min(1.0, (it - cfg.warmup_iters) / max(1, cfg.lr_decay_iters - cfg.warmup_iters))
-        return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
-
-    # ------------------------------------------------------------------------------------------------------------
-    # Training loop: eval and checkpoint, then one step of gradient_accumulation_steps micro-batches
-    log_path = os.path.join(cfg.out_dir, "log.jsonl")
     def save(path, state):
         try:
             save_checkpoint(state, path)
@@ -433,24 +392,21 @@ def train(explicit):
             raise TrainError(f"cannot write {path}: {e.strerror or e}; {diverged('stops')}")
 
     def diverged(what="diverged and stops"):
-        return f"the run {what}; " + (f"the last good checkpoint {ckpt_path} is kept" if os.path.isfile(ckpt_path)
-                                      else "no checkpoint was written yet")
+        return f"the run {what}; " + (f"the last good checkpoint {run.ckpt_path} is kept"
+                                      if os.path.isfile(run.ckpt_path) else "no checkpoint was written yet")
 
     def log(record):
-        if cfg.wandb_log:  # first: a wandb error leaves no log.jsonl behind; the first record starts the run
-            tracking.wandb_log(record, cfg, info, raw_model)
-        with open(log_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        tracking.log(record, cfg, info, raw_model)
 
     def finish_eval(state):
         """An eval after ckpt.pt holds it: best.pt, then its log line. ckpt.pt carries the record, so a resume finishes
         an eval that a kill cut short (no lost record, no stale best.pt)."""
         record = state["eval"]
         if record["is_best"]:
-            save(best_path, {k: state[k] for k in BEST_KEYS})
+            save(run.best_path, {k: state[k] for k in BEST_KEYS})
         log({k: v for k, v in record.items() if k != "is_best"})  # an eval line means its checkpoints are on disk
-        plot_losses(cfg.out_dir, f"{cfg.scorer}, {cfg.task or cfg.sft_data or cfg.dataset}, "
-                    f"{raw_model.get_num_params() / 1e6:.1f}M params, git {str(info['git_sha'])[:7]}")
+        tracking.plot_losses(cfg.out_dir, f"{cfg.scorer}, {cfg.task or cfg.sft_data or cfg.dataset}, "
+                             f"{raw_model.get_num_params() / 1e6:.1f}M params, git {str(info['git_sha'])[:7]}")
         print(f"iter {record['iter']}: train loss {record['train_loss']:.4f}, val loss {record['val_loss']:.4f}"
               + (" (best)" if record["is_best"] else ""))
         return {"train": record["train_loss"], "val": record["val_loss"]}
@@ -461,48 +417,55 @@ def train(explicit):
         for f in os.listdir(cfg.out_dir):  # what a kill mid-write left, and an overwritten run's files
             if f.endswith(".tmp") or (not resuming and f in RUN_FILES):
                 os.remove(os.path.join(cfg.out_dir, f))
-        done = resuming and any(r.get("iter") == iter_num and "val_loss" in r for r in read_log(log_path))
+        done = resuming and not switch and any(r.get("iter") == iter_num and "val_loss" in r
+                                               for r in tracking.read_log(os.path.join(cfg.out_dir, "log.jsonl")))
         if resuming and not done and pending_eval is not None:
             losses = finish_eval(pending_eval)  # killed between ckpt.pt and the eval's log line
         elif done and iter_num >= cfg.max_iters:
             print(f"already done: {cfg.out_dir} finished at iter {iter_num} of max_iters={cfg.max_iters} (best val "
                   f"loss {best_val_loss:.4f}); set a larger max_iters to train on")
             return
-        log({"config": asdict(cfg), "run_info": info, "unigram_entropy": unigram, "start_iter": iter_num})
-    t_start, dt_avg, start_iter = time.time(), None, iter_num  # a resume's first eval is done already
-    while True:
-        if (iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters) and (not resuming or iter_num > start_iter):
-            losses = estimate_loss()
+        log({"config": asdict(cfg), "run_info": info, "unigram_entropy": data.unigram, "start_iter": iter_num,
+             **({"switch": switch} if switch else {})})  # where the scorer changed: {field: [old, new]}
+        if switch:
+            print(f"scorer switch at iter {iter_num}: "
+                  + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in switch.items()))
+    t_start, dt_avg, start_iter = time.time(), None, iter_num
+    while True:  # a resume's first eval is done already, unless its scorer changed: the new model is evaluated first
+        due = iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters
+        if (due and (not resuming or iter_num > start_iter)) or (switch and iter_num == start_iter):
+            losses = estimate_loss(cfg, data, run, eval_model)
             if not all(map(math.isfinite, losses.values())):
                 raise TrainError(f"eval loss {losses} at iter {iter_num}: {diverged()}")
             if master:
                 is_best, best_val_loss = losses["val"] < best_val_loss, min(best_val_loss, losses["val"])
-                rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device_type == "cuda"
+                rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if run.device_type == "cuda"
                        else None}
                 state = {"model": raw_model.state_dict(), "model_args": asdict(raw_model.config), "config": asdict(cfg),
                          "optimizer": optimizer.state_dict(), "iter_num": iter_num, "best_val_loss": best_val_loss,
-                         "rng": rng, "data_state": {"generator": data_g.get_state()}, "run_info": info,
+                         "rng": rng, "data_state": {"generator": data.g.get_state()}, "run_info": info,
                          "eval": {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
                                   "elapsed": time.time() - t_start, "is_best": is_best}}
-                save(ckpt_path, state)
+                save(run.ckpt_path, state)
                 finish_eval(state)
         if iter_num >= cfg.max_iters:
             break
 
-        lr = get_lr(iter_num)
+        lr = get_lr(cfg, iter_num)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        ix = next_indices(iter_num, cfg.gradient_accumulation_steps * cfg.batch_size).view(world, accum, -1)[rank]
-        t0, loss_sum = time.time(), torch.zeros((), device=device)
+        ix = next_indices(cfg, data, iter_num, cfg.gradient_accumulation_steps * cfg.batch_size)
+        ix = ix.view(run.world, accum, -1)[run.rank]
+        t0, loss_sum = time.time(), torch.zeros((), device=run.device)
         for micro_step in range(accum):
-            if ddp:  # all-reduce the gradients once, at the last micro-step
+            if run.ddp:  # all-reduce the gradients once, at the last micro-step
                 model.require_backward_grad_sync = micro_step == accum - 1
-            loss = batch_loss(model, *get_batch("train", ix[micro_step])) / accum
+            loss = batch_loss(cfg, run.ctx, model, *get_batch(cfg, data, "train", ix[micro_step], run.device)) / accum
             loss.backward()
             loss_sum += loss.detach()
-        if ddp:
+        if run.ddp:
             dist.all_reduce(loss_sum)
-            loss_sum /= world
+            loss_sum /= run.world
         loss_value = loss_sum.item()
         if not math.isfinite(loss_value):  # before the update, so the weights and the checkpoint stay good
             raise TrainError(f"loss is {loss_value} at iter {iter_num} (lr {lr:.3g}): {diverged()}")
@@ -512,7 +475,7 @@ def train(explicit):
         optimizer.zero_grad(set_to_none=True)
         dt = time.time() - t0
         dt_avg = dt if dt_avg is None else 0.9 * dt_avg + 0.1 * dt
-        mfu = raw_model.estimate_mfu(tokens_per_iter / dt / world, T, device)  # per GPU
+        mfu = raw_model.estimate_mfu(tokens_per_iter / dt / run.world, T, run.device)  # per GPU
         eta = (cfg.max_iters - iter_num - 1) * dt_avg  # seconds
         if master:
             log({"iter": iter_num, "loss": loss_value, "lr": lr, "tokens_per_s": tokens_per_iter / dt, "mfu": mfu,
@@ -524,12 +487,12 @@ def train(explicit):
 
     if master and losses is not None:
         print(f"done: val loss {losses['val']:.4f}, best {best_val_loss:.4f}"
-              + (f"; unigram baseline {unigram:.4f} nats" if unigram else ""))
+              + (f"; unigram baseline {data.unigram:.4f} nats" if data.unigram else ""))
     if master and raw_model.config.vocab_size == prepare_data.VOCAB_SIZE:  # GPT-2's vocabulary: show a sample
-        with ctx:
-            idx = raw_model.eval().generate(torch.tensor([[prepare_data.EOT]], device=device), 100, 0.8, top_k=200)
+        with run.ctx:
+            idx = raw_model.eval().generate(torch.tensor([[prepare_data.EOT]], device=run.device), 100, 0.8, top_k=200)
         print("sample:\n" + prepare_data.get_tokenizer().decode(idx[0, 1:].tolist()))
-    if ddp:
+    if run.ddp:
         dist.destroy_process_group()
 
 

@@ -7,6 +7,10 @@
 #         python train.py configs/softmax.py resume=True        # softmax on to 3,800 (a resume is exact)
 #         python train.py configs/ssmax_swap.py                 # SSMax from ckpt_3325.pt, ~8 min on one H100:
 #   16 batch x 1,024 tokens x 16 accum = 262,144 tokens/iter x 475 iters = 124,518,400 tokens
+#       This file's leg restarts the data stream and AdamW. Exactly the softmax run's last leg with another scorer (its
+#       batches, AdamW's state; no new warmup) is a resume that switches the scorer (train.py's docstring):
+#         mkdir -p out-ssmax-f && cp out-softmax/ckpt_3325.pt out-ssmax-f/ckpt.pt
+#         python train.py init_from=resume out_dir=out-ssmax-f scorer=ssmax max_iters=3800
 #   (e) after pretraining, no further training (max_iters=0 only converts, evaluates and saves):
 #         python train.py configs/ssmax_swap.py init_from=out-softmax/ckpt.pt max_iters=0 out_dir=out-ssmax-e
 # The paper's scale: configs/paper/ssmax_swap.py.

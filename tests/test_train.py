@@ -281,12 +281,17 @@ def test_a_killed_run_resumed_in_a_new_process_continues_with_the_uninterrupted_
     assert all(torch.equal(v, b[key]) for key, v in a.items())
 
 
-def test_resume_refuses_to_change_the_architecture_or_the_scorer(data_dir, tmp_path):
+def test_resume_refuses_to_change_the_architecture_or_the_options_of_a_kept_scorer(data_dir, tmp_path):
     out = tmp_path / "out"
-    train.main(tiny_args(data_dir, out, "max_iters=1", "eval_interval=1"))
+    train.main(tiny_args(data_dir, out, "max_iters=1", "eval_interval=1", "scorer=ssmax"))
     assert "n_layer=2 differs from the checkpoint's 1" in error_of(tiny_args(data_dir, out, "init_from=resume",
                                                                               "n_layer=2"))
-    assert "scorer='ssmax' differs" in error_of(tiny_args(data_dir, out, "init_from=resume", "scorer=ssmax"))
+    # its s exists already: a new init would not apply (a scorer switch may set it: tests below)
+    msg = error_of(tiny_args(data_dir, out, "init_from=resume", "scorer=ssmax", "ssmax_s_init=0.5"))
+    assert "ssmax_s_init=0.5 differs from the checkpoint's 1.0: it cannot change when resuming with the same " \
+           "scorer" in msg
+    msg = error_of(tiny_args(data_dir, out, "init_from=resume", "scorer=softmax", "n_embd=64"))
+    assert "n_embd=64 differs from the checkpoint's 32: it cannot change when resuming" in msg  # a switch too
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -354,6 +359,85 @@ def test_init_from_a_checkpoint_trains_at_its_block_size_unless_the_command_sets
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# The switch during pretraining (SSMax paper variant f): a resume that changes the scorer
+
+
+def param_states(ckpt):
+    """{parameter name: AdamW state (or None: never stepped)} of a checkpoint, by the model's own parameter order."""
+    from model import GPT, GPTConfig
+    m = GPT(GPTConfig(**ckpt["model_args"]))
+    name = {id(p): n for n, p in m.named_parameters()}
+    order = [name[id(p)] for g in m.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu").param_groups
+             for p in g["params"]]
+    return {n: ckpt["optimizer"]["state"].get(i) for i, n in enumerate(order)}
+
+
+def branch(src, dst):
+    """A copy of src's checkpoint, as a run to resume in dst (the run at the switch)."""
+    os.makedirs(dst)
+    with open(src / "ckpt.pt", "rb") as a, open(dst / "ckpt.pt", "wb") as b:
+        b.write(a.read())
+
+
+def test_a_scorer_switching_resume_trains_on_the_batches_an_unswitched_resume_draws(data_dir, tmp_path, monkeypatch):
+    src, plain, switched = tmp_path / "softmax", tmp_path / "plain", tmp_path / "switched"
+    seen = {}
+    def recording(out):  # the token ids of every training micro-batch (evals run without grad)
+        seen[out] = []
+        def get_batch(cfg, data, split, ix, device):
+            x, y = real(cfg, data, split, ix, device)
+            if torch.is_grad_enabled():
+                seen[out].append(x.clone())
+            return x, y
+        monkeypatch.setattr(train, "get_batch", get_batch)
+    real = train.get_batch
+    recording(src)
+    train.main(tiny_args(data_dir, src, "max_iters=2", "eval_interval=2"))
+    branch(src, plain)
+    branch(src, switched)
+    recording(plain)
+    train.main(tiny_args(data_dir, plain, "init_from=resume", "max_iters=5"))
+    recording(switched)
+    train.main(tiny_args(data_dir, switched, "init_from=resume", "max_iters=5", "scorer=ssmax"))
+    assert len(seen[src]) == 2 and len(seen[plain]) == len(seen[switched]) == 3
+    assert all(torch.equal(a, b) for a, b in zip(seen[plain], seen[switched]))  # the same token ids, batch by batch
+    assert not any(torch.equal(a, b) for a in seen[src] for b in seen[switched])  # not the first batches again
+    log = read_log(switched)
+    assert log[0]["start_iter"] == 2 and log[0]["switch"] == {"scorer": ["softmax", "ssmax"],
+                                                                "ssmax_s_init": [1.0, ssmax_s_for_switch(16)]}
+    assert [r["iter"] for r in log if "val_loss" in r] == [2, 4, 5]  # the switched model is evaluated first
+    assert list(step_losses(switched)) == [2, 3, 4]
+    assert "switch" not in read_log(plain)[0]
+    train.main(tiny_args(data_dir, switched, "init_from=resume", "max_iters=6", "scorer=ssmax"))  # a relaunch
+    assert "switch" not in read_log(switched)[-3] and list(step_losses(switched, since_last_start=True)) == [5]
+
+
+@pytest.mark.parametrize("extra,s", [((), ssmax_s_for_switch(16)), (("ssmax_s_init=0.3", "ssmax_bias=True"), 0.3)],
+                         ids=["s0", "given"])
+def test_a_scorer_switching_resume_keeps_adamw_state_of_shared_weights_and_starts_s_fresh(data_dir, tmp_path,
+                                                                                         extra, s):
+    src, dst = tmp_path / "softmax", tmp_path / "ssmax"
+    train.main(tiny_args(data_dir, src, "max_iters=3", "eval_interval=3"))
+    branch(src, dst)
+    train.main(tiny_args(data_dir, dst, "init_from=resume", "max_iters=3", "scorer=ssmax", *extra))  # switch, save
+    a, b = (torch.load(d / "ckpt.pt", map_location="cpu", weights_only=True) for d in (src, dst))
+    assert b["iter_num"] == 3 and b["model_args"]["scorer"] == "ssmax" and b["model_args"]["ssmax_s_init"] == s
+    assert torch.equal(b["model"]["transformer.h.0.attn.ssmax_s"], torch.full((2,), s))  # the requested init
+    new = {"transformer.h.0.attn.ssmax_s"} | ({"transformer.h.0.attn.ssmax_b"} if extra else set())
+    assert set(b["model"]) - set(a["model"]) == new
+    old_state, new_state = param_states(a), param_states(b)
+    assert set(new_state) - set(old_state) == new and all(new_state[k] is None for k in new)  # fresh
+    for k, state in old_state.items():
+        assert state is not None and state.keys() == new_state[k].keys() == {"step", "exp_avg", "exp_avg_sq"}
+        assert all(torch.equal(v, new_state[k][key]) for key, v in state.items()), k  # step 3 and both moments
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in a["optimizer"]["param_groups"]]
+    assert groups == [{k: v for k, v in g.items() if k != "params"} for g in b["optimizer"]["param_groups"]]
+    train.main(tiny_args(data_dir, dst, "init_from=resume", "max_iters=4", "scorer=ssmax", *extra))  # it trains on
+    c = torch.load(dst / "ckpt.pt", map_location="cpu", weights_only=True)
+    assert param_states(c)["transformer.h.0.attn.ssmax_s"]["step"] == 1 and c["iter_num"] == 4
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # SFT
 
 SFT_ROWS = [{"prompt": "Question: What is the capital of France?\nAnswer:", "answer": " Paris"},
@@ -369,12 +453,12 @@ def write_sft(path, rows=SFT_ROWS):
 
 def test_sft_targets_are_answer_and_endoftext_with_minus_one_on_prompt_and_padding(tmp_path):
     enc, T = prepare_data.get_tokenizer(), 32
-    examples = train.load_sft(write_sft(tmp_path / "sft.jsonl"), T)
+    examples = prepare_data.load_sft(write_sft(tmp_path / "sft.jsonl"), T)
     assert len(examples) == len(SFT_ROWS)
     for (ids, n_prompt), row in zip(examples, SFT_ROWS):
         p, a = enc.encode_ordinary(row["prompt"]), enc.encode_ordinary(row["answer"])
         assert ids.tolist() == p + a + [prepare_data.EOT] and n_prompt == len(p)
-    x, y = train.sft_batch(examples, torch.tensor([1, 3, 0]), T)
+    x, y = prepare_data.sft_batch(examples, torch.tensor([1, 3, 0]), T)
     assert x.shape == y.shape == (3, T) and x.dtype == y.dtype == torch.long
     for b, i in enumerate([1, 3, 0]):
         ids, n_prompt = examples[i]
@@ -389,13 +473,13 @@ def test_sft_crops_long_prompts_on_the_left_and_long_answers_on_the_right(tmp_pa
     enc, T = prepare_data.get_tokenizer(), 8
     rows = [{"prompt": "one two three four five six seven eight nine ten", "answer": " eleven twelve"},
             {"prompt": "short", "answer": " a b c d e f g h i j k l m n o p"}]
-    examples = train.load_sft(write_sft(tmp_path / "sft.jsonl", rows), T)
+    examples = prepare_data.load_sft(write_sft(tmp_path / "sft.jsonl", rows), T)
     (ids0, n0), (ids1, n1) = examples
     p0, a0 = enc.encode_ordinary(rows[0]["prompt"]), enc.encode_ordinary(rows[0]["answer"]) + [prepare_data.EOT]
     assert len(ids0) == T + 1 and ids0.tolist() == p0[-(T + 1 - len(a0)):] + a0 and n0 == T + 1 - len(a0)
     a1 = enc.encode_ordinary(rows[1]["answer"])
     assert ids1.tolist() == a1[:T + 1] and n1 == 0  # the answer's beginning, no prompt left
-    x, y = train.sft_batch(examples, torch.tensor([0, 1]), T)
+    x, y = prepare_data.sft_batch(examples, torch.tensor([0, 1]), T)
     assert y[0].tolist() == [-1] * (n0 - 1) + a0 and y[1].tolist() == a1[1:T + 1]
 
 
