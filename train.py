@@ -35,6 +35,7 @@ import tasks
 import tracking
 from model import (CheckpointError, GPTConfig, convert_scorer, read_checkpoint, run_info, save_checkpoint,
                    ssmax_s_for_switch)
+from scorers import SCORERS
 
 # ----------------------------------------------------------------------------------------------------------------
 # Config: the defaults are the paper's 162M recipe; the model fields (and their defaults) are GPTConfig's own
@@ -78,7 +79,7 @@ TrainConfig = make_dataclass("TrainConfig", [(f.name, f.type, field(default=f.de
                              bases=(_TrainFields,))
 MODEL_FIELDS = [f.name for f in fields(GPTConfig)]
 ARCH_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "ffn_hidden")  # a checkpoint's shapes cannot change
-SCORER_OPTIONS = [k for k in MODEL_FIELDS if k.startswith(("ssmax_", "ssa_"))]
+SCORER_OPTIONS = list(dict.fromkeys(f for e in SCORERS.values() for prm in e.params for f in prm.fields()))
 LR_SCHEDULES = ("constant", "cosine")
 RUN_FILES = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run leaves in its out_dir
 BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "eval", "run_info")  # no optimizer state
