@@ -97,12 +97,16 @@ def train_all(S, runs, results, data_dir):
             continue
         step(f"train {v}", base + kv({**over, "out_dir": f"{runs}/{v}", "resume": True}), results,
              done=ckpt(v) if iter_of(ckpt(v)) == M else None)
-    # (e): convert, no training (max_iters=0 evaluates and saves); (f): the last 12.5 % as SSMax with a new warmup
+    # (e): convert, no training (max_iters=0 evaluates and saves). (f): the softmax run resumed at the switch with
+    # scorer=ssmax (s0 = 1 / mean log n): the same data stream continues and AdamW keeps its state for every shared
+    # weight, as the SSMax paper continues pretraining (issue #19)
     step("convert softmax -> ssmax (e)", base + kv(dict(init_from=ckpt("softmax"), scorer="ssmax", max_iters=0,
                                                         out_dir=f"{runs}/ssmax_e")), results, done=ckpt("ssmax_e"))
-    step("train (f) after the switch", base + kv(dict(init_from=ckpt("softmax_at_switch"), scorer="ssmax",
-                                                      max_iters=M - k, warmup_iters=S["train"]["warmup_iters"],
-                                                      out_dir=f"{runs}/ssmax_f")), results, done=ckpt("ssmax_f"))
+    if not os.path.isfile(ckpt("ssmax_f")):
+        os.makedirs(os.path.join(runs, "ssmax_f"), exist_ok=True)
+        shutil.copy(ckpt("softmax_at_switch"), ckpt("ssmax_f"))
+    step("train (f) after the switch", base + kv(dict(init_from="resume", scorer="ssmax", out_dir=f"{runs}/ssmax_f")),
+         results, done=ckpt("ssmax_f") if iter_of(ckpt("ssmax_f")) == M else None)
 
 
 def loss_curves(runs, results, M):
@@ -111,13 +115,12 @@ def loss_curves(runs, results, M):
     k, rows, curves = int(SWITCH_AT * M), [], {}
     for v in VARIANTS:
         log = [json.loads(l) for l in open(os.path.join(runs, v, "log.jsonl"))]
-        shift = k if v == "ssmax_f" else 0  # (f) continues the softmax run at the switch
-        steps = {r["iter"] + shift: r["loss"] for r in log if "loss" in r}
-        if v == "ssmax_f":
+        steps = {r["iter"]: r["loss"] for r in log if "loss" in r}
+        if v == "ssmax_f":  # (f) continues the softmax run at the switch (its log starts there)
             soft = [json.loads(l) for l in open(os.path.join(runs, "softmax", "log.jsonl"))]
             steps = {**{r["iter"]: r["loss"] for r in soft if "loss" in r and r["iter"] < k}, **steps}
         curves[v] = sorted(steps.items())
-        evals = {r["iter"] + shift: r for r in log if "val_loss" in r}
+        evals = {r["iter"]: r for r in log if "val_loss" in r}
         rows += [dict(variant=v, iter=i, train_loss=r["train_loss"], val_loss=r["val_loss"])
                  for i, r in sorted(evals.items())]
     w = max(1, M // 20)
@@ -184,7 +187,8 @@ def main(argv=None):
             out = os.path.join(results, f"eval_long_{method}")
             step(f"eval_long {method}", ["eval_long.py", *ckpts, *common, "--length", str(10 * N), "--rope_method",
                                          method, "--rope_scale", str(scale), "--num_seqs", str(E["num_seqs"]),
-                                         "--batch_size", "4", "--labels", *VARIANTS, "--out_dir", out]
+                                         "--batch_size", "4", "--labels", *VARIANTS, "--baseline", "softmax",
+                                         "--out_dir", out]
                  + (["--fading"] if method == "theta" else []), results, done=os.path.join(out, "summary.json"))
     needle_dir = os.path.join(results, "needle")
     if "needle" not in a.skip or "score" not in a.skip:  # retrieval fine-tune on synthetic needles (SQuAD is online)
@@ -229,10 +233,15 @@ def main(argv=None):
         s = read(f"eval_long_{method}", "summary.json")
         if s:
             summary[f"eval_long_{method}"] = {m["label"]: m["windows"] for m in s["models"]}
+            summary[f"eval_long_{method}_native"] = {m["label"]: m["native"]["windows"] for m in s["models"]
+                                                     if "native" in m}
+            summary[f"eval_long_{method}_differences"] = s.get("differences", [])  # vs softmax, paired 95% CIs
     for name in ("needle", "passkey", "needle_score_trials"):
         s = read("needle", f"{name}.json")
         if s:
             summary[name] = s["cells"]
+            if "scores" in s:  # the needle score's means beside its control span and uniform baseline
+                summary["needle_scores"] = s["scores"]
     with open(os.path.join(results, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print(f"done: {results}/summary.json")

@@ -30,7 +30,7 @@ def test_every_variant_and_evaluation_runs_and_a_rerun_skips_finished_steps(tmp_
     load = lambda v: torch.load(tmp_path / "out-repro-toy" / v / "ckpt.pt", map_location="cpu", weights_only=True)
     k = int(reproduce.SWITCH_AT * 8)
     assert load("softmax_at_switch")["iter_num"] == k and load("softmax")["iter_num"] == 8
-    assert load("ssmax_f")["iter_num"] == 8 - k and load("ssmax_f")["model_args"]["scorer"] == "ssmax"
+    assert load("ssmax_f")["iter_num"] == 8 and load("ssmax_f")["model_args"]["scorer"] == "ssmax"
     e = load("ssmax_e")
     assert e["iter_num"] == 0 and e["model_args"]["ssmax_s_init"] == pytest.approx(ssmax_s_for_switch(64))
 
@@ -40,6 +40,10 @@ def test_every_variant_and_evaluation_runs_and_a_rerun_skips_finished_steps(tmp_
     for method in ("theta", "dynamic_ntk"):
         assert set(summary[f"eval_long_{method}"]) == set(reproduce.VARIANTS)
         assert (res / f"eval_long_{method}" / "per_position.png").stat().st_size > 0
+        assert (res / f"eval_long_{method}" / "per_sequence.csv").stat().st_size > 0  # paired CIs can be redone
+        diffs = summary[f"eval_long_{method}_differences"]  # every variant against softmax, with its 95% CI
+        assert {d["model"] for d in diffs} == set(reproduce.VARIANTS) - {"softmax"}
+        assert all(d["baseline"] == "softmax" and d["ci_lo"] <= d["mean_diff"] <= d["ci_hi"] for d in diffs)
     for name, sub in (("needle", "sft/"), ("passkey", ""), ("needle_score_trials", "sft/")):  # passkey: pretrained
         assert {c["model"] for c in summary[name]} == {f"out-repro-toy/{sub}{v}" for v in reproduce.VARIANTS}
     for png in ("train_loss.png", "needle/needle.png", "needle/passkey.png", "needle/needle_score_heads.png"):
