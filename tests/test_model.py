@@ -18,6 +18,7 @@ VARIANTS = {  # every scorer and option of SCORERS.md
     "ssa_learn_n": dict(scorer="ssa", ssa_learn_n=True),
     "lssa": dict(scorer="lssa"),
     "lssar": dict(scorer="lssar"),
+    "sigmoid": dict(scorer="sigmoid"),
 }
 
 
