@@ -22,7 +22,6 @@ import math
 import os
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 

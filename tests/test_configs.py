@@ -15,6 +15,7 @@ import torch
 import prepare_data
 import tasks
 import train
+from config import MODEL_FIELDS, SCORER_OPTIONS
 from model import GPT, PEAK_BF16_FLOPS, GPTConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,7 +24,7 @@ PAPER = sorted(glob.glob(os.path.join(REPO, "configs", "paper", "*.py")))
 TASKS = sorted(glob.glob(os.path.join(REPO, "configs", "tasks", "*.py")))
 QUICK = [p for p in CONFIGS if os.path.basename(p) not in ("cpu_quick.py", "sft.py")]  # one per scorer setting
 QUICK_TOKEN_BUDGET = 1_000_000_000  # about an hour of the 162M model on one H100 (configs/softmax.py's arithmetic)
-SCORER_FIELDS = ["scorer", "reweight_p", *train.SCORER_OPTIONS]
+SCORER_FIELDS = ["scorer", "reweight_p", *SCORER_OPTIONS]
 # "16 batch x 1,024 tokens x 16 accum = 262,144 tokens/iter x 3,800 iters = 996,147,200 tokens" (accum, iters optional)
 ARITHMETIC = re.compile(r"([\d,]+) batch x ([\d,]+) tokens(?: x ([\d,]+) accum)? = ([\d,]+) tokens/iter"
                         r"(?: x ([\d,]+) iters = ([\d,]+) tokens)?")
@@ -55,7 +56,7 @@ def test_every_config_file_parses_and_validates(path):
     explicit = train.parse_args([path])
     assert explicit
     cfg = train.TrainConfig(**explicit)
-    GPTConfig(**{k: getattr(cfg, k) for k in train.MODEL_FIELDS})  # a scorer option of another scorer raises
+    GPTConfig(**{k: getattr(cfg, k) for k in MODEL_FIELDS})  # a scorer option of another scorer raises
     if cfg.task:
         tasks.check_config(cfg)
     assert cfg.gradient_accumulation_steps % (8 if path in PAPER else 1) == 0  # torchrun divides it among 8 GPUs

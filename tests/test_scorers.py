@@ -275,14 +275,14 @@ def test_registry_agrees_with_config_model_train_kernels_flex_ptxas_and_docs():
     import os
     from dataclasses import fields
 
+    import config
     import kernels
-    import train
     from scorers import SCORERS
     option_fields = {f for e in SCORERS.values() for prm in e.params for f in prm.fields()}
     config_fields = {f.name for f in fields(model.GPTConfig)}
     assert option_fields <= config_fields  # every option a Param names is a GPTConfig field ...
     assert {f for f in config_fields if f.split("_")[0] in SCORERS} == option_fields  # ... and each <scorer>_* field
-    assert set(train.SCORER_OPTIONS) == option_fields
+    assert set(config.SCORER_OPTIONS) == option_fields  # train.py's
     for name, entry in SCORERS.items():
         cfg = model.GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=8, scorer=name,
                               **{prm.only_if: True for prm in entry.params if prm.only_if})

@@ -17,6 +17,8 @@ import pytest
 import torch
 
 import prepare_data
+import retrieval
+import config
 import train
 from conftest import code_carrying_copy
 from model import load_checkpoint, ssmax_s_for_switch
@@ -189,7 +191,7 @@ def test_resolved_config_is_printed_and_stored_in_the_checkpoint(data_dir, tmp_p
                                                                      "scorer=ssmax", "ssmax_s_init=0.5"))}
     assert cfg == want  # every field: the defaults, then what the command set
     assert cfg["max_iters"] == 2 and cfg["scorer"] == "ssmax" and cfg["ssmax_s_init"] == 0.5 and cfg["n_embd"] == 32
-    assert ckpt["model_args"] == {k: cfg[k] for k in train.MODEL_FIELDS} and ckpt["iter_num"] == 2
+    assert ckpt["model_args"] == {k: cfg[k] for k in config.MODEL_FIELDS} and ckpt["iter_num"] == 2
     assert printed.startswith("config: ")
     config_text = printed[:printed.index("M parameters")]  # the config lines, up to the parameter count
     for k, v in cfg.items():
@@ -453,12 +455,12 @@ def write_sft(path, rows=SFT_ROWS):
 
 def test_sft_targets_are_answer_and_endoftext_with_minus_one_on_prompt_and_padding(tmp_path):
     enc, T = prepare_data.get_tokenizer(), 32
-    examples = prepare_data.load_sft(write_sft(tmp_path / "sft.jsonl"), T)
+    examples = retrieval.load_sft(write_sft(tmp_path / "sft.jsonl"), T)
     assert len(examples) == len(SFT_ROWS)
     for (ids, n_prompt), row in zip(examples, SFT_ROWS):
         p, a = enc.encode_ordinary(row["prompt"]), enc.encode_ordinary(row["answer"])
         assert ids.tolist() == p + a + [prepare_data.EOT] and n_prompt == len(p)
-    x, y = prepare_data.sft_batch(examples, torch.tensor([1, 3, 0]), T)
+    x, y = retrieval.sft_batch(examples, torch.tensor([1, 3, 0]), T)
     assert x.shape == y.shape == (3, T) and x.dtype == y.dtype == torch.long
     for b, i in enumerate([1, 3, 0]):
         ids, n_prompt = examples[i]
@@ -473,13 +475,13 @@ def test_sft_crops_long_prompts_on_the_left_and_long_answers_on_the_right(tmp_pa
     enc, T = prepare_data.get_tokenizer(), 8
     rows = [{"prompt": "one two three four five six seven eight nine ten", "answer": " eleven twelve"},
             {"prompt": "short", "answer": " a b c d e f g h i j k l m n o p"}]
-    examples = prepare_data.load_sft(write_sft(tmp_path / "sft.jsonl", rows), T)
+    examples = retrieval.load_sft(write_sft(tmp_path / "sft.jsonl", rows), T)
     (ids0, n0), (ids1, n1) = examples
     p0, a0 = enc.encode_ordinary(rows[0]["prompt"]), enc.encode_ordinary(rows[0]["answer"]) + [prepare_data.EOT]
     assert len(ids0) == T + 1 and ids0.tolist() == p0[-(T + 1 - len(a0)):] + a0 and n0 == T + 1 - len(a0)
     a1 = enc.encode_ordinary(rows[1]["answer"])
     assert ids1.tolist() == a1[:T + 1] and n1 == 0  # the answer's beginning, no prompt left
-    x, y = prepare_data.sft_batch(examples, torch.tensor([0, 1]), T)
+    x, y = retrieval.sft_batch(examples, torch.tensor([0, 1]), T)
     assert y[0].tolist() == [-1] * (n0 - 1) + a0 and y[1].tolist() == a1[1:T + 1]
 
 
@@ -708,3 +710,14 @@ def test_init_from_or_resume_of_a_checkpoint_carrying_code_is_refused_and_the_co
     code_carrying_copy(src / "ckpt.pt", src / "ckpt.pt", tmp_path / "pwned")
     assert "cannot be loaded safely" in error_of(tiny_args(data_dir, src, "resume=True"))
     assert not (tmp_path / "pwned").exists()
+
+
+def test_sigmoid_attention_trains_through_train_py(data_dir, tmp_path):
+    # the sixth scorer: rows not normalised, the CPU path (kernels_cpu) under backend=auto; loss falls, no s/b/n
+    out = tmp_path / "out"
+    train.main(tiny_args(data_dir, out, "max_iters=6", "eval_interval=6", "scorer=sigmoid"))
+    ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=True)
+    losses = step_losses(out)
+    assert ckpt["model_args"]["scorer"] == "sigmoid" and ckpt["iter_num"] == 6
+    assert all(math.isfinite(v) for v in losses.values()) and losses[5] < losses[0]
+    assert not any(k.endswith(("_s", "_b", "_raw")) for k in ckpt["model"])

