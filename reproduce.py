@@ -98,8 +98,7 @@ def train_all(S, runs, results, data_dir):
         step(f"train {v}", base + kv({**over, "out_dir": f"{runs}/{v}", "resume": True}), results,
              done=ckpt(v) if iter_of(ckpt(v)) == M else None)
     # (e): convert, no training (max_iters=0 evaluates and saves). (f): the softmax run resumed at the switch with
-    # scorer=ssmax (s0 = 1 / mean log n): the same data stream continues and AdamW keeps its state for every shared
-    # weight, as the SSMax paper continues pretraining (issue #19)
+    # scorer=ssmax (s0): its data stream and AdamW state continue, as the SSMax paper continues pretraining
     step("convert softmax -> ssmax (e)", base + kv(dict(init_from=ckpt("softmax"), scorer="ssmax", max_iters=0,
                                                         out_dir=f"{runs}/ssmax_e")), results, done=ckpt("ssmax_e"))
     if not os.path.isfile(ckpt("ssmax_f")):
