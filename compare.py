@@ -37,6 +37,35 @@ def bootstrap_ci(d, n_boot=2000, level=LEVEL, seed=0):
     lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
     return float(d.mean()), float(lo), float(hi)
 
+# Student's t quantiles for a two-sided 95 % interval with df degrees of freedom (seeds - 1); beyond the table
+# 1.96 + 2.4 / df is within 0.002 of the exact value for df > 10
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+def seed_interval(values):
+    """(mean, sd, lo, hi) of one value per training seed: the mean, the sample sd and the 95 % Student-t interval of
+    the mean. Seeds, not sequences, are the unit here: a second training run varies more than a second test text."""
+    v = np.asarray(values, dtype=np.float64)
+    if len(v) < 2:
+        return float(v.mean()), math.nan, math.nan, math.nan
+    sd = float(v.std(ddof=1))
+    half = T975.get(len(v) - 1, 1.96 + 2.4 / (len(v) - 1)) * sd / math.sqrt(len(v))
+    return float(v.mean()), sd, float(v.mean() - half), float(v.mean() + half)
+
+def across_seeds(per_seed):
+    """Each seed's paired_differences (a list per seed) -> one row per (model, rope, window): the mean over seeds of
+    the per-seed mean difference, its sd and t interval (ci_lo, ci_hi), and each seed's own bootstrap CI."""
+    cells = defaultdict(list)
+    for diffs in per_seed:
+        for d in diffs:
+            cells[d["model"], d["rope"], d["window"]].append(d)
+    out = []
+    for ds in cells.values():
+        mean, sd, lo, hi = seed_interval([d["mean_diff"] for d in ds])
+        out.append(dict({k: ds[0][k] for k in ("model", "baseline", "rope", "window", "k", "tokens")}, n_seeds=len(ds),
+                        n_seqs=ds[0]["n_seqs"], mean_diff=mean, sd=sd, ci_lo=lo, ci_hi=hi,
+                        per_seed=[[d["mean_diff"], d["ci_lo"], d["ci_hi"]] for d in ds]))
+    return out
+
 def window_multiple(window):
     """'prefix_4x' or '4x' -> 4: the window's end in units of the training length N."""
     return int(window.removeprefix("prefix_").removesuffix("x"))

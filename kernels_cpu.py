@@ -11,7 +11,7 @@ The same math runs here
 - with a hand-written backward over the saved weights, in place, where the reference's autograd makes temporaries.
 Same formulas and dtype as the reference (fp32 for half inputs), so it differs from it by rounding only.
 """
-import math
+import ctypes, math
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,20 @@ import torch.nn.functional as F
 import scorers
 
 CHUNK = 128  # query rows per block: fewer, larger ops (each has a fixed cost) against 128^2 / 2 masked scores a block
+
+
+def reuse_freed_memory():
+    """Keep the memory torch frees in the process: glibc maps every block of 32 MiB or more fresh from the kernel and
+    unmaps it when freed, so a training step with GPT-2's vocabulary (B*T x 50,257 logits: 200 MiB at 1,024 tokens)
+    page-faults ~0.8 GiB back in every step, 0.65 s of a 0.8 s step on 2 cores. With mmap off and no trimming the
+    freed blocks are reused: 1.7-1.9x the tokens/s (the process keeps its peak memory). glibc only; elsewhere a
+    no-op. The scripts call it when they run on the CPU; importing this module changes nothing."""
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):  # not glibc (macOS, musl): keep the system's behaviour
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # malloc.h
+    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
 
 def _blocks(Tq):

@@ -14,17 +14,21 @@ wall time go to results/<name>/steps.jsonl; summary.json gathers the numbers RES
 """
 import argparse, json, os, shutil, subprocess, sys, time
 
+import numpy as np
 import torch
+
+import compare
 
 # ----------------------------------------------------------------------------------------------------------------
 # The two scales. The model fields are GPTConfig's, the rest TrainConfig's (train.py).
 
 SCALES = {
     "cpu": dict(
-        model=dict(n_layer=4, n_head=4, n_embd=128, ffn_hidden=352, block_size=128),
-        # 8 x 128 = 1,024 tokens/iter x 300 iters = 307,200 tokens per variant (0.13 epoch of `english`)
-        train=dict(batch_size=8, gradient_accumulation_steps=1, max_iters=300, learning_rate=2e-3, warmup_iters=30,
-                   lr_schedule="constant", eval_interval=100, eval_iters=8, log_interval=50, device="cpu"),
+        # width 64: GPT-2's 50,257-token head is most of the cost, so a narrow model sees more tokens per minute
+        model=dict(n_layer=4, n_head=2, n_embd=64, ffn_hidden=176, block_size=128),
+        # 8 x 128 = 1,024 tokens/iter x 250 iters = 256,000 tokens per variant and seed (0.11 epoch of `english`)
+        train=dict(batch_size=8, gradient_accumulation_steps=1, max_iters=250, learning_rate=3e-3, warmup_iters=25,
+                   lr_schedule="constant", eval_interval=125, eval_iters=8, log_interval=50, device="cpu"),
         sft=dict(examples=400, max_iters=40, batch_size=8, learning_rate=5e-4),
         eval=dict(num_seqs=16, needle_contexts=[128, 256, 640, 1280], samples=4, passkey_contexts=[128, 256, 640, 1280],
                   passkey_samples=10, score_context=1024, trials=16, batch_size=4)),
@@ -51,6 +55,9 @@ VARIANTS = {  # name -> (overrides, paper label)
     "lssar": (dict(scorer="lssar"), "LSSAR, p = 15"),
     "softmax_p3": (dict(scorer="softmax", reweight_p=3.0), "softmax re-weighted, p = 3"),
 }
+# glibc keeps freed memory instead of unmapping it (kernels_cpu.reuse_freed_memory, which train.py calls itself):
+# the evaluations' B x L x 50,257 logits would page-fault back in at every batch
+REUSE_FREED_MEMORY = dict(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**31 - 1))
 REPO = os.path.dirname(os.path.abspath(__file__))
 DATASET = "english"  # prepare_data.py: Shakespeare + King James Bible, 2.4M train tokens
 
@@ -66,7 +73,8 @@ def step(name, cmd, results, done=None):
         return
     print(f"[run] {name}: {' '.join(cmd)}", flush=True)
     t0 = time.time()
-    subprocess.run([sys.executable, os.path.join(REPO, cmd[0]), *cmd[1:]], check=True)  # outputs under the cwd
+    subprocess.run([sys.executable, os.path.join(REPO, cmd[0]), *cmd[1:]], check=True,  # outputs under the cwd
+                   env={**os.environ, **REUSE_FREED_MEMORY})
     with open(os.path.join(results, "steps.jsonl"), "a") as f:
         f.write(json.dumps(dict(step=name, command=" ".join(cmd), wall_s=round(time.time() - t0, 1))) + "\n")
 
@@ -79,66 +87,124 @@ def iter_of(path):
 # ----------------------------------------------------------------------------------------------------------------
 # Training: nine variants from scratch, (e) and (f) from the softmax run
 
-def train_all(S, runs, results, data_dir):
+def train_all(S, runs, results, data_dir, seed):
     M = S["train"]["max_iters"]
-    base = ["train.py", *kv(S["model"]), *kv(S["train"]), f"dataset={DATASET}", f"data_dir={data_dir}", "seed=1337"]
+    base = ["train.py", *kv(S["model"]), *kv(S["train"]), f"dataset={DATASET}", f"data_dir={data_dir}", f"seed={seed}"]
     ckpt = lambda v: os.path.join(runs, v, "ckpt.pt")
     # softmax in two legs so that (f) can branch off at the switch; the resume is exact (tests/test_train.py)
-    k = int(SWITCH_AT * M)
+    k, tag = int(SWITCH_AT * M), f" (seed {seed})"
     if iter_of(ckpt("softmax")) != M:
-        step("train softmax to the switch", base + kv(dict(scorer="softmax", out_dir=f"{runs}/softmax", max_iters=k,
-                                                             resume=True)), results)
+        step("train softmax to the switch" + tag, base + kv(dict(scorer="softmax", out_dir=f"{runs}/softmax",
+                                                                   max_iters=k, resume=True)), results)
         if iter_of(ckpt("softmax")) == k and not os.path.isfile(ckpt("softmax_at_switch")):
             os.makedirs(os.path.join(runs, "softmax_at_switch"), exist_ok=True)
             shutil.copy(ckpt("softmax"), ckpt("softmax_at_switch"))
-        step("train softmax", base + kv(dict(scorer="softmax", out_dir=f"{runs}/softmax", resume=True)), results)
+        step("train softmax" + tag, base + kv(dict(scorer="softmax", out_dir=f"{runs}/softmax", resume=True)), results)
     for v, (over, _) in VARIANTS.items():
         if over is None or v == "softmax":
             continue
-        step(f"train {v}", base + kv({**over, "out_dir": f"{runs}/{v}", "resume": True}), results,
+        step(f"train {v}{tag}", base + kv({**over, "out_dir": f"{runs}/{v}", "resume": True}), results,
              done=ckpt(v) if iter_of(ckpt(v)) == M else None)
     # (e): convert, no training (max_iters=0 evaluates and saves). (f): the softmax run resumed at the switch with
     # scorer=ssmax (s0): its data stream and AdamW state continue, as the SSMax paper continues pretraining
-    step("convert softmax -> ssmax (e)", base + kv(dict(init_from=ckpt("softmax"), scorer="ssmax", max_iters=0,
-                                                        out_dir=f"{runs}/ssmax_e")), results, done=ckpt("ssmax_e"))
+    step("convert softmax -> ssmax (e)" + tag, base + kv(dict(init_from=ckpt("softmax"), scorer="ssmax", max_iters=0,
+                                                              out_dir=f"{runs}/ssmax_e")), results, done=ckpt("ssmax_e"))
     if not os.path.isfile(ckpt("ssmax_f")):
         os.makedirs(os.path.join(runs, "ssmax_f"), exist_ok=True)
         shutil.copy(ckpt("softmax_at_switch"), ckpt("ssmax_f"))
-    step("train (f) after the switch", base + kv(dict(init_from="resume", scorer="ssmax", out_dir=f"{runs}/ssmax_f")),
+    step("train (f) after the switch" + tag, base + kv(dict(init_from="resume", scorer="ssmax",
+                                                            out_dir=f"{runs}/ssmax_f")),
          results, done=ckpt("ssmax_f") if iter_of(ckpt("ssmax_f")) == M else None)
 
 
-def loss_curves(runs, results, M):
-    """SSMax Fig. 4: the per-step training loss of every variant (moving average), CSV of the eval losses."""
-    from matplotlib.figure import Figure
+def loss_curves(roots, results, M):
+    """SSMax Fig. 4: every variant's training loss (moving average), mean over the seeds' runs with their range;
+    train_loss.csv: every eval of every seed."""
     k, rows, curves = int(SWITCH_AT * M), [], {}
+    read = lambda path: [json.loads(l) for l in open(path)]
     for v in VARIANTS:
-        log = [json.loads(l) for l in open(os.path.join(runs, v, "log.jsonl"))]
-        steps = {r["iter"]: r["loss"] for r in log if "loss" in r}
-        if v == "ssmax_f":  # (f) continues the softmax run at the switch (its log starts there)
-            soft = [json.loads(l) for l in open(os.path.join(runs, "softmax", "log.jsonl"))]
-            steps = {**{r["iter"]: r["loss"] for r in soft if "loss" in r and r["iter"] < k}, **steps}
-        curves[v] = sorted(steps.items())
-        evals = {r["iter"]: r for r in log if "val_loss" in r}
-        rows += [dict(variant=v, iter=i, train_loss=r["train_loss"], val_loss=r["val_loss"])
-                 for i, r in sorted(evals.items())]
+        for seed, runs in roots.items():
+            log = read(os.path.join(runs, v, "log.jsonl"))
+            if v == "ssmax_f":  # (f) continues the softmax run at the switch (its log starts there)
+                log = [r for r in read(os.path.join(runs, "softmax", "log.jsonl")) if r["iter"] < k] + log
+            curves.setdefault(v, []).append(dict(sorted((r["iter"], r["loss"]) for r in log if "loss" in r)))
+            rows += [dict(variant=v, seed=seed, iter=r["iter"], train_loss=r["train_loss"], val_loss=r["val_loss"])
+                     for r in log if "val_loss" in r]
     w = max(1, M // 20)
-    fig = Figure(figsize=(9, 5), layout="tight")
-    ax = fig.subplots()
-    for c, (v, pts) in enumerate(curves.items()):
-        if len(pts) > w:
-            x, y = zip(*pts)
-            y = torch.tensor(y).unfold(0, w, 1).mean(1).tolist()
-            ax.plot(x[w - 1:], y, color=f"C{c % 10}", ls="--" if c >= 10 else "-", label=VARIANTS[v][1])
+    fig, (ax,) = compare.figure(1.6)
+    for c, (v, runs) in enumerate(curves.items()):
+        x = sorted(set.intersection(*(set(r) for r in runs)))
+        if len(x) > w:
+            y = np.array([compare.moving_average([r[i] for i in x], w) for r in runs])  # (seeds, points)
+            ax.plot(x[w - 1:], y.mean(0), color=f"C{c % 10}", ls="--" if c >= 10 else "-", label=VARIANTS[v][1])
+            ax.fill_between(x[w - 1:], y.min(0), y.max(0), color=f"C{c % 10}", alpha=0.15, lw=0)
     ax.axvline(k, color="gray", ls=":", lw=0.8)
     ax.set(xlabel="iteration", ylabel=f"training loss (moving average of {w} steps)",
-           title="Training loss (SSMax paper Fig. 4); dotted: the (f) switch")
+           title=f"Training loss (SSMax paper Fig. 4): mean of {len(roots)} seeds, band = their range; dotted: the "
+                 "(f) switch")
+    ax.title.set_fontsize(9)
     ax.legend(fontsize=7)
     fig.savefig(os.path.join(results, "train_loss.png"), dpi=120)
-    with open(os.path.join(results, "train_loss.csv"), "w") as f:
-        f.write("variant,iter,train_loss,val_loss\n" + "".join(f"{r['variant']},{r['iter']},{r['train_loss']:.5f},"
-                                                             f"{r['val_loss']:.5f}\n" for r in rows))
+    compare.write_csv(os.path.join(results, "train_loss.csv"), rows, ("variant", "seed", "iter", "train_loss",
+                                                                      "val_loss"))
     return rows
+
+
+def context_gates(curve, N):
+    """The validity gates of RESULTS.md from one model's native-θ per-position loss (positions 1..N): context use =
+    loss at position 1 minus the mean over N/2+1..N; distant context = positions 9-16 minus N/2+1..N."""
+    far = float(np.mean(curve[N // 2:N]))
+    return dict(context_gain=float(curve[0]) - far, distant_gain=float(np.mean(curve[8:16])) - far)
+
+
+def summarize(S, a, roots, results, rows, t0):
+    """summary.json: what RESULTS.md quotes, read back from the steps' own outputs, each number over the seeds."""
+    N, seeds = S["model"]["block_size"], list(roots)
+    read = lambda *p: json.load(open(os.path.join(*p))) if os.path.isfile(os.path.join(*p)) else None
+    last = {(r["variant"], r["seed"]): r for r in rows}  # the last eval of each run (rows are in iteration order)
+    losses = {}
+    for v in VARIANTS:
+        val = [last[v, s]["val_loss"] for s in seeds]
+        paired = [last[v, s]["val_loss"] - last["softmax", s]["val_loss"] for s in seeds]
+        losses[v] = dict(per_seed={s: last[v, s] for s in seeds}, val=compare.seed_interval(val),
+                         train=compare.seed_interval([last[v, s]["train_loss"] for s in seeds]),
+                         val_minus_softmax=compare.seed_interval(paired))
+    summary = dict(scale=a.scale, dataset=DATASET, config=S, seeds=seeds, variants={v: l for v, (_, l) in
+                   VARIANTS.items()}, tokens_per_variant=S["train"]["batch_size"] * S["train"]
+                   ["gradient_accumulation_steps"] * N * S["train"]["max_iters"], losses=losses,
+                   interval="mean, sample sd and 95% Student-t interval over seeds (compare.seed_interval)",
+                   wall_s=round(time.time() - t0, 1))
+    for method in ("theta", "dynamic_ntk"):
+        per_seed = [read(results, f"s{s}", f"eval_long_{method}", "summary.json") for s in seeds]
+        if not all(per_seed):
+            continue
+        windows = {}
+        for rope, key in (("extended", None), ("native", "native")):
+            for m in per_seed[0]["models"]:
+                got = [next(x for x in p["models"] if x["label"] == m["label"]) for p in per_seed]
+                got = [g[key] if key else g for g in got]
+                windows.setdefault(rope, {})[m["label"]] = {w: compare.seed_interval([g["windows"][w]["mean_loss"]
+                                                            for g in got]) for w in m["windows"]}
+        diffs = compare.across_seeds([p["differences"] for p in per_seed])
+        summary[f"eval_long_{method}"] = dict(windows=windows, differences=diffs)
+        compare.plot_differences(os.path.join(results, f"eval_long_{method}_differences.png"), diffs, list(VARIANTS),
+                                 {"extended": per_seed[0]["models"][0]["rope_method"], "native": "native θ"},
+                                 f"{method}: mean over {len(seeds)} seeds of each model's paired difference to "
+                                 "softmax, 95% t interval over seeds")
+        if method == "theta":  # the gates read the native curves' trained positions 1..N
+            curves = [compare.read_csv(os.path.join(results, f"s{s}", "eval_long_theta", "per_position.csv"))
+                      for s in seeds]
+            gates = {v: [context_gates([float(r[f"{v} [native]"]) for r in c], N) for c in curves] for v in VARIANTS}
+            summary["gates"] = {v: {g: compare.seed_interval([x[g] for x in gs]) for g in gs[0]}
+                                for v, gs in gates.items()}
+    for name in ("needle", "passkey", "needle_score_trials"):
+        s = read(results, "needle", f"{name}.json")
+        if s:
+            summary[name] = s["cells"]
+            if "scores" in s:  # the needle score's means beside its control span and uniform baseline
+                summary["needle_scores"] = s["scores"]
+    with open(os.path.join(results, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -147,6 +213,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", choices=SCALES, default="cpu")
     p.add_argument("--max_iters", type=int, help="override the scale's training iterations (report it if you do)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338, 1339],
+                   help="training seeds of the LM runs (retrieval runs on the first seed's models)")
     p.add_argument("--name", help="folders out-repro-<name>/ and results/<name>/ (default: the scale)")
     p.add_argument("--skip", nargs="*", default=[], choices=["eval_long", "needle", "passkey", "score", "bench"])
     p.add_argument("--suite", choices=["lm", "synthetic"], default="lm",
@@ -170,27 +238,28 @@ def main(argv=None):
     if a.scale == "gpu" and not torch.cuda.is_available():
         sys.exit("error: --scale gpu needs CUDA; use --scale cpu here")
     name = a.name or a.scale
-    runs, results, data_dir = f"out-repro-{name}", os.path.join("results", name), "data"
+    root, results, data_dir = f"out-repro-{name}", os.path.join("results", name), "data"
+    roots = {seed: os.path.join(root, f"s{seed}") for seed in a.seeds}  # every seed's runs: its own folder
     os.makedirs(results, exist_ok=True)
     t0 = time.time()
     import prepare_data
     prepare_data.prepare(DATASET, out_dir=data_dir)  # a no-op when up to date
-    train_all(S, runs, results, data_dir)
-    rows = loss_curves(runs, results, S["train"]["max_iters"])
-    E, N = S["eval"], S["model"]["block_size"]
-    ckpts = [os.path.join(runs, v, "ckpt.pt") for v in VARIANTS]
-    data = os.path.join(data_dir, DATASET)
-    common = ["--data", data, "--seed", "0"]
-    if "eval_long" not in a.skip:
-        for method, scale in (("theta", 50), ("dynamic_ntk", 1)):  # SSMax Fig. 5; LSSAR Table 4
-            out = os.path.join(results, f"eval_long_{method}")
-            step(f"eval_long {method}", ["eval_long.py", *ckpts, *common, "--length", str(10 * N), "--rope_method",
-                                         method, "--rope_scale", str(scale), "--num_seqs", str(E["num_seqs"]),
-                                         "--batch_size", "4", "--labels", *VARIANTS, "--baseline", "softmax",
-                                         "--out_dir", out]
+    E, N, data = S["eval"], S["model"]["block_size"], os.path.join(data_dir, DATASET)
+    common = ["--data", data, "--seed", "0"]  # the same test sequences for every model and seed
+    for seed, runs in roots.items():
+        train_all(S, runs, results, data_dir, seed)
+        ckpts = [os.path.join(runs, v, "ckpt.pt") for v in VARIANTS]
+        for method, scale in (("theta", 50), ("dynamic_ntk", 1)) * ("eval_long" not in a.skip):  # Fig. 5; Table 4
+            out = os.path.join(results, f"s{seed}", f"eval_long_{method}")
+            step(f"eval_long {method} (seed {seed})", ["eval_long.py", *ckpts, *common, "--length", str(10 * N),
+                 "--rope_method", method, "--rope_scale", str(scale), "--num_seqs", str(E["num_seqs"]),
+                 "--batch_size", "4", "--labels", *VARIANTS, "--baseline", "softmax", "--out_dir", out]
                  + (["--fading"] if method == "theta" else []), results, done=os.path.join(out, "summary.json"))
-    needle_dir = os.path.join(results, "needle")
-    if "needle" not in a.skip or "score" not in a.skip:  # retrieval fine-tune on synthetic needles (SQuAD is online)
+    rows = loss_curves(roots, results, S["train"]["max_iters"])
+    # retrieval on the first seed's models: a retrieval fine-tune on synthetic needles (SQuAD is online), then the
+    # needle, needle-score and passkey evaluations
+    runs, needle_dir = roots[a.seeds[0]], os.path.join(results, "needle")
+    if "needle" not in a.skip or "score" not in a.skip:
         step("sft data", ["needle.py", "sft_data", "--synthetic", str(S["sft"]["examples"]), "--data", data,
                           "--sft_length", str(N), "--out_dir", os.path.join(runs, "sft")], results,
              done=os.path.join(runs, "sft", "sft_synthetic.jsonl"))
@@ -203,8 +272,9 @@ def main(argv=None):
             step(f"sft {v}", ["train.py", *kv({**sft, "init_from": os.path.join(runs, v, "ckpt.pt"),
                                                "out_dir": os.path.join(runs, "sft", v)})], results,
                  done=os.path.join(runs, "sft", v, "ckpt.pt"))
-    sft_ckpts = [os.path.join(runs, "sft", v, "ckpt.pt") for v in VARIANTS]
-    nl = ["--batch_size", str(E["batch_size"]), "--max_new_tokens", "8", *common, "--out_dir", needle_dir]
+    ckpts, sft_ckpts = ([os.path.join(runs, *sub, v, "ckpt.pt") for v in VARIANTS] for sub in ((), ("sft",)))
+    nl = ["--batch_size", str(E["batch_size"]), "--max_new_tokens", "8", "--labels", *VARIANTS, *common,
+          "--out_dir", needle_dir]
     if "needle" not in a.skip:
         step("needle", ["needle.py", "needle", "--ckpt", *sft_ckpts, "--context_sizes", *map(str, E["needle_contexts"]),
                         "--samples", str(E["samples"]), *nl], results, done=os.path.join(needle_dir, "needle.json"))
@@ -219,32 +289,8 @@ def main(argv=None):
     if a.scale == "gpu" and "bench" not in a.skip:
         step("kernel benchmark", [os.path.join("bench", "attention.py"), "--out", os.path.join(results, "kernels")],
              results, done=os.path.join(results, "kernels.png"))
-
-    # summary.json: what RESULTS.md quotes, read back from the steps' own outputs
-    def read(*path):
-        path = os.path.join(results, *path)
-        return json.load(open(path)) if os.path.isfile(path) else None
-    final = {r["variant"]: r for r in rows}  # the last eval of each variant (rows are in iteration order)
-    summary = dict(scale=a.scale, dataset=DATASET, config=S, variants={v: label for v, (_, label) in VARIANTS.items()},
-                   tokens_per_variant=S["train"]["batch_size"] * S["train"]["gradient_accumulation_steps"] * N
-                   * S["train"]["max_iters"], final_losses=final, wall_s=round(time.time() - t0, 1))
-    for method in ("theta", "dynamic_ntk"):
-        s = read(f"eval_long_{method}", "summary.json")
-        if s:
-            summary[f"eval_long_{method}"] = {m["label"]: m["windows"] for m in s["models"]}
-            summary[f"eval_long_{method}_native"] = {m["label"]: m["native"]["windows"] for m in s["models"]
-                                                     if "native" in m}
-            summary[f"eval_long_{method}_differences"] = s.get("differences", [])  # vs softmax, paired 95% CIs
-    for name in ("needle", "passkey", "needle_score_trials"):
-        s = read("needle", f"{name}.json")
-        if s:
-            summary[name] = s["cells"]
-            if "scores" in s:  # the needle score's means beside its control span and uniform baseline
-                summary["needle_scores"] = s["scores"]
-    with open(os.path.join(results, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    summarize(S, a, roots, results, rows, t0)
     print(f"done: {results}/summary.json")
-
 
 if __name__ == "__main__":
     main()
