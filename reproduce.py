@@ -1,23 +1,24 @@
 """
 Reproduce the three papers' experiments at small scale, end to end (RESULTS.md reports what came out).
 
-    python reproduce.py --scale cpu     # 2 CPU cores, ~50 minutes: tiny model, N = 128, evaluation to 10 N
-    python reproduce.py --scale gpu     # one H100/H200, ~20 GPU minutes: 6 x 384 model, N = 256, evaluation to 10 N
+    python reproduce.py --scale cpu     # 2 CPU cores, ~75 minutes: 4 x 64 model, N = 128, 3 seeds, evaluation to 10 N
+    python reproduce.py --scale gpu     # one H100/H200, ~1 GPU hour: 6 x 384, N = 256, 3 seeds, evaluation to 10 N
     python reproduce.py --suite synthetic [--quick]   # synthetic.py: tasks x scorers x 3 seeds on 2 CPU cores
 
-Every variant is trained on the same data, token budget and seed with train.py; then eval_long.py (RoPE θ x 50, the
-SSMax paper's Fig. 5, and Dynamic NTK, the LSSAR paper's Table 4), needle.py after a short retrieval fine-tune on
-synthetic needles (Fig. 6, needle scores Figs. 7-8) and passkey on the pretrained models (LSSAR Fig. 3). Runs live in
-out-repro-<name>/ (checkpoints), results in results/<name>/ (PNG, CSV, JSON); --name defaults to the scale. A step
+Every variant is trained on the same data and token budget, once per seed (--seeds), with train.py; then
+eval_long.py (RoPE θ x 50, the SSMax paper's Fig. 5, and Dynamic NTK, the LSSAR paper's Table 4), needle.py after a
+short retrieval fine-tune on synthetic needles (Fig. 6, needle scores Figs. 7-8) and passkey on the pretrained
+models (LSSAR Fig. 3), these three on the first seed's models. Runs live in out-repro-<name>/s<seed>/ (checkpoints),
+results in results/<name>/ (PNG, CSV, JSON; each seed's eval_long in s<seed>/); --name defaults to the scale. A step
 whose output exists is skipped, so an interrupted reproduction continues where it stopped. Each step's command and
-wall time go to results/<name>/steps.jsonl; summary.json gathers the numbers RESULTS.md quotes.
+wall time go to results/<name>/steps.jsonl; report.py writes summary.json, the numbers RESULTS.md quotes, each over
+the seeds.
 """
 import argparse, json, os, shutil, subprocess, sys, time
 
-import numpy as np
 import torch
 
-import compare
+import report
 
 # ----------------------------------------------------------------------------------------------------------------
 # The two scales. The model fields are GPTConfig's, the rest TrainConfig's (train.py).
@@ -107,104 +108,15 @@ def train_all(S, runs, results, data_dir, seed):
              done=ckpt(v) if iter_of(ckpt(v)) == M else None)
     # (e): convert, no training (max_iters=0 evaluates and saves). (f): the softmax run resumed at the switch with
     # scorer=ssmax (s0): its data stream and AdamW state continue, as the SSMax paper continues pretraining
-    step("convert softmax -> ssmax (e)" + tag, base + kv(dict(init_from=ckpt("softmax"), scorer="ssmax", max_iters=0,
-                                                              out_dir=f"{runs}/ssmax_e")), results, done=ckpt("ssmax_e"))
+    step("convert softmax -> ssmax (e)" + tag, base + kv(dict(init_from=ckpt("softmax"), scorer="ssmax",
+                                                              max_iters=0, out_dir=f"{runs}/ssmax_e")),
+         results, done=ckpt("ssmax_e"))
     if not os.path.isfile(ckpt("ssmax_f")):
         os.makedirs(os.path.join(runs, "ssmax_f"), exist_ok=True)
         shutil.copy(ckpt("softmax_at_switch"), ckpt("ssmax_f"))
     step("train (f) after the switch" + tag, base + kv(dict(init_from="resume", scorer="ssmax",
                                                             out_dir=f"{runs}/ssmax_f")),
          results, done=ckpt("ssmax_f") if iter_of(ckpt("ssmax_f")) == M else None)
-
-
-def loss_curves(roots, results, M):
-    """SSMax Fig. 4: every variant's training loss (moving average), mean over the seeds' runs with their range;
-    train_loss.csv: every eval of every seed."""
-    k, rows, curves = int(SWITCH_AT * M), [], {}
-    read = lambda path: [json.loads(l) for l in open(path)]
-    for v in VARIANTS:
-        for seed, runs in roots.items():
-            log = read(os.path.join(runs, v, "log.jsonl"))
-            if v == "ssmax_f":  # (f) continues the softmax run at the switch (its log starts there)
-                log = [r for r in read(os.path.join(runs, "softmax", "log.jsonl")) if r["iter"] < k] + log
-            curves.setdefault(v, []).append(dict(sorted((r["iter"], r["loss"]) for r in log if "loss" in r)))
-            rows += [dict(variant=v, seed=seed, iter=r["iter"], train_loss=r["train_loss"], val_loss=r["val_loss"])
-                     for r in log if "val_loss" in r]
-    w = max(1, M // 20)
-    fig, (ax,) = compare.figure(1.6)
-    for c, (v, runs) in enumerate(curves.items()):
-        x = sorted(set.intersection(*(set(r) for r in runs)))
-        if len(x) > w:
-            y = np.array([compare.moving_average([r[i] for i in x], w) for r in runs])  # (seeds, points)
-            ax.plot(x[w - 1:], y.mean(0), color=f"C{c % 10}", ls="--" if c >= 10 else "-", label=VARIANTS[v][1])
-            ax.fill_between(x[w - 1:], y.min(0), y.max(0), color=f"C{c % 10}", alpha=0.15, lw=0)
-    ax.axvline(k, color="gray", ls=":", lw=0.8)
-    ax.set(xlabel="iteration", ylabel=f"training loss (moving average of {w} steps)",
-           title=f"Training loss (SSMax paper Fig. 4): mean of {len(roots)} seeds, band = their range; dotted: the "
-                 "(f) switch")
-    ax.title.set_fontsize(9)
-    ax.legend(fontsize=7)
-    fig.savefig(os.path.join(results, "train_loss.png"), dpi=120)
-    compare.write_csv(os.path.join(results, "train_loss.csv"), rows, ("variant", "seed", "iter", "train_loss",
-                                                                      "val_loss"))
-    return rows
-
-
-def context_gates(curve, N):
-    """The validity gates of RESULTS.md from one model's native-θ per-position loss (positions 1..N): context use =
-    loss at position 1 minus the mean over N/2+1..N; distant context = positions 9-16 minus N/2+1..N."""
-    far = float(np.mean(curve[N // 2:N]))
-    return dict(context_gain=float(curve[0]) - far, distant_gain=float(np.mean(curve[8:16])) - far)
-
-
-def summarize(S, a, roots, results, rows, t0):
-    """summary.json: what RESULTS.md quotes, read back from the steps' own outputs, each number over the seeds."""
-    N, seeds = S["model"]["block_size"], list(roots)
-    read = lambda *p: json.load(open(os.path.join(*p))) if os.path.isfile(os.path.join(*p)) else None
-    last = {(r["variant"], r["seed"]): r for r in rows}  # the last eval of each run (rows are in iteration order)
-    losses = {}
-    for v in VARIANTS:
-        val = [last[v, s]["val_loss"] for s in seeds]
-        paired = [last[v, s]["val_loss"] - last["softmax", s]["val_loss"] for s in seeds]
-        losses[v] = dict(per_seed={s: last[v, s] for s in seeds}, val=compare.seed_interval(val),
-                         train=compare.seed_interval([last[v, s]["train_loss"] for s in seeds]),
-                         val_minus_softmax=compare.seed_interval(paired))
-    summary = dict(scale=a.scale, dataset=DATASET, config=S, seeds=seeds, variants={v: l for v, (_, l) in
-                   VARIANTS.items()}, tokens_per_variant=S["train"]["batch_size"] * S["train"]
-                   ["gradient_accumulation_steps"] * N * S["train"]["max_iters"], losses=losses,
-                   interval="mean, sample sd and 95% Student-t interval over seeds (compare.seed_interval)",
-                   wall_s=round(time.time() - t0, 1))
-    for method in ("theta", "dynamic_ntk"):
-        per_seed = [read(results, f"s{s}", f"eval_long_{method}", "summary.json") for s in seeds]
-        if not all(per_seed):
-            continue
-        windows = {}
-        for rope, key in (("extended", None), ("native", "native")):
-            for m in per_seed[0]["models"]:
-                got = [next(x for x in p["models"] if x["label"] == m["label"]) for p in per_seed]
-                got = [g[key] if key else g for g in got]
-                windows.setdefault(rope, {})[m["label"]] = {w: compare.seed_interval([g["windows"][w]["mean_loss"]
-                                                            for g in got]) for w in m["windows"]}
-        diffs = compare.across_seeds([p["differences"] for p in per_seed])
-        summary[f"eval_long_{method}"] = dict(windows=windows, differences=diffs)
-        compare.plot_differences(os.path.join(results, f"eval_long_{method}_differences.png"), diffs, list(VARIANTS),
-                                 {"extended": per_seed[0]["models"][0]["rope_method"], "native": "native θ"},
-                                 f"{method}: mean over {len(seeds)} seeds of each model's paired difference to "
-                                 "softmax, 95% t interval over seeds")
-        if method == "theta":  # the gates read the native curves' trained positions 1..N
-            curves = [compare.read_csv(os.path.join(results, f"s{s}", "eval_long_theta", "per_position.csv"))
-                      for s in seeds]
-            gates = {v: [context_gates([float(r[f"{v} [native]"]) for r in c], N) for c in curves] for v in VARIANTS}
-            summary["gates"] = {v: {g: compare.seed_interval([x[g] for x in gs]) for g in gs[0]}
-                                for v, gs in gates.items()}
-    for name in ("needle", "passkey", "needle_score_trials"):
-        s = read(results, "needle", f"{name}.json")
-        if s:
-            summary[name] = s["cells"]
-            if "scores" in s:  # the needle score's means beside its control span and uniform baseline
-                summary["needle_scores"] = s["scores"]
-    with open(os.path.join(results, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -255,7 +167,8 @@ def main(argv=None):
                  "--rope_method", method, "--rope_scale", str(scale), "--num_seqs", str(E["num_seqs"]),
                  "--batch_size", "4", "--labels", *VARIANTS, "--baseline", "softmax", "--out_dir", out]
                  + (["--fading"] if method == "theta" else []), results, done=os.path.join(out, "summary.json"))
-    rows = loss_curves(roots, results, S["train"]["max_iters"])
+    M = S["train"]["max_iters"]
+    rows = report.loss_curves(roots, results, {v: label for v, (_, label) in VARIANTS.items()}, int(SWITCH_AT * M), M)
     # retrieval on the first seed's models: a retrieval fine-tune on synthetic needles (SQuAD is online), then the
     # needle, needle-score and passkey evaluations
     runs, needle_dir = roots[a.seeds[0]], os.path.join(results, "needle")
@@ -289,7 +202,9 @@ def main(argv=None):
     if a.scale == "gpu" and "bench" not in a.skip:
         step("kernel benchmark", [os.path.join("bench", "attention.py"), "--out", os.path.join(results, "kernels")],
              results, done=os.path.join(results, "kernels.png"))
-    summarize(S, a, roots, results, rows, t0)
+    report.summarize(results, roots, {v: label for v, (_, label) in VARIANTS.items()}, N, rows, scale=a.scale,
+                     dataset=DATASET, config=S, tokens_per_variant=S["train"]["batch_size"] * N * M
+                     * S["train"]["gradient_accumulation_steps"], wall_s=round(time.time() - t0, 1))
     print(f"done: {results}/summary.json")
 
 if __name__ == "__main__":

@@ -1,11 +1,16 @@
-"""reproduce.py end to end at a toy scale: every variant trains, every evaluation writes its outputs, summary.json
-gathers them, and a rerun skips every finished step. CPU, tiny models (the GPT-2 vocabulary of `english` stays)."""
+"""reproduce.py end to end at a toy scale: two seeds train (the scorer variants of the run below are a subset; every
+variant's settings are checked to build a model), every evaluation writes its outputs, summary.json gathers them over
+seeds with intervals, and a rerun skips every finished step. CPU, tiny models (the GPT-2 vocabulary of `english`)."""
 import json
+import math
 
 import pytest
 import torch
 
+import compare
+import report
 import reproduce
+from config import TrainConfig, model_config, parse_args
 from model import ssmax_s_for_switch
 
 TOY = dict(
@@ -15,42 +20,75 @@ TOY = dict(
     sft=dict(examples=6, max_iters=2, batch_size=2, learning_rate=1e-3),
     eval=dict(num_seqs=2, needle_contexts=[96], samples=1, passkey_contexts=[96], passkey_samples=1, score_context=96,
               trials=2, batch_size=2))
+SUBSET = ("softmax", "ssmax", "ssmax_e", "ssmax_f", "lssar")  # softmax, (e) and (f) branch off it; the slowest scorer
 
 
-def test_every_variant_and_evaluation_runs_and_a_rerun_skips_finished_steps(tmp_path, monkeypatch):
+@pytest.mark.parametrize("variant", [v for v, (over, _) in reproduce.VARIANTS.items() if over is not None])
+def test_every_variant_trained_from_scratch_has_settings_that_build_a_model(variant):
+    over = reproduce.VARIANTS[variant][0]
+    explicit = parse_args(reproduce.kv({**reproduce.SCALES["cpu"]["model"], **over}))
+    args, _ = model_config(TrainConfig(**explicit), explicit, None, False)
+    assert args["scorer"] == over["scorer"]
+
+
+def test_two_seeds_every_evaluation_and_a_rerun_that_skips_finished_steps(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # data/, out-repro-toy/ and results/toy/ are written under the cwd
     monkeypatch.setitem(reproduce.SCALES, "toy", TOY)
-    reproduce.main(["--scale", "toy"])
+    monkeypatch.setattr(reproduce, "VARIANTS", {v: reproduce.VARIANTS[v] for v in SUBSET})
+    reproduce.main(["--scale", "toy", "--seeds", "1", "2"])
     res = tmp_path / "results" / "toy"
     steps = [json.loads(line)["step"] for line in open(res / "steps.jsonl")]
-    assert {f"train {v}" for v in reproduce.VARIANTS if v not in ("softmax", "ssmax_e", "ssmax_f")} <= set(steps)
-    assert {f"sft {v}" for v in reproduce.VARIANTS} <= set(steps) and "train softmax to the switch" in steps
+    for seed in (1, 2):
+        assert {f"train {v} (seed {seed})" for v in ("ssmax", "lssar")} <= set(steps)
+        assert f"train softmax to the switch (seed {seed})" in steps and f"eval_long theta (seed {seed})" in steps
+    assert {f"sft {v}" for v in SUBSET} <= set(steps)  # retrieval: the first seed's models only
 
-    # the (f) branch starts from the softmax run at the switch, (e) from its end
-    load = lambda v: torch.load(tmp_path / "out-repro-toy" / v / "ckpt.pt", map_location="cpu", weights_only=True)
+    # each seed's (f) branch starts from its softmax run at the switch, (e) from its end
+    load = lambda s, v: torch.load(tmp_path / "out-repro-toy" / f"s{s}" / v / "ckpt.pt", weights_only=True)
     k = int(reproduce.SWITCH_AT * 8)
-    assert load("softmax_at_switch")["iter_num"] == k and load("softmax")["iter_num"] == 8
-    assert load("ssmax_f")["iter_num"] == 8 and load("ssmax_f")["model_args"]["scorer"] == "ssmax"
-    e = load("ssmax_e")
-    assert e["iter_num"] == 0 and e["model_args"]["ssmax_s_init"] == pytest.approx(ssmax_s_for_switch(64))
+    for s in (1, 2):
+        assert load(s, "softmax_at_switch")["iter_num"] == k and load(s, "softmax")["iter_num"] == 8
+        assert load(s, "ssmax_f")["iter_num"] == 8 and load(s, "ssmax_f")["model_args"]["scorer"] == "ssmax"
+        e = load(s, "ssmax_e")
+        assert e["iter_num"] == 0 and e["model_args"]["ssmax_s_init"] == pytest.approx(ssmax_s_for_switch(64))
+    assert not torch.equal(load(1, "ssmax")["model"]["lm_head.weight"], load(2, "ssmax")["model"]["lm_head.weight"])
 
     summary = json.load(open(res / "summary.json"))
-    assert set(summary["final_losses"]) == set(reproduce.VARIANTS)
-    assert summary["tokens_per_variant"] == 2 * 64 * 8
+    assert summary["seeds"] == [1, 2] and summary["tokens_per_variant"] == 2 * 64 * 8
+    losses = summary["losses"]
+    assert set(losses) == set(SUBSET) and losses["softmax"]["val_minus_baseline"][:2] == [0.0, 0.0]
+    per_seed = [losses["ssmax"]["per_seed"][s]["val_loss"] for s in ("1", "2")]
+    mean, sd, lo, hi = losses["ssmax"]["val"]
+    assert mean == pytest.approx(sum(per_seed) / 2) and lo < mean < hi
     for method in ("theta", "dynamic_ntk"):
-        assert set(summary[f"eval_long_{method}"]) == set(reproduce.VARIANTS)
-        assert (res / f"eval_long_{method}" / "per_position.png").stat().st_size > 0
-        assert (res / f"eval_long_{method}" / "per_sequence.csv").stat().st_size > 0  # paired CIs can be redone
-        diffs = summary[f"eval_long_{method}_differences"]  # every variant against softmax, with its 95% CI
-        assert {d["model"] for d in diffs} == set(reproduce.VARIANTS) - {"softmax"}
-        assert all(d["baseline"] == "softmax" and d["ci_lo"] <= d["mean_diff"] <= d["ci_hi"] for d in diffs)
-    for name, sub in (("needle", "sft/"), ("passkey", ""), ("needle_score_trials", "sft/")):  # passkey: pretrained
-        assert {c["model"] for c in summary[name]} == {f"out-repro-toy/{sub}{v}" for v in reproduce.VARIANTS}
+        got = summary[f"eval_long_{method}"]
+        assert set(got["windows"]["extended"]) == set(got["windows"]["native"]) == set(SUBSET)
+        assert {d["model"] for d in got["differences"]} == set(SUBSET) - {"softmax"}
+        assert all(d["n_seeds"] == 2 and d["ci_lo"] <= d["mean_diff"] <= d["ci_hi"] and len(d["per_seed"]) == 2
+                   for d in got["differences"])
+        assert (res / f"eval_long_{method}_differences.png").stat().st_size > 0
+        for s in (1, 2):  # each seed's own paired bootstrap CIs can be redone from its per-sequence losses
+            assert (res / f"s{s}" / f"eval_long_{method}" / "per_sequence.csv").stat().st_size > 0
+    assert set(summary["gates"]) == set(SUBSET)
+    assert all(math.isfinite(g["context_gain"][0]) for g in summary["gates"].values())
+    for name in ("needle", "passkey", "needle_score_trials"):  # labelled by variant
+        assert {c["model"] for c in summary[name]} == set(SUBSET)
     for png in ("train_loss.png", "needle/needle.png", "needle/passkey.png", "needle/needle_score_heads.png"):
         assert (res / png).stat().st_size > 0
     rows = open(res / "train_loss.csv").read().splitlines()
-    assert rows[0] == "variant,iter,train_loss,val_loss" and len(rows) > len(reproduce.VARIANTS)
+    assert rows[0] == "variant,seed,iter,train_loss,val_loss" and len(rows) > 2 * len(SUBSET)
 
-    reproduce.main(["--scale", "toy"])  # everything is done: nothing runs again
+    reproduce.main(["--scale", "toy", "--seeds", "1", "2"])  # everything is done: nothing runs again
     assert len(open(res / "steps.jsonl").readlines()) == len(steps)
 
+
+def test_context_gates_on_a_hand_made_curve():
+    # N = 32: position 1 at 4, positions 2-16 at 3, the second half (17-32) at 2.5; positions beyond N are not read
+    curve = [4.0] + [3.0] * 15 + [2.5] * 16 + [9.0] * 32
+    assert report.context_gates(curve, 32) == {"context_gain": 1.5, "distant_gain": 0.5}
+
+
+def test_seed_interval_is_the_student_t_interval_of_the_mean():
+    mean, sd, lo, hi = compare.seed_interval([1.0, 2.0, 3.0])
+    assert (mean, sd) == (2.0, 1.0) and hi - mean == pytest.approx(4.303 / math.sqrt(3)) and lo == 4 - hi
+    assert all(math.isnan(x) for x in compare.seed_interval([1.0])[1:])

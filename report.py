@@ -1,0 +1,125 @@
+"""
+Reading a reproduction back (reproduce.py writes, this reads): the training-loss figure over seeds, the validity
+gates RESULTS.md states before its results, and summary.json, where every number is a mean over the training seeds
+with its sample sd and 95 % Student-t interval (compare.seed_interval).
+
+The layout it reads: <runs>/s<seed>/<variant>/log.jsonl (train.py), <results>/s<seed>/eval_long_<method>/ (eval_long.py)
+and <results>/needle/ (needle.py, the first seed's models).
+"""
+import json, os
+
+import numpy as np
+
+import compare
+
+
+def read_json(*path):
+    path = os.path.join(*path)
+    return json.load(open(path)) if os.path.isfile(path) else None
+
+
+def read_log(path):
+    return [json.loads(line) for line in open(path)]
+
+
+def loss_curves(roots, results, variants, switch_iter, max_iters):
+    """SSMax Fig. 4: every variant's training loss (moving average), the mean over seeds with their range as a band;
+    train_loss.csv: every eval of every seed. roots: {seed: runs folder}; variants: {name: legend}. Returns the CSV's
+    rows. The (f) variant's log starts at the switch: the softmax run's steps before it are its first part."""
+    rows, curves = [], {}
+    for v in variants:
+        for seed, runs in roots.items():
+            log = read_log(os.path.join(runs, v, "log.jsonl"))
+            if v == "ssmax_f":
+                soft = read_log(os.path.join(runs, "softmax", "log.jsonl"))
+                log = [r for r in soft if r.get("iter", switch_iter) < switch_iter] + log  # not the header
+            curves.setdefault(v, []).append(dict(sorted((r["iter"], r["loss"]) for r in log if "loss" in r)))
+            rows += [dict(variant=v, seed=seed, iter=r["iter"], train_loss=r["train_loss"], val_loss=r["val_loss"])
+                     for r in log if "val_loss" in r]
+    w = max(1, max_iters // 20)
+    from matplotlib.figure import Figure  # no pyplot: no global state
+    fig = Figure(figsize=(9, 5), layout="tight")
+    ax = fig.subplots()
+    for c, (v, runs) in enumerate(curves.items()):
+        x = sorted(set.intersection(*(set(r) for r in runs)))
+        if len(x) > w:
+            y = np.array([compare.moving_average([r[i] for i in x], w) for r in runs])  # (seeds, points)
+            ax.plot(x[w - 1:], y.mean(0), color=f"C{c % 10}", ls="--" if c >= 10 else "-", label=variants[v])
+            ax.fill_between(x[w - 1:], y.min(0), y.max(0), color=f"C{c % 10}", alpha=0.15, lw=0)
+    ax.axvline(switch_iter, color="gray", ls=":", lw=0.8)
+    ax.set(xlabel="iteration", ylabel=f"training loss (moving average of {w} steps)",
+           title=f"Training loss (SSMax paper Fig. 4): mean of {len(roots)} seeds, band = their range; dotted: the "
+                 "(f) switch")
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=7)
+    fig.savefig(os.path.join(results, "train_loss.png"), dpi=120)
+    compare.write_csv(os.path.join(results, "train_loss.csv"), rows, ("variant", "seed", "iter", "train_loss",
+                                                                      "val_loss"))
+    return rows
+
+
+def context_gates(curve, N):
+    """The gates, from one model's per-position loss at its trained θ (positions 1..N, 1-based): context use = the
+    loss at position 1 minus the mean over N/2+1..N; distant context = positions 9-16 minus N/2+1..N, i.e. what the
+    second half of the window adds beyond the last 16 tokens."""
+    far = float(np.mean(curve[N // 2:N]))
+    return dict(context_gain=float(curve[0]) - far, distant_gain=float(np.mean(curve[8:16])) - far)
+
+
+def loss_table(rows, variants, seeds, baseline="softmax"):
+    """Each variant's last eval: train and val loss over seeds, and its val loss minus the baseline's, paired by
+    seed (the same data order and initial draw)."""
+    last = {(r["variant"], r["seed"]): r for r in rows}  # rows are in iteration order: the last eval wins
+    return {v: dict(per_seed={s: last[v, s] for s in seeds},
+                    train=compare.seed_interval([last[v, s]["train_loss"] for s in seeds]),
+                    val=compare.seed_interval([last[v, s]["val_loss"] for s in seeds]),
+                    val_minus_baseline=compare.seed_interval([last[v, s]["val_loss"] - last[baseline, s]["val_loss"]
+                                                              for s in seeds])) for v in variants}
+
+
+def long_context(results, seeds, variants, method):
+    """One eval_long method over seeds: every model's windows (extended RoPE and native θ) and its paired
+    differences to the baseline, with the figure eval_long_<method>_differences.png. None if a seed lacks it."""
+    per_seed = [read_json(results, f"s{s}", f"eval_long_{method}", "summary.json") for s in seeds]
+    if not all(per_seed):
+        return None
+    windows = {"extended": {}, "native": {}}
+    for m in per_seed[0]["models"]:
+        got = [next(x for x in p["models"] if x["label"] == m["label"]) for p in per_seed]
+        for rope, part in (("extended", lambda g: g), ("native", lambda g: g["native"])):
+            windows[rope][m["label"]] = {w: compare.seed_interval([part(g)["windows"][w]["mean_loss"] for g in got])
+                                         for w in m["windows"]}
+    diffs = compare.across_seeds([p["differences"] for p in per_seed])
+    compare.plot_differences(os.path.join(results, f"eval_long_{method}_differences.png"), diffs, list(variants),
+                             {"extended": f"{method} (RoPE extended)", "native": "native θ"},
+                             f"{method}: mean over {len(seeds)} seeds of each model's paired difference to "
+                             f"{per_seed[0]['baseline']}, 95% t interval over seeds")
+    return dict(windows=windows, differences=diffs)
+
+
+def summarize(results, roots, variants, N, rows, **head):
+    """summary.json: what RESULTS.md quotes, read back from the steps' own outputs. head: scale, config, ..."""
+    seeds = list(roots)
+    summary = dict(head, seeds=seeds, variants=variants, losses=loss_table(rows, variants, seeds),
+                   interval="mean, sample sd and 95% Student-t interval over training seeds (compare.seed_interval)")
+    for method in ("theta", "dynamic_ntk"):
+        got = long_context(results, seeds, variants, method)
+        if got:
+            summary[f"eval_long_{method}"] = got
+    curves = [read_csv_if(os.path.join(results, f"s{s}", "eval_long_theta", "per_position.csv")) for s in seeds]
+    if all(curves):  # the gates read the native-θ curves' trained positions 1..N
+        gates = {v: [context_gates([float(r[f"{v} [native]"]) for r in c], N) for c in curves] for v in variants}
+        summary["gates"] = {v: {g: compare.seed_interval([x[g] for x in gs]) for g in gs[0]} for v, gs in gates.items()}
+    for name in ("needle", "passkey", "needle_score_trials"):
+        s = read_json(results, "needle", f"{name}.json")
+        if s:
+            summary[name] = s["cells"]
+            if "scores" in s:  # the needle score's means beside its control span and uniform baseline
+                summary["needle_scores"] = s["scores"]
+    with open(os.path.join(results, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    return summary
+
+
+def read_csv_if(path):
+    return compare.read_csv(path) if os.path.isfile(path) else None
