@@ -118,8 +118,79 @@ def summarize(results, roots, variants, N, rows, **head):
                 summary["needle_scores"] = s["scores"]
     with open(os.path.join(results, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
+    with open(os.path.join(results, "tables.md"), "w") as f:
+        f.write(tables(summary))
     return summary
 
 
 def read_csv_if(path):
     return compare.read_csv(path) if os.path.isfile(path) else None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# tables.md: summary.json as the Markdown tables RESULTS.md quotes (also: python report.py results/cpu)
+
+def _pm(x, digits=3):
+    return f"{x[0]:.{digits}f} ± {x[1]:.{digits}f}"
+
+
+def _ci(x, digits=3):
+    return f"{x[0]:+.{digits}f} [{x[2]:+.{digits}f}, {x[3]:+.{digits}f}]"
+
+
+def _table(head, rows):
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] +
+                     ["| " + " | ".join(map(str, r)) + " |" for r in rows]) + "\n"
+
+
+def tables(s):
+    seeds, out = len(s["seeds"]), []
+    out.append(f"### Validity gates ({seeds} seeds, mean ± sd; native θ, positions 1..N)\n\n" + _table(
+        ["variant", "context use: loss(1) − mean loss(N/2+1..N)", "distant context: mean(9..16) − mean(N/2+1..N)"],
+        [[v, _pm(g["context_gain"]), _pm(g["distant_gain"])] for v, g in s.get("gates", {}).items()]))
+    out.append(f"### Final losses ({seeds} seeds: mean ± sd; val − softmax paired by seed, 95% t interval)\n\n"
+               + _table(["variant", "train loss", "val loss", "val − softmax"],
+        [[s["variants"][v], _pm(x["train"], 4), _pm(x["val"], 4), _ci(x["val_minus_baseline"], 4)]
+         for v, x in s["losses"].items()]))
+    for method in ("theta", "dynamic_ntk"):
+        got = s.get(f"eval_long_{method}")
+        if not got:
+            continue
+        for rope, windows in got["windows"].items():
+            cols = sorted(next(iter(windows.values())), key=lambda w: (not w.startswith("prefix"), window_k(w)))
+            out.append(f"### eval_long {method}, RoPE {rope}: mean loss per window ({seeds} seeds, mean ± sd)\n\n"
+                       + _table(["variant", *cols], [[v, *(_pm(w[c]) for c in cols)] for v, w in windows.items()]))
+            diffs = [d for d in got["differences"] if d["rope"] == rope]
+            cols = sorted({d["window"] for d in diffs}, key=lambda w: (not w.startswith("prefix"), window_k(w)))
+            cell = {(d["model"], d["window"]): d for d in diffs}
+            out.append(f"### eval_long {method}, RoPE {rope}: minus softmax, paired (mean over seeds [95% t "
+                       "interval])\n\n" + _table(["variant", *cols], [[v, *(_ci(
+                           (cell[v, c]["mean_diff"], 0, cell[v, c]["ci_lo"], cell[v, c]["ci_hi"])) for c in cols)]
+                           for v in s["variants"] if (v, cols[0]) in cell]))
+    if "needle_scores" in s:
+        out.append("### Needle scores (first seed)\n\n" + _table(
+            ["variant", "best head", "control span, best head", "mean head", "control, mean head", "uniform"],
+            [[r["model"], *(f"{r[k]:.4f}" for k in ("top_score", "control_top_score", "mean_score",
+                                                    "control_mean_score", "uniform"))] for r in s["needle_scores"]]))
+    for name in ("needle", "passkey"):
+        if name in s:
+            acc = {}
+            for c in s[name]:
+                a = acc.setdefault((c["model"], c["context"]), [0, 0, 0])
+                a[0], a[1], a[2] = a[0] + c["accuracy"] * c["n"], a[1] + c["first_digit"] * c["n"], a[2] + c["n"]
+            ctx = sorted({k[1] for k in acc})
+            rate = lambda m, c, i: acc[m, c][i] / acc[m, c][2]
+            out.append(f"### {name}: exact / first-digit accuracy per context (first seed)\n\n" + _table(
+                ["variant", *map(str, ctx)], [[m, *(f"{rate(m, c, 0):.2f} / {rate(m, c, 1):.2f}" for c in ctx)]
+                                              for m in dict.fromkeys(k[0] for k in acc)]))
+    return "\n".join(out)
+
+
+def window_k(window):
+    return compare.window_multiple(window)
+
+
+if __name__ == "__main__":
+    import sys
+    folder = sys.argv[1] if len(sys.argv) > 1 else "results/cpu"
+    print(tables(read_json(folder, "summary.json")))  # reproduce.py writes them to tables.md

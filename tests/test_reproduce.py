@@ -73,6 +73,7 @@ def test_two_seeds_every_evaluation_and_a_rerun_that_skips_finished_steps(tmp_pa
     assert all(math.isfinite(g["context_gain"][0]) for g in summary["gates"].values())
     for name in ("needle", "passkey", "needle_score_trials"):  # labelled by variant
         assert {c["model"] for c in summary[name]} == set(SUBSET)
+    assert "### Final losses" in (res / "tables.md").read_text()
     for png in ("train_loss.png", "needle/needle.png", "needle/passkey.png", "needle/needle_score_heads.png"):
         assert (res / png).stat().st_size > 0
     rows = open(res / "train_loss.csv").read().splitlines()
