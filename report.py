@@ -83,18 +83,23 @@ def long_context(results, seeds, variants, method):
     per_seed = [read_json(results, f"s{s}", f"eval_long_{method}", "summary.json") for s in seeds]
     if not all(per_seed):
         return None
-    windows = {"extended": {}, "native": {}}
-    for m in per_seed[0]["models"]:
-        got = [next(x for x in p["models"] if x["label"] == m["label"]) for p in per_seed]
-        for rope, part in (("extended", lambda g: g), ("native", lambda g: g["native"])):
-            windows[rope][m["label"]] = {w: compare.seed_interval([part(g)["windows"][w]["mean_loss"] for g in got])
-                                         for w in m["windows"]}
+    models = {m["label"]: [next(x for x in p["models"] if x["label"] == m["label"]) for p in per_seed]
+              for m in per_seed[0]["models"]}  # label -> that model's results, one per seed
+    windows, cost = {"extended": {}, "native": {}}, {}
+    over = lambda f, loss: {w: compare.seed_interval([f(*x) for x in pairs]) for w, pairs in loss.items()}
+    for label, got in models.items():
+        loss = {w: [(g["windows"][w]["mean_loss"], g["native"]["windows"][w]["mean_loss"]) for g in got]
+                for w in got[0]["windows"]}  # window -> (extended, native) per seed
+        windows["extended"][label] = over(lambda ext, native: ext, loss)
+        windows["native"][label] = over(lambda ext, native: native, loss)
+        # what the extension costs a model on the same sequences: extended minus native θ, per seed
+        cost[label] = over(lambda ext, native: ext - native, loss)
     diffs = compare.across_seeds([p["differences"] for p in per_seed])
     compare.plot_differences(os.path.join(results, f"eval_long_{method}_differences.png"), diffs, list(variants),
                              {"extended": f"{method} (RoPE extended)", "native": "native θ"},
                              f"{method}: mean over {len(seeds)} seeds of each model's paired difference to "
                              f"{per_seed[0]['baseline']}, 95% t interval over seeds")
-    return dict(windows=windows, differences=diffs)
+    return dict(windows=windows, differences=diffs, extended_minus_native=cost)
 
 
 def summarize(results, roots, variants, N, rows, **head):
@@ -160,6 +165,10 @@ def tables(s):
             cols = sorted(next(iter(windows.values())), key=lambda w: (not w.startswith("prefix"), window_k(w)))
             out.append(f"### eval_long {method}, RoPE {rope}: mean loss per window ({seeds} seeds, mean ± sd)\n\n"
                        + _table(["variant", *cols], [[v, *(_pm(w[c]) for c in cols)] for v, w in windows.items()]))
+            if rope == "extended":
+                out.append(f"### eval_long {method}: extended minus native θ, same model and sequences (mean over "
+                           "seeds [95% t interval])\n\n" + _table(["variant", *cols], [[v, *(_ci(c[w]) for w in cols)]
+                                                                    for v, c in got["extended_minus_native"].items()]))
             diffs = [d for d in got["differences"] if d["rope"] == rope]
             cols = sorted({d["window"] for d in diffs}, key=lambda w: (not w.startswith("prefix"), window_k(w)))
             cell = {(d["model"], d["window"]): d for d in diffs}
