@@ -69,7 +69,8 @@ def test_two_seeds_every_evaluation_and_a_rerun_that_skips_finished_steps(tmp_pa
         assert (res / f"eval_long_{method}_differences.png").stat().st_size > 0
         assert set(got["extended_minus_native"]) == set(SUBSET)
     # Dynamic NTK per length runs N-token sequences at factor 1: its 1x window costs nothing against native θ
-    assert all(abs(c["prefix_1x"][0]) < 1e-4 for c in summary["eval_long_dynamic_ntk"]["extended_minus_native"].values())
+    cost = summary["eval_long_dynamic_ntk"]["extended_minus_native"]
+    assert all(abs(c["prefix_1x"][0]) < 1e-4 for c in cost.values())
         for s in (1, 2):  # each seed's own paired bootstrap CIs can be redone from its per-sequence losses
             assert (res / f"s{s}" / f"eval_long_{method}" / "per_sequence.csv").stat().st_size > 0
     assert set(summary["gates"]) == set(SUBSET)
