@@ -115,6 +115,9 @@ def summarize(results, roots, variants, N, rows, **head):
     if all(curves):  # the gates read the native-θ curves' trained positions 1..N
         gates = {v: [context_gates([float(r[f"{v} [native]"]) for r in c], N) for c in curves] for v in variants}
         summary["gates"] = {v: {g: compare.seed_interval([x[g] for x in gs]) for g in gs[0]} for v, gs in gates.items()}
+        # the same quantities minus softmax's, paired by seed: does a scorer change how the loss falls with position?
+        summary["gates_minus_softmax"] = {v: {g: compare.seed_interval([x[g] - b[g] for x, b in zip(gs, gates[
+            "softmax"])]) for g in gs[0]} for v, gs in gates.items() if v != "softmax" and "softmax" in gates}
     for name in ("needle", "passkey", "needle_score_trials"):
         s = read_json(results, "needle", f"{name}.json")
         if s:
@@ -153,6 +156,9 @@ def tables(s):
     out.append(f"### Validity gates ({seeds} seeds, mean ± sd; native θ, positions 1..N)\n\n" + _table(
         ["variant", "context use: loss(1) − mean loss(N/2+1..N)", "distant context: mean(9..16) − mean(N/2+1..N)"],
         [[v, _pm(g["context_gain"]), _pm(g["distant_gain"])] for v, g in s.get("gates", {}).items()]))
+    out.append("### The same minus softmax's, paired by seed (mean [95% t interval])\n\n" + _table(
+        ["variant", "context use − softmax's", "distant context − softmax's"],
+        [[v, _ci(g["context_gain"]), _ci(g["distant_gain"])] for v, g in s.get("gates_minus_softmax", {}).items()]))
     out.append(f"### Final losses ({seeds} seeds: mean ± sd; val − softmax paired by seed, 95% t interval)\n\n"
                + _table(["variant", "train loss", "val loss", "val − softmax"],
         [[s["variants"][v], _pm(x["train"], 4), _pm(x["val"], 4), _ci(x["val_minus_baseline"], 4)]

@@ -68,11 +68,12 @@ def test_two_seeds_every_evaluation_and_a_rerun_that_skips_finished_steps(tmp_pa
                    for d in got["differences"])
         assert (res / f"eval_long_{method}_differences.png").stat().st_size > 0
         assert set(got["extended_minus_native"]) == set(SUBSET)
+        for s in (1, 2):  # each seed's own paired bootstrap CIs can be redone from its per-sequence losses
+            assert (res / f"s{s}" / f"eval_long_{method}" / "per_sequence.csv").stat().st_size > 0
     # Dynamic NTK per length runs N-token sequences at factor 1: its 1x window costs nothing against native θ
     cost = summary["eval_long_dynamic_ntk"]["extended_minus_native"]
     assert all(abs(c["prefix_1x"][0]) < 1e-4 for c in cost.values())
-        for s in (1, 2):  # each seed's own paired bootstrap CIs can be redone from its per-sequence losses
-            assert (res / f"s{s}" / f"eval_long_{method}" / "per_sequence.csv").stat().st_size > 0
+    assert set(summary["gates_minus_softmax"]) == set(SUBSET) - {"softmax"}
     assert set(summary["gates"]) == set(SUBSET)
     assert all(math.isfinite(g["context_gain"][0]) for g in summary["gates"].values())
     for name in ("needle", "passkey", "needle_score_trials"):  # labelled by variant
