@@ -3,8 +3,8 @@ Reading a reproduction back (reproduce.py writes, this reads): the training-loss
 gates RESULTS.md states before its results, and summary.json, where every number is a mean over the training seeds
 with its sample sd and 95 % Student-t interval (compare.seed_interval).
 
-The layout it reads: <runs>/s<seed>/<variant>/log.jsonl (train.py), <results>/s<seed>/eval_long_<method>/ (eval_long.py)
-and <results>/needle/ (needle.py, the first seed's models).
+The layout it reads: <runs>/s<seed>/<variant>/log.jsonl (train.py), <results>/s<seed>/eval_long_<method>/ and
+<results>/s<seed>/gate/ (eval_long.py) and <results>/needle/ (needle.py, the first seed's models).
 """
 import json, os
 
@@ -111,9 +111,9 @@ def summarize(results, roots, variants, N, rows, **head):
         got = long_context(results, seeds, variants, method)
         if got:
             summary[f"eval_long_{method}"] = got
-    curves = [read_csv_if(os.path.join(results, f"s{s}", "eval_long_theta", "per_position.csv")) for s in seeds]
-    if all(curves):  # the gates read the native-θ curves' trained positions 1..N
-        gates = {v: [context_gates([float(r[f"{v} [native]"]) for r in c], N) for c in curves] for v in variants}
+    curves = [read_csv_if(os.path.join(results, f"s{s}", "gate", "per_position.csv")) for s in seeds]
+    if all(curves):  # the gates: each seed's per-position loss at the trained θ, positions 1..N
+        gates = {v: [context_gates([float(r[v]) for r in c], N) for c in curves] for v in variants}
         summary["gates"] = {v: {g: compare.seed_interval([x[g] for x in gs]) for g in gs[0]} for v, gs in gates.items()}
         # the same quantities minus softmax's, paired by seed: does a scorer change how the loss falls with position?
         summary["gates_minus_softmax"] = {v: {g: compare.seed_interval([x[g] - b[g] for x, b in zip(gs, gates[
@@ -153,7 +153,7 @@ def _table(head, rows):
 
 def tables(s):
     seeds, out = len(s["seeds"]), []
-    out.append(f"### Validity gates ({seeds} seeds, mean ± sd; native θ, positions 1..N)\n\n" + _table(
+    out.append(f"### Validity gates ({seeds} seeds, mean ± sd; s<seed>/gate: trained θ, positions 1..N)\n\n" + _table(
         ["variant", "context use: loss(1) − mean loss(N/2+1..N)", "distant context: mean(9..16) − mean(N/2+1..N)"],
         [[v, _pm(g["context_gain"]), _pm(g["distant_gain"])] for v, g in s.get("gates", {}).items()]))
     out.append("### The same minus softmax's, paired by seed (mean [95% t interval])\n\n" + _table(
