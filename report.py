@@ -113,7 +113,8 @@ def summarize(results, roots, variants, N, rows, **head):
             summary[f"eval_long_{method}"] = got
     curves = [read_csv_if(os.path.join(results, f"s{s}", "gate", "per_position.csv")) for s in seeds]
     if all(curves):  # the gates: each seed's per-position loss at the trained θ, positions 1..N
-        gates = {v: [context_gates([float(r[v]) for r in c], N) for c in curves] for v in variants}
+        gates = {v: [context_gates([float(r[v]) for r in c], N) for c in curves] for v in variants
+                 if all(v in c[0] for c in curves)}
         summary["gates"] = {v: {g: compare.seed_interval([x[g] for x in gs]) for g in gs[0]} for v, gs in gates.items()}
         # the same quantities minus softmax's, paired by seed: does a scorer change how the loss falls with position?
         summary["gates_minus_softmax"] = {v: {g: compare.seed_interval([x[g] - b[g] for x, b in zip(gs, gates[
