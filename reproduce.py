@@ -80,6 +80,14 @@ def step(name, cmd, results, done=None):
         f.write(json.dumps(dict(step=name, command=" ".join(cmd), wall_s=round(time.time() - t0, 1))) + "\n")
 
 
+def complete(out_dir):
+    """eval_long.py's summary.json if it holds every variant, else None: it is rewritten after each model, so an
+    interrupted evaluation leaves one with fewer models, which must not pass for done."""
+    path = os.path.join(out_dir, "summary.json")
+    summary = report.read_json(path)
+    return path if summary and {m["label"] for m in summary["models"]} >= set(VARIANTS) else None
+
+
 def iter_of(path):
     from model import read_checkpoint  # weights_only=True; mmap: the pickle is read, the tensors are not
     return read_checkpoint(path, mmap=True)["iter_num"] if os.path.isfile(path) else None
@@ -167,13 +175,13 @@ def main(argv=None):
         step(f"gate (seed {seed})", ["eval_long.py", *ckpts, *common, "--length", str(N), "--rope_method", "none",
                                      "--num_seqs", str(E["gate_seqs"]), "--batch_size", "32", "--labels", *VARIANTS,
                                      "--baseline", "softmax", "--out_dir", gate], results,
-             done=os.path.join(gate, "summary.json"))
+             done=complete(gate))
         for method, scale in (("theta", 50), ("dynamic_ntk", 1)) * ("eval_long" not in a.skip):  # Fig. 5; Table 4
             out = os.path.join(results, f"s{seed}", f"eval_long_{method}")
             step(f"eval_long {method} (seed {seed})", ["eval_long.py", *ckpts, *common, "--length", str(10 * N),
                  "--rope_method", method, "--rope_scale", str(scale), "--num_seqs", str(E["num_seqs"]),
                  "--batch_size", "4", "--labels", *VARIANTS, "--baseline", "softmax", "--out_dir", out]
-                 + (["--fading"] if method == "theta" else []), results, done=os.path.join(out, "summary.json"))
+                 + (["--fading"] if method == "theta" else []), results, done=complete(out))
     M = S["train"]["max_iters"]
     rows = report.loss_curves(roots, results, {v: label for v, (_, label) in VARIANTS.items()}, int(SWITCH_AT * M), M)
     # retrieval on the first seed's models: a retrieval fine-tune on synthetic needles (SQuAD is online), then the

@@ -98,3 +98,14 @@ def test_seed_interval_is_the_student_t_interval_of_the_mean():
     mean, sd, lo, hi = compare.seed_interval([1.0, 2.0, 3.0])
     assert (mean, sd) == (2.0, 1.0) and hi - mean == pytest.approx(4.303 / math.sqrt(3)) and lo == 4 - hi
     assert all(math.isnan(x) for x in compare.seed_interval([1.0])[1:])
+
+
+def test_an_interrupted_evaluation_is_not_taken_for_done(tmp_path):
+    # eval_long.py rewrites summary.json after every model: one that lacks a variant means the step was cut short
+    out = tmp_path / "eval"
+    out.mkdir()
+    write = lambda labels: (out / "summary.json").write_text(json.dumps({"models": [{"label": v} for v in labels]}))
+    write(list(reproduce.VARIANTS)[:2])
+    assert reproduce.complete(str(out)) is None
+    write(list(reproduce.VARIANTS))
+    assert reproduce.complete(str(out)) == str(out / "summary.json")
