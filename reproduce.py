@@ -1,7 +1,7 @@
 """
 Reproduce the three papers' experiments at small scale, end to end (RESULTS.md reports what came out).
 
-    python reproduce.py --scale cpu     # 2 CPU cores, ~75 minutes: 4 x 64 model, N = 128, 3 seeds, evaluation to 10 N
+    python reproduce.py --scale cpu     # 2 CPU cores, ~2 hours: 4 x 64 model, N = 128, 3 seeds, evaluation to 10 N
     python reproduce.py --scale gpu     # one H100/H200, ~1 GPU hour: 6 x 384, N = 256, 3 seeds, evaluation to 10 N
     python reproduce.py --suite synthetic [--quick]   # synthetic.py: tasks x scorers x 3 seeds on 2 CPU cores
 
