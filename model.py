@@ -331,18 +331,18 @@ def device_peak_flops(device=None):
     name = torch.cuda.get_device_name(device)  # dict order: "A100" is tried before "A10", "L40S" before "L4"
     return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
 
-def _git(*args):
+def _git(repo, *args):
     try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=5,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, cwd=repo).stdout
     except (OSError, subprocess.SubprocessError):
         return ""
 
-def run_info(seed=None):
+def run_info(seed=None, repo=os.path.dirname(os.path.abspath(__file__))):
     """What every checkpoint and result file records: git SHA, whether tracked files differed from it (git_dirty)
-    and a hash of that diff, versions, device, seed. Untracked files are not counted (out_dirs, data)."""
-    sha = _git("rev-parse", "HEAD").strip() or None
-    diff = _git("diff", "HEAD") if sha else ""
+    and a hash of that diff, versions, device, seed. Untracked files (out_dirs, data) and results/ (reproduce.py
+    rewrites its tracked summaries as it runs) are not counted: the flag says whether the code was committed."""
+    sha = _git(repo, "rev-parse", "HEAD").strip() or None
+    diff = _git(repo, "diff", "HEAD", "--", ":(top)", ":(top,exclude)results") if sha else ""
     triton = importlib.util.find_spec("triton") and importlib.metadata.version("triton")
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     # str(): torch.__version__ is a TorchVersion, a class weights_only loading refuses unless allowed by name

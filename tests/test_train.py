@@ -21,7 +21,7 @@ import retrieval
 import config
 import train
 from conftest import code_carrying_copy
-from model import load_checkpoint, ssmax_s_for_switch
+from model import load_checkpoint, run_info, ssmax_s_for_switch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(REPO, "train.py")
@@ -721,3 +721,32 @@ def test_sigmoid_attention_trains_through_train_py(data_dir, tmp_path):
     assert ckpt["model_args"]["scorer"] == "sigmoid" and ckpt["iter_num"] == 6
     assert all(math.isfinite(v) for v in losses.values()) and losses[5] < losses[0]
     assert not any(k.endswith(("_s", "_b", "_raw")) for k in ckpt["model"])
+
+
+def test_run_info_flags_a_tree_with_uncommitted_code_but_not_untracked_files_or_results(tmp_path):
+    git = lambda *a: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=tmp_path,
+                                    check=True, capture_output=True)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "results" / "summary.json").write_text("{}\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "c")
+    clean = run_info(0, repo=tmp_path)
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert clean["git_sha"] == sha and clean["git_dirty"] is False and clean["git_diff_sha256"] is None
+    (tmp_path / "out").mkdir()  # an untracked out_dir, and results a run rewrote: the code is still the commit's
+    (tmp_path / "out" / "ckpt.pt").write_text("w")
+    (tmp_path / "results" / "summary.json").write_text('{"loss": 1}\n')
+    assert run_info(0, repo=tmp_path)["git_dirty"] is False
+    (tmp_path / "code.py").write_text("x = 2\n")  # uncommitted code: flagged, with a hash naming the diff
+    one = run_info(0, repo=tmp_path)
+    (tmp_path / "code.py").write_text("x = 3\n")
+    two = run_info(0, repo=tmp_path)
+    assert one["git_dirty"] is two["git_dirty"] is True and len(one["git_diff_sha256"]) == 16
+    assert one["git_diff_sha256"] != two["git_diff_sha256"]
+    inside = run_info(0, repo=tmp_path / "out")  # a folder inside the tree reports the whole tree
+    assert inside["git_sha"] == sha and inside["git_diff_sha256"] == two["git_diff_sha256"]
+    not_a_repo = tmp_path.parent / f"{tmp_path.name}-plain"
+    not_a_repo.mkdir()
+    assert run_info(0, repo=not_a_repo)["git_sha"] is None and run_info(0, repo=not_a_repo)["git_dirty"] is None
