@@ -54,8 +54,9 @@ def log(record, cfg, info, model):
 
 def announce(cfg, model, run, tokens_per_iter, unigram=None, sft_epoch_iters=None):
     """A run's first lines: its resolved config, then its size, processes, tokens per iteration and device."""
+    # lines break between fields only: a path is never split at a hyphen, so every field can be copied back
     print("config: " + textwrap.fill(", ".join(f"{k}={v!r}" for k, v in asdict(cfg).items()), 116,
-                                     subsequent_indent="  "))
+                                     subsequent_indent="  ", break_long_words=False, break_on_hyphens=False))
     print(f"{model.get_num_params() / 1e6:.2f}M parameters, {run.world} process(es), {tokens_per_iter:,} tokens per "
           f"iteration, device {run.device}" + (f"; unigram entropy of train {unigram:.4f} nats" if unigram else "")
           + (f"; {sft_epoch_iters:.1f} iterations per epoch" if sft_epoch_iters is not None else ""))

@@ -181,8 +181,8 @@ def test_scorer_option_for_another_scorer_and_missing_dataset_are_one_error_line
 # The resolved config, progress, log.jsonl, loss.png
 
 
-def test_resolved_config_is_printed_and_stored_in_the_checkpoint(data_dir, tmp_path, capsys):
-    out = tmp_path / "out"
+def test_resolved_config_is_printed_with_every_field_whole_and_stored_in_the_checkpoint(data_dir, tmp_path, capsys):
+    out = tmp_path / ("out-" + "-".join(["hyphenated"] * 12))  # a long path with hyphens is not split across lines
     train.main(tiny_args(data_dir, out, "max_iters=2", "eval_interval=2", "scorer=ssmax", "ssmax_s_init=0.5"))
     printed = capsys.readouterr().out
     ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=True)
