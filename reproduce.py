@@ -95,6 +95,12 @@ def iter_of(path):
     return read_checkpoint(path, mmap=True)["iter_num"] if os.path.isfile(path) else None
 
 
+def trained(path, iters):
+    """path if its checkpoint reached iteration `iters`, else None: train.py checkpoints at every evaluation,
+    iteration 0 included, so a run cut short leaves a ckpt.pt that must not pass for done."""
+    return path if iter_of(path) == iters else None
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Training: nine variants from scratch, (e) and (f) from the softmax run
 
@@ -115,7 +121,7 @@ def train_all(S, runs, results, data_dir, seed):
         if over is None or v == "softmax":
             continue
         step(f"train {v}{tag}", base + kv({**over, "out_dir": f"{runs}/{v}", "resume": True}), results,
-             done=ckpt(v) if iter_of(ckpt(v)) == M else None)
+             done=trained(ckpt(v), M))
     # (e): convert, no training (max_iters=0 evaluates and saves). (f): the softmax run resumed at the switch with
     # scorer=ssmax (s0): its data stream and AdamW state continue, as the SSMax paper continues pretraining
     step("convert softmax -> ssmax (e)" + tag, base + kv(dict(init_from=ckpt("softmax"), scorer="ssmax",
@@ -126,7 +132,7 @@ def train_all(S, runs, results, data_dir, seed):
         shutil.copy(ckpt("softmax_at_switch"), ckpt("ssmax_f"))
     step("train (f) after the switch" + tag, base + kv(dict(init_from="resume", scorer="ssmax",
                                                             out_dir=f"{runs}/ssmax_f")),
-         results, done=ckpt("ssmax_f") if iter_of(ckpt("ssmax_f")) == M else None)
+         results, done=trained(ckpt("ssmax_f"), M))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -200,8 +206,8 @@ def main(argv=None):
                    eval_interval=S["sft"]["max_iters"], eval_iters=5, log_interval=20, device=S["train"]["device"])
         for v in VARIANTS:
             step(f"sft {v}", ["train.py", *kv({**sft, "init_from": os.path.join(runs, v, "ckpt.pt"),
-                                               "out_dir": os.path.join(runs, "sft", v)})], results,
-                 done=os.path.join(runs, "sft", v, "ckpt.pt"))
+                                               "out_dir": os.path.join(runs, "sft", v), "resume": True})],
+                 results, done=trained(os.path.join(runs, "sft", v, "ckpt.pt"), S["sft"]["max_iters"]))
     ckpts, sft_ckpts = ([os.path.join(runs, *sub, v, "ckpt.pt") for v in VARIANTS] for sub in ((), ("sft",)))
     nl = ["--batch_size", str(E["batch_size"]), "--max_new_tokens", "8", "--labels", *VARIANTS, *common,
           "--out_dir", needle_dir]

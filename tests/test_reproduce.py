@@ -11,7 +11,7 @@ import compare
 import report
 import reproduce
 from config import TrainConfig, model_config, parse_args
-from model import ssmax_s_for_switch
+from model import save_checkpoint, ssmax_s_for_switch
 
 TOY = dict(
     model=dict(n_layer=1, n_head=2, n_embd=32, ffn_hidden=64, block_size=64),
@@ -109,3 +109,13 @@ def test_an_interrupted_evaluation_is_not_taken_for_done(tmp_path):
     assert reproduce.complete(str(out)) is None
     write(list(reproduce.VARIANTS))
     assert reproduce.complete(str(out)) == str(out / "summary.json")
+
+
+def test_a_run_cut_short_is_not_taken_for_trained(tmp_path):
+    # train.py checkpoints at every evaluation, iteration 0 included: a ckpt.pt alone does not mean the run finished
+    path = str(tmp_path / "ckpt.pt")
+    assert reproduce.trained(path, 40) is None
+    save_checkpoint({"model": {}, "model_args": {}, "iter_num": 0}, path)
+    assert reproduce.trained(path, 40) is None
+    save_checkpoint({"model": {}, "model_args": {}, "iter_num": 40}, path)
+    assert reproduce.trained(path, 40) == path
