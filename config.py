@@ -99,8 +99,9 @@ def coerce(key, value, where, raw=None):
 
 
 def parse_args(argv):
-    """CONFIG.py files and key=value overrides -> {field: value} of what they set, applied in order."""
-    explicit = {}
+    """CONFIG.py files and key=value overrides -> {field: value} of what they set, applied in order. A config file's
+    overwrite=True applies to its own out_dir only: `configs/cpu_quick.py out_dir=<a trained run>` is refused."""
+    explicit, own_dir = {}, None  # own_dir: the out_dir a config file's overwrite=True was written for
     for arg in argv:
         if "=" in arg:
             key, raw = arg.removeprefix("--").split("=", 1)
@@ -109,6 +110,7 @@ def parse_args(argv):
             except (ValueError, SyntaxError):
                 value = raw
             explicit[key] = coerce(key, value, "the overrides", raw)
+            own_dir = None if key == "overwrite" else own_dir  # asked for on the command line: any out_dir
         elif arg.endswith(".py") and os.path.isfile(arg):
             try:
                 assigned = runpy.run_path(arg)
@@ -117,8 +119,12 @@ def parse_args(argv):
             for key, value in assigned.items():
                 if not (key.startswith("_") or key.isupper() or isinstance(value, types.ModuleType) or callable(value)):
                     explicit[key] = coerce(key, value, arg)
+            if "overwrite" in assigned:
+                own_dir = explicit.get("out_dir", _TrainFields.out_dir)
         else:
             raise TrainError(f"argument {arg!r} is neither an existing config file (.py) nor key=value")
+    if own_dir is not None and explicit.get("out_dir", _TrainFields.out_dir) != own_dir:
+        explicit.pop("overwrite")
     return explicit
 
 
@@ -166,6 +172,11 @@ def model_config(cfg, explicit, ckpt, resuming):
                        if k in SCORER_OPTIONS else "when resuming")
                 raise TrainError(f"{k}={model_args[k]!r} differs from the checkpoint's {src[k]!r}: it cannot change "
                                  f"{why}")
+        done, goal = ckpt["iter_num"], ckpt.get("config", {}).get("max_iters", math.inf)
+        if switched and resuming and done >= goal and not explicit.get("overwrite"):  # a finished run is kept
+            raise TrainError(f"scorer={model_args['scorer']!r} would switch the finished {src['scorer']} run in "
+                             f"out_dir={cfg.out_dir!r} (iter {done} of max_iters={goal}) and overwrite it: start the "
+                             f"new scorer in another out_dir with init_from=<its ckpt.pt>, or add overwrite=True")
         if switched:  # the old scorer's options do not apply to the new one
             model_args.update({k: getattr(GPTConfig, k) for k in SCORER_OPTIONS if k not in explicit})  # the defaults
             if model_args["scorer"] == "ssmax" and "ssmax_s_init" not in explicit:

@@ -130,7 +130,7 @@ def train_all(S, runs, results, data_dir, seed):
     if not os.path.isfile(ckpt("ssmax_f")):
         os.makedirs(os.path.join(runs, "ssmax_f"), exist_ok=True)
         shutil.copy(ckpt("softmax_at_switch"), ckpt("ssmax_f"))
-    step("train (f) after the switch" + tag, base + kv(dict(init_from="resume", scorer="ssmax",
+    step("train (f) after the switch" + tag, base + kv(dict(init_from="resume", scorer="ssmax", overwrite=True,
                                                             out_dir=f"{runs}/ssmax_f")),
          results, done=trained(ckpt("ssmax_f"), M))
 

@@ -52,14 +52,17 @@ def log(record, cfg, info, model):
     with open(os.path.join(cfg.out_dir, "log.jsonl"), "a") as f:
         f.write(json.dumps(record) + "\n")
 
-def announce(cfg, model, run, tokens_per_iter, unigram=None, sft_epoch_iters=None):
-    """A run's first lines: its resolved config, then its size, processes, tokens per iteration and device."""
+def announce(cfg, model, run, tokens_per_iter, unigram=None, sft_epoch_iters=None, info=None):
+    """A run's first lines: its resolved config, then its size, processes, tokens per iteration and device; then the
+    wandb run starts (wandb_log), before train.py touches out_dir: a failed login never costs an old run's files."""
     # lines break between fields only: a path is never split at a hyphen, so every field can be copied back
     print("config: " + textwrap.fill(", ".join(f"{k}={v!r}" for k, v in asdict(cfg).items()), 116,
                                      subsequent_indent="  ", break_long_words=False, break_on_hyphens=False))
     print(f"{model.get_num_params() / 1e6:.2f}M parameters, {run.world} process(es), {tokens_per_iter:,} tokens per "
           f"iteration, device {run.device}" + (f"; unigram entropy of train {unigram:.4f} nats" if unigram else "")
           + (f"; {sft_epoch_iters:.1f} iterations per epoch" if sft_epoch_iters is not None else ""))
+    if cfg.wandb_log:
+        wandb_log({}, cfg, info, model)
 
 def progress(record, cfg, info, model):
     """A training step's record to log.jsonl (and wandb); every log_interval its progress line."""
@@ -164,6 +167,7 @@ def wandb_log(record, cfg, info, model):
     record (train_loss, val_loss) goes to the same step."""
     global _run
     if _run is None:
+        os.makedirs(cfg.out_dir, exist_ok=True)  # wandb's folder is in it
         _run = start(project=cfg.wandb_project, name=cfg.wandb_run_name or os.path.basename(
             os.path.abspath(cfg.out_dir)), dir=cfg.out_dir, config={**asdict(cfg), "run_info": info})
     if "iter" in record:

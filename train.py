@@ -16,9 +16,9 @@ seeded alike and takes its slice, so K processes see exactly the batches of one.
 A resume may also switch the scorer (scorer= and its ssmax_*/ssa_* options; the architecture stays): the SSMax paper's
 variant (f) exactly. It trains on the batches the unswitched run draws next, keeps AdamW's state of every kept weight,
 starts the new s (and b) fresh at s0 (or ssmax_s_init), evaluates the switched model first and logs the switch in
-log.jsonl's start record ({"switch": {field: [old, new]}, "start_iter": ...}):
+log.jsonl's start record. A finished run (as this copy, at its max_iters of 3,325) switches only if overwrite=True:
     mkdir -p out-ssmax-f && cp out-softmax/ckpt_3325.pt out-ssmax-f/ckpt.pt                 # the run at the switch
-    python train.py init_from=resume out_dir=out-ssmax-f scorer=ssmax max_iters=3800      # SSMax from 3,325 on
+    python train.py init_from=resume out_dir=out-ssmax-f scorer=ssmax max_iters=3800 overwrite=True  # from 3,325
 """
 import math, os, sys, textwrap, time, types
 from dataclasses import asdict, fields, replace
@@ -226,8 +226,8 @@ def train(explicit):
         model = DDP(model, device_ids=[torch.cuda.current_device()] if run.device_type == "cuda" else None)
     info, tokens_per_iter = run_info(cfg.seed), cfg.gradient_accumulation_steps * cfg.batch_size * T
     if master:
-        tracking.announce(cfg, raw_model, run, tokens_per_iter, data.unigram,
-                          len(data.sft) / (tokens_per_iter / T) if cfg.sft_data else None)
+        tracking.announce(cfg, raw_model, run, tokens_per_iter, data.unigram,  # may fail: before out_dir is touched
+                          len(data.sft) / (tokens_per_iter / T) if cfg.sft_data else None, info)
 
     def save(path, state):
         try:

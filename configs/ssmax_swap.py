@@ -10,7 +10,7 @@
 #       This file's leg restarts the data stream and AdamW. Exactly the softmax run's last leg with another scorer (its
 #       batches, AdamW's state; no new warmup) is a resume that switches the scorer (train.py's docstring):
 #         mkdir -p out-ssmax-f && cp out-softmax/ckpt_3325.pt out-ssmax-f/ckpt.pt
-#         python train.py init_from=resume out_dir=out-ssmax-f scorer=ssmax max_iters=3800
+#         python train.py init_from=resume out_dir=out-ssmax-f scorer=ssmax max_iters=3800 overwrite=True
 #   (e) after pretraining, no further training (max_iters=0 only converts, evaluates and saves):
 #         python train.py configs/ssmax_swap.py init_from=out-softmax/ckpt.pt max_iters=0 out_dir=out-ssmax-e
 # The paper's scale: configs/paper/ssmax_swap.py.

@@ -400,7 +400,7 @@ def test_a_scorer_switching_resume_trains_on_the_batches_an_unswitched_resume_dr
     recording(plain)
     train.main(tiny_args(data_dir, plain, "init_from=resume", "max_iters=5"))
     recording(switched)
-    train.main(tiny_args(data_dir, switched, "init_from=resume", "max_iters=5", "scorer=ssmax"))
+    train.main(tiny_args(data_dir, switched, "init_from=resume", "max_iters=5", "scorer=ssmax", "overwrite=True"))
     assert len(seen[src]) == 2 and len(seen[plain]) == len(seen[switched]) == 3
     assert all(torch.equal(a, b) for a, b in zip(seen[plain], seen[switched]))  # the same token ids, batch by batch
     assert not any(torch.equal(a, b) for a in seen[src] for b in seen[switched])  # not the first batches again
@@ -421,7 +421,7 @@ def test_a_scorer_switching_resume_keeps_adamw_state_of_shared_weights_and_start
     src, dst = tmp_path / "softmax", tmp_path / "ssmax"
     train.main(tiny_args(data_dir, src, "max_iters=3", "eval_interval=3"))
     branch(src, dst)
-    train.main(tiny_args(data_dir, dst, "init_from=resume", "max_iters=3", "scorer=ssmax", *extra))  # switch, save
+    train.main(tiny_args(data_dir, dst, "init_from=resume", "max_iters=3", "scorer=ssmax", "overwrite=True", *extra))
     a, b = (torch.load(d / "ckpt.pt", map_location="cpu", weights_only=True) for d in (src, dst))
     assert b["iter_num"] == 3 and b["model_args"]["scorer"] == "ssmax" and b["model_args"]["ssmax_s_init"] == s
     assert torch.equal(b["model"]["transformer.h.0.attn.ssmax_s"], torch.full((2,), s))  # the requested init
