@@ -51,6 +51,40 @@ def seed_interval(values):
     half = T975.get(len(v) - 1, 1.96 + 2.4 / (len(v) - 1)) * sd / math.sqrt(len(v))
     return float(v.mean()), sd, float(v.mean() - half), float(v.mean() + half)
 
+def sign_flip_p(d, draws=2**16):
+    """Two-sided sign-flip (paired permutation) p-value of the mean of d, one paired difference per training seed:
+    under H0 each sign is exchangeable, so p = the share of the 2^n sign assignments (the observed one included)
+    whose |mean| is at least the observed one. Exact for n <= 20, else Monte Carlo. Needs 6 seeds to reach < 0.05."""
+    d = np.asarray(d, dtype=np.float64)
+    if len(d) == 0:
+        return math.nan
+    obs = abs(d.sum()) * (1 - 1e-9)  # floating-point ties count as ties
+    if len(d) <= 20:
+        sums = np.zeros(1)
+        for x in d:  # every sign assignment's sum, doubling per value: 2^n floats, no (2^n, n) matrix
+            sums = np.concatenate([sums + x, sums - x])
+        return float(np.mean(np.abs(sums) >= obs))
+    signs = np.random.default_rng(0).integers(0, 2, (draws, len(d)), dtype=np.int8) * 2 - 1
+    return float((1 + np.sum(np.abs(signs @ d) >= obs)) / (1 + draws))
+
+def horizon(lengths, accuracies, threshold=0.95):
+    """The longest tested length up to which every tested length reaches `threshold` (0 if the shortest fails): the
+    lengths a run solves. A recovery after a failure does not count."""
+    h = 0
+    for length, acc in sorted(zip(lengths, accuracies)):
+        if not acc >= threshold:  # nan fails too
+            break
+        h = length
+    return h
+
+def paired_by_seed(a, b):
+    """a, b: {seed: value}, e.g. a setting's and the baseline's accuracy per training seed. The differences a - b over
+    the seeds both have, their mean, sd and t interval (seed_interval) and sign-flip p-value."""
+    seeds = sorted(a.keys() & b.keys())
+    d = [float(a[s] - b[s]) for s in seeds]
+    mean, sd, lo, hi = seed_interval(d) if d else (math.nan,) * 4
+    return dict(seeds=seeds, diffs=d, n=len(d), mean_diff=mean, sd=sd, ci_lo=lo, ci_hi=hi, sign_flip_p=sign_flip_p(d))
+
 def across_seeds(per_seed):
     """Each seed's paired_differences (a list per seed) -> one row per (model, rope, window): the mean over seeds of
     the per-seed mean difference, its sd and t interval (ci_lo, ci_hi), and each seed's own bootstrap CI."""

@@ -46,9 +46,11 @@ def wilson(k, n, z=1.96):
 
 def setting(c):
     """The scorer setting a run trained: its scorer, and what sets it apart from that scorer's default."""
-    extra = (["fixed-s"] if c["scorer"] == "ssmax" and not c["ssmax_learn_s"] else []) + (
-        ["bias"] if c["ssmax_bias"] else []) + (["learn-n"] if c["ssa_learn_n"] else []) + (
-        [f"p{c['reweight_p']:g}"] if c["reweight_p"] is not None else [])
+    fixed_s, fixed_b = c["scorer"] == "ssmax" and not c["ssmax_learn_s"], not c.get("ssmax_learn_b", True)
+    extra = (["fixed-s" if c["ssmax_s_init"] == 1 else f"s{c['ssmax_s_init']:g}"] if fixed_s else []) + (
+        [f"b{c['ssmax_b_init']:.3g}" if fixed_b else "bias"] if c["ssmax_bias"] else []) + (
+        ["learn-n"] if c["ssa_learn_n"] else []) + ([f"p{c['reweight_p']:g}"] if c["reweight_p"] is not None
+                                                     else []) + (["wd0"] if c.get("weight_decay") == 0 else [])
     return "-".join([c["scorer"], *extra])
 
 
@@ -105,16 +107,22 @@ def write_csv(path, rows):
 
 ACC_COLUMNS = ("task", "model", "scorer", "seed", "length", "accuracy", "ci_low", "ci_high", "n", "mse", "loss",
                "condition", "rope", "train_length")
+# prompt_id: the sample's index in its condition's test stream, which is seeded by the training seed: every setting
+# of a seed sees the same prompts, so settings can be compared prompt by prompt. linear: correct is empty and
+# answer_loss is the prompt's MSE
+PROMPT_COLUMNS = ("run", "task", "setting", "seed", "length", "condition", "rope", "prompt_id", "correct",
+                  "answer_loss")
 
 
 def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0):
-    """accuracy.csv (and attention.csv with diag_n > 0) for every checkpoint, written after each one."""
+    """accuracy.csv, per_prompt.csv (and attention.csv with diag_n > 0) for every checkpoint, written after each
+    one; per_prompt.csv last, so its presence means the evaluation finished."""
     runs = [(p, *load(p)) for p in paths]  # every input is checked before the first evaluation
     for path, _, ckpt in runs:
         if ckpt["config"].get("task") not in TASKS:
             raise ValueError(f"{path} is a language model, not a task run (its config names no task of tasks.py)")
     os.makedirs(out_dir, exist_ok=True)
-    acc, att = [], []
+    acc, att, prompts = [], [], []
     for path, model, ckpt in runs:
         c = SimpleNamespace(**ckpt["config"])
         N, task = c.block_size, TASKS[c.task]
@@ -135,12 +143,16 @@ def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0):
                                     accuracy="" if mse else r[:, 0].mean(), ci_low=lo, ci_high=hi, n=n,
                                     mse=r.mean() if mse else "", loss="" if mse else r[:, 1].mean(), condition=cond,
                                     rope=rope, train_length=N))
+                    prompts += [dict(run=label, task=c.task, setting=setting(ckpt["config"]), seed=c.seed, length=L,
+                                     condition=cond, rope=rope, prompt_id=i, correct="" if mse else int(x[0]),
+                                     answer_loss=x if mse else x[1]) for i, x in enumerate(r.tolist())]
                     if diag_n and ci == 0 and rope in ("nope", "plain"):
                         att += [dict(task=c.task, model=label, scorer=setting(ckpt["config"]), seed=c.seed,
                                      length=L, **d) for d in diagnose(model, cc, L, diag_n, stream=2)]
         write_csv(os.path.join(out_dir, "accuracy.csv"), acc)
         if att:
             write_csv(os.path.join(out_dir, "attention.csv"), att)
+        write_csv(os.path.join(out_dir, "per_prompt.csv"), prompts)
         print(f"{label}: " + ", ".join(f"L={r['length']} {r['condition']} {r['rope']}: "
                                        + (f"mse {r['mse']:.3g}" if r["mse"] != "" else f"acc {r['accuracy']:.3f}")
                                        for r in acc if r["model"] == label))

@@ -39,6 +39,8 @@ class GPTConfig:
     ssmax_s_init: float = 1.0
     ssmax_learn_s: bool = True  # False: paper variant (c), s fixed
     ssmax_bias: bool = False  # True: paper variant (d), learnable b per head
+    ssmax_b_init: float = 0.0  # with s fixed at 0 and b at log N: softmax x log N, the scale without its growth
+    ssmax_learn_b: bool = True
     ssa_b_init: float = 1.0
     ssa_n: float = 1.5
     ssa_learn_n: bool = False

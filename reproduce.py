@@ -3,13 +3,14 @@ Reproduce the three papers' experiments at small scale, end to end (RESULTS.md r
 
     python reproduce.py --scale cpu     # 2 CPU cores, ~2 hours: 4 x 64 model, N = 128, 3 seeds, evaluation to 10 N
     python reproduce.py --scale gpu     # one H100/H200, ~1 GPU hour: 6 x 384, N = 256, 3 seeds, evaluation to 10 N
-    python reproduce.py --suite synthetic [--quick]   # synthetic.py: tasks x scorers x 3 seeds on 2 CPU cores
+    python reproduce.py --suite synthetic [--quick]   # synthetic.py: tasks x scorers x 5-10 seeds on 2 CPU cores
 
 Every variant is trained on the same data and token budget, once per seed (--seeds), with train.py; then
 eval_long.py (RoPE θ x 50, the SSMax paper's Fig. 5, and Dynamic NTK, the LSSAR paper's Table 4), needle.py after a
 short retrieval fine-tune on synthetic needles (Fig. 6, needle scores Figs. 7-8) and passkey on the pretrained
 models (LSSAR Fig. 3), these three on the first seed's models. Runs live in out-repro-<name>/s<seed>/ (checkpoints),
-results in results/<name>/ (PNG, CSV, JSON; each seed's eval_long in s<seed>/); --name defaults to the scale. A step
+results in out-results/<name>/ (PNG, CSV, JSON; each seed's eval_long in s<seed>/), or in the committed
+results/<name>/ that RESULTS.md quotes with --commit-results; --name defaults to the scale. A step
 whose output exists is skipped, so an interrupted reproduction continues where it stopped. Each step's command and
 wall time go to results/<name>/steps.jsonl; report.py writes summary.json, the numbers RESULTS.md quotes, each over
 the seeds.
@@ -141,32 +142,40 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", choices=SCALES, default="cpu")
     p.add_argument("--max_iters", type=int, help="override the scale's training iterations (report it if you do)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338, 1339],
-                   help="training seeds of the LM runs (retrieval runs on the first seed's models)")
-    p.add_argument("--name", help="folders out-repro-<name>/ and results/<name>/ (default: the scale)")
+    p.add_argument("--seeds", type=int, nargs="+", help="training seeds (lm: 1337 1338 1339, retrieval on the "
+                   "first seed's models; synthetic: each task's own count, 0, 1, ...)")
+    p.add_argument("--name", help="folders out-repro-<name>/ and out-results/<name>/ (default: the scale)")
+    p.add_argument("--commit-results", action="store_true",
+                   help="write the committed results/<name>/ (RESULTS.md's numbers) instead of out-results/<name>/")
     p.add_argument("--skip", nargs="*", default=[], choices=["eval_long", "needle", "passkey", "score", "bench"])
     p.add_argument("--suite", choices=["lm", "synthetic"], default="lm",
                    help="lm: the papers' language-model experiments (--scale); synthetic: synthetic.py's task suite")
-    p.add_argument("--quick", action="store_true", help="--suite synthetic: FIRST and recall, 3 settings (~10 min)")
+    p.add_argument("--quick", action="store_true", help="--suite synthetic: FIRST, 3 settings x 6 seeds (~6 min)")
     p.add_argument("--jobs", type=int, default=2, help="--suite synthetic: runs at once, one core each")
     p.add_argument("--tasks", nargs="+", help="--suite synthetic: a subset of synthetic.SUITE")
     p.add_argument("--settings", nargs="+", help="--suite synthetic: a subset of synthetic.SETTINGS")
     a = p.parse_args(argv)
+    if a.suite != "synthetic" and (a.quick or a.tasks or a.settings):  # else silently the 2-hour LM reproduction
+        sys.exit("error: --quick, --tasks and --settings need --suite synthetic")
     if a.suite == "synthetic":
         import synthetic
-        bad = sorted(set(a.tasks or []) - set(synthetic.SUITE)) + sorted(set(a.settings or []) -
-                                                                         set(synthetic.SETTINGS))
-        if bad or a.jobs < 1:
-            sys.exit(f"error: unknown --tasks/--settings {bad} or --jobs {a.jobs} < 1; tasks: "
-                     f"{', '.join(synthetic.SUITE)}; settings: {', '.join(synthetic.SETTINGS)}")
-        return synthetic.main(quick=a.quick, jobs=a.jobs, settings=a.settings, task_names=a.tasks, name=a.name)
+        for flag, given, allowed in (("--tasks", a.tasks, synthetic.SUITE), ("--settings", a.settings,
+                                                                             synthetic.SETTINGS)):
+            if set(given or []) - set(allowed):
+                sys.exit(f"error: {flag} {' '.join(sorted(set(given) - set(allowed)))}: unknown; allowed: "
+                         f"{', '.join(allowed)}")
+        if a.jobs < 1:
+            sys.exit(f"error: --jobs {a.jobs}: must be >= 1")
+        return synthetic.main(quick=a.quick, jobs=a.jobs, settings=a.settings, task_names=a.tasks, name=a.name,
+                              seeds=a.seeds, commit=a.commit_results)
     S = SCALES[a.scale]
     if a.max_iters:  # a copy: SCALES stays what the docs say
         S = {**S, "train": {**S["train"], "max_iters": a.max_iters}}
     if a.scale == "gpu" and not torch.cuda.is_available():
         sys.exit("error: --scale gpu needs CUDA; use --scale cpu here")
-    name = a.name or a.scale
-    root, results, data_dir = f"out-repro-{name}", os.path.join("results", name), "data"
+    name, a.seeds = a.name or a.scale, a.seeds or [1337, 1338, 1339]
+    root, data_dir = f"out-repro-{name}", "data"
+    results = os.path.join("results" if a.commit_results else "out-results", name)
     roots = {seed: os.path.join(root, f"s{seed}") for seed in a.seeds}  # every seed's runs: its own folder
     os.makedirs(results, exist_ok=True)
     t0 = time.time()

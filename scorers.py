@@ -131,7 +131,7 @@ SCORERS = {
     "softmax": Scorer(score_softmax, lambda z, ln_n, ln_d: z),
     "ssmax": Scorer(score_ssmax, lambda z, ln_n, ln_d, s, b: z * (s * ln_n + b), row="logn",
                     params=(Param("s", 1.0, init="ssmax_s_init", learn="ssmax_learn_s"),  # (c): s fixed
-                            Param("b", 0.0, only_if="ssmax_bias"))),  # (d): a learnable bias
+                            Param("b", 0.0, init="ssmax_b_init", learn="ssmax_learn_b", only_if="ssmax_bias"))),  # (d)
     "ssa": Scorer(score_ssa, _ssa_logit, kernel_logit="ssa",
                   params=(Param("b", 1.0, init="ssa_b_init", low=0.0),
                           Param("n", 1.5, init="ssa_n", learn="ssa_learn_n", low=1.0))),
@@ -150,6 +150,10 @@ def check_options(config):
                 raise ValueError(f"option {f}={getattr(config, f)!r} does not apply to scorer={config.scorer!r} "
                                  f"(only to {name})")
     for prm in SCORERS[config.scorer].params:
+        off = [f for f in (prm.init, prm.learn) if prm.only_if and not getattr(config, prm.only_if)
+               and getattr(config, f) != type(config).__dataclass_fields__[f].default]
+        if off:  # e.g. ssmax_b_init without ssmax_bias=True: no b exists to take it
+            raise ValueError(f"option {off[0]}={getattr(config, off[0])!r} needs {prm.only_if}=True")
         if prm.low is not None and prm.init and not getattr(config, prm.init) > prm.low:
             raise ValueError(f"{config.scorer} needs {prm.init} > {prm.low:g}, got {getattr(config, prm.init)}")
     if config.reweight_p is not None and not SCORERS[config.scorer].normalised:

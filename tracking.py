@@ -119,15 +119,20 @@ def cpu_hours(cfg, start_iter=0, rate=None):
     if cfg.sft_data and cfg.sft_epochs > 0 and os.path.isfile(cfg.sft_data):  # train.py sets max_iters from the data
         examples = sum(1 for line in open(cfg.sft_data, encoding="utf-8") if line.strip())
         iters = cfg.sft_epochs * math.ceil(examples / (cfg.gradient_accumulation_steps * cfg.batch_size))
-    T = cfg.block_size
+    T, C = cfg.block_size, cfg.n_embd
+    tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * T
+    tokens = max(0, iters - start_iter) * tokens_per_iter
+    # twice the weights' count bounds it: a small run starts without building even a meta model (torch imports its
+    # compiler for that, ~3 s a start)
+    weights = 2 * (2 * (cfg.vocab_size + 3) * C + cfg.n_layer * (4 * C * C + 3 * C * cfg.ffn_hidden))
+    if tokens * (6 * weights + 12 * cfg.n_layer * C * T) < CPU_SLOWEST_FLOPS * CPU_LIMIT_HOURS * 3600:
+        return 0.0
     try:
         with torch.device("meta"):  # the model's own count, without allocating its weights
             flops_per_token = tasks.build_model(GPTConfig(**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}),
                                                 cfg.task).flops_per_token
     except ValueError:  # a bad model config: train.py reports it in its own words, later
         return 0.0
-    tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * T
-    tokens = max(0, iters - start_iter) * tokens_per_iter
     flops = tokens * flops_per_token(T)
     if flops < CPU_SLOWEST_FLOPS * CPU_LIMIT_HOURS * 3600:
         return 0.0

@@ -32,11 +32,11 @@ def test_every_variant_trained_from_scratch_has_settings_that_build_a_model(vari
 
 
 def test_two_seeds_every_evaluation_and_a_rerun_that_skips_finished_steps(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # data/, out-repro-toy/ and results/toy/ are written under the cwd
+    monkeypatch.chdir(tmp_path)  # data/, out-repro-toy/ and out-results/toy/ are written under the cwd
     monkeypatch.setitem(reproduce.SCALES, "toy", TOY)
     monkeypatch.setattr(reproduce, "VARIANTS", {v: reproduce.VARIANTS[v] for v in SUBSET})
     reproduce.main(["--scale", "toy", "--seeds", "1", "2"])
-    res = tmp_path / "results" / "toy"
+    res = tmp_path / "out-results" / "toy"  # untracked: results/ only with --commit-results
     steps = [json.loads(line)["step"] for line in open(res / "steps.jsonl")]
     for seed in (1, 2):
         assert {f"train {v} (seed {seed})" for v in ("ssmax", "lssar")} <= set(steps)

@@ -3,7 +3,6 @@ and test layouts), generation is a pure function of (seed, stream, index), train
 NoPE, the real-valued model), eval_tasks.py's accuracy.csv and attention.csv, and the Wilson interval. Tiny sizes,
 CPU only."""
 import csv
-import json
 import math
 import os
 from types import SimpleNamespace
@@ -13,7 +12,6 @@ import pytest
 import torch
 
 import eval_tasks
-import synthetic
 import tasks
 import train
 from model import GPT, GPTConfig
@@ -252,6 +250,18 @@ def test_eval_writes_accuracy_with_wilson_intervals_and_attention_diagnostics(tm
         acc, lo, hi = float(r["accuracy"]), float(r["ci_low"]), float(r["ci_high"])
         k = round(acc * 6)
         assert (lo, hi) == pytest.approx(eval_tasks.wilson(k, 6)) and lo <= acc <= hi and r["n"] == "6"
+    prompts = list(csv.DictReader(open(tmp_path / "ev" / "per_prompt.csv")))  # one row per prompt, paired by id
+    assert tuple(prompts[0]) == eval_tasks.PROMPT_COLUMNS
+    ids = {}
+    for p in prompts:
+        ids.setdefault((p["run"], p["length"], p["condition"], p["rope"]), []).append(int(p["prompt_id"]))
+    assert all(v == list(range(6)) for v in ids.values())
+    assert {k[1:] for k in ids if k[0] == "first-softmax"} == {k[1:] for k in ids if k[0] == "first-ssmax"}
+    for r in rows:  # each accuracy.csv row is the mean of its prompts
+        mine = [p for p in prompts if (p["run"], p["length"], p["condition"], p["rope"]) ==
+                (r["model"], r["length"], r["condition"], r["rope"])]
+        assert float(r["accuracy"]) == pytest.approx(np.mean([int(p["correct"]) for p in mine]))
+        assert float(r["loss"]) == pytest.approx(np.mean([float(p["answer_loss"]) for p in mine]), rel=1e-5)
     flip = {(r["condition"], r["rope"]) for r in rows if r["task"] == "flipflop"}
     assert flip == {(c, rope) for c, _ in tasks.TASKS["flipflop"].conditions for rope in ("plain", "theta")}
     att = list(csv.DictReader(open(tmp_path / "ev" / "attention.csv")))
@@ -274,54 +284,3 @@ def test_eval_writes_accuracy_with_wilson_intervals_and_attention_diagnostics(tm
     assert "is a language model, not a task run" in str(e.value.code) and not (tmp_path / "ev3").exists()
     tasks.main(["eval", ckpts[0], "--lengths", "8", "--n", "2", "--out_dir", str(tmp_path / "ev4")])  # the old command
     assert (tmp_path / "ev4" / "accuracy.csv").is_file()
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The suite (synthetic.py): statistics, the gate, and a tiny end-to-end run
-
-
-
-def test_newcombe_difference_interval_matches_the_published_example():
-    # Newcombe (1998), Table II example (a)-(b): 56/70 vs 48/80, method 10 gives 0.0524 to 0.3339
-    p1, p2 = 56 / 70, 48 / 80
-    lo, hi = synthetic.newcombe(p1, *eval_tasks.wilson(56, 70), p2, *eval_tasks.wilson(48, 80))
-    assert lo == pytest.approx(0.0524, abs=1e-4) and hi == pytest.approx(0.3339, abs=1e-4)
-
-
-def _row(setting, seed, mult, acc, task="first", cond="", n=100):
-    lo, hi = eval_tasks.wilson(acc * n, n)
-    return dict(task=task, model=f"{task}-{setting}-s{seed}", scorer=setting, seed=seed, length=32 * mult,
-                accuracy=acc, ci_low=lo, ci_high=hi, n=n, mse="", loss=0.1, condition=cond, rope="nope",
-                train_length=32)
-
-
-def test_summary_pools_seeds_and_the_gate_fails_when_one_setting_misses_at_n():
-    acc = [_row(s, seed, m, a) for s, a1 in (("softmax", 1.0), ("ssmax", 0.9)) for seed in range(3)
-           for m, a in ((1, a1), (16, 0.5 + 0.1 * seed))]
-    out = synthetic.summarize(acc)["first"]
-    assert out["gate"]["passed"] is False and out["gate"]["failed"] == ["ssmax"]
-    cell = next(c for c in out["cells"] if c["setting"] == "ssmax" and c["multiple"] == 16)
-    assert cell["mean"] == pytest.approx(0.6) and cell["sd"] == pytest.approx(0.1) and cell["seeds"] == 3
-    assert cell["ci"] == pytest.approx(list(eval_tasks.wilson(180, 300)))  # every seed's sequences pooled
-    assert cell["diff_vs_softmax"] == pytest.approx(0.0) and cell["diff_ci"][0] < 0 < cell["diff_ci"][1]
-
-
-def test_the_suite_trains_evaluates_and_reports_every_run_and_skips_finished_ones(tmp_path, monkeypatch):
-    tiny = ["max_iters=2", "eval_interval=2", "n_embd=16", "ffn_hidden=32", "batch_size=4"]
-    monkeypatch.setattr(synthetic, "REPO_OUT", str(tmp_path))
-    monkeypatch.setattr(synthetic, "SUITE", {"first": ("first", tiny, (1, 2), ["plain"], True)})
-    monkeypatch.setattr(synthetic, "SEEDS", (0,))
-    synthetic.main(jobs=2, n_eval=4, settings=["softmax", "ssmax-fixed-s"], task_names=["first"])
-    res = tmp_path / "results" / "synthetic"
-    rows = list(csv.DictReader(open(res / "accuracy.csv")))
-    assert {(r["task"], r["scorer"], r["length"]) for r in rows} == {
-        ("first", s, L) for s in ("softmax", "ssmax-fixed-s") for L in ("32", "64")}
-    summary = json.load(open(res / "summary.json"))
-    assert summary["tasks_summary"]["first"]["gate"]["rule"] and summary["wall_s"] >= 0
-    for f in ("accuracy.png", "loss.png", "attention.png", "attention.csv"):
-        assert (res / f).stat().st_size > 0
-    steps = (res / "steps.jsonl").read_text().splitlines()
-    synthetic.main(jobs=2, n_eval=4, settings=["softmax", "ssmax-fixed-s"], task_names=["first"])  # all skipped
-    again = [json.loads(line) for line in (res / "steps.jsonl").read_text().splitlines()[len(steps):]]
-    assert len(again) == 2 and not any(r["ran"] for r in again)
-    assert json.load(open(res / "summary.json"))["wall_s"] == summary["wall_s"]  # the training run's wall time

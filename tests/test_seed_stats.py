@@ -1,0 +1,72 @@
+"""compare.py's statistics over training seeds: sign_flip_p, horizon and paired_by_seed."""
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import compare
+
+
+def brute_force_p(d):
+    obs = abs(np.mean(d))
+    means = [abs(np.mean(np.multiply(s, d))) for s in itertools.product((1, -1), repeat=len(d))]
+    return sum(m >= obs * (1 - 1e-9) for m in means) / len(means)
+
+
+def test_sign_flip_p_equals_the_hand_count_of_sign_assignments():
+    assert compare.sign_flip_p([1] * 6) == pytest.approx(2 / 64)  # only all + and all - reach |mean| 1
+    assert compare.sign_flip_p([1] * 5 + [-1]) == pytest.approx(14 / 64)  # all one sign (2) + one flipped (2 * 6)
+    assert compare.sign_flip_p([0.3, -0.1]) == 1.0  # means ±0.1 and ±0.2: all 4 reach 0.1 (a floating-point tie)
+
+
+def test_sign_flip_p_of_5_seeds_cannot_reach_5_percent():
+    assert compare.sign_flip_p([1] * 5) == pytest.approx(2 / 32)
+
+
+def test_sign_flip_p_of_nothing_is_nan_and_of_zeros_is_1():
+    assert math.isnan(compare.sign_flip_p([]))
+    assert compare.sign_flip_p([0.0] * 4) == 1.0
+
+
+def test_sign_flip_p_equals_a_brute_force_count_with_itertools():
+    d = np.random.default_rng(1).normal(0.3, 1.0, 8)
+    assert compare.sign_flip_p(d) == pytest.approx(brute_force_p(d))
+    assert compare.sign_flip_p(np.round(d, 1)) == pytest.approx(brute_force_p(np.round(d, 1)))  # with ties
+
+
+def test_sign_flip_p_monte_carlo_beyond_20_seeds():
+    # 25 equal positive differences: only 2 of 2^25 assignments reach the observed mean, so no draw should
+    assert compare.sign_flip_p([0.5] * 25) <= 2 / 65537
+    # symmetric around 0: the observed mean is 0 and every assignment reaches it
+    sym = np.concatenate([np.arange(1, 13), -np.arange(1, 13), [0.0]])
+    assert compare.sign_flip_p(sym) == pytest.approx(1.0, abs=0.01)
+    # one seed flipped out of 25 equal values: exact p = 2 * (1 + 25 + 300) / 2^25 ~ 2e-5 -> at most a few draws
+    assert compare.sign_flip_p([1.0] * 24 + [-1.0]) < 0.01
+
+
+def test_horizon_is_the_last_length_before_the_first_failure():
+    assert compare.horizon([32, 64, 128, 256], [1.0, 0.97, 0.9, 0.99]) == 64  # the recovery at 256 does not count
+    assert compare.horizon([256, 32, 128, 64], [0.99, 1.0, 0.9, 0.97]) == 64  # unsorted input
+    assert compare.horizon([32, 64], [0.9, 1.0]) == 0  # the shortest fails
+    assert compare.horizon([32, 64, 128], [0.95, 0.96, 1.0]) == 128  # all pass (0.95 is enough)
+    assert compare.horizon([32, 64, 128], [1.0, 0.8, 0.7], threshold=0.75) == 64
+    assert compare.horizon([32, 64], [1.0, float("nan")]) == 32  # a missing score fails
+
+
+def test_paired_by_seed_pairs_values_by_seed_and_drops_unpaired_seeds():
+    a = {3: 0.9, 1: 0.8, 2: 0.7, 7: 0.5}  # seed 7 has no baseline
+    b = {2: 0.6, 1: 0.5, 3: 0.85, 9: 0.1}  # seed 9 has no setting
+    r = compare.paired_by_seed(a, b)
+    assert r["seeds"] == [1, 2, 3] and r["n"] == 3
+    assert r["diffs"] == pytest.approx([0.3, 0.1, 0.05])
+    mean, sd, lo, hi = compare.seed_interval(r["diffs"])
+    assert (r["mean_diff"], r["sd"], r["ci_lo"], r["ci_hi"]) == (mean, sd, lo, hi)
+    assert r["mean_diff"] == pytest.approx(0.15)
+    assert r["sign_flip_p"] == pytest.approx(2 / 8)  # all positive, distinct: only all + and all - reach the mean
+
+
+def test_paired_by_seed_with_no_common_seed_is_empty():
+    r = compare.paired_by_seed({1: 0.5}, {2: 0.4})
+    assert r["n"] == 0 and r["seeds"] == [] and r["diffs"] == []
+    assert all(math.isnan(r[k]) for k in ("mean_diff", "sd", "ci_lo", "ci_hi", "sign_flip_p"))

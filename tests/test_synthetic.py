@@ -1,0 +1,132 @@
+"""The synthetic suite (synthetic.py, synthetic_report.py): softmax-logN is softmax with every row's logits times
+log N, the seed-level summary (paired differences, t intervals, sign-flip p, horizons) and its verdict rule, a tiny
+end-to-end run that writes every file into the untracked folder (the committed one only when asked) and skips
+finished runs, and reproduce.py's one-line argument errors. CPU only."""
+import csv
+import dataclasses
+import gzip
+import json
+import math
+
+import pytest
+import torch
+
+import compare
+import config
+import eval_tasks
+import reproduce
+import scorers
+import synthetic
+import synthetic_report
+from model import GPT, GPTConfig
+
+
+def test_softmax_logN_multiplies_every_rows_logits_by_log_N_against_the_float64_reference():
+    over = synthetic.overrides("first", "softmax-logN")  # N = 32
+    args = config.parse_args(over)
+    model = GPT(GPTConfig(**{k: v for k, v in args.items() if k in GPTConfig.__dataclass_fields__},
+                          n_layer=1, n_head=2, n_embd=16, vocab_size=8))
+    params = model.transformer.h[0].attn.scorer_params()
+    assert torch.equal(params["s"], torch.zeros(2)) and torch.allclose(params["b"], torch.full((2,), math.log(32)))
+    assert not any(p.requires_grad for n, p in model.named_parameters() if "ssmax" in n)  # fixed, never trained
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 70, 8, dtype=torch.float64) for _ in range(3))  # rows far past N too
+    z = q @ k.transpose(-2, -1) / math.sqrt(8) * math.log(32)
+    want = torch.softmax(z.masked_fill(torch.ones(70, 70, dtype=torch.bool).triu(1), float("-inf")), -1) @ v
+    for backend in ("torch", "sdpa", "auto"):
+        got = scorers.attention(q.float(), k.float(), v.float(), "ssmax", s=params["s"], b=params["b"],
+                                backend=backend)
+        assert (got.double() - want).abs().max() < 1e-5, backend
+
+
+def test_a_bias_option_without_the_bias_is_one_clear_error():
+    with pytest.raises(ValueError, match="ssmax_b_init=2.0 needs ssmax_bias=True"):
+        GPTConfig(scorer="ssmax", ssmax_b_init=2.0)
+
+
+def _rows(setting, seed, accs, task="first"):
+    return [dict(task=task, base="first", setting=setting, seed=seed, length=32 * m, train_length=32, accuracy=a,
+                 mse="", loss=0.1, condition="", rope="nope") for m, a in zip((1, 2, 4), accs)]
+
+
+def test_summary_pairs_by_seed_with_t_interval_sign_flip_p_and_horizons():
+    acc = [r for seed in range(6) for r in _rows("softmax", seed, (1.0, 0.9, 0.5 + 0.05 * seed))
+           + _rows("ssmax", seed, (1.0, 1.0, 0.97 if seed else 0.8))]
+    t = synthetic_report.summarize(acc)["first"]
+    cell = next(c for c in t["cells"] if (c["setting"], c["multiple"]) == ("ssmax", 4))
+    d = [(0.97 if s else 0.8) - (0.5 + 0.05 * s) for s in range(6)]
+    assert cell["vs_softmax"]["diffs"] == pytest.approx(d) and cell["per_seed"][0] == 0.8
+    mean, sd, lo, hi = compare.seed_interval(d)
+    assert (cell["vs_softmax"]["ci_lo"], cell["vs_softmax"]["ci_hi"]) == pytest.approx((lo, hi))
+    assert cell["vs_softmax"]["sign_flip_p"] == pytest.approx(2 / 64)  # every seed better: 2 of 64 assignments
+    assert t["horizons"]["|nope"]["softmax"] == {s: 1 for s in range(6)}  # 0.9 at 2 N fails
+    assert t["horizons"]["|nope"]["ssmax"] == {0: 2, **{s: 4 for s in range(1, 6)}}
+    (v,) = t["verdicts"][0]
+    assert v["verdict"] == "reproduced" and v["multiple"] == 4 and t["gate"]["passed"]
+
+
+@pytest.mark.parametrize("ssmax_at_n,ssmax_long,softmax_long,verdict", [
+    (0.5, 1.0, 0.5, "not testable"),  # ssmax misses the gate at N
+    (1.0, 0.2, 0.6, "contradicted"),  # worse on every seed
+    (1.0, 1.0, 1.0, "not testable"),  # softmax solves the length: no room to show the claim
+    (1.0, None, 0.5, "inconclusive"),  # better on half the seeds, worse on the other half
+])
+def test_the_verdict_rule(ssmax_at_n, ssmax_long, softmax_long, verdict):
+    acc = [r for seed in range(6) for r in _rows("softmax", seed, (1.0, 1.0, softmax_long))
+           + _rows("ssmax", seed, (ssmax_at_n, 1.0, ssmax_long if ssmax_long is not None else (0.9 if seed % 2
+                                                                                                else 0.1)))]
+    (v,) = synthetic_report.summarize(acc)["first"]["verdicts"][0]
+    assert v["verdict"] == verdict, v
+
+
+def test_every_and_some_are_never_contradicted_they_do_not_test_length():
+    acc = [r for seed in range(6) for r in _rows("softmax", seed, (1.0, 1.0, 0.9), task="every")
+           + _rows("ssa", seed, (1.0, 1.0, 0.2), task="every")]
+    for r in acc:
+        r.update(base="every", condition="sigma=10")
+    (v,) = synthetic_report.summarize(acc)["every"]["verdicts"][0]
+    assert v["verdict"] == "not reproduced at this scale" and "not length" in v["why"]
+
+
+def test_the_suite_trains_evaluates_reports_and_skips_finished_runs(tmp_path, monkeypatch):
+    tiny = ("max_iters=2", "eval_interval=2", "n_embd=16", "ffn_hidden=32", "batch_size=4")
+    monkeypatch.setattr(synthetic, "REPO_OUT", str(tmp_path))
+    monkeypatch.setitem(synthetic.SUITE, "first", dataclasses.replace(synthetic.SUITE["first"], extra=tiny,
+                                                                      multiples=(1, 2)))
+    settings = ["softmax", "softmax-logN"]
+    synthetic.main(jobs=2, n_eval=4, settings=settings, task_names=["first"], seeds=[0, 1])
+    res = tmp_path / "out-results" / "synthetic"  # untracked by default
+    assert not (tmp_path / "results").exists()
+    rows = list(csv.DictReader(open(res / "accuracy.csv")))
+    assert {(r["task"], r["setting"], r["seed"], r["length"]) for r in rows} == {
+        ("first", s, str(seed), str(L)) for s in settings for seed in (0, 1) for L in (32, 64)}
+    with gzip.open(res / "per_prompt.csv.gz", "rt") as f:
+        prompts = list(csv.DictReader(f))
+    assert set(eval_tasks.PROMPT_COLUMNS) <= set(prompts[0])
+    ids = {}
+    for p in prompts:
+        ids.setdefault((p["seed"], p["length"]), {}).setdefault(p["setting"], []).append(p["prompt_id"])
+    assert all(v["softmax"] == v["softmax-logN"] == ["0", "1", "2", "3"] for v in ids.values())
+    summary = json.load(open(res / "summary.json"))
+    first = summary["tasks_summary"]["first"]
+    assert first["gate"]["rule"] and summary["tasks"]["first"]["seeds"] == [0, 1]
+    assert first["contrasts"][0]["a"] == "softmax-logN" and first["contrasts"][0]["b"] == "softmax"
+    for f in ("horizons.png", "accuracy.png", "attention.png", "tables.md"):
+        assert (res / f).stat().st_size > 0
+    steps = (res / "steps.jsonl").read_text().splitlines()
+    synthetic.main(jobs=2, n_eval=4, settings=settings, task_names=["first"], seeds=[0, 1], commit=True)
+    again = [json.loads(line) for line in (tmp_path / "results" / "synthetic" / "steps.jsonl").read_text().splitlines()]
+    assert len(again) == 4 and not any(r["ran"] for r in again)  # every run was done: nothing trains again
+    assert (res / "steps.jsonl").read_text().splitlines() == steps
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--quick"], "--quick, --tasks and --settings need --suite synthetic"),
+    (["--suite", "synthetic", "--tasks", "nosuch"], "--tasks nosuch: unknown"),
+    (["--suite", "synthetic", "--settings", "first", "--jobs", "2"], "--settings first: unknown"),
+    (["--suite", "synthetic", "--jobs", "0"], "--jobs 0: must be >= 1"),
+])
+def test_reproduce_argument_errors_name_the_argument(argv, words):
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(argv)
+    assert str(e.value.code).startswith("error: ") and words in str(e.value.code)
