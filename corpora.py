@@ -46,6 +46,7 @@ FILE_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": 
 # names of a text column, tried in this order; else the string column with the longest strings in the first rows
 TEXT_FIELDS = ("text", "content", "body", "document", "article", "story", "passage", "markdown", "raw_content")
 SNIFF_ROWS = 100
+MIN_TEXT_CHARS = 100  # what the longest strings must average to pass for the text: a title or a label does not
 SOURCES_HELP = (", ".join(EMBEDDED) + ", hf:<name>[:<config>], " + ", ".join(NAMED) + ", or a path/glob ending in "
                 + ", ".join(FILE_BUILDERS))
 
@@ -75,8 +76,13 @@ def stream_docs(source, files, text_field, hf_split):
         field, how = next((k for k in TEXT_FIELDS if k in strings), None), "a known text column name"
     if field is None and strings:  # else the text is the column with the longest strings
         head += itertools.islice(rows, SNIFF_ROWS - 1)
-        field = max(strings, key=lambda k: sum(len(r[k]) for r in head if isinstance(r.get(k), str)))
+        mean = {k: sum(len(r[k]) for r in head if isinstance(r.get(k), str)) / len(head) for k in strings}
+        field = max(strings, key=mean.get)
         how = f"the longest strings in the first {len(head)} rows"
+        if mean[field] < MIN_TEXT_CHARS:
+            raise DataError(f"no text column in {source!r}: no known name ({', '.join(TEXT_FIELDS)}), and its longest "
+                            f"strings, {field!r}, average {mean[field]:.0f} characters (under {MIN_TEXT_CHARS}: titles "
+                            f"or labels, not documents); name the text with --text_field (string columns: {strings})")
     if field not in strings:
         raise DataError(f"text field {field or '(auto)'!r} not found in {source!r}: its string columns are "
                         f"{strings}, all columns {list(first)}; name one with --text_field")

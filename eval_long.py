@@ -11,7 +11,7 @@ paper's Fig. 1 (attention fading: the largest softmax output vs SSMax's as n gro
 Position t (1-based) is the loss of predicting token t+1 from the t tokens before it, so a model trained at length
 N has seen positions 1..N. Every checkpoint is scored on the same --num_seqs windows of L+1 contiguous tokens of the
 split, their starts drawn uniformly with numpy's default_rng(seed) and recorded in summary.json. Every checkpoint is
-read (weights_only) before the first model runs, and the outputs are rewritten as each model finishes.
+read (weights_only) before the first model runs; its outputs reach --out_dir only whole, never over earlier ones.
 
 Dynamic NTK sets RoPE's base from the sequence length, so window k is read from kN-token sequences, each with the
 factor for kN (LSSAR Table 4; prefix_1x = native RoPE); --no-ntk_per_length: one L-token pass with the factor for L.
@@ -36,15 +36,15 @@ WINDOW_RULE = ("window kx: mean loss over positions (k*N - N, k*N], the last N p
                "training length N; prefix_kx: over positions 1..k*N, the loss of a k*N-token sequence (LSSAR Table "
                "4); k*N <= L. Dynamic NTK per length: both from k*N-token passes with the factor for k*N")
 POSITION_RULE = "position t = the loss of predicting token t+1 from tokens 1..t; trained positions are 1..N"
+OUTPUTS = ("per_position.csv", "per_position.png", "per_sequence.csv", "differences.csv", "differences.png",
+           "fading.csv", "fading_zmax.csv", "fading.png", "summary.json")  # summary.json last: reproduce.complete
 
 # ----------------------------------------------------------------------------------------------------------------
 # Sequences and RoPE
 
 def load_tokens(data_dir, split, L):
     path = os.path.join(data_dir, f"{split}.bin")
-    if not os.path.isfile(path):
-        raise ValueError(f"dataset {data_dir!r} has no {split}.bin: prepare one (python prepare_data.py shakespeare)")
-    data = prepare_data.load_split(data_dir, split)
+    data = prepare_data.load_split(data_dir, split)  # DataError if it is missing
     if len(data) < L + 1:
         raise ValueError(f"{path} has {len(data):,} tokens, fewer than the --length + 1 = {L + 1:,} one sequence needs")
     return data
@@ -108,10 +108,9 @@ def rope_settings(args):
 
 # ----------------------------------------------------------------------------------------------------------------
 
-def write_results(args, curves, models, rows, starts, baseline):
-    """Rewritten after every model: a later checkpoint that fails leaves the finished ones' results on disk."""
-    os.makedirs(args.out_dir, exist_ok=True)
-    out = lambda name: os.path.join(args.out_dir, name)
+def write_results(args, folder, curves, models, rows, starts, baseline):
+    """Rewritten in `folder` after every model (main moves it to --out_dir when all are done)."""
+    out = lambda name: os.path.join(folder, name)
     names = sorted(curves, key=lambda n: curves[n][3] != "-")  # the requested method's columns first, as always
     with open(out("per_position.csv"), "w", newline="") as f:
         w = csv.writer(f)
@@ -134,15 +133,13 @@ def write_results(args, curves, models, rows, starts, baseline):
         compare.plot_differences(out("differences.png"), diffs, [m["label"] for m in models], ropes,
                                  f"{note}: paired difference to {baseline}, {compare.LEVEL:.0%} bootstrap CI")
 
-def run(args):
-    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):  # now, not after the models ran
-        raise ValueError(f"--out_dir {args.out_dir!r} is a file, expected a folder for the results")
+def run(args, folder):  # the results to folder; returns the wandb table
     if args.fading:
-        compare.fading(args.out_dir)
+        compare.fading(folder)
     if not args.ckpt:
-        return
+        return []
     # every checkpoint is read (its pickle; tensors mapped, not read) and checked before the first model runs
-    model_args = [read_checkpoint(path, mmap=True)["model_args"] for path in args.ckpt]
+    model_args = [prepare_data.language_model(p, read_checkpoint(p, mmap=True))["model_args"] for p in args.ckpt]
     args.length = args.length or 10 * model_args[0]["block_size"]  # the first checkpoint fixes L
     N, path = max((a["block_size"], path) for a, path in zip(model_args, args.ckpt))
     if args.length < N:
@@ -190,15 +187,13 @@ def run(args):
             print(f"{label} [{rope}]: " + ", ".join(f"{w} {v['mean_loss']:.4f}" for w, v in windows.items()
                                                    if not w.startswith("prefix")) + f", all {result['mean_loss']:.4f}")
         models[-1].update(model_args=ckpt["model_args"], train_run_info=ckpt.get("run_info"))
-        write_results(args, curves, models, rows, starts, baseline)
+        write_results(args, folder, curves, models, rows, starts, baseline)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
     bar.close()
-    if args.wandb:
-        tracking.log_table(args.wandb_project, f"eval_long {args.rope_method} x{args.rope_scale:g}", table,
-                           args.out_dir)
     print(f"wrote {args.out_dir}/per_sequence.csv, differences.csv/png, per_position.csv/png, summary.json")
+    return table
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="Per-position loss of long sequences with RoPE extended (SSMax Fig. 5).")
@@ -242,7 +237,11 @@ def main(argv=None):
     except RuntimeError:
         p.error(f"--device {args.device!r} is not a device: use auto, cpu, cuda or cuda:N")
     try:
-        run(args)
+        with tracking.results_dir(args.out_dir, OUTPUTS) as folder:
+            table = run(args, folder)
+        if args.wandb and table:  # into --out_dir, beside the results
+            tracking.log_table(args.wandb_project, f"eval_long {args.rope_method} x{args.rope_scale:g}", table,
+                               args.out_dir)
     except (ValueError, FileNotFoundError, prepare_data.DataError, tracking.TrackingError) as e:
         sys.exit(f"error: {e}")
 

@@ -9,7 +9,8 @@ accuracy.csv has a row per checkpoint x length x test condition x RoPE evaluatio
 its 95% Wilson interval and the answer's loss in nats (linear: eq. 2's MSE with a normal interval). attention.csv
 (--diagnose K) has, per layer and head, the final row's attention mass on the target token, its entropy, the
 uniform mass 1/L and the learned s: the SSMax paper's Figs. 1, 7, 8 without a language model's floor effect. Every
-checkpoint is read before the first evaluation, and both files are rewritten as each checkpoint finishes.
+checkpoint, length and the memory the longest needs are checked before the first evaluation; the files appear in
+--out_dir when all are done (tracking.results_dir: an out_dir that holds an earlier evaluation's is refused).
 """
 import argparse
 import csv
@@ -23,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 import tracking
-from model import GPTConfig, read_checkpoint
+from kernels_cpu import CHUNK
+from model import GPTConfig, auto_backend, read_checkpoint
 from tasks import TASKS, build_model, get_batch, min_length, target_positions
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -54,8 +56,19 @@ def setting(c):
     return "-".join([c["scorer"], *extra])
 
 
+def bytes_per_token(cfg):
+    """About the memory a forward takes per token of each sequence, fp32 on the CPU: activations and logits, and for
+    the scorers SDPA cannot run kernels_cpu's blocks of CHUNK query rows (within 2x of the peak RSS measured on
+    recall)."""
+    per_token = 4 * (6 * cfg.n_embd + 2 * cfg.ffn_hidden + 2 * cfg.vocab_size) + 64
+    return per_token + (16 * CHUNK * cfg.n_head if auto_backend(cfg.scorer, cfg.p, "cpu") == "cpu" else 0)
+
+
+BATCH = 16  # test sequences scored at once
+
+
 @torch.no_grad()
-def score(model, c, L, n, stream, batch=16):
+def score(model, c, L, n, stream, batch=BATCH):
     """Per sequence: (1/0 for a right/wrong final answer (its last scored position), its loss in nats), or eq. 2's
     MSE (linear)."""
     task, out = TASKS[c.task], []
@@ -114,13 +127,33 @@ PROMPT_COLUMNS = ("run", "task", "setting", "seed", "length", "condition", "rope
                   "answer_loss")
 
 
+OUTPUTS = ("accuracy.csv", "attention.csv", "per_prompt.csv")  # per_prompt.csv last: it means "finished"
+
+
+def check(runs, lengths, n, diag_n):
+    """Every checkpoint a task run, every length one its task has, the longest within this machine's memory."""
+    free, batch = tracking.memory_available(), max(min(BATCH, n), diag_n)  # score's batch, or diagnose's
+    for path, model, ckpt in runs:
+        c = SimpleNamespace(**ckpt["config"])
+        if getattr(c, "task", None) not in TASKS:
+            raise ValueError(f"{path} is a language model, not a task run (its config names no task of tasks.py)")
+        if lengths[0] < min_length(c):
+            short = " ".join(str(L) for L in lengths if L < min_length(c))
+            raise ValueError(f"--lengths {short}: shorter than task {c.task!r} allows ({path}); give lengths >= "
+                             f"{min_length(c)}")
+        per = batch * bytes_per_token(model.config)
+        if free is not None and lengths[-1] * per > free:
+            big = " ".join(str(L) for L in lengths if L * per > free)
+            raise ValueError(f"--lengths {big}: {batch} sequences of {lengths[-1]:,} tokens need about "
+                             f"{lengths[-1] * per / 1e9:,.1f} GB of memory ({path}), more than the {free / 1e9:.1f} GB "
+                             f"available; lengths up to {free // per:,} fit")
+
+
 def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0):
     """accuracy.csv, per_prompt.csv (and attention.csv with diag_n > 0) for every checkpoint, written after each
-    one; per_prompt.csv last, so its presence means the evaluation finished."""
+    one (main writes them to a folder that becomes --out_dir when all are done); lengths sorted."""
     runs = [(p, *load(p)) for p in paths]  # every input is checked before the first evaluation
-    for path, _, ckpt in runs:
-        if ckpt["config"].get("task") not in TASKS:
-            raise ValueError(f"{path} is a language model, not a task run (its config names no task of tasks.py)")
+    check(runs, lengths, n, diag_n)
     os.makedirs(out_dir, exist_ok=True)
     acc, att, prompts = [], [], []
     for path, model, ckpt in runs:
@@ -129,8 +162,6 @@ def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0):
         label = os.path.basename(os.path.dirname(os.path.abspath(path)))
         for rope in (["nope"] if c.pos == "nope" else ropes):
             for L in lengths:
-                if L < min_length(c):
-                    continue
                 if rope != "nope":
                     model.extend_rope("none" if rope == "plain" else rope, L / N if rope == "theta" else 1.0, L)
                 for ci, (cond, over) in enumerate(task.conditions):
@@ -173,10 +204,9 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.n < 2 or a.diagnose < 0 or min(a.lengths) < 1:
         sys.exit(f"error: need --n >= 2, --diagnose >= 0 and lengths >= 1; got {a.n}, {a.diagnose}, {a.lengths}")
-    if os.path.exists(a.out_dir) and not os.path.isdir(a.out_dir):
-        sys.exit(f"error: --out_dir {a.out_dir!r} is a file, not a folder")
     try:
-        acc, _ = evaluate(a.ckpt, sorted(set(a.lengths)), a.n, a.out_dir, a.rope, a.diagnose)
+        with tracking.results_dir(a.out_dir, OUTPUTS) as out:
+            acc, _ = evaluate(a.ckpt, sorted(set(a.lengths)), a.n, out, a.rope, a.diagnose)
         if a.wandb:
             tracking.log_table(a.wandb_project, f"tasks {os.path.basename(os.path.abspath(a.out_dir))}", acc, a.out_dir)
     except (ValueError, tracking.TrackingError) as e:  # CheckpointError is a ValueError

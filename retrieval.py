@@ -195,9 +195,7 @@ def sft_examples(args, enc):
     return "sft_synthetic", synthetic_examples(enc, load_hay(args.data, "train"), args.synthetic, args.sft_length, rng)
 
 def load_hay(data_dir, split):
-    if not os.path.isfile(os.path.join(data_dir, f"{split}.bin")):
-        raise DataError(f"dataset {data_dir!r} has no {split}.bin: prepare one (python prepare_data.py shakespeare)")
-    tokens = np.asarray(prepare_data.load_split(data_dir, split))
+    tokens = np.asarray(prepare_data.load_split(data_dir, split))  # DataError if the split is missing
     return tokens[tokens != EOT]  # one running text
 
 

@@ -65,8 +65,9 @@ def main(argv=None):
     ids = enc.encode(start, allowed_special={"<|endoftext|>"}) or [prepare_data.EOT]
 
     try:
-        model, _ = load_checkpoint(args.ckpt, device, backend=args.backend)
-    except CheckpointError as e:  # missing, corrupt, foreign or unsafe (weights_only refused): one line
+        model, ckpt = load_checkpoint(args.ckpt, device, backend=args.backend)
+        prepare_data.language_model(args.ckpt, ckpt)  # a task run's vocabulary is not GPT-2's
+    except (CheckpointError, prepare_data.DataError) as e:  # missing, corrupt, foreign or unsafe, or a task run
         p.error(str(e))
     model.eval()  # load_checkpoint leaves the model in train mode (dropout on)
     # Build the rotary tables once, long enough for the whole sample (forward would otherwise regrow them

@@ -154,16 +154,19 @@ def check_config(c):
     """One clear message for a bad task setting (train.py turns it into its error line)."""
     if c.task not in TASKS:
         raise ValueError(f"unknown task {c.task!r}; allowed: {', '.join(TASKS)}")
-    if c.task in ("mqar", "recall") and not 1 <= c.task_pairs < c.task_keys:
-        raise ValueError(f"task_pairs={c.task_pairs} must be in 1..task_keys - 1 = {c.task_keys - 1}")
+    if c.task in ("mqar", "recall") and c.task_pairs < 1:
+        raise ValueError(f"task_pairs={c.task_pairs} must be >= 1")
+    if c.task in ("mqar", "recall") and c.task_keys <= c.task_pairs:
+        raise ValueError(f"task_keys={c.task_keys} must be more than task_pairs={c.task_pairs}: the queried keys are "
+                         "distinct, and recall's filler pairs use the others")
     if c.task_filler not in ("pairs", "noise"):
         raise ValueError(f"task_filler={c.task_filler!r}; allowed: pairs, noise")
     if not (0 <= c.task_p_ignore < 1 and c.task_sigma > 0):
         raise ValueError(f"need 0 <= task_p_ignore < 1 and task_sigma > 0, got {c.task_p_ignore}, {c.task_sigma}")
 
 
-def min_length(c):
-    return {"mqar": 3 * c.task_pairs, "recall": 2 * c.task_pairs, "flipflop": 2, "first": 2}.get(c.task, 1)
+def min_length(c):  # linear: its first answer is the 3rd point's y, at position 5
+    return {"mqar": 3 * c.task_pairs, "recall": 2 * c.task_pairs, "flipflop": 2, "first": 2, "linear": 5}.get(c.task, 1)
 
 
 def get_batch(c, stream, ix, L, test=False):

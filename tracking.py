@@ -1,6 +1,7 @@
 """
 Experiment tracking, what a run records and reports: its log.jsonl and loss.png, its cost on a CPU before it starts,
-optional Weights & Biases logging, and a local figure that overlays several runs.
+optional Weights & Biases logging, a local figure that overlays several runs, and the folder an evaluation writes
+its results into (never over an earlier evaluation's, never partial).
 
     WANDB_MODE=offline python train.py configs/cpu_quick.py wandb_log=True   # no network; `wandb sync` uploads later
     python train.py --compare out-softmax out-ssmax [--out compare.png]       # no wandb: runs' log.jsonl in one PNG
@@ -8,7 +9,7 @@ optional Weights & Biases logging, and a local figure that overlays several runs
 wandb is imported only when asked (wandb_log=True, log_table): a run without it never pays for it. A run's wandb
 folder is in its out_dir: `wandb sync out-quick/wandb/offline-run-*` uploads an offline one.
 """
-import argparse, json, math, os, textwrap, time
+import argparse, contextlib, glob, json, math, os, shutil, textwrap, time
 from dataclasses import asdict, fields
 from datetime import timedelta
 
@@ -27,6 +28,49 @@ def add_args(parser):
     """--wandb and --wandb_project for an evaluation script: its results as a table in the project."""
     parser.add_argument("--wandb", action="store_true", help="also log the results to Weights & Biases")
     parser.add_argument("--wandb_project", default="nanoscorer")
+
+@contextlib.contextmanager
+def results_dir(out_dir, names):
+    """The folder an evaluation writes in: out_dir is refused if it already holds one of `names` (the evaluation's
+    result files, the one that marks it finished last); the results go to a fresh folder beside it, moved into
+    out_dir only when the evaluation finished. A failed evaluation leaves nothing, an interrupted one no partial
+    out_dir (a rerun finds it free): out_dir never holds a partial or mixed set of results."""
+    refuse_results(out_dir, names)
+    stem = os.path.normpath(out_dir) + ".tmp-"
+    tmp = stem + str(os.getpid())
+    for old in glob.glob(glob.escape(stem) + "*"):  # a killed evaluation's (its process gone), or this process's
+        if old == tmp or old[len(stem):].isdigit() and not pid_alive(int(old[len(stem):])):
+            shutil.rmtree(old, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        yield tmp
+        refuse_results(out_dir, names)  # another evaluation may have finished there meanwhile
+        try:
+            os.replace(tmp, out_dir)  # one rename where out_dir is absent or empty
+        except OSError:  # it holds other files (needle.py's modes share one): file by file, the finishing one last
+            for name in sorted(os.listdir(tmp), key=lambda n: names.index(n) if n in names else -1):
+                os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+def refuse_results(out_dir, names):
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise TrackingError(f"--out_dir {out_dir!r} is a file, expected a folder for the results")
+    held = [n for n in names if os.path.exists(os.path.join(out_dir, n))]
+    if held:
+        raise TrackingError(f"--out_dir {out_dir!r} already holds {', '.join(held)} of an earlier run: give another "
+                            f"--out_dir, or remove {'it' if len(held) == 1 else 'them'} to run it again")
+
+def pid_alive(pid):
+    if os.name != "posix":  # os.kill(pid, 0) ends the process on Windows: count it alive
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive
+        pass
+    return True
 
 def start(**kwargs):
     """wandb.init(**kwargs) as a new run; its failure is one line."""
@@ -149,6 +193,18 @@ def cpu_hours(cfg, start_iter=0, rate=None):
           f"at least ~{hours:,.{0 if hours >= 10 else 1}f} hours")
     return hours
 
+def memory_available():
+    """Bytes this process can still allocate: MemAvailable, or less under a cgroup's limit; None off Linux. Like the
+    hours above, what a run needs is checked against it before it starts (eval_tasks.py's longest length)."""
+    sizes = []
+    with contextlib.suppress(OSError, ValueError):
+        sizes += [int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemAvailable:")]
+    for limit, usage in (("memory.max", "memory.current"), ("memory/memory.limit_in_bytes",
+                                                             "memory/memory.usage_in_bytes")):
+        with contextlib.suppress(OSError, ValueError):  # "max": no limit
+            sizes.append(int(open(f"/sys/fs/cgroup/{limit}").read()) - int(open(f"/sys/fs/cgroup/{usage}").read()))
+    return min(sizes, default=None)
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # Weights & Biases: train.py's log records as history, evaluation tables as runs of their own
@@ -215,7 +271,13 @@ def compare(out_dirs, out="compare.png"):
     """Per-step train loss (moving average over ~1/50 of each run, drawn at each window's last step) and eval val
     loss of every run, one color per run."""
     import numpy as np
+    from matplotlib.backend_bases import FigureCanvasBase
     from matplotlib.figure import Figure  # not pyplot: no GUI backend, no global figure
+    kinds = FigureCanvasBase.get_supported_filetypes()  # checked now: savefig would fail after the drawing
+    if os.path.splitext(out)[1][1:].lower() not in kinds:
+        raise TrackingError(f"--out {out!r} is not an image name: end it in one of {', '.join(sorted(kinds))}")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
+        raise TrackingError(f"--out {out!r}: its folder does not exist")
     runs = [read_run(d) for d in out_dirs]  # every folder checked before drawing
     ax = Figure(figsize=(8, 4.5)).subplots()
     for i, (label, steps, evals) in enumerate(runs):

