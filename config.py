@@ -8,7 +8,7 @@ A config file is run (runpy) and its lowercase names are the fields it sets; an 
 or, for a string field, the text as is. Every value is coerced to its field's type and checked against RANGES: an
 unknown key, a wrong type or a value out of range is one TrainError line, never a traceback.
 """
-import ast, difflib, math, os, runpy, types
+import ast, difflib, math, os, runpy, textwrap, types
 from dataclasses import dataclass, field, fields, make_dataclass, replace
 from typing import get_args
 
@@ -196,3 +196,10 @@ def sft_schedule(cfg, n_examples):
         return cfg
     epoch = math.ceil(n_examples / (cfg.gradient_accumulation_steps * cfg.batch_size))
     return replace(cfg, max_iters=cfg.sft_epochs * epoch, lr_decay_iters=cfg.sft_epochs * epoch, warmup_iters=epoch)
+
+
+def usage(doc):
+    """train.py's --help: its docstring, the command line and every config field with its default."""
+    fields_text = ", ".join(f"{f.name}={f.default!r}" for f in fields(TrainConfig))
+    return (doc.strip() + "\n\nusage: python train.py [CONFIG.py ...] [key=value ...]\nconfig fields (defaults): "
+            + textwrap.fill(fields_text, 116, subsequent_indent="  "))

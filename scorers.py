@@ -194,9 +194,10 @@ def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0, back
     if backend == "cpu":
         import kernels_cpu
         return kernels_cpu.attention(q, k, v, scorer, **kw)
-    if backend == "triton":
+    if backend == "triton":  # eager inside a compiled model: tracing its autograd Functions is untested (no GPU)
         import kernels
-        return kernels.attention(q, k, v, scorer, **kw)
+        fused = torch.compiler.disable(kernels.attention) if torch.compiler.is_compiling() else kernels.attention
+        return fused(q, k, v, scorer, **kw)
     if backend == "flex":
         import kernels_flex
         return kernels_flex.flex_attention(q, k, v, scorer, **kw)

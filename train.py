@@ -20,8 +20,8 @@ log.jsonl's start record. A finished run (as this copy, at its max_iters of 3,32
     mkdir -p out-ssmax-f && cp out-softmax/ckpt_3325.pt out-ssmax-f/ckpt.pt                 # the run at the switch
     python train.py init_from=resume out_dir=out-ssmax-f scorer=ssmax max_iters=3800 overwrite=True  # from 3,325
 """
-import math, os, sys, textwrap, time, types
-from dataclasses import asdict, fields, replace
+import math, os, sys, time, types
+from dataclasses import asdict, replace
 
 import numpy as np
 import torch
@@ -33,8 +33,8 @@ import prepare_data
 import retrieval
 import tasks
 import tracking
-from config import TrainConfig, TrainError, model_config, parse_args, resolve, sft_schedule
-from model import CheckpointError, GPTConfig, convert_scorer, read_checkpoint, run_info, save_checkpoint
+from config import TrainConfig, TrainError, model_config, parse_args, resolve, sft_schedule, usage
+from model import CheckpointError, GPTConfig, auto_backend, convert_scorer, read_checkpoint, run_info, save_checkpoint
 
 RUN_FILES = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run leaves in its out_dir
 BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "eval", "run_info")  # no optimizer state
@@ -222,6 +222,10 @@ def train(explicit):
     pending_eval = ckpt if resuming and not switch and "eval" in ckpt else None  # its eval may lack its log line
     ckpt, T, accum = None, cfg.block_size, cfg.gradient_accumulation_steps // run.world
     eval_model = model = torch.compile(raw_model) if cfg.compile else raw_model
+    backend = auto_backend(cfg.scorer, raw_model.config.p, run.device) if cfg.backend == "auto" else cfg.backend
+    if master and cfg.compile and backend == "triton":  # scorers.attention: torch.compiler.disable around it
+        print("compile: kernels.py's Triton attention runs outside the compiled graph (tracing its autograd Functions "
+              "is untested without a GPU); backend=flex compiles attention too")
     if run.ddp:
         model = DDP(model, device_ids=[torch.cuda.current_device()] if run.device_type == "cuda" else None)
     info, tokens_per_iter = run_info(cfg.seed), cfg.gradient_accumulation_steps * cfg.batch_size * T
@@ -306,6 +310,8 @@ def train(explicit):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         dt = time.time() - t0
+        if master and cfg.compile and iter_num == start_iter:  # the compiling happens in this step, once
+            print(f"compile: the first step took {dt:.1f} s (torch.compile traces and compiles the model once)")
         dt_avg = dt if dt_avg is None else 0.9 * dt_avg + 0.1 * dt
         mfu = raw_model.estimate_mfu(tokens_per_iter / dt / run.world, T, run.device)  # per GPU
         eta = (cfg.max_iters - iter_num - 1) * dt_avg  # seconds
@@ -325,16 +331,10 @@ def train(explicit):
         dist.destroy_process_group()
 
 
-def usage():
-    fields_text = ", ".join(f"{f.name}={f.default!r}" for f in fields(TrainConfig))
-    return (__doc__.strip() + "\n\nusage: python train.py [CONFIG.py ...] [key=value ...]\nconfig fields (defaults): "
-            + textwrap.fill(fields_text, 116, subsequent_indent="  "))
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if {"-h", "--help"} & set(argv) and argv[:1] != ["--compare"]:
-        return print(usage())
+        return print(usage(__doc__))
     try:
         if argv[:1] == ["--compare"]:  # runs' log.jsonl curves in one PNG, no wandb needed (tracking.py)
             return tracking.compare_main(argv[1:])

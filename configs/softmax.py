@@ -7,7 +7,8 @@
 # GPT-2 reaches ~40 %) that is ~273,000 tokens/s = 61 min, plus ~2 min of evals and checkpoints. Not yet timed on a
 # GPU (bench/gpu.sh: a short run extrapolated). ssa, ssa_learn_n and lssa take ~1.2x as long, lssar ~1.5x: their
 # kernels are 2-3x softmax's (bench/README.md), and attention is ~15 % of a softmax step.
-# compile=False: torch.compile around the fused Triton kernels' autograd Functions is untested (no GPU here).
+# compile=True: SDPA attention compiles with the rest (softmax, ssmax and its variants); the Triton scorers keep
+# compile=False until it is timed on a GPU (their attention would run outside the compiled graph).
 # Data: dataset=fineweb_edu, the first 1B tokens of HuggingFaceFW/fineweb-edu sample-10BT, streamed on first use
 # (prepare_data.py; ~3 GB): one pass, no repeats. Offline: dataset=english (2.4M tokens: it overfits long before
 # 3,800 iters; lower max_iters). With torchrun, run `python prepare_data.py fineweb_edu` first.
@@ -29,4 +30,4 @@ warmup_iters = 200  # 52M tokens, 5 % of the run
 eval_interval = 200  # 20 points on the loss curve, ~2 s of eval each (2 x 40 batches)
 eval_iters = 40
 log_interval = 10
-compile = False
+compile = True  # SDPA attention: tested on the CPU (tests/test_compile.py); train.py prints the compile time

@@ -21,4 +21,4 @@ warmup_iters = 200
 eval_interval = 200
 eval_iters = 40
 log_interval = 10
-compile = False
+compile = False  # Triton attention: compiling through it is untested on a GPU (train.py says so when asked)

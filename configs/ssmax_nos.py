@@ -21,4 +21,4 @@ warmup_iters = 200
 eval_interval = 200
 eval_iters = 40
 log_interval = 10
-compile = False
+compile = True  # SDPA attention: tested on the CPU (tests/test_compile.py); train.py prints the compile time

@@ -32,4 +32,4 @@ lr_schedule = "constant"
 eval_interval = 100
 eval_iters = 40
 log_interval = 10
-compile = False
+compile = True  # SDPA attention: tested on the CPU (tests/test_compile.py); train.py prints the compile time
