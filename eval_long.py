@@ -26,10 +26,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-import compare
-import prepare_data
-import tracking
-from model import BACKENDS, ROPE_METHODS, load_checkpoint, read_checkpoint, run_info
+from lib import compare, dataset, tracking
+from lib.checkpoint import load_checkpoint, read_checkpoint, run_info
+from model import BACKENDS, ROPE_METHODS
 
 WINDOW_MULTIPLES = (1, 2, 4, 8, 10, 16, 20)  # k x the training length N
 WINDOW_RULE = ("window kx: mean loss over positions (k*N - N, k*N], the last N positions up to k times the "
@@ -44,7 +43,7 @@ OUTPUTS = ("per_position.csv", "per_position.png", "per_sequence.csv", "differen
 
 def load_tokens(data_dir, split, L):
     path = os.path.join(data_dir, f"{split}.bin")
-    data = prepare_data.load_split(data_dir, split)  # DataError if it is missing
+    data = dataset.load_split(data_dir, split)  # DataError if it is missing
     if len(data) < L + 1:
         raise ValueError(f"{path} has {len(data):,} tokens, fewer than the --length + 1 = {L + 1:,} one sequence needs")
     return data
@@ -139,7 +138,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
     if not args.ckpt:
         return []
     # every checkpoint is read (its pickle; tensors mapped, not read) and checked before the first model runs
-    model_args = [prepare_data.language_model(p, read_checkpoint(p, mmap=True))["model_args"] for p in args.ckpt]
+    model_args = [dataset.language_model(p, read_checkpoint(p, mmap=True))["model_args"] for p in args.ckpt]
     args.length = args.length or 10 * model_args[0]["block_size"]  # the first checkpoint fixes L
     N, path = max((a["block_size"], path) for a, path in zip(model_args, args.ckpt))
     if args.length < N:
@@ -200,7 +199,7 @@ def main(argv=None):
     p.error = lambda message: sys.exit(f"error: {message}")  # one line, no usage dump
     p.add_argument("ckpt", nargs="*", help="checkpoints, compared in one figure")
     p.add_argument("--data", default="data/shakespeare", help="prepared dataset folder (prepare_data.py)")
-    p.add_argument("--split", default="val", choices=prepare_data.SPLITS)
+    p.add_argument("--split", default="val", choices=dataset.SPLITS)
     p.add_argument("--length", type=int, help="tokens per sequence L (default: 10 x the first block_size)")
     p.add_argument("--rope_method", choices=ROPE_METHODS, default="theta")
     p.add_argument("--rope_scale", type=float, default=50.0, help="the SSMax paper: θ x 50 = 500,000")
@@ -242,7 +241,7 @@ def main(argv=None):
         if args.wandb and table:  # into --out_dir, beside the results
             tracking.log_table(args.wandb_project, f"eval_long {args.rope_method} x{args.rope_scale:g}", table,
                                args.out_dir)
-    except (ValueError, FileNotFoundError, prepare_data.DataError, tracking.TrackingError) as e:
+    except (ValueError, FileNotFoundError, dataset.DataError, tracking.TrackingError) as e:
         sys.exit(f"error: {e}")
 
 if __name__ == "__main__":

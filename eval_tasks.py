@@ -13,7 +13,6 @@ checkpoint, length and the memory the longest needs are checked before the first
 --out_dir when all are done (tracking.results_dir: an out_dir that holds an earlier evaluation's is refused).
 """
 import argparse
-import csv
 import math
 import os
 import sys
@@ -23,10 +22,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import tracking
 from kernels_cpu import CHUNK
-from model import GPTConfig, auto_backend, read_checkpoint
-from tasks import TASKS, build_model, get_batch, min_length, target_positions
+from lib import tracking
+from lib.checkpoint import build_model, read_checkpoint
+from lib.compare import wilson, write_csv
+from model import GPTConfig, auto_backend
+from tasks import TASKS, get_batch, min_length, target_positions
 
 # ----------------------------------------------------------------------------------------------------------------
 # Loading and scoring: accuracy (or MSE) vs length with 95% intervals
@@ -37,13 +38,6 @@ def load(path, **overrides):
     model = build_model(GPTConfig(**{**ckpt["model_args"], **overrides}), ckpt["config"].get("task", ""))
     model.load_state_dict(ckpt["model"])
     return model.eval(), ckpt
-
-
-def wilson(k, n, z=1.96):
-    """95% Wilson score interval of k successes in n trials."""
-    p, d = k / n, 1 + z * z / n
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (p + z * z / (2 * n)) / d - half, (p + z * z / (2 * n)) / d + half
 
 
 def setting(c):
@@ -111,13 +105,6 @@ def diagnose(model, c, L, n, stream):
 # ----------------------------------------------------------------------------------------------------------------
 # Every checkpoint x length x condition x RoPE evaluation, written as each checkpoint finishes
 
-def write_csv(path, rows):
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
 ACC_COLUMNS = ("task", "model", "scorer", "seed", "length", "accuracy", "ci_low", "ci_high", "n", "mse", "loss",
                "condition", "rope", "train_length")
 # prompt_id: the sample's index in its condition's test stream, which is seeded by the training seed: every setting
@@ -180,10 +167,10 @@ def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0):
                     if diag_n and ci == 0 and rope in ("nope", "plain"):
                         att += [dict(task=c.task, model=label, scorer=setting(ckpt["config"]), seed=c.seed,
                                      length=L, **d) for d in diagnose(model, cc, L, diag_n, stream=2)]
-        write_csv(os.path.join(out_dir, "accuracy.csv"), acc)
+        write_csv(os.path.join(out_dir, "accuracy.csv"), acc, list(acc[0]))
         if att:
-            write_csv(os.path.join(out_dir, "attention.csv"), att)
-        write_csv(os.path.join(out_dir, "per_prompt.csv"), prompts)
+            write_csv(os.path.join(out_dir, "attention.csv"), att, list(att[0]))
+        write_csv(os.path.join(out_dir, "per_prompt.csv"), prompts, list(prompts[0]))
         print(f"{label}: " + ", ".join(f"L={r['length']} {r['condition']} {r['rope']}: "
                                        + (f"mse {r['mse']:.3g}" if r["mse"] != "" else f"acc {r['accuracy']:.3f}")
                                        for r in acc if r["model"] == label))

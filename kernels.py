@@ -33,7 +33,7 @@ KERNELS = {("plain", "linear", True, True), ("logn", "linear", True, True), ("pl
            ("norm", "softplus", False, True), ("bias", "sigmoid", False, False)}
 LOG2E = tl.constexpr(1.4426950408889634)
 NEG = tl.constexpr(-1.0e30)  # finite "-inf": exp2(NEG - NEG) stays a number for rows that saw no key yet
-TIE = tl.constexpr(8 * 2.0**-23)  # re-weighting: y = n P - o counts as positive above TIE n (as scorers.reweight)
+TIE = tl.constexpr(scorers.TIE * 2.0**-23)  # re-weighting: y = n P - o counts as positive above TIE n (fp32)
 DECODE_M = 16  # the smallest tl.dot M on a GPU: decode and short chunks use it, with split keys
 DECODE_N = 32 if INTERPRET else 64
 NO_GPU = "the fused Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1 for testing); use backend=torch"
@@ -654,26 +654,16 @@ class _Attention(torch.autograd.Function):
 # Public API
 
 def _prepare(q, k, v, scorer, s, b, n, p, offset):
-    """Checks the inputs; returns the registry entry, the kernels' compile-time flags, per-head fp32 s, b, n (the
-    defaults of SCORERS.md for those the scorer does not have or was not given) and p."""
-    entry, p = scorers.get(scorer, p)
-    assert q.dim() == 4 and k.shape == v.shape and k.shape[:2] == q.shape[:2] and k.shape[3] == q.shape[3], \
-        f"q (B, H, Tq, D) and k, v (B, H, Tk, D) expected, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-    B, H, Tq, D = q.shape
-    assert k.shape[2] == offset + Tq, f"k has {k.shape[2]} keys but offset + Tq = {offset} + {Tq}"
+    """scorers.prepare's checks and defaults, then the kernels' own limits; adds their compile-time flags."""
+    entry, s, b, n, p = scorers.prepare(q, k, v, scorer, s, b, n, p, offset)
+    D = q.shape[3]
     assert D in (16, 32, 64, 128), f"head dim {D} not supported (16, 32, 64, 128)"
     assert q.dtype in (torch.float32, torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype, \
         f"q, k, v must share one of fp32/fp16/bf16, got {q.dtype}, {k.dtype}, {v.dtype}"
     flags = entry.kernel_flags()
     if tuple(flags.values()) not in KERNELS:  # a registry entry whose math no kernel helper has
         raise ValueError(f"kernels.py implements no kernel for {scorer!r}'s flags {flags} (known: {sorted(KERNELS)})")
-    default = {"s": 1.0, "b": 0.0, "n": 1.5, **{prm.name: prm.default for prm in entry.params}}
-
-    def per_head(x, name):  # made on q's device: a CPU tensor copied over would sync the stream on every call
-        x = torch.full((H,), default[name], device=q.device) if x is None else x
-        return x.to(q.device, torch.float32).expand(H).contiguous()
-
-    return entry, flags, per_head(s, "s"), per_head(b, "b"), per_head(n, "n"), p
+    return entry, flags, s, b, n, p
 
 
 def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):

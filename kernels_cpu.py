@@ -62,7 +62,7 @@ def _stage1(x, kind, n, mask, ln_n):
 def _forward(q, k, v, n, kind, p, offset, save):
     """q, k, v (B*H, T, D) after the folds of attention(); n (B*H, 1, 1) for ssa. Returns out and, with save, each
     block's tensors for the backward: ssa's x, P (stage 1), lssa's S, P2 (re-weighted), the rows that re-weighted."""
-    tie = 8 * torch.finfo(q.dtype).eps  # model.reweight's rule (kernels.TIE)
+    tie = scorers.TIE * torch.finfo(q.dtype).eps  # scorers.reweight's rule
     out, saved = torch.empty_like(q), []
     keep = torch.ones(CHUNK, CHUNK, dtype=q.dtype, device=q.device).tril_()  # 1 on and below the diagonal
     mask = keep if kind in ("lssa", "sigmoid") else keep.log_()  # log 1 = 0, log 0 = -inf
@@ -95,7 +95,7 @@ def _rows(offset, t0, t1, like):  # n_i and o_i / n_i as (m, 1): o_i = 1 for n_i
 def _backward(do, q, k, v, n, out, saved, kind, p, offset, need_dn):
     dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dn = torch.zeros_like(n) if need_dn else None
-    tie = 8 * torch.finfo(q.dtype).eps
+    tie = scorers.TIE * torch.finfo(q.dtype).eps
     delta = torch.linalg.vecdot(do, out).unsqueeze(-1)  # sum_j P_ij dP_ij of the last stage, every row at once
     # Factors of dx that are per head (ssa's n), per row (lssa's -1/S) or constant (re-weighting's p) multiply q and k,
     # or dq at the end, instead of the (m, Tk) blocks

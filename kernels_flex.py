@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from kernels import TIE, _prepare  # re-weighting's tie rule, and the fused kernels' argument checks and defaults
+import scorers
 
 
 _flex_compiled = None
@@ -22,10 +22,10 @@ def _flex_pass(q, k, v, block_mask, scale, stage1, pos0, params, ln_d, lse1, p):
         ln_n = torch.log((q_idx + pos0 + 1).to(torch.float32))
         return stage1(score, ln_n, ln_d, **{name: x[h] for name, x in params.items()})
 
-    def reweight(score, bb, h, q_idx, kv_idx):  # p log(n P - o) on n P - o > TIE n, else -inf
+    def reweight(score, bb, h, q_idx, kv_idx):  # p log(n P - o) on n P - o > TIE eps n, else -inf
         n_i = (q_idx + pos0 + 1).to(torch.float32)
         y = n_i * torch.exp(logit(score, h, q_idx) - lse1[bb, h, q_idx]) - (n_i > 3).to(torch.float32)
-        pos = y > TIE.value * n_i
+        pos = y > scorers.TIE * 2.0**-23 * n_i  # fp32 eps, as kernels.py
         return torch.where(pos, p * torch.log(torch.where(pos, y, torch.ones_like(y))), -math.inf)
 
     mod = (lambda score, bb, h, q_idx, kv_idx: logit(score, h, q_idx)) if lse1 is None else reweight
@@ -41,7 +41,7 @@ def flex_attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0)
     lengths). On CUDA the passes are compiled; on CPU they run eagerly (forward only: no CPU backward)."""
     from torch.nn.attention.flex_attention import create_block_mask
     global _flex_compiled
-    entry, _, s, b, n, p = _prepare(q, k, v, scorer, s, b, n, p, offset)
+    entry, s, b, n, p = scorers.prepare(q, k, v, scorer, s, b, n, p, offset)
     params = {prm.name: dict(s=s, b=b, n=n)[prm.name] for prm in entry.params}
     B, H, Tq, D = q.shape
     Tk = k.size(2)

@@ -1,16 +1,11 @@
 """
 nanoscorer model: one Llama-style GPT (RoPE, RMSNorm, SwiGLU, no biases, untied head) whose attention has a
 `scorer` switch. The scorers (softmax, ssmax, ssa, lssa, lssar, sigmoid) are one registry in scorers.py, with the
-reference path that reads like the papers' equations (definitions: SCORERS.md); kernels.py holds the fused path.
-Beside the model: the softmax -> SSMax switch (convert_scorer), MFU, and checkpoints with their provenance.
+reference path that reads like the papers' equations (definitions: SCORERS.md); attention() below dispatches to it
+or to a fused path (kernels.py on a GPU, kernels_cpu.py, kernels_flex.py). Beside the GPT: RealGPT (the synthetic
+tasks' real-valued inputs) and the softmax -> SSMax switch (convert_scorer). Checkpoints are lib/checkpoint.py's.
 """
-import hashlib
-import importlib.metadata
-import importlib.util
 import math
-import os
-import subprocess
-import zipfile
 from dataclasses import asdict, dataclass
 from typing import Optional
 
@@ -19,8 +14,46 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import scorers
-from scorers import (BACKENDS, LSSAR_DEFAULT_P, SCORERS, attention, attention_weights, auto_backend,  # noqa: F401
-                     reweight, sdpa_attention, ssmax_s_for_switch)
+from scorers import (LSSAR_DEFAULT_P, SCORERS, attention_weights, reweight, sdpa_attention,  # noqa: F401
+                     ssmax_s_for_switch)
+
+# ----------------------------------------------------------------------------------------------------------------
+# attention(): the one call every layer makes, on the reference or a fused backend
+
+BACKENDS = ("auto", "torch", "sdpa", "cpu", "triton", "flex")
+
+def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0, backend="torch", chunk=1024):
+    """Causal attention (B, H, Tq, D) for every scorer. backend: torch (scorers.py's reference), sdpa (softmax,
+    ssmax), cpu (kernels_cpu.py), triton (kernels.py), flex (kernels_flex.py); auto: the fastest exact one for the device (auto_backend).
+    The reference scores at most `chunk` query rows at a time, so its memory is O(chunk * Tk), not O(T^2)."""
+    kw = dict(s=s, b=b, n=n, p=p, offset=offset)
+    backend = auto_backend(scorer, p, q.device) if backend == "auto" else backend
+    if backend == "sdpa":
+        return sdpa_attention(q, k, v, scorer, **kw)
+    if backend == "cpu":
+        import kernels_cpu
+        return kernels_cpu.attention(q, k, v, scorer, **kw)
+    if backend == "triton":  # eager inside a compiled model: tracing its autograd Functions is untested (no GPU)
+        import kernels
+        fused = torch.compiler.disable(kernels.attention) if torch.compiler.is_compiling() else kernels.attention
+        return fused(q, k, v, scorer, **kw)
+    if backend == "flex":
+        import kernels_flex
+        return kernels_flex.flex_attention(q, k, v, scorer, **kw)
+    if backend != "torch":
+        raise ValueError(f"unknown attention backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+    if q.size(-2) > chunk:
+        return torch.cat([attention(q[:, :, t:t + chunk], k[:, :, :offset + t + chunk], v[:, :, :offset + t + chunk],
+                                    scorer, **{**kw, "offset": offset + t}, chunk=chunk)
+                          for t in range(0, q.size(-2), chunk)], dim=2)
+    P = attention_weights(q, k, scorer, **kw)
+    return (P @ v.to(P.dtype)).to(q.dtype)
+
+def auto_backend(scorer, p, device):
+    """softmax and ssmax (no re-weighting): SDPA, exact (ssmax scales q); others: Triton on CUDA, else kernels_cpu."""
+    if scorer in ("softmax", "ssmax") and p is None:
+        return "sdpa"
+    return "triton" if torch.device(device).type == "cuda" else "cpu"
 
 POS = ("rope", "nope")
 
@@ -195,6 +228,16 @@ class Block(nn.Module):
         x = x + self.dropout(self.attn(self.ln_1(x), cos, sin, cache, capture))
         return x + self.mlp(self.ln_2(x))
 
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "GH200": 989e12, "B200": 2250e12,
+                   "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 125e12, "A10": 125e12,
+                   "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12, "T4": 65e12}
+
+def device_peak_flops(device=None):
+    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
+        return None
+    name = torch.cuda.get_device_name(device)  # dict order: "A100" is tried before "A10", "L40S" before "L4"
+    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+
 class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -309,6 +352,25 @@ class GPT(nn.Module):
             logits, _ = self(idx_next if use_cache else idx, cache=cache)
         return idx
 
+class RealGPT(GPT):
+    """The GPT with the SSA paper's linear input embedding x W and a scalar head; its loss is MSE or a logistic loss
+    on the positions whose target is not NaN."""
+
+    def __init__(self, config, n_in, loss):
+        super().__init__(config)  # config.vocab_size = 1: lm_head is already the scalar head
+        self.transformer.wte = nn.Linear(n_in, config.n_embd, bias=False)
+        nn.init.normal_(self.transformer.wte.weight, mean=0.0, std=0.02)
+        self.loss_kind = loss
+
+    def loss(self, logits, targets, reduction="mean"):
+        pred, scored = logits.float().squeeze(-1), ~torch.isnan(targets)
+        t = torch.where(scored, targets, 0.0)
+        per = ((pred - t) ** 2 if self.loss_kind == "mse" else F.binary_cross_entropy_with_logits(
+            pred, t, reduction="none")) * scored
+        if reduction == "none":
+            return per
+        return per.sum() / (scored.sum() if reduction == "mean" else 1)
+
 def convert_scorer(model, **changes):
     """A new GPT with changed config fields (e.g. scorer="ssmax") and every shared weight kept: the softmax->SSMax
     switch of the SSMax paper (variants e, f) when ssmax_s_init = ssmax_s_for_switch(block_size)."""
@@ -319,81 +381,3 @@ def convert_scorer(model, **changes):
     bad = [k for k in missing + unexpected if not k.endswith(own)]
     assert not bad, f"convert_scorer: weights that do not carry over: {bad}"
     return new
-
-# ----------------------------------------------------------------------------------------------------------------
-# Devices and provenance
-
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "GH200": 989e12, "B200": 2250e12,
-                   "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 125e12, "A10": 125e12,
-                   "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12, "T4": 65e12}
-
-def device_peak_flops(device=None):
-    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
-        return None
-    name = torch.cuda.get_device_name(device)  # dict order: "A100" is tried before "A10", "L40S" before "L4"
-    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
-
-def _git(repo, *args):
-    try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, cwd=repo).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-def run_info(seed=None, repo=os.path.dirname(os.path.abspath(__file__))):
-    """What every checkpoint and result file records: git SHA, whether tracked files differed from it (git_dirty)
-    and a hash of that diff, versions, device, seed. Untracked files (out_dirs, data) and results/ (reproduce.py
-    rewrites its tracked summaries as it runs) are not counted: the flag says whether the code was committed."""
-    sha = _git(repo, "rev-parse", "HEAD").strip() or None
-    diff = _git(repo, "diff", "HEAD", "--", ":(top)", ":(top,exclude)results") if sha else ""
-    triton = importlib.util.find_spec("triton") and importlib.metadata.version("triton")
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    # str(): torch.__version__ is a TorchVersion, a class weights_only loading refuses unless allowed by name
-    return dict(git_sha=sha, git_dirty=bool(diff) if sha else None,
-                git_diff_sha256=hashlib.sha256(diff.encode()).hexdigest()[:16] if diff else None,
-                torch=str(torch.__version__), triton=triton or None, device=device, seed=seed)
-
-def save_checkpoint(obj, path):
-    """Atomic (temp file + rename): a crash mid-write leaves the previous checkpoint intact."""
-    tmp = f"{path}.tmp"
-    try:
-        torch.save(obj, tmp)
-    except BaseException:  # a full disk (or Ctrl-C) mid-write: no partial file is left beside the intact one
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    os.replace(tmp, path)
-
-class CheckpointError(ValueError):
-    """A file that is not a checkpoint this code loads safely; the message is one line naming the file."""
-
-def read_checkpoint(path, device="cpu", mmap=False):
-    """The dict train.py saved, read with weights_only=True (tensors and plain containers: a file that carries code
-    is refused, never run); mmap=True maps the tensors instead of reading them, a cheap check of a file."""
-    if not os.path.isfile(path):
-        raise CheckpointError(f"{path!r} is a directory, expected a checkpoint file" if os.path.isdir(path)
-                              else f"checkpoint {path!r} does not exist")
-    if not zipfile.is_zipfile(path):  # torch.save writes a zip: empty, text, truncated and legacy files stop here
-        raise CheckpointError(f"{path!r} is not a checkpoint: not a torch.save zip archive ({os.path.getsize(path):,} "
-                              "bytes: empty, truncated or another kind of file)")
-    try:  # checkpoints written before run_info stored str(torch.__version__) hold a TorchVersion: allow just that
-        with torch.serialization.safe_globals([torch.torch_version.TorchVersion]):
-            ckpt = torch.load(path, map_location=device, weights_only=True, mmap=mmap)
-    except Exception as e:  # weights_only refused a global (a function or class: code could run), or a bad archive
-        refused = str(e).partition("GLOBAL ")[2].split(" ")[0]
-        why = (f"it refers to {refused}, which weights_only=True refuses (tensors and plain values only)" if refused
-               else f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}")
-        raise CheckpointError(f"checkpoint {path!r} cannot be loaded safely: {why}") from None
-    if not isinstance(ckpt, dict) or not {"model", "model_args"} <= ckpt.keys():
-        raise CheckpointError(f"{path!r} is not a nanoscorer checkpoint (no model or model_args)")
-    return ckpt
-
-def load_checkpoint(path, device="cpu", **overrides):
-    """GPT from a checkpoint written by train.py (read_checkpoint); overrides change config fields (e.g. backend)."""
-    ckpt = read_checkpoint(path, device)
-    try:
-        model = GPT(GPTConfig(**{**ckpt["model_args"], **overrides}))
-        model.load_state_dict(ckpt["model"])
-    except (TypeError, ValueError, RuntimeError) as e:  # model_args or weights that this model.py does not take
-        why = " ".join(l.strip() for l in str(e).splitlines())[:300]  # load_state_dict: a line per kind of mismatch
-        raise CheckpointError(f"{path!r} does not fit this model: {type(e).__name__}: {why}") from None
-    return model.to(device), ckpt

@@ -18,12 +18,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-import compare
-import prepare_data
-import tracking
-from prepare_data import EOT, DataError  # DataError: bad input, printed by main as one line
-from model import BACKENDS, ROPE_METHODS, CheckpointError, load_checkpoint, read_checkpoint, run_info
-from retrieval import cells, load_hay, score_answer, score_trials, sft_examples, trials
+from lib import compare, dataset, tracking
+from lib.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, run_info
+from lib.dataset import EOT, DataError  # DataError: bad input, printed by main as one line
+from lib.retrieval import cells, load_hay, score_answer, score_trials, sft_examples, trials
+from model import BACKENDS, ROPE_METHODS
 
 MODES = ("sft_data", "needle", "passkey", "score")
 DEFAULT_CONTEXTS = {"needle": [1024, 2048, 4096, 6144, 8192, 10240], "passkey": [1024, 1536, 2048, 4096, 8192]}
@@ -167,7 +166,7 @@ def outputs(args):  # the files a mode may write, the one that means it finished
     return [f"{stem}.{ext}" for stem in stems for ext in ("csv", "png", "json", "jsonl")]
 
 def run(args, folder):  # the results to folder; returns the wandb table
-    enc = prepare_data.get_tokenizer()
+    enc = dataset.get_tokenizer()
     if args.mode == "sft_data":
         name, examples = sft_examples(args, enc)
         examples = list(tqdm(examples, desc=name, unit="ex", total=args.synthetic or None))
@@ -178,7 +177,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
     if not args.ckpt:
         raise DataError(f"mode {args.mode} needs --ckpt")
     for path in args.ckpt:  # every checkpoint read (its pickle; tensors mapped, not read) before the first model runs
-        prepare_data.language_model(path, read_checkpoint(path, mmap=True))
+        dataset.language_model(path, read_checkpoint(path, mmap=True))
     hay = None if args.mode == "passkey" else load_hay(args.data, "val")
     contexts = [args.context] if args.mode == "score" else args.context_sizes
     prompts = lambda L: trials(args, enc, hay, L, np.random.default_rng([args.seed, L]))  # the same for every model

@@ -19,7 +19,7 @@ import argparse, json, os, shutil, subprocess, sys, time
 
 import torch
 
-import report
+from lib import report
 
 # ----------------------------------------------------------------------------------------------------------------
 # The two scales. The model fields are GPTConfig's, the rest TrainConfig's (train.py).
@@ -92,7 +92,7 @@ def complete(out_dir):
 
 
 def iter_of(path):
-    from model import read_checkpoint  # weights_only=True; mmap: the pickle is read, the tensors are not
+    from lib.checkpoint import read_checkpoint  # weights_only=True; mmap: the pickle is read, the tensors are not
     return read_checkpoint(path, mmap=True)["iter_num"] if os.path.isfile(path) else None
 
 
@@ -158,7 +158,7 @@ def main(argv=None):
     if a.suite != "synthetic" and (a.quick or a.tasks or a.settings):  # else silently the 2-hour LM reproduction
         sys.exit("error: --quick, --tasks and --settings need --suite synthetic")
     if a.suite == "synthetic":
-        import synthetic
+        from lib import synthetic
         for flag, given, allowed in (("--tasks", a.tasks, synthetic.SUITE), ("--settings", a.settings,
                                                                              synthetic.SETTINGS)):
             if set(given or []) - set(allowed):
@@ -179,8 +179,8 @@ def main(argv=None):
     roots = {seed: os.path.join(root, f"s{seed}") for seed in a.seeds}  # every seed's runs: its own folder
     os.makedirs(results, exist_ok=True)
     t0 = time.time()
-    import prepare_data
-    prepare_data.prepare(DATASET, out_dir=data_dir)  # a no-op when up to date
+    from lib import dataset
+    dataset.prepare(DATASET, out_dir=data_dir)  # a no-op when up to date
     E, N, data = S["eval"], S["model"]["block_size"], os.path.join(data_dir, DATASET)
     common = ["--data", data, "--seed", "0"]  # the same test sequences for every model and seed
     for seed, runs in roots.items():

@@ -14,8 +14,9 @@ from contextlib import nullcontext
 
 import torch
 
-import prepare_data
-from model import BACKENDS, CheckpointError, load_checkpoint
+from lib import dataset
+from lib.checkpoint import CheckpointError, load_checkpoint
+from model import BACKENDS
 
 SEP = "-" * 15  # nanoGPT's separator line
 MIN_TEMPERATURE = 1e-3  # logits / T overflows to inf (then nan probabilities) as T goes to 0: use 0 for greedy
@@ -60,14 +61,14 @@ def main(argv=None):
                 start = f.read()
         except (OSError, UnicodeDecodeError) as e:
             p.error(f"cannot read the prompt file {start[5:]!r}: {e.strerror if isinstance(e, OSError) else e}")
-    enc = prepare_data.get_tokenizer()
+    enc = dataset.get_tokenizer()
     # <|endoftext|> written in a prompt is the document separator the model was trained with, not an error
-    ids = enc.encode(start, allowed_special={"<|endoftext|>"}) or [prepare_data.EOT]
+    ids = enc.encode(start, allowed_special={"<|endoftext|>"}) or [dataset.EOT]
 
     try:
         model, ckpt = load_checkpoint(args.ckpt, device, backend=args.backend)
-        prepare_data.language_model(args.ckpt, ckpt)  # a task run's vocabulary is not GPT-2's
-    except (CheckpointError, prepare_data.DataError) as e:  # missing, corrupt, foreign or unsafe, or a task run
+        dataset.language_model(args.ckpt, ckpt)  # a task run's vocabulary is not GPT-2's
+    except (CheckpointError, dataset.DataError) as e:  # missing, corrupt, foreign or unsafe, or a task run
         p.error(str(e))
     model.eval()  # load_checkpoint leaves the model in train mode (dropout on)
     # Build the rotary tables once, long enough for the whole sample (forward would otherwise regrow them

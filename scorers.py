@@ -24,7 +24,6 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("auto", "torch", "sdpa", "cpu", "triton", "flex")
 LSSAR_DEFAULT_P = 15.0
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -73,15 +72,17 @@ def score_sigmoid(q, k, n_i, mask, **_):
     z = _z(q, k)
     return torch.sigmoid(z - torch.log(n_i.to(z.dtype))) * mask  # not normalised: the output is sum_j w_ij v_j
 
+TIE = 8  # re-weighting: n P - o counts as positive above TIE * eps * n (eps of the scores' dtype)
+
 def reweight(P, n_i, p):
     """LSSAR eq. 5: R = ReLU(n_i P - o_i)^p, P' = R / sum R; o_i = 0 for rows i < 3, else 1.
     Computed as a softmax of p*log(n P - o) over the positive entries, since (nP)^p overflows fp32.
-    "Positive" means above 8 n_i eps (eps of P's dtype; kernels.TIE, the same rule): a row with no such entry keeps
+    "Positive" means above TIE n_i eps (eps of P's dtype; the fused paths use the same rule): a row with no such entry keeps
     P. Only an exactly uniform row has none, and there n P - 1 is rounding of either sign (exp, log, a sum of n
     terms: up to ~n eps / 2), which must not pick the branch; below 8 n eps re-weighting would amplify that noise."""
     n = n_i.to(P.dtype)
     x = n * P - (n_i > 3).to(P.dtype)  # row i has n_i = i + 1, so i < 3 <=> n_i <= 3
-    pos = x > 8 * n * torch.finfo(P.dtype).eps
+    pos = x > TIE * n * torch.finfo(P.dtype).eps
     logR = torch.where(pos, p * torch.log(torch.where(pos, x, torch.ones_like(x))), float("-inf"))
     has = pos.any(-1, keepdim=True)
     return torch.where(has, torch.softmax(logR.masked_fill(~has, 0.0), dim=-1), P)
@@ -169,8 +170,24 @@ def get(scorer, p=None):
         raise ValueError(f"re-weighting (p={p}) needs normalised rows; scorer={scorer!r} has none")
     return entry, None if p is None else float(p)
 
+def prepare(q, k, v, scorer, s=None, b=None, n=None, p=None, offset=0):
+    """A fused path's inputs checked: the registry entry, per-head fp32 s, b, n on q's device (SCORERS.md's defaults
+    for those the scorer lacks or was not given) and p. q (B, H, Tq, D); k, v (B, H, offset + Tq, D)."""
+    entry, p = get(scorer, p)
+    assert q.dim() == 4 and k.shape == v.shape and k.shape[:2] == q.shape[:2] and k.shape[3] == q.shape[3], \
+        f"q (B, H, Tq, D) and k, v (B, H, Tk, D) expected, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+    H, Tq = q.shape[1], q.shape[2]
+    assert k.shape[2] == offset + Tq, f"k has {k.shape[2]} keys but offset + Tq = {offset} + {Tq}"
+    default = {"s": 1.0, "b": 0.0, "n": 1.5, **{prm.name: prm.default for prm in entry.params}}
+
+    def per_head(x, name):  # made on q's device: a CPU tensor copied over would sync the stream on every call
+        x = torch.full((H,), default[name], device=q.device) if x is None else x
+        return x.to(q.device, torch.float32).expand(H).contiguous()
+
+    return entry, per_head(s, "s"), per_head(b, "b"), per_head(n, "n"), p
+
 # ----------------------------------------------------------------------------------------------------------------
-# attention(): the one call every layer makes, on the reference or a fused backend
+# The reference weights and the SDPA form of softmax and ssmax (model.attention dispatches to these and the kernels)
 
 def attention_weights(q, k, scorer, *, s=None, b=None, n=None, p=None, offset=0):
     """The attention weights P (B, H, Tq, Tk) of SCORERS.md; q at absolute positions offset..offset+Tq-1."""
@@ -181,40 +198,6 @@ def attention_weights(q, k, scorer, *, s=None, b=None, n=None, p=None, offset=0)
     with torch.autocast(q.device.type, enabled=False):  # else autocast runs q @ k.T in bf16 again
         P = entry.weights(q, k, n_i, mask, s=s, b=b, n=n)
         return P if p is None else reweight(P, n_i, p)
-
-def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0, backend="torch", chunk=1024):
-    """Causal attention (B, H, Tq, D) for every scorer. backend: torch (the reference above), sdpa (softmax, ssmax),
-    cpu (kernels_cpu.py), triton (kernels.py),
-    flex (kernels_flex.py); auto: the fastest exact one for the device (auto_backend).
-    The reference scores at most `chunk` query rows at a time, so its memory is O(chunk * Tk), not O(T^2)."""
-    kw = dict(s=s, b=b, n=n, p=p, offset=offset)
-    backend = auto_backend(scorer, p, q.device) if backend == "auto" else backend
-    if backend == "sdpa":
-        return sdpa_attention(q, k, v, scorer, **kw)
-    if backend == "cpu":
-        import kernels_cpu
-        return kernels_cpu.attention(q, k, v, scorer, **kw)
-    if backend == "triton":  # eager inside a compiled model: tracing its autograd Functions is untested (no GPU)
-        import kernels
-        fused = torch.compiler.disable(kernels.attention) if torch.compiler.is_compiling() else kernels.attention
-        return fused(q, k, v, scorer, **kw)
-    if backend == "flex":
-        import kernels_flex
-        return kernels_flex.flex_attention(q, k, v, scorer, **kw)
-    if backend != "torch":
-        raise ValueError(f"unknown attention backend {backend!r}; allowed: {', '.join(BACKENDS)}")
-    if q.size(-2) > chunk:
-        return torch.cat([attention(q[:, :, t:t + chunk], k[:, :, :offset + t + chunk], v[:, :, :offset + t + chunk],
-                                    scorer, **{**kw, "offset": offset + t}, chunk=chunk)
-                          for t in range(0, q.size(-2), chunk)], dim=2)
-    P = attention_weights(q, k, scorer, **kw)
-    return (P @ v.to(P.dtype)).to(q.dtype)
-
-def auto_backend(scorer, p, device):
-    """softmax and ssmax (no re-weighting): SDPA, exact (ssmax scales q); others: Triton on CUDA, else kernels_cpu."""
-    if scorer in ("softmax", "ssmax") and p is None:
-        return "sdpa"
-    return "triton" if torch.device(device).type == "cuda" else "cpu"
 
 def sdpa_attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):
     """softmax and ssmax on torch's SDPA (flash, cuDNN, efficient or CPU flash: torch chooses). SSMax multiplies row

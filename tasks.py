@@ -21,15 +21,11 @@ Tasks (each with its own small vocabulary; targets are -1, or NaN for real-value
 Reals enter through a linear embedding x W (features: the value, and for linear which slot it is) and leave through
 a scalar head (RealGPT). A batch is a pure function of (seed, stream, sample index), so resume and DDP stay exact.
 """
-import sys
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-from model import GPT
 
 
 @dataclass
@@ -179,32 +175,6 @@ def get_batch(c, stream, ix, L, test=False):
             torch.from_numpy(y.astype(np.float32)) if task.n_in else torch.from_numpy(y.astype(np.int64)))
 
 
-class RealGPT(GPT):
-    """The GPT with the SSA paper's linear input embedding x W and a scalar head; its loss is MSE or a logistic loss
-    on the positions whose target is not NaN."""
-
-    def __init__(self, config, n_in, loss):
-        super().__init__(config)  # config.vocab_size = 1: lm_head is already the scalar head
-        self.transformer.wte = nn.Linear(n_in, config.n_embd, bias=False)
-        nn.init.normal_(self.transformer.wte.weight, mean=0.0, std=0.02)
-        self.loss_kind = loss
-
-    def loss(self, logits, targets, reduction="mean"):
-        pred, scored = logits.float().squeeze(-1), ~torch.isnan(targets)
-        t = torch.where(scored, targets, 0.0)
-        per = ((pred - t) ** 2 if self.loss_kind == "mse" else F.binary_cross_entropy_with_logits(
-            pred, t, reduction="none")) * scored
-        if reduction == "none":
-            return per
-        return per.sum() / (scored.sum() if reduction == "mean" else 1)
-
-
-def build_model(config, task=""):
-    """The model a run of `task` trains: GPT for tokens, RealGPT for reals."""
-    t = TASKS.get(task)
-    return RealGPT(config, t.n_in, t.loss) if t and t.n_in else GPT(config)
-
-
 def target_positions(c, x):
     """Where the final answer is read from, for the attention diagnostics (-1: nowhere, e.g. no witness)."""
     if c.task == "first":
@@ -219,16 +189,3 @@ def target_positions(c, x):
     else:
         return torch.full((len(x),), -1)
     return torch.where(hit.any(1), hit.float().argmax(1), -1)
-
-
-def main(argv=None):
-    """`python tasks.py eval CKPT ...` is `python eval_tasks.py CKPT ...`, where the evaluation lives."""
-    import eval_tasks  # here, not at the top: eval_tasks imports this module
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] != ["eval"]:
-        sys.exit("usage: python tasks.py eval CKPT ... (the same as python eval_tasks.py CKPT ...)")
-    eval_tasks.main(argv[1:])
-
-
-if __name__ == "__main__":
-    main()

@@ -29,12 +29,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import kernels_cpu
-import prepare_data
-import retrieval
 import tasks
-import tracking
-from config import TrainConfig, TrainError, model_config, parse_args, resolve, sft_schedule, usage
-from model import CheckpointError, GPTConfig, auto_backend, convert_scorer, read_checkpoint, run_info, save_checkpoint
+from lib import dataset, retrieval, tracking
+from lib.checkpoint import CheckpointError, build_model, read_checkpoint, run_info, save_checkpoint
+from lib.config import (TrainConfig, TrainError, cpu_cost_check, model_config, parse_args, resolve, sft_schedule,
+                        usage)
+from model import GPTConfig, auto_backend, convert_scorer
 
 RUN_FILES = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run leaves in its out_dir
 BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "eval", "run_info")  # no optimizer state
@@ -89,19 +89,6 @@ def setup(explicit):
     return cfg, ckpt, run
 
 
-def cpu_cost_check(cfg, device_type, start_iter=0, rate=None):
-    """On a CPU, a run estimated at over CPU_LIMIT_HOURS prints its cost and stops (TrainError: exit status 1), unless
-    allow_slow=True. The estimate is tracking.cpu_hours: FLOPs at `rate` FLOP/s (tests pass it), else measured."""
-    if device_type != "cpu" or cfg.allow_slow:
-        return
-    hours = tracking.cpu_hours(cfg, start_iter, rate)
-    if hours > tracking.CPU_LIMIT_HOURS:
-        raise TrainError(f"this run would take at least ~{hours:,.0f} hours on this CPU (over "
-                         f"{tracking.CPU_LIMIT_HOURS:g} h), so it stops before it starts: `python train.py "
-                         f"configs/cpu_quick.py` trains a small model here in ~3 minutes; allow_slow=True runs this "
-                         f"one anyway")
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Data: random windows of train.bin, task samples, or SFT examples in epochs of seeded shuffles
 
@@ -117,13 +104,13 @@ def load_data(cfg, run):
         data.size = {"train": len(data.sft), "val": len(data.sft)}
         cfg = sft_schedule(cfg, len(data.sft))
     else:  # both splits as meta.json records them: a truncated train.bin is never trained on silently
-        data.dir = prepare_data.fetch(cfg.dataset, cfg.data_dir, make=run.master)  # embedded or hub: made on first use
+        data.dir = dataset.fetch(cfg.dataset, cfg.data_dir, make=run.master)  # embedded or hub: made on first use
         if run.ddp:  # the other ranks wait for it
             dist.barrier()
-        data.size = {s: len(prepare_data.load_split(data.dir, s)) - T for s in prepare_data.SPLITS}
+        data.size = {s: len(dataset.load_split(data.dir, s)) - T for s in dataset.SPLITS}
         if min(data.size.values()) < 1:
             raise TrainError(f"{data.dir}: a split has fewer than block_size + 1 = {T + 1} tokens")
-        data.unigram = prepare_data.unigram_entropy(data.dir)
+        data.unigram = dataset.unigram_entropy(data.dir)
     return cfg, data
 
 
@@ -134,7 +121,7 @@ def get_batch(cfg, data, split, ix, device):  # ix: window offsets, task sample 
     elif cfg.sft_data:
         x, y = retrieval.sft_batch(data.sft, ix, T)
     else:
-        tokens = prepare_data.load_split(data.dir, split)  # a new memmap per batch avoids a leak (nanoGPT)
+        tokens = dataset.load_split(data.dir, split)  # a new memmap per batch avoids a leak (nanoGPT)
         x, y = (torch.from_numpy(np.stack([tokens[i + k:i + k + T] for i in ix.tolist()]).astype(np.int64))
                 for k in (0, 1))
     return x.to(device), y.to(device)
@@ -174,7 +161,7 @@ def build(cfg, explicit, ckpt, run):
     (a resume's state) -> cfg showing the model actually trained, the model, the optimizer, the scorer switch made:
     {field: [old, new]} of the scorer's fields, or {}."""
     model_args, switch = model_config(cfg, explicit, ckpt, run.resuming)
-    model = old = tasks.build_model(GPTConfig(**(model_args if ckpt is None else ckpt["model_args"])), cfg.task)
+    model = old = build_model(GPTConfig(**(model_args if ckpt is None else ckpt["model_args"])), cfg.task)
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         if model_args != ckpt["model_args"]:
@@ -223,7 +210,7 @@ def train(explicit):
     ckpt, T, accum = None, cfg.block_size, cfg.gradient_accumulation_steps // run.world
     eval_model = model = torch.compile(raw_model) if cfg.compile else raw_model
     backend = auto_backend(cfg.scorer, raw_model.config.p, run.device) if cfg.backend == "auto" else cfg.backend
-    if master and cfg.compile and backend == "triton":  # scorers.attention: torch.compiler.disable around it
+    if master and cfg.compile and backend == "triton":  # model.attention: torch.compiler.disable around it
         print("compile: kernels.py's Triton attention runs outside the compiled graph (tracing its autograd Functions "
               "is untested without a GPU); backend=flex compiles attention too")
     if run.ddp:
@@ -323,10 +310,10 @@ def train(explicit):
     if master and losses is not None:
         print(f"done: val loss {losses['val']:.4f}, best {best_val_loss:.4f}"
               + (f"; unigram baseline {data.unigram:.4f} nats" if data.unigram else ""))
-    if master and raw_model.config.vocab_size == prepare_data.VOCAB_SIZE:  # GPT-2's vocabulary: show a sample
+    if master and raw_model.config.vocab_size == dataset.VOCAB_SIZE:  # GPT-2's vocabulary: show a sample
         with run.ctx:
-            idx = raw_model.eval().generate(torch.tensor([[prepare_data.EOT]], device=run.device), 100, 0.8, top_k=200)
-        print("sample:\n" + prepare_data.get_tokenizer().decode(idx[0, 1:].tolist()))
+            idx = raw_model.eval().generate(torch.tensor([[dataset.EOT]], device=run.device), 100, 0.8, top_k=200)
+        print("sample:\n" + dataset.get_tokenizer().decode(idx[0, 1:].tolist()))
     if run.ddp:
         dist.destroy_process_group()
 
@@ -340,7 +327,7 @@ def main(argv=None):
             return tracking.compare_main(argv[1:])
         train(parse_args(argv))
         tracking.finish()  # a wandb run ends with its training: an in-process caller's next run is a new one
-    except (TrainError, prepare_data.DataError, tracking.TrackingError) as e:
+    except (TrainError, dataset.DataError, tracking.TrackingError) as e:
         sys.exit(f"error: {e}")
     finally:  # stopped by an error: the wandb run, if still open, ends as failed
         tracking.finish(failed=True)

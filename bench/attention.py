@@ -21,8 +21,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import kernels  # noqa: E402
 import kernels_flex  # noqa: E402
-from scorers import SCORERS, attention as reference  # noqa: E402
-from model import run_info  # noqa: E402
+from model import attention as reference  # noqa: E402
+from scorers import SCORERS  # noqa: E402
+from lib.checkpoint import run_info  # noqa: E402
 
 # Causal FLOPs, FlashAttention's convention: forward = two matmuls of 2 T^2 D
 # per head, half masked (4 B H T^2 D / 2); forward+backward = 3.5x (backward 2.5x: five matmuls, one a recompute).

@@ -18,7 +18,8 @@ import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 
-os.environ["TRITON_INTERPRET"] = "0"  # the interpreter's kernels cannot be compiled
+if __name__ == "__main__":  # the interpreter's kernels cannot be compiled; an importer (a test) keeps its mode
+    os.environ["TRITON_INTERPRET"] = "0"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

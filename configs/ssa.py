@@ -1,25 +1,9 @@
 # Scaled Signed Averaging (Naim et al. 2025, eq. 5): weights (1 + b|z|)^(sgn(z) n) normalised; b learnable per
 # layer and head, n = 1.5 fixed (the paper's best GPT-2 setting).
-# Quick single-GPU run, configs/softmax.py's recipe and data (its comment has the arithmetic):
-#   16 batch x 1,024 tokens x 16 accum = 262,144 tokens/iter x 3,800 iters = 996,147,200 tokens
 # ~75 min on one H100 (~1.2x softmax: the SSA kernels are ~2x softmax's). The paper's full recipe: configs/paper/ssa.py.
+base = "softmax.py"  # configs/softmax.py's recipe, data and arithmetic; this file sets what differs
 scorer = "ssa"
 ssa_b_init = 1.0
 ssa_n = 1.5
 out_dir = "out-ssa"
-dataset = "fineweb_edu"
-n_layer = 12
-n_head = 12
-n_embd = 768
-ffn_hidden = 2048
-block_size = 1024
-batch_size = 16
-gradient_accumulation_steps = 16
-max_iters = 3800
-learning_rate = 6e-4
-lr_schedule = "constant"
-warmup_iters = 200
-eval_interval = 200
-eval_iters = 40
-log_interval = 10
 compile = False  # Triton attention: compiling through it is untested on a GPU (train.py says so when asked)

@@ -14,22 +14,10 @@
 #   (e) after pretraining, no further training (max_iters=0 only converts, evaluates and saves):
 #         python train.py configs/ssmax_swap.py init_from=out-softmax/ckpt.pt max_iters=0 out_dir=out-ssmax-e
 # The paper's scale: configs/paper/ssmax_swap.py.
+base = "softmax.py"  # configs/softmax.py's recipe, data and arithmetic; this file sets what differs
 scorer = "ssmax"
 init_from = "out-softmax/ckpt_3325.pt"
 max_iters = 475
 warmup_iters = 50  # fresh, ~10 % of this leg (the paper: 1,000 of its 25,000)
-out_dir = "out-ssmax-swap"
-dataset = "fineweb_edu"
-n_layer = 12
-n_head = 12
-n_embd = 768
-ffn_hidden = 2048
-block_size = 1024
-batch_size = 16
-gradient_accumulation_steps = 16
-learning_rate = 6e-4
-lr_schedule = "constant"
 eval_interval = 100
-eval_iters = 40
-log_interval = 10
-compile = True  # SDPA attention: tested on the CPU (tests/test_compile.py); train.py prints the compile time
+out_dir = "out-ssmax-swap"

@@ -9,14 +9,16 @@ import glob
 import json
 import os
 import re
+import runpy
 
 import pytest
 import torch
 
-import prepare_data
 import tasks
 import train
-from config import MODEL_FIELDS, SCORER_OPTIONS
+from lib import config as config_lib
+from lib import dataset
+from lib.config import MODEL_FIELDS, SCORER_OPTIONS
 from model import GPT, PEAK_BF16_FLOPS, GPTConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,6 +69,9 @@ def test_every_config_file_parses_and_validates(path):
                          ids=name)
 def test_comment_arithmetic_matches_the_fields(path):
     comment = "\n".join(line for line in open(path) if line.startswith("#"))
+    if not ARITHMETIC.search(comment) and "base" in runpy.run_path(path):  # the recipe's arithmetic is its base's
+        comment = "\n".join(line for line in open(os.path.join(os.path.dirname(path), runpy.run_path(path)["base"]))
+                            if line.startswith("#"))
     m = ARITHMETIC.search(comment)
     assert m, f"{name(path)}: no 'B batch x T tokens [x A accum] = ... tokens/iter' line in its comment"
     cfg = config(path)
@@ -88,7 +93,7 @@ def test_quick_gpu_configs_train_the_162m_model_on_fineweb_edu_in_one_recipe_und
     assert (base.n_layer, base.n_head, base.n_embd, base.ffn_hidden, base.block_size) == (12, 12, 768, 2048, 1024)
     assert base.dataset == "fineweb_edu" and base.device == "auto" and base.init_from == "scratch"
     tokens = base.batch_size * base.block_size * base.gradient_accumulation_steps * base.max_iters
-    assert tokens <= QUICK_TOKEN_BUDGET and tokens <= prepare_data.NAMED["fineweb_edu"][1]  # at most one pass
+    assert tokens <= QUICK_TOKEN_BUDGET and tokens <= dataset.NAMED["fineweb_edu"][1]  # at most one pass
     assert base.max_iters // base.eval_interval >= 10  # a curve, not two points
     leg = {"scorer", "out_dir", "init_from", "max_iters", "warmup_iters", "eval_interval", "compile", *SCORER_FIELDS}
     for path in QUICK:
@@ -97,8 +102,21 @@ def test_quick_gpu_configs_train_the_162m_model_on_fineweb_edu_in_one_recipe_und
         differs = {k for k in train.TrainConfig.__dataclass_fields__ if getattr(cfg, k) != getattr(base, k)}
         assert differs <= leg, f"{name(path)} changes the shared recipe: {sorted(differs - leg)}"
         assert cfg.out_dir != base.out_dir or path.endswith("softmax.py")
+        own = {k for k in runpy.run_path(path) if not k.startswith("_")} - {"base"}  # override-only, as paper/ is
+        assert path.endswith("softmax.py") or (runpy.run_path(path)["base"] == "softmax.py" and own <= leg), name(path)
     swap, switch = config(os.path.join(REPO, "configs", "ssmax_swap.py")), round(0.875 * base.max_iters)
     assert swap.max_iters == base.max_iters - switch and f"ckpt_{switch}.pt" in swap.init_from  # variant (f)
+
+
+def test_a_config_applies_its_base_first_and_a_bad_base_is_one_error_line(tmp_path):
+    (tmp_path / "a.py").write_text('n_layer = 3\nout_dir = "out-a"\n')
+    (tmp_path / "b.py").write_text('base = "a.py"\nout_dir = "out-b"\n')
+    assert train.parse_args([str(tmp_path / "b.py"), "n_head=1"]) == dict(n_layer=3, out_dir="out-b", n_head=1)
+    for base in ('"missing.py"', '"b.py"', "3"):  # missing, leading back to itself, not a file name
+        (tmp_path / "b.py").write_text(f"base = {base}\n")
+        with pytest.raises(train.TrainError, match=r"base=.* must name another config file") as e:
+            train.parse_args([str(tmp_path / "b.py")])
+        assert "\n" not in str(e.value)
 
 
 def test_the_hour_in_softmax_py_is_its_flops_at_the_stated_mfu():
@@ -142,16 +160,16 @@ def test_sft_config_keeps_the_papers_settings_and_starts_from_the_quick_ssmax_ru
 def test_cpu_cost_check_stops_the_quick_gpu_run_on_a_cpu_with_its_cost_and_the_way_out(capsys):
     cfg = config(os.path.join(REPO, "configs", "ssmax.py"))
     with pytest.raises(train.TrainError) as e:
-        train.cpu_cost_check(cfg, "cpu", rate=1e11)  # 1e11 FLOP/s: a fast 2-core CPU
+        config_lib.cpu_cost_check(cfg, "cpu", rate=1e11)  # 1e11 FLOP/s: a fast 2-core CPU
     msg = str(e.value)
     assert "\n" not in msg and "configs/cpu_quick.py" in msg and "allow_slow=True" in msg
     hours = 996_147_200 * flops_per_token_162m(1024) / 1e11 / 3600  # ~3,000 (the exact count vs the 6N formula: <0.1%)
     assert abs(float(re.search(r"~([\d,]+) hours", msg).group(1).replace(",", "")) / hours - 1) < 1e-3
     assert "996,147,200 tokens" in capsys.readouterr().out
-    assert train.cpu_cost_check(cfg, "cuda", rate=1e11) is None  # a GPU is never checked
-    assert train.cpu_cost_check(config(os.path.join(REPO, "configs", "ssmax.py"), "allow_slow=True"), "cpu",
+    assert config_lib.cpu_cost_check(cfg, "cuda", rate=1e11) is None  # a GPU is never checked
+    assert config_lib.cpu_cost_check(config(os.path.join(REPO, "configs", "ssmax.py"), "allow_slow=True"), "cpu",
                                 rate=1e11) is None
-    assert train.cpu_cost_check(cfg, "cpu", start_iter=3799, rate=1e11) is None  # a resume: only what is left counts
+    assert config_lib.cpu_cost_check(cfg, "cpu", start_iter=3799, rate=1e11) is None  # a resume: only what is left counts
 
 
 def test_cpu_cost_check_lets_tiny_runs_start_without_a_measurement(monkeypatch, capsys):
@@ -164,7 +182,7 @@ def test_cpu_cost_check_lets_tiny_runs_start_without_a_measurement(monkeypatch, 
     task_runs = [dataclasses.replace(c, vocab_size=tasks.TASKS[c.task].vocab(c)) for c in task_runs]
     for cfg in (config(os.path.join(REPO, "configs", "cpu_quick.py")), train.TrainConfig(**train.parse_args(tiny)),
                 *task_runs):
-        assert train.cpu_cost_check(cfg, "cpu") is None
+        assert config_lib.cpu_cost_check(cfg, "cpu") is None
     assert capsys.readouterr().out == ""
 
 
@@ -172,13 +190,13 @@ def test_the_measured_cpu_rate_stops_a_long_run_of_a_small_model(capsys):
     small = ["vocab_size=512", "n_layer=1", "n_head=2", "n_embd=32", "ffn_hidden=64", "max_iters=100000000"]
     cfg = config(os.path.join(REPO, "configs", "cpu_quick.py"), *small)  # 1e11 tokens: weeks on any CPU
     with pytest.raises(train.TrainError, match="allow_slow=True"):
-        train.cpu_cost_check(cfg, "cpu")
+        config_lib.cpu_cost_check(cfg, "cpu")
     assert "measured fp32 matmul rate" in capsys.readouterr().out
 
 
 def test_train_on_a_cpu_stops_before_it_fetches_data_or_writes_a_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(train, "cpu_cost_check", functools.partial(train.cpu_cost_check, rate=1e11))
-    monkeypatch.setattr(prepare_data, "fetch", lambda *a: pytest.fail("fetched before the cost check"))
+    monkeypatch.setattr(train, "cpu_cost_check", functools.partial(config_lib.cpu_cost_check, rate=1e11))
+    monkeypatch.setattr(dataset, "fetch", lambda *a: pytest.fail("fetched before the cost check"))
     with pytest.raises(SystemExit) as e:
         train.main([os.path.join(REPO, "configs", "ssmax.py"), "device=cpu", f"data_dir={tmp_path / 'data'}",
                     f"out_dir={tmp_path / 'out'}"])
@@ -221,8 +239,8 @@ def test_offline_first_use_of_the_hub_dataset_is_one_error_line_naming_dataset_e
     msg = str(e.value.code)
     assert msg.startswith("error: cannot load 'hf:HuggingFaceFW/fineweb-edu:sample-10BT'") and "\n" not in msg
     assert msg.endswith("dataset=english")
-    with pytest.raises(prepare_data.DataError):  # nothing that looks like a dataset
-        prepare_data.check_prepared(str(tmp_path / "data" / "fineweb_edu"))
+    with pytest.raises(dataset.DataError):  # nothing that looks like a dataset
+        dataset.check_prepared(str(tmp_path / "data" / "fineweb_edu"))
 
 
 @pytest.fixture
@@ -232,28 +250,28 @@ def local_hub(tmp_path, monkeypatch):
     with open(tmp_path / "hub" / "part-0.jsonl", "w") as f:
         for i in range(500):
             f.write(json.dumps({"id": f"doc{i}", "text": f"Document {i} says something about attention. " * 6}) + "\n")
-    monkeypatch.setitem(prepare_data.NAMED, "fineweb_edu", (str(tmp_path / "hub" / "*.jsonl"), 20_000))
+    monkeypatch.setitem(dataset.NAMED, "fineweb_edu", (str(tmp_path / "hub" / "*.jsonl"), 20_000))
     return str(tmp_path / "data")
 
 
 def test_first_use_fetches_the_named_dataset_to_its_budget_then_keeps_it(local_hub, capsys):
-    prepare_data.fetch("fineweb_edu", local_hub)
+    dataset.fetch("fineweb_edu", local_hub)
     data_dir = os.path.join(local_hub, "fineweb_edu")
-    prepare_data.check_prepared(data_dir)
+    dataset.check_prepared(data_dir)
     meta = json.load(open(os.path.join(data_dir, "meta.json")))
     assert meta["text_field"] == "text" and meta["args"]["max_tokens"] == 20_000
     assert 0 < meta["tokens"]["val"] and sum(meta["tokens"].values()) == 20_000  # the budget, exactly
     assert "first use" in capsys.readouterr().out
     mtime = os.stat(os.path.join(data_dir, "train.bin")).st_mtime_ns
-    prepare_data.fetch("fineweb_edu", local_hub)  # whole: kept, not streamed again
+    dataset.fetch("fineweb_edu", local_hub)  # whole: kept, not streamed again
     assert os.stat(os.path.join(data_dir, "train.bin")).st_mtime_ns == mtime and capsys.readouterr().out == ""
     os.remove(os.path.join(data_dir, "meta.json"))  # as a kill between the .bin renames and meta.json leaves it
-    prepare_data.fetch("fineweb_edu", local_hub)
-    prepare_data.check_prepared(data_dir)
+    dataset.fetch("fineweb_edu", local_hub)
+    dataset.check_prepared(data_dir)
 
 
 def test_a_killed_fetch_leaves_nothing_that_looks_whole_and_the_next_fetch_completes(local_hub, monkeypatch):
-    stream = prepare_data.stream_docs
+    stream = dataset.stream_docs
     def killed(*args):  # Ctrl-C after 270 documents (~13k tokens): past the first batch of 256, before the budget
         docs, field = stream(*args)
         def gen():
@@ -262,15 +280,15 @@ def test_a_killed_fetch_leaves_nothing_that_looks_whole_and_the_next_fetch_compl
                     raise KeyboardInterrupt
                 yield doc
         return gen(), field
-    monkeypatch.setattr(prepare_data, "stream_docs", killed)
+    monkeypatch.setattr(dataset, "stream_docs", killed)
     with pytest.raises(KeyboardInterrupt):
-        prepare_data.fetch("fineweb_edu", local_hub)
+        dataset.fetch("fineweb_edu", local_hub)
     data_dir = os.path.join(local_hub, "fineweb_edu")
     assert os.path.getsize(os.path.join(data_dir, "train.bin.tmp")) > 0
     assert not {"train.bin", "val.bin", "meta.json"} & set(os.listdir(data_dir))
-    with pytest.raises(prepare_data.DataError):
-        prepare_data.check_prepared(data_dir)
-    monkeypatch.setattr(prepare_data, "stream_docs", stream)
-    prepare_data.fetch("fineweb_edu", local_hub)
-    prepare_data.check_prepared(data_dir)
+    with pytest.raises(dataset.DataError):
+        dataset.check_prepared(data_dir)
+    monkeypatch.setattr(dataset, "stream_docs", stream)
+    dataset.fetch("fineweb_edu", local_hub)
+    dataset.check_prepared(data_dir)
     assert not any(f.endswith(".tmp") for f in os.listdir(data_dir))

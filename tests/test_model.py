@@ -1,11 +1,11 @@
 """The GPT around the scorers: size, causality, KV cache, parameters that learn, configs, RoPE, conversion."""
-import math
 from dataclasses import asdict
 
 import pytest
 import torch
 
 import model
+from lib import checkpoint
 from model import GPT, GPTConfig
 
 VARIANTS = {  # every scorer and option of SCORERS.md
@@ -236,10 +236,10 @@ def test_checkpoint_round_trip_is_atomic_and_restores_the_model(tmp_path):
     torch.manual_seed(0)
     m = GPT(tiny(scorer="ssa", ssa_learn_n=True))
     path = str(tmp_path / "ckpt.pt")
-    model.save_checkpoint({"model": m.state_dict(), "model_args": asdict(m.config)}, path)
+    checkpoint.save_checkpoint({"model": m.state_dict(), "model_args": asdict(m.config)}, path)
     assert not (tmp_path / "ckpt.pt.tmp").exists()
-    m2, ckpt = model.load_checkpoint(path)
+    m2, ckpt = checkpoint.load_checkpoint(path)
     idx = torch.randint(0, 64, (1, 9))
     torch.testing.assert_close(m(idx, idx)[0], m2(idx, idx)[0])
-    with pytest.raises(model.CheckpointError, match="does not exist"):
-        model.load_checkpoint(str(tmp_path / "missing.pt"))
+    with pytest.raises(checkpoint.CheckpointError, match="does not exist"):
+        checkpoint.load_checkpoint(str(tmp_path / "missing.pt"))

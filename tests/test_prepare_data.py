@@ -10,7 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import prepare_data as pdata
+import prepare_data
+from lib import corpora
+from lib import dataset as pdata
 
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EOT = 50256
@@ -79,16 +81,16 @@ def test_shakespeare_split_is_by_whole_documents(shakespeare):
     assert not set(train) & set(val)
     enc = pdata.get_tokenizer()
     # every document decodes to exactly one source work, and every work is present once
-    assert sorted(enc.decode(list(d[:-1])) for d in train + val) == sorted(pdata.shakespeare_docs())
+    assert sorted(enc.decode(list(d[:-1])) for d in train + val) == sorted(corpora.shakespeare_docs())
 
 def test_second_run_is_up_to_date(shakespeare, capsys):
     before = mtimes(shakespeare)
-    pdata.main(["--source", "shakespeare", "--out_dir", os.path.dirname(shakespeare)])
+    prepare_data.main(["--source", "shakespeare", "--out_dir", os.path.dirname(shakespeare)])
     assert "up to date" in capsys.readouterr().out
     assert mtimes(shakespeare) == before
 
 def test_kjv_one_document_per_book():
-    docs = pdata.kjv_docs()
+    docs = corpora.kjv_docs()
     assert len(docs) == 66 and docs[0].startswith("In the beginning God created the heaven and the earth.")
 
 # -----------------------------------------------------------------------------
@@ -177,7 +179,7 @@ def test_a_jsonl_without_a_text_like_column_is_one_error_line_not_its_titles(tmp
         for i in range(12):
             f.write(json.dumps({"title": f"Title number {i}", "id": i}) + "\n")
     with pytest.raises(SystemExit) as e:  # it once trained on the titles, exit status 0
-        pdata.main([str(tmp_path / "posts.jsonl"), "--out_dir", str(tmp_path / "out")])
+        prepare_data.main([str(tmp_path / "posts.jsonl"), "--out_dir", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and "no text column in" in err
     assert "its longest strings, 'title', average 14 characters (under 100" in err and "--text_field" in err
@@ -190,7 +192,7 @@ def test_an_empty_txt_is_one_error_line_and_leaves_no_dataset_folder(tmp_path, c
     (tmp_path / "data").mkdir()
     for out in ("data", os.path.join("new", "data")):  # a folder that was there stays, the ones made go
         with pytest.raises(SystemExit) as e:
-            pdata.main([str(tmp_path / "empty.txt"), "--out_dir", str(tmp_path / out)])
+            prepare_data.main([str(tmp_path / "empty.txt"), "--out_dir", str(tmp_path / out)])
         assert e.value.code == 2 and "empty.txt' gave 0 non-empty documents" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["data", "empty.txt"] and os.listdir(tmp_path / "data") == []
 
@@ -222,7 +224,7 @@ def prepared(tmp_path):
 
 def test_check_prepared_accepts_a_good_dataset(prepared):
     assert pdata.check_prepared(prepared) is None
-    assert "shakespeare" in pdata.EMBEDDED and "c" not in pdata.EMBEDDED  # train.py re-prepares only EMBEDDED ones
+    assert "shakespeare" in corpora.EMBEDDED and "c" not in corpora.EMBEDDED  # train.py re-prepares only EMBEDDED ones
 
 def test_check_prepared_names_a_truncated_train_bin_and_prepare_repairs_it(prepared, tmp_path):
     meta, toks = read_all(prepared)
@@ -267,7 +269,7 @@ def test_errors_are_one_line(tmp_path, capsys, args, words):
     (tmp_path / "short.txt").write_text("Hi.")
     write_jsonl(tmp_path / "c.jsonl", n=3)
     with pytest.raises(SystemExit) as e:
-        pdata.main([a.format(tmp=tmp_path) for a in args] + ["--out_dir", str(tmp_path / "out")])
+        prepare_data.main([a.format(tmp=tmp_path) for a in args] + ["--out_dir", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1
     assert all(w in err for w in words), err
@@ -280,5 +282,5 @@ def test_cli_bad_glob_subprocess(tmp_path):
 
 
 def test_english_is_every_embedded_text_together():
-    english = pdata.EMBEDDED["english"]()
-    assert english == pdata.shakespeare_docs() + pdata.kjv_docs() and len(english) > 100
+    english = corpora.EMBEDDED["english"]()
+    assert english == corpora.shakespeare_docs() + corpora.kjv_docs() and len(english) > 100

@@ -1,10 +1,12 @@
 """bench/ptxas_report.py: kernels compiled ahead of time for sm_90 with the ptxas that Triton's wheel ships."""
 import csv
+import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
 import triton
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,3 +31,16 @@ def test_report_compiles_the_softmax_forward_for_sm90_with_tensor_cores(tmp_path
         assert r["dtype"] == dtype and int(r["wgmma"]) > 0  # Hopper's tensor cores, fp32 too (tf32x3, not FMA)
         assert int(r["shared_bytes"]) <= 227 * 1024  # sm_90's most per block: a shape over it cannot launch
         assert dtype == "fp32" or int(r["spill_stores"]) == 0  # bf16 at D = 64 never spills
+
+
+def test_importing_the_report_leaves_the_interpreter_on_for_the_kernels_after_it():
+    # it once set TRITON_INTERPRET=0 for the whole process, and the next interpreted kernel in it failed
+    spec = importlib.util.spec_from_file_location("ptxas_report", os.path.join(ROOT, "bench", "ptxas_report.py"))
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    import kernels
+    import model
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 16) for _ in range(3))
+    torch.testing.assert_close(kernels.attention(q, k, v, "softmax"), model.attention(q, k, v, "softmax"),
+                               rtol=1e-4, atol=1e-4)

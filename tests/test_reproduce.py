@@ -7,11 +7,12 @@ import math
 import pytest
 import torch
 
-import compare
-import report
+from lib import compare
+from lib import report
 import reproduce
-from config import TrainConfig, model_config, parse_args
-from model import save_checkpoint, ssmax_s_for_switch
+from lib.config import TrainConfig, model_config, parse_args
+from lib.checkpoint import save_checkpoint
+from model import ssmax_s_for_switch
 
 TOY = dict(
     model=dict(n_layer=1, n_head=2, n_embd=32, ffn_hidden=64, block_size=64),

@@ -275,7 +275,7 @@ def test_registry_agrees_with_config_model_train_kernels_flex_ptxas_and_docs():
     import os
     from dataclasses import fields
 
-    import config
+    from lib import config
     import kernels
     from scorers import SCORERS
     option_fields = {f for e in SCORERS.values() for prm in e.params for f in prm.fields()}

@@ -8,7 +8,6 @@ import torch
 
 import kernels_cpu
 import model
-import scorers
 from model import GPT, GPTConfig, attention
 
 H, D = 3, 16
@@ -156,7 +155,7 @@ def test_model_runs_the_backend_auto_picks_and_matches_the_reference(variant, mo
     fast = GPT(_tiny(**VARIANTS[variant]))
     fast.load_state_dict(ref.state_dict())
     ran = []
-    for backend, (mod, fn) in {"sdpa": (scorers, "sdpa_attention"), "cpu": (kernels_cpu, "attention")}.items():
+    for backend, (mod, fn) in {"sdpa": (model, "sdpa_attention"), "cpu": (kernels_cpu, "attention")}.items():
         f = getattr(mod, fn)
         monkeypatch.setattr(mod, fn, lambda *a, _f=f, _b=backend, **kw: ran.append(_b) or _f(*a, **kw))
     idx = torch.randint(0, 64, (2, 24))

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-import compare
+from lib import compare
 
 
 def brute_force_p(d):

@@ -11,14 +11,10 @@ import math
 import pytest
 import torch
 
-import compare
-import config
 import eval_tasks
 import reproduce
-import scorers
-import synthetic
-import synthetic_report
-from model import GPT, GPTConfig
+from lib import compare, config, synthetic, synthetic_report
+from model import GPT, GPTConfig, attention
 
 
 def test_softmax_logN_multiplies_every_rows_logits_by_log_N_against_the_float64_reference():
@@ -34,8 +30,7 @@ def test_softmax_logN_multiplies_every_rows_logits_by_log_N_against_the_float64_
     z = q @ k.transpose(-2, -1) / math.sqrt(8) * math.log(32)
     want = torch.softmax(z.masked_fill(torch.ones(70, 70, dtype=torch.bool).triu(1), float("-inf")), -1) @ v
     for backend in ("torch", "sdpa", "auto"):
-        got = scorers.attention(q.float(), k.float(), v.float(), "ssmax", s=params["s"], b=params["b"],
-                                backend=backend)
+        got = attention(q.float(), k.float(), v.float(), "ssmax", s=params["s"], b=params["b"], backend=backend)
         assert (got.double() - want).abs().max() < 1e-5, backend
 
 

@@ -14,7 +14,9 @@ import torch
 import eval_tasks
 import tasks
 import train
-from model import GPT, GPTConfig
+from lib import compare
+from lib.checkpoint import build_model
+from model import GPT, GPTConfig, RealGPT
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -154,9 +156,9 @@ def test_bad_task_settings_are_one_clear_message():
 
 
 def test_wilson_interval_matches_the_closed_form():
-    lo, hi = eval_tasks.wilson(8, 10)
+    lo, hi = compare.wilson(8, 10)
     assert lo == pytest.approx(0.4902, abs=1e-4) and hi == pytest.approx(0.9433, abs=1e-4)
-    lo, hi = eval_tasks.wilson(0, 20)
+    lo, hi = compare.wilson(0, 20)
     assert lo == pytest.approx(0.0, abs=1e-12) and hi == pytest.approx(0.1611, abs=1e-4)
 
 
@@ -177,15 +179,15 @@ def test_nope_model_sees_a_permuted_prefix_as_the_same_set_and_rope_model_does_n
 
 def test_real_valued_model_embeds_features_linearly_and_scores_only_non_nan_targets():
     c = cfg("linear")
-    model = tasks.build_model(GPTConfig(vocab_size=1, n_layer=1, n_head=2, n_embd=16, ffn_hidden=32, block_size=16),
+    model = build_model(GPTConfig(vocab_size=1, n_layer=1, n_head=2, n_embd=16, ffn_hidden=32, block_size=16),
                               "linear")
-    assert isinstance(model, tasks.RealGPT) and model.transformer.wte.in_features == 3
+    assert isinstance(model, RealGPT) and model.transformer.wte.in_features == 3
     x, y = tasks.get_batch(c, 0, torch.arange(4), 11)
     logits, loss = model(x, y)
     scored = ~torch.isnan(y)
     assert logits.shape == (4, 11, 1)
     assert loss.item() == pytest.approx(((logits[..., 0] - y)[scored] ** 2).mean().item(), rel=1e-5)
-    every = tasks.build_model(GPTConfig(vocab_size=1, n_layer=1, n_head=2, n_embd=16, ffn_hidden=32), "every")
+    every = build_model(GPTConfig(vocab_size=1, n_layer=1, n_head=2, n_embd=16, ffn_hidden=32), "every")
     x, y = tasks.get_batch(cfg("every"), 0, torch.arange(4), 9)
     logits, loss = every(x, y)
     want = torch.nn.functional.binary_cross_entropy_with_logits(logits[..., 0], y)
@@ -249,7 +251,7 @@ def test_eval_writes_accuracy_with_wilson_intervals_and_attention_diagnostics(tm
     for r in rows:
         acc, lo, hi = float(r["accuracy"]), float(r["ci_low"]), float(r["ci_high"])
         k = round(acc * 6)
-        assert (lo, hi) == pytest.approx(eval_tasks.wilson(k, 6)) and lo <= acc <= hi and r["n"] == "6"
+        assert (lo, hi) == pytest.approx(compare.wilson(k, 6)) and lo <= acc <= hi and r["n"] == "6"
     prompts = list(csv.DictReader(open(tmp_path / "ev" / "per_prompt.csv")))  # one row per prompt, paired by id
     assert tuple(prompts[0]) == eval_tasks.PROMPT_COLUMNS
     ids = {}
@@ -282,5 +284,3 @@ def test_eval_writes_accuracy_with_wilson_intervals_and_attention_diagnostics(tm
     with pytest.raises(SystemExit) as e:
         eval_tasks.main([ckpts[0], str(lm), "--lengths", "8", "--out_dir", str(tmp_path / "ev3")])
     assert "is a language model, not a task run" in str(e.value.code) and not (tmp_path / "ev3").exists()
-    tasks.main(["eval", ckpts[0], "--lengths", "8", "--n", "2", "--out_dir", str(tmp_path / "ev4")])  # the old command
-    assert (tmp_path / "ev4" / "accuracy.csv").is_file()

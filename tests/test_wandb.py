@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import train
-import tracking
+from lib import tracking
 
 VOCAB = 512  # as tests/test_train.py: random ids < VOCAB, a small head keeps every step fast
 TINY = ["device=cpu", f"vocab_size={VOCAB}", "n_layer=2", "n_head=2", "n_embd=32", "ffn_hidden=64", "block_size=16",
@@ -29,7 +29,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    """<data_dir>/rand/{train,val}.bin: uint16 random token ids, what prepare_data.load_split reads."""
+    """<data_dir>/rand/{train,val}.bin: uint16 random token ids, what dataset.load_split reads."""
     d = tmp_path_factory.mktemp("data")
     os.makedirs(d / "rand")
     rng = np.random.default_rng(0)
@@ -183,10 +183,10 @@ def test_compare_out_that_is_no_image_name_or_in_no_folder_is_one_error_line(tmp
 
 
 def test_task_eval_with_wandb_logs_its_accuracy_table_offline(tmp_path, offline):
-    import tasks
+    import eval_tasks
     train.main(["device=cpu", "task=first", "pos=nope", "n_layer=1", "n_head=2", "n_embd=16", "ffn_hidden=32",
                 "block_size=8", "batch_size=4", "max_iters=1", "eval_iters=1", f"out_dir={tmp_path / 'run'}"])
-    tasks.main(["eval", str(tmp_path / "run" / "ckpt.pt"), "--lengths", "8", "--n", "4", "--out_dir",
+    eval_tasks.main([str(tmp_path / "run" / "ckpt.pt"), "--lengths", "8", "--n", "4", "--out_dir",
                 str(tmp_path / "ev"), "--wandb", "--wandb_project", "nanoscorer-test"])
     tracking.finish()
     history, _, name = offline_run(tmp_path / "ev")

@@ -10,7 +10,7 @@ import json, os
 
 import numpy as np
 
-import compare
+from lib import compare
 
 
 def read_json(*path):
@@ -137,7 +137,7 @@ def read_csv_if(path):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# tables.md: summary.json as the Markdown tables RESULTS.md quotes (also: python report.py results/cpu)
+# tables.md: summary.json as the Markdown tables RESULTS.md quotes
 
 def _pm(x, digits=3):
     return f"{x[0]:.{digits}f} ± {x[1]:.{digits}f}"
@@ -205,8 +205,3 @@ def tables(s):
 def window_k(window):
     return compare.window_multiple(window)
 
-
-if __name__ == "__main__":
-    import sys
-    folder = sys.argv[1] if len(sys.argv) > 1 else "results/cpu"
-    print(tables(read_json(folder, "summary.json")))  # reproduce.py writes them to tables.md

@@ -123,6 +123,12 @@ def paired_differences(rows, baseline, n_boot=2000, seed=0):
                         tokens=tokens[model, window], n_seqs=len(seqs), mean_diff=mean, ci_lo=lo, ci_hi=hi))
     return out
 
+def wilson(k, n, z=1.96):
+    """95% Wilson score interval of k successes in n trials."""
+    p, d = k / n, 1 + z * z / n
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (p + z * z / (2 * n)) / d - half, (p + z * z / (2 * n)) / d + half
+
 def write_csv(path, rows, columns):
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, columns, extrasaction="ignore")

@@ -13,8 +13,8 @@ import functools, itertools, json, os, re
 import numpy as np
 import torch
 
-import prepare_data
-from prepare_data import EOT, DataError  # DataError: bad input, printed by needle.main as one line
+from lib import dataset
+from lib.dataset import EOT, DataError  # DataError: bad input, printed by needle.main as one line
 
 NEEDLE_HEAD, NEEDLE_TAIL = " The special magic {city} number is:", " {number}."  # the needle score's span: the tail
 NEEDLE_QUESTION = "\nWhat is the special magic {city} number?\nThe special magic {city} number is:"
@@ -195,7 +195,7 @@ def sft_examples(args, enc):
     return "sft_synthetic", synthetic_examples(enc, load_hay(args.data, "train"), args.synthetic, args.sft_length, rng)
 
 def load_hay(data_dir, split):
-    tokens = np.asarray(prepare_data.load_split(data_dir, split))  # DataError if the split is missing
+    tokens = np.asarray(dataset.load_split(data_dir, split))  # DataError if the split is missing
     return tokens[tokens != EOT]  # one running text
 
 
@@ -214,7 +214,7 @@ def load_sft(path, block_size):
         assert rows and all(isinstance(s, str) for s in prompts + answers)
     except (ValueError, KeyError, TypeError, AssertionError):
         raise DataError(f"{path}: every line must be a JSON object {{\"prompt\": str, \"answer\": str}}")
-    enc, examples = prepare_data.get_tokenizer(), []
+    enc, examples = dataset.get_tokenizer(), []
     for p, a in zip(enc.encode_ordinary_batch(prompts), enc.encode_ordinary_batch(answers)):
         a = (a + [EOT])[:block_size + 1]
         p = p[max(0, len(p) - (block_size + 1 - len(a))):]

@@ -11,10 +11,8 @@ import csv, gzip, json, math, os
 
 import numpy as np
 
-import compare
-import eval_tasks
-import synthetic_figures
 import tasks
+from lib import compare, synthetic_figures
 
 GATE = dict(accuracy=0.95, mse=0.1)  # at L = N, first condition: every setting's mean over seeds
 SOLVED = 0.95  # a horizon's accuracy
@@ -158,15 +156,15 @@ def contrast(t, a, b, cond, rope, mult):
 
 def report(runs, results, todo, setup):
     acc, att, prompts = gather(runs, todo)
-    eval_tasks.write_csv(os.path.join(results, "accuracy.csv"), acc)
+    compare.write_csv(os.path.join(results, "accuracy.csv"), acc, list(acc[0]))
     if att:
-        eval_tasks.write_csv(os.path.join(results, "attention.csv"), att)
+        compare.write_csv(os.path.join(results, "attention.csv"), att, list(att[0]))
     with gzip.open(os.path.join(results, "per_prompt.csv.gz"), "wt", newline="") as f:  # mtime 0: same bytes
         w = csv.DictWriter(f, fieldnames=list(prompts[0]))
         w.writeheader()
         w.writerows(prompts)
     summary = summarize(acc)
-    from model import run_info
+    from lib.checkpoint import run_info
     with open(os.path.join(results, "summary.json"), "w") as f:
         json.dump({**setup, "run_info": run_info(), "rule": dict(gate=GATE, solved=SOLVED, alpha=ALPHA,
                    min_seeds=MIN_SEEDS, equivalent=EQUIVALENT), "tasks_summary": summary}, f, indent=1,

@@ -8,11 +8,14 @@ A config file is run (runpy) and its lowercase names are the fields it sets; an 
 or, for a string field, the text as is. Every value is coerced to its field's type and checked against RANGES: an
 unknown key, a wrong type or a value out of range is one TrainError line, never a traceback.
 """
-import ast, difflib, math, os, runpy, textwrap, types
+import ast, difflib, math, os, runpy, textwrap, time, types
 from dataclasses import dataclass, field, fields, make_dataclass, replace
 from typing import get_args
 
+import torch
+
 import tasks
+from lib.checkpoint import build_model
 from model import GPTConfig, ssmax_s_for_switch
 from scorers import SCORERS
 
@@ -98,6 +101,23 @@ def coerce(key, value, where, raw=None):
     return value
 
 
+def run_config(path, seen=()):
+    """A config file's assignments. `base = "softmax.py"` (a file beside it) is applied first, so a config that
+    shares a recipe sets only what differs."""
+    try:
+        assigned = runpy.run_path(path)
+    except Exception as e:
+        raise TrainError(f"config file {path}: {type(e).__name__}: {e}")
+    base = assigned.pop("base", None)
+    if base is None:
+        return assigned
+    base_path = os.path.join(os.path.dirname(path), str(base))
+    if not (isinstance(base, str) and base.endswith(".py") and os.path.isfile(base_path)) or base_path in seen:
+        raise TrainError(f"config file {path}: base={base!r} must name another config file (.py) in its folder, "
+                         "not one that leads back to it")
+    return {**run_config(base_path, (*seen, path)), **assigned}
+
+
 def parse_args(argv):
     """CONFIG.py files and key=value overrides -> {field: value} of what they set, applied in order. A config file's
     overwrite=True applies to its own out_dir only: `configs/cpu_quick.py out_dir=<a trained run>` is refused."""
@@ -112,10 +132,7 @@ def parse_args(argv):
             explicit[key] = coerce(key, value, "the overrides", raw)
             own_dir = None if key == "overwrite" else own_dir  # asked for on the command line: any out_dir
         elif arg.endswith(".py") and os.path.isfile(arg):
-            try:
-                assigned = runpy.run_path(arg)
-            except Exception as e:
-                raise TrainError(f"config file {arg}: {type(e).__name__}: {e}")
+            assigned = run_config(arg)
             for key, value in assigned.items():
                 if not (key.startswith("_") or key.isupper() or isinstance(value, types.ModuleType) or callable(value)):
                     explicit[key] = coerce(key, value, arg)
@@ -203,3 +220,61 @@ def usage(doc):
     fields_text = ", ".join(f"{f.name}={f.default!r}" for f in fields(TrainConfig))
     return (doc.strip() + "\n\nusage: python train.py [CONFIG.py ...] [key=value ...]\nconfig fields (defaults): "
             + textwrap.fill(fields_text, 116, subsequent_indent="  "))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The cost of a run on a CPU, printed before it starts (cpu_cost_check stops one over CPU_LIMIT_HOURS)
+
+CPU_LIMIT_HOURS = 1.0  # a CPU run estimated at longer stops before it starts, unless allow_slow=True
+CPU_SLOWEST_FLOPS = 1e10  # a run under the limit even at this rate starts without a measurement (tests, cpu_quick)
+
+def cpu_hours(cfg, start_iter=0, rate=None):
+    """A lower bound on the hours the rest of a run takes on this CPU, printed with its arithmetic: its FLOPs
+    (model.GPT.flops_per_token: 6N + attention) at `rate` FLOP/s, measured (this CPU's matmul) only when even
+    CPU_SLOWEST_FLOPS would not finish it in time. A run that would (or a bad model config) is 0, unprinted."""
+    iters = cfg.max_iters
+    if cfg.sft_data and cfg.sft_epochs > 0 and os.path.isfile(cfg.sft_data):  # train.py sets max_iters from the data
+        examples = sum(1 for line in open(cfg.sft_data, encoding="utf-8") if line.strip())
+        iters = cfg.sft_epochs * math.ceil(examples / (cfg.gradient_accumulation_steps * cfg.batch_size))
+    T, C = cfg.block_size, cfg.n_embd
+    tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * T
+    tokens = max(0, iters - start_iter) * tokens_per_iter
+    # twice the weights' count bounds it: a small run starts without building even a meta model (torch imports its
+    # compiler for that, ~3 s a start)
+    weights = 2 * (2 * (cfg.vocab_size + 3) * C + cfg.n_layer * (4 * C * C + 3 * C * cfg.ffn_hidden))
+    if tokens * (6 * weights + 12 * cfg.n_layer * C * T) < CPU_SLOWEST_FLOPS * CPU_LIMIT_HOURS * 3600:
+        return 0.0
+    try:
+        with torch.device("meta"):  # the model's own count, without allocating its weights
+            flops_per_token = build_model(GPTConfig(**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}),
+                                          cfg.task).flops_per_token
+    except ValueError:  # a bad model config: train.py reports it in its own words, later
+        return 0.0
+    flops = tokens * flops_per_token(T)
+    if flops < CPU_SLOWEST_FLOPS * CPU_LIMIT_HOURS * 3600:
+        return 0.0
+    how = "given"
+    if rate is None:  # this CPU's fp32 matmul rate, ~0.1 s: training runs slower, so the hours are a lower bound
+        a = torch.ones(1024, 1024)
+        for _ in range(2):  # the first pass warms up, the second is timed
+            t0 = time.perf_counter()
+            torch.mm(torch.mm(a, a), a)
+        rate, how = 4 * 1024 ** 3 / (time.perf_counter() - t0), "this CPU's measured fp32 matmul rate"
+    hours = flops / rate / 3600
+    print(f"cost on this CPU: {tokens:,} tokens ({iters - start_iter:,} iters x {tokens_per_iter:,}) x "
+          f"{flops_per_token(T) / 1e9:.3g} GFLOP/token = {flops:.3g} FLOP at {rate / 1e9:.3g} GFLOP/s ({how}): "
+          f"at least ~{hours:,.{0 if hours >= 10 else 1}f} hours")
+    return hours
+
+
+def cpu_cost_check(cfg, device_type, start_iter=0, rate=None):
+    """On a CPU, a run estimated at over CPU_LIMIT_HOURS prints its cost and stops (TrainError: exit status 1), unless
+    allow_slow=True. The estimate is cpu_hours: FLOPs at `rate` FLOP/s (tests pass it), else measured."""
+    if device_type != "cpu" or cfg.allow_slow:
+        return
+    hours = cpu_hours(cfg, start_iter, rate)
+    if hours > CPU_LIMIT_HOURS:
+        raise TrainError(f"this run would take at least ~{hours:,.0f} hours on this CPU (over "
+                         f"{CPU_LIMIT_HOURS:g} h), so it stops before it starts: `python train.py "
+                         f"configs/cpu_quick.py` trains a small model here in ~3 minutes; allow_slow=True runs this "
+                         f"one anyway")

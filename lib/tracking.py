@@ -9,8 +9,8 @@ its results into (never over an earlier evaluation's, never partial).
 wandb is imported only when asked (wandb_log=True, log_table): a run without it never pays for it. A run's wandb
 folder is in its out_dir: `wandb sync out-quick/wandb/offline-run-*` uploads an offline one.
 """
-import argparse, contextlib, glob, json, math, os, shutil, textwrap, time
-from dataclasses import asdict, fields
+import argparse, contextlib, glob, json, math, os, shutil, textwrap
+from dataclasses import asdict
 from datetime import timedelta
 
 class TrackingError(Exception):
@@ -145,53 +145,6 @@ def plot_losses(out_dir, title):
     ax.legend()
     ax.figure.savefig(os.path.join(out_dir, "loss.png"), dpi=120, bbox_inches="tight")
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# The cost of a run on a CPU, printed before it starts (train.cpu_cost_check stops one over CPU_LIMIT_HOURS)
-
-CPU_LIMIT_HOURS = 1.0  # a CPU run estimated at longer stops before it starts, unless allow_slow=True
-CPU_SLOWEST_FLOPS = 1e10  # a run under the limit even at this rate starts without a measurement (tests, cpu_quick)
-
-def cpu_hours(cfg, start_iter=0, rate=None):
-    """A lower bound on the hours the rest of a run takes on this CPU, printed with its arithmetic: its FLOPs
-    (model.GPT.flops_per_token: 6N + attention) at `rate` FLOP/s, measured (this CPU's matmul) only when even
-    CPU_SLOWEST_FLOPS would not finish it in time. A run that would (or a bad model config) is 0, unprinted."""
-    import torch
-    import tasks
-    from model import GPTConfig
-    iters = cfg.max_iters
-    if cfg.sft_data and cfg.sft_epochs > 0 and os.path.isfile(cfg.sft_data):  # train.py sets max_iters from the data
-        examples = sum(1 for line in open(cfg.sft_data, encoding="utf-8") if line.strip())
-        iters = cfg.sft_epochs * math.ceil(examples / (cfg.gradient_accumulation_steps * cfg.batch_size))
-    T, C = cfg.block_size, cfg.n_embd
-    tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * T
-    tokens = max(0, iters - start_iter) * tokens_per_iter
-    # twice the weights' count bounds it: a small run starts without building even a meta model (torch imports its
-    # compiler for that, ~3 s a start)
-    weights = 2 * (2 * (cfg.vocab_size + 3) * C + cfg.n_layer * (4 * C * C + 3 * C * cfg.ffn_hidden))
-    if tokens * (6 * weights + 12 * cfg.n_layer * C * T) < CPU_SLOWEST_FLOPS * CPU_LIMIT_HOURS * 3600:
-        return 0.0
-    try:
-        with torch.device("meta"):  # the model's own count, without allocating its weights
-            flops_per_token = tasks.build_model(GPTConfig(**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}),
-                                                cfg.task).flops_per_token
-    except ValueError:  # a bad model config: train.py reports it in its own words, later
-        return 0.0
-    flops = tokens * flops_per_token(T)
-    if flops < CPU_SLOWEST_FLOPS * CPU_LIMIT_HOURS * 3600:
-        return 0.0
-    how = "given"
-    if rate is None:  # this CPU's fp32 matmul rate, ~0.1 s: training runs slower, so the hours are a lower bound
-        a = torch.ones(1024, 1024)
-        for _ in range(2):  # the first pass warms up, the second is timed
-            t0 = time.perf_counter()
-            torch.mm(torch.mm(a, a), a)
-        rate, how = 4 * 1024 ** 3 / (time.perf_counter() - t0), "this CPU's measured fp32 matmul rate"
-    hours = flops / rate / 3600
-    print(f"cost on this CPU: {tokens:,} tokens ({iters - start_iter:,} iters x {tokens_per_iter:,}) x "
-          f"{flops_per_token(T) / 1e9:.3g} GFLOP/token = {flops:.3g} FLOP at {rate / 1e9:.3g} GFLOP/s ({how}): "
-          f"at least ~{hours:,.{0 if hours >= 10 else 1}f} hours")
-    return hours
 
 def memory_available():
     """Bytes this process can still allocate: MemAvailable, or less under a cgroup's limit; None off Linux. Like the

@@ -9,13 +9,13 @@ per_prompt.csv.gz (every prompt's outcome, paired across settings by seed and pr
 summary.json, tables.md and the figures. A finished step is skipped, so an interrupted suite continues where it
 stopped.
 """
-import contextlib, json, math, multiprocessing, os, time
+import contextlib, json, math, multiprocessing, os, runpy, sys, time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-import config
+from lib import config
 
-REPO = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_OUT = REPO  # where out-synthetic*/, out-results/ and results/ go (the tests point it elsewhere)
 SETTINGS = {  # the scorer settings compared: train.py overrides; {log_N}: log of the task's training length N
     "softmax": ["scorer=softmax"],
@@ -84,32 +84,36 @@ def _one_core():  # each worker process trains on one core: two runs at once on 
     torch.set_num_threads(1)
 
 
-def _call(main, argv, log):
-    """A script's main(argv) in this worker, its output to log; its one-line error as an exception."""
+def _run(script, argv, log):
+    """`python <script> argv` in this worker, as the shell runs it (runpy: torch stays imported, ~7 s a run saved);
+    its output to log, its one-line error as an exception."""
+    path = os.path.join(REPO, script)
     with open(log, "a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        saved, sys.argv = sys.argv, [path, *argv]
         try:
-            main(argv)
+            runpy.run_path(path, run_name="__main__")
         except SystemExit as e:
             if e.code:
                 raise RuntimeError(f"{e.code} (log: {log})") from None
+        finally:
+            sys.argv = saved
 
 
 def run_one(task, setting, seed, runs, n_eval, e, over):
     """Train (resumable) and evaluate one run in this worker process (torch is imported once per worker, not once
     per run: ~7 s a run); e: its SUITE entry, over: its train.py overrides. Returns its wall times."""
-    import eval_tasks, train
     out = os.path.join(runs, f"{task}-{setting}-s{seed}")
     log = os.path.join(runs, f"{os.path.basename(out)}.train.log")
     t0, ran = time.time(), False
     if not os.path.isfile(os.path.join(out, "done")):
         ran = True
-        _call(train.main, [os.path.join(REPO, "configs", "tasks", f"{e.config}.py"), *over, f"seed={seed}",
+        _run("train.py", [os.path.join(REPO, "configs", "tasks", f"{e.config}.py"), *over, f"seed={seed}",
                            f"out_dir={out}", "resume=True"], log)
         open(os.path.join(out, "done"), "w").close()
     t1 = time.time()
     if not os.path.isfile(os.path.join(out, "eval", "per_prompt.csv")):
         ran, N = True, _block_size(out)
-        _call(eval_tasks.main, [os.path.join(out, "ckpt.pt"), "--lengths", *[str(m * N) for m in e.multiples],
+        _run("eval_tasks.py", [os.path.join(out, "ckpt.pt"), "--lengths", *[str(m * N) for m in e.multiples],
                                 "--n", str(n_eval), "--out_dir", os.path.join(out, "eval"), "--rope", *e.ropes,
                                 "--diagnose", str(32 if e.diagnose else 0)], log)
     return dict(task=task, setting=setting, seed=seed, train_s=round(t1 - t0, 1), eval_s=round(time.time() - t1, 1),
@@ -128,7 +132,7 @@ def plan(task_names, settings=None, seeds=None):
 
 
 def main(quick=False, jobs=2, n_eval=N_EVAL, settings=None, task_names=None, name=None, seeds=None, commit=False):
-    import synthetic_report  # matplotlib and the statistics load only to report
+    from lib import synthetic_report  # matplotlib and the statistics load only to report
     name = name or ("synthetic-quick" if quick else "synthetic")
     settings = settings or (QUICK["settings"] if quick else None)
     task_names = task_names or (QUICK["tasks"] if quick else DEFAULT_TASKS)

