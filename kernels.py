@@ -36,6 +36,7 @@ NEG = tl.constexpr(-1.0e30)  # finite "-inf": exp2(NEG - NEG) stays a number for
 TIE = tl.constexpr(scorers.TIE * 2.0**-23)  # re-weighting: y = n P - o counts as positive above TIE n (fp32)
 DECODE_M = 16  # the smallest tl.dot M on a GPU: decode and short chunks use it, with split keys
 DECODE_N = 32 if INTERPRET else 64
+SLOTS = ("s", "b", "n")  # the kernels' per-head parameters (S, Bp, Np), by registry name
 NO_GPU = "the fused Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1 for testing); use backend=torch"
 
 
@@ -653,26 +654,29 @@ class _Attention(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------------------------
 # Public API
 
-def _prepare(q, k, v, scorer, s, b, n, p, offset):
-    """scorers.prepare's checks and defaults, then the kernels' own limits; adds their compile-time flags."""
-    entry, s, b, n, p = scorers.prepare(q, k, v, scorer, s, b, n, p, offset)
+def _prepare(q, k, v, scorer, p, offset, params):
+    """scorers.prepare's checks and defaults, then the kernels' own limits; adds their compile-time flags and puts
+    the scorer's parameters in the kernels' per-head slots (S, Bp, Np), an unused slot holding zeros."""
+    entry, p, params = scorers.prepare(q, k, v, scorer, p, offset, **params)
     D = q.shape[3]
     assert D in (16, 32, 64, 128), f"head dim {D} not supported (16, 32, 64, 128)"
     assert q.dtype in (torch.float32, torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype, \
         f"q, k, v must share one of fp32/fp16/bf16, got {q.dtype}, {k.dtype}, {v.dtype}"
     flags = entry.kernel_flags()
-    if tuple(flags.values()) not in KERNELS:  # a registry entry whose math no kernel helper has
-        raise ValueError(f"kernels.py implements no kernel for {scorer!r}'s flags {flags} (known: {sorted(KERNELS)})")
-    return entry, flags, s, b, n, p
+    if tuple(flags.values()) not in KERNELS or not set(params) <= set(SLOTS):  # math no kernel helper has
+        raise ValueError(f"kernels.py implements no kernel for {scorer!r}'s flags {flags} and parameters "
+                         f"{list(params)} (known: {sorted(KERNELS)}, slots {SLOTS})")
+    zeros = q.new_zeros(q.shape[1], dtype=torch.float32)
+    return entry, flags, *(params.get(name, zeros) for name in SLOTS), p
 
 
-def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):
+def attention(q, k, v, scorer, *, p=None, offset=0, **params):
     """Causal attention (B, H, Tq, D) -> (B, H, Tq, D) for every scorer of SCORERS.md, fused in Triton.
-    Query t sits at absolute position offset + t (KV cache); k, v hold offset + Tq keys. Differentiable w.r.t.
-    q, k, v and s, b, n when they are tensors; p (float) re-weights on top of any scorer (lssar: 15 if None)."""
+    Query t sits at absolute position offset + t (KV cache); k, v hold offset + Tq keys. params: the scorer's, by
+    name, differentiable when tensors; p (float) re-weights on top of any scorer (lssar: 15 if None)."""
     if not (q.is_cuda or INTERPRET):  # else Triton's launcher fails deep inside ("0 active drivers")
         raise RuntimeError(NO_GPU)
-    entry, flags, s, b, n, p = _prepare(q, k, v, scorer, s, b, n, p, offset)
+    entry, flags, s, b, n, p = _prepare(q, k, v, scorer, p, offset, params)
     q, k, v = (x.contiguous() for x in (q, k, v))  # the model's v is a view of qkv: one copy, simpler kernels
     D = q.size(-1)
     if entry.cosine:  # lssa: raw q, k and inverse norms (as F.normalize: |x| clamped at 1e-12); autograd does the chain

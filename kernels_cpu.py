@@ -148,32 +148,30 @@ class _Attention(torch.autograd.Function):
         return (*grads, None, None, None)
 
 
-def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):
+def attention(q, k, v, scorer, *, p=None, offset=0, **params):
     """model.attention's contract: causal attention (B, H, Tq, D), query t at absolute position offset + t, k, v
-    holding offset + Tq keys; differentiable w.r.t. q, k, v and s, b, n. Half inputs are computed in fp32."""
+    holding offset + Tq keys; differentiable w.r.t. q, k, v and the scorer's params. Half inputs run in fp32."""
     B, H, Tq, D = q.shape
     assert k.size(2) == offset + Tq, f"k has {k.size(2)} keys but offset + Tq = {offset} + {Tq}"
     dtype = torch.promote_types(q.dtype, torch.float32)
 
-    def per_head(x, default):  # (H, 1, 1): broadcasts over (Tq, D) and, through q, over (B, H, Tq, D)
-        return (torch.full((H,), default, device=q.device) if x is None else x).to(q.device, dtype).view(H, 1, 1)
-
     with torch.autocast(q.device.type, enabled=False):
         qd, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         ln_n = torch.arange(offset + 1, offset + Tq + 1, device=q.device, dtype=dtype).log()[:, None]  # (Tq, 1)
-        entry, p = scorers.get(scorer, p)
+        entry, p, params = scorers.get(scorer, p, params)
+        prm = scorers.per_head(entry, params, H, qd)  # (H, 1, 1): broadcasts through q over (B, H, Tq, D)
         kind = "lssa" if entry.cosine else entry.kernel_logit if entry.kernel_logit in ("ssa", "sigmoid") else "dot"
         if kind == "lssa":  # u = log(d) log(n_i) q_hat . k_hat: the row factor rides on q_hat
             qd, k = F.normalize(qd, dim=-1) * (math.log(D) * ln_n), F.normalize(k, dim=-1)
         elif entry.row == "logn":  # ssmax: logits (s log n_i + b) z
-            qd = qd * ((per_head(s, 1.0) * ln_n + per_head(b, 0.0)) / math.sqrt(D))
+            qd = qd * ((prm["s"] * ln_n + prm["b"]) / math.sqrt(D))
         elif kind == "ssa":  # the weights need only b z (b > 0)
-            qd = qd * (per_head(b, 1.0) / math.sqrt(D))
+            qd = qd * (prm["b"] / math.sqrt(D))
         elif entry.row in ("plain", "bias"):  # softmax; sigmoid (its -log n_i is added in _stage1)
             qd = qd / math.sqrt(D)
         else:
             raise ValueError(f"kernels_cpu has no path for scorer {scorer!r} (row setup {entry.row!r})")
-        n = per_head(n, 1.5).expand(B, H, 1, 1).reshape(B * H, 1, 1) if kind == "ssa" else None
+        n = prm["n"].expand(B, H, 1, 1).reshape(B * H, 1, 1) if kind == "ssa" else None
         args = (*(x.reshape(B * H, -1, D) for x in (qd, k, v)), n, kind, p, offset)  # (B*H, T, D): torch.bmm
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:4]):
             out = _Attention.apply(*args)

@@ -33,7 +33,7 @@ def _flex_pass(q, k, v, block_mask, scale, stage1, pos0, params, ln_d, lse1, p):
     return out, aux.lse
 
 
-def flex_attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):
+def flex_attention(q, k, v, scorer, *, p=None, offset=0, **params):
     """The same semantics through torch's FlexAttention (the registry's logit as score_mod, a causal block mask shifted
     by offset). lssa is a softmax over log(softplus(u)), sigmoid one over log(w) times sum_j w = exp(lse);
     re-weighting is a second pass over the first pass's lse.
@@ -41,8 +41,7 @@ def flex_attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0)
     lengths). On CUDA the passes are compiled; on CPU they run eagerly (forward only: no CPU backward)."""
     from torch.nn.attention.flex_attention import create_block_mask
     global _flex_compiled
-    entry, s, b, n, p = scorers.prepare(q, k, v, scorer, s, b, n, p, offset)
-    params = {prm.name: dict(s=s, b=b, n=n)[prm.name] for prm in entry.params}
+    entry, p, params = scorers.prepare(q, k, v, scorer, p, offset, **params)
     B, H, Tq, D = q.shape
     Tk = k.size(2)
     if entry.cosine:
@@ -62,6 +61,6 @@ def flex_attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0)
     if p is not None:
         out2, lse2 = run(q, k, v, block_mask, scale, entry.logit, pos0, params, math.log(D), lse1, p)
         out = torch.where(torch.isinf(lse2).unsqueeze(-1), out, out2)  # fallback rows keep stage 1
-    if not entry.normalised:  # sigmoid: flex normalised sum_j w_ij v_j by sum_j w_ij = exp(lse); undo it
+    if not entry.row_sum:  # sigmoid: flex normalised sum_j w_ij v_j by sum_j w_ij = exp(lse); undo it
         out = out * torch.exp(lse1).unsqueeze(-1).to(out.dtype)
     return out[:, :, :Tq]

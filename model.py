@@ -22,11 +22,12 @@ from scorers import (LSSAR_DEFAULT_P, SCORERS, attention_weights, reweight, sdpa
 
 BACKENDS = ("auto", "torch", "sdpa", "cpu", "triton", "flex")
 
-def attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0, backend="torch", chunk=1024):
-    """Causal attention (B, H, Tq, D) for every scorer. backend: torch (scorers.py's reference), sdpa (softmax,
-    ssmax), cpu (kernels_cpu.py), triton (kernels.py), flex (kernels_flex.py); auto: the fastest exact one for the device (auto_backend).
+def attention(q, k, v, scorer, *, p=None, offset=0, backend="torch", chunk=1024, **params):
+    """Causal attention (B, H, Tq, D) for every scorer; params: the scorer's per-head parameters by their registry
+    names (ssmax: s, b). backend: torch (scorers.py's reference), sdpa (softmax, ssmax), cpu (kernels_cpu.py),
+    triton (kernels.py), flex (kernels_flex.py); auto: the fastest exact one for the device (auto_backend).
     The reference scores at most `chunk` query rows at a time, so its memory is O(chunk * Tk), not O(T^2)."""
-    kw = dict(s=s, b=b, n=n, p=p, offset=offset)
+    kw = dict(p=p, offset=offset, **params)
     backend = auto_backend(scorer, p, q.device) if backend == "auto" else backend
     if backend == "sdpa":
         return sdpa_attention(q, k, v, scorer, **kw)

@@ -36,9 +36,10 @@ def _rows(Tq, Tk, offset, device):
     mask = torch.arange(Tk, device=device)[None, :] <= i[:, None]
     return (i + 1)[:, None], mask
 
-def _per_head(x, default, H, like):
-    x = torch.full((H,), default, device=like.device) if x is None else x  # on the device: no sync per call
-    return x.to(like.device, like.dtype).view(H, 1, 1)  # broadcast over (Tq, Tk)
+def per_head(entry, params, H, like):
+    """The scorer's parameters as (H, 1, 1) tensors (broadcast over (Tq, Tk)), registry defaults where not given."""
+    full = {prm.name: torch.full((H,), prm.default, device=like.device) for prm in entry.params}  # no sync per call
+    return {name: x.to(like.device, like.dtype).expand(H).view(H, 1, 1) for name, x in {**full, **params}.items()}
 
 def _masked_softmax(logits, mask):
     return torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
@@ -46,29 +47,27 @@ def _masked_softmax(logits, mask):
 def _z(q, k):
     return q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk) raw scaled logits
 
-def score_softmax(q, k, n_i, mask, **_):
+def score_softmax(q, k, n_i, mask):
     return _masked_softmax(_z(q, k), mask)
 
-def score_ssmax(q, k, n_i, mask, s=None, b=None, **_):
+def score_ssmax(q, k, n_i, mask, s, b):
     z = _z(q, k)
-    scale = _per_head(s, 1.0, q.size(1), z) * torch.log(n_i.to(z.dtype)) + _per_head(b, 0.0, q.size(1), z)
-    return _masked_softmax(scale * z, mask)  # (H, Tq, 1) scale multiplies the logits: not a (no-op) shift
+    return _masked_softmax((s * torch.log(n_i.to(z.dtype)) + b) * z, mask)  # multiplies: not a (no-op) shift
 
-def score_ssa(q, k, n_i, mask, b=None, n=None, **_):
+def score_ssa(q, k, n_i, mask, b, n):
     z = _z(q, k)
-    b, n = _per_head(b, 1.0, q.size(1), z), _per_head(n, 1.5, q.size(1), z)
     # w = (1 + b|z|)^(sgn(z) n), normalised = softmax of its log: no pow on negative bases, no overflow. Not
     # sgn(z) log1p(b|z|): autograd's slope at z = 0 is then 0, the true one n b (clamps: the unused side stays finite)
     logw = torch.where(z >= 0, torch.log1p(b * z.clamp(min=0)), -torch.log1p(-b * z.clamp(max=0)))
     return _masked_softmax(n * logw, mask)
 
-def score_lssa(q, k, n_i, mask, **_):
+def score_lssa(q, k, n_i, mask):
     d = q.size(-1)
     cos = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)  # no 1/sqrt(d)
     A = F.softplus(math.log(d) * torch.log(n_i.to(cos.dtype)) * cos) * mask
     return A / A.sum(-1, keepdim=True)
 
-def score_sigmoid(q, k, n_i, mask, **_):
+def score_sigmoid(q, k, n_i, mask):
     z = _z(q, k)
     return torch.sigmoid(z - torch.log(n_i.to(z.dtype))) * mask  # not normalised: the output is sum_j w_ij v_j
 
@@ -108,7 +107,8 @@ class Scorer:
     weights: Callable  # the reference: P from (q, k, n_i, mask, **params)
     logit: Callable  # FlexAttention's stage-1 logit (natural log) of a score, ln n_i, ln d and the head's params
     params: tuple = ()
-    normalised: bool = True  # rows sum to 1; False: the output is sum_j w_ij v_j, and re-weighting does not apply
+    sums_to_one: bool = True  # rows sum to 1, so re-weighting (ReLU(n P - o)^p) applies
+    row_sum: bool = True  # the output is divided by a row sum (kernels: NORMALISE; decode splits merge by weight)
     p: Optional[float] = None  # re-weighting exponent used when none is given (lssar)
     cosine: bool = False  # scores cos(q_i, k_j) (lssa), not z = q.k / sqrt(d)
     # The fused kernels' compile-time flags (kernels.py): stage-1 statistics ("online_max": base-2 logits with a
@@ -121,7 +121,7 @@ class Scorer:
 
     def kernel_flags(self):  # as the kernels take them (kernels.FLAGS; kernels.KERNELS: those they implement)
         return dict(ROW=self.row, LOGIT=self.kernel_logit, ONLINE_MAX=self.stats == "online_max",
-                    NORMALISE=self.normalised)
+                    NORMALISE=self.row_sum)
 
 def _ssa_logit(z, ln_n, ln_d, b, n):  # slope n b at z = 0 (see score_ssa)
     return n * torch.where(z >= 0, torch.log1p(b * z.clamp(min=0)), -torch.log1p(-b * z.clamp(max=0)))
@@ -138,7 +138,7 @@ SCORERS = {
                           Param("n", 1.5, init="ssa_n", learn="ssa_learn_n", low=1.0))),
     "lssa": Scorer(**_lssa),
     "lssar": Scorer(**_lssa, p=LSSAR_DEFAULT_P),
-    "sigmoid": Scorer(score_sigmoid, lambda z, ln_n, ln_d: F.logsigmoid(z - ln_n), normalised=False,
+    "sigmoid": Scorer(score_sigmoid, lambda z, ln_n, ln_d: F.logsigmoid(z - ln_n), sums_to_one=False, row_sum=False,
                       stats="plain_sum", row="bias", kernel_logit="sigmoid"),
 }
 
@@ -157,62 +157,64 @@ def check_options(config):
             raise ValueError(f"option {off[0]}={getattr(config, off[0])!r} needs {prm.only_if}=True")
         if prm.low is not None and prm.init and not getattr(config, prm.init) > prm.low:
             raise ValueError(f"{config.scorer} needs {prm.init} > {prm.low:g}, got {getattr(config, prm.init)}")
-    if config.reweight_p is not None and not SCORERS[config.scorer].normalised:
+    if config.reweight_p is not None and not SCORERS[config.scorer].sums_to_one:
         raise ValueError(f"reweight_p={config.reweight_p} needs normalised rows; scorer={config.scorer!r} has none")
 
-def get(scorer, p=None):
-    """The scorer's entry and the re-weighting exponent that applies; one clear error for a bad name or p."""
+def get(scorer, p=None, params=None):
+    """The scorer's entry, the re-weighting exponent that applies and the parameters given (None: its default), by
+    the registry's names; one clear error for a bad scorer, p or parameter name."""
     if scorer not in SCORERS:
         raise ValueError(f"unknown scorer {scorer!r}; allowed: {', '.join(SCORERS)}")
     entry = SCORERS[scorer]
     p = entry.p if p is None else p
-    if p is not None and not entry.normalised:
+    if p is not None and not entry.sums_to_one:
         raise ValueError(f"re-weighting (p={p}) needs normalised rows; scorer={scorer!r} has none")
-    return entry, None if p is None else float(p)
+    names = [prm.name for prm in entry.params]
+    unknown = [name for name in params or {} if name not in names]
+    if unknown:
+        raise ValueError(f"scorer {scorer!r} has no parameter {unknown[0]!r}; its parameters: {names or 'none'}")
+    return entry, None if p is None else float(p), {k: x for k, x in (params or {}).items() if x is not None}
 
-def prepare(q, k, v, scorer, s=None, b=None, n=None, p=None, offset=0):
-    """A fused path's inputs checked: the registry entry, per-head fp32 s, b, n on q's device (SCORERS.md's defaults
-    for those the scorer lacks or was not given) and p. q (B, H, Tq, D); k, v (B, H, offset + Tq, D)."""
-    entry, p = get(scorer, p)
+def prepare(q, k, v, scorer, p=None, offset=0, **params):
+    """A fused path's inputs checked: the registry entry, p, and each of the scorer's parameters by name as a
+    per-head fp32 tensor on q's device (its default where not given). q (B, H, Tq, D); k, v (B, H, offset + Tq, D)."""
+    entry, p, params = get(scorer, p, params)
     assert q.dim() == 4 and k.shape == v.shape and k.shape[:2] == q.shape[:2] and k.shape[3] == q.shape[3], \
         f"q (B, H, Tq, D) and k, v (B, H, Tk, D) expected, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
     H, Tq = q.shape[1], q.shape[2]
     assert k.shape[2] == offset + Tq, f"k has {k.shape[2]} keys but offset + Tq = {offset} + {Tq}"
-    default = {"s": 1.0, "b": 0.0, "n": 1.5, **{prm.name: prm.default for prm in entry.params}}
-
-    def per_head(x, name):  # made on q's device: a CPU tensor copied over would sync the stream on every call
-        x = torch.full((H,), default[name], device=q.device) if x is None else x
-        return x.to(q.device, torch.float32).expand(H).contiguous()
-
-    return entry, per_head(s, "s"), per_head(b, "b"), per_head(n, "n"), p
+    fp32 = q.new_empty(0, dtype=torch.float32)
+    return entry, p, {name: x.view(H).contiguous() for name, x in per_head(entry, params, H, fp32).items()}
 
 # ----------------------------------------------------------------------------------------------------------------
 # The reference weights and the SDPA form of softmax and ssmax (model.attention dispatches to these and the kernels)
 
-def attention_weights(q, k, scorer, *, s=None, b=None, n=None, p=None, offset=0):
-    """The attention weights P (B, H, Tq, Tk) of SCORERS.md; q at absolute positions offset..offset+Tq-1."""
-    entry, p = get(scorer, p)
+def attention_weights(q, k, scorer, *, p=None, offset=0, **params):
+    """The attention weights P (B, H, Tq, Tk) of SCORERS.md; q at absolute positions offset..offset+Tq-1; params: the
+    scorer's, by name (e.g. s=, b= for ssmax), per head."""
+    entry, p, params = get(scorer, p, params)
     dtype = torch.promote_types(q.dtype, torch.float32)  # half inputs are scored in fp32, under autocast too
     q, k = q.to(dtype), k.to(dtype)
     n_i, mask = _rows(q.size(-2), k.size(-2), offset, q.device)
     with torch.autocast(q.device.type, enabled=False):  # else autocast runs q @ k.T in bf16 again
-        P = entry.weights(q, k, n_i, mask, s=s, b=b, n=n)
+        P = entry.weights(q, k, n_i, mask, **per_head(entry, params, q.size(1), q))
         return P if p is None else reweight(P, n_i, p)
 
-def sdpa_attention(q, k, v, scorer, *, s=None, b=None, n=None, p=None, offset=0):
+def sdpa_attention(q, k, v, scorer, *, p=None, offset=0, **params):
     """softmax and ssmax on torch's SDPA (flash, cuDNN, efficient or CPU flash: torch chooses). SSMax multiplies row
     i's logits by s log n_i + b, which is q_i scaled by it (Qwen's log-n attention runs so). SDPA's default scale
     1/sqrt(d) is z's. Causal mask: is_causal at offset 0 (top-left), bottom-right after a cache, none for one row."""
     if scorer not in ("softmax", "ssmax") or p is not None:
         raise ValueError(f"backend='sdpa' runs softmax and ssmax without re-weighting, not scorer={scorer!r} with "
                          f"p={p}; use backend='auto' (cpu or triton for the others)")
+    entry, p, params = get(scorer, p, params)
     Tq, Tk = q.size(-2), k.size(-2)
     assert Tk == offset + Tq, f"k has {Tk} keys but offset + Tq = {offset} + {Tq}"
     if scorer == "ssmax":  # the scale in fp32 (or fp64) and q rounded once to its dtype, as under bf16 autocast
         dtype = torch.promote_types(q.dtype, torch.float32)
         ln_n = torch.arange(offset + 1, offset + Tq + 1, device=q.device, dtype=dtype).log()[:, None]  # (Tq, 1)
-        H = q.size(1)
-        q = (q.to(dtype) * (_per_head(s, 1.0, H, ln_n) * ln_n + _per_head(b, 0.0, H, ln_n))).to(q.dtype)
+        prm = per_head(entry, params, q.size(1), ln_n)
+        q = (q.to(dtype) * (prm["s"] * ln_n + prm["b"])).to(q.dtype)
     mask = None
     if offset and Tq > 1:  # a chunk after a cache: row t sees keys 0..offset + t, the bottom-right triangle
         from torch.nn.attention.bias import causal_lower_right  # torch >= 2.2

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 
-if __name__ == "__main__":  # the interpreter's kernels cannot be compiled; an importer (a test) keeps its mode
+if __name__ == "__main__":  # interpreted kernels can't compile; importers keep theirs
     os.environ["TRITON_INTERPRET"] = "0"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import triton  # noqa: E402
@@ -32,15 +32,15 @@ import kernels  # noqa: E402
 from scorers import SCORERS  # noqa: E402
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-# (kernel, name, constexprs): each scorer of the registry as the model calls it (learned parameters: exact sigma),
-# re-weighting's two forward passes apart
+# (kernel, name, constexprs) of each scorer as the model calls it:
+# learned parameters need exact sigma; re-weighting runs two passes
 VARIANTS = []
 for name, entry in SCORERS.items():
     flags, rw = entry.kernel_flags(), entry.p is not None
     VARIANTS += [("fwd", f"{name}_pass1", dict(**flags, STAGE=0)),
                  ("fwd", f"{name}_pass2", dict(**flags, STAGE=2, P_INT=int(entry.p)))] if rw else \
         [("fwd", name, dict(**flags, STAGE=1))]
-    VARIANTS += [("dq", name, dict(**flags, REWEIGHT=rw, EXACT_SIGMA=(rw or bool(entry.params)) and entry.normalised)),
+    VARIANTS += [("dq", name, dict(**flags, REWEIGHT=rw, EXACT_SIGMA=(rw or bool(entry.params)) and entry.row_sum)),
                  ("dkdv", name, dict(**flags, REWEIGHT=rw))]
 KERNELS = {"fwd": kernels._attn_fwd, "dq": kernels._attn_bwd_dq, "dkdv": kernels._attn_bwd_dkdv}
 INTS = {"H", "Tq", "Tk", "offset", "split_size", "T_BUCKET"}  # all but offset divisible by 16, as the JIT would see
@@ -63,7 +63,7 @@ def compile_one(kernel, scorer, consts, D, cfg, dtype="bf16", prec=None):
                 attrs[(i,)] = [["tt.divisibility", 16]]
         elif a in ("sm_scale", "p"):
             sig[a] = "fp32"
-        else:  # pointers: q, k, v, o and their gradients in the input dtype, row statistics fp32, fallback rows int8
+        else:  # pointers: I/O in dtype, fallback rows int8, stats fp32
             io = a in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
             sig[a] = f"*{dtype}" if io else "*i8" if a == "FB" else "*fp32"
             attrs[(i,)] = [["tt.divisibility", 16]]

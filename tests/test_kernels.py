@@ -202,7 +202,7 @@ def test_all_equal_scores_give_the_prefix_mean_and_finite_grads(scorer, kw):
     q = torch.zeros_like(q)  # every score equal: uniform weights; with p, the fallback (or a uniform re-weighting)
     fused = _run(kernels.attention, scorer, kw, q, k, v, do, torch.float32, 0)
     n = torch.arange(1, 36).view(1, 1, 35, 1)  # sigmoid's rows are not normalised: w = sigmoid(-log n) = 1 / (n + 1)
-    prefix_mean = v.cumsum(2) / (n if SCORERS[scorer].normalised else n + 1)
+    prefix_mean = v.cumsum(2) / (n if SCORERS[scorer].sums_to_one else n + 1)
     torch.testing.assert_close(fused[0], prefix_mean, rtol=1e-5, atol=1e-5)
     assert all(torch.isfinite(g).all() for g in fused)
     # re-weighting: rows i >= 3 fall back to P in both paths (the tie tolerance, not rounding, decides), so their

@@ -5,21 +5,9 @@ import pytest
 import torch
 
 import model
+from cases import VARIANTS  # every scorer and option, from the registry
 from lib import checkpoint
 from model import GPT, GPTConfig
-
-VARIANTS = {  # every scorer and option of SCORERS.md
-    "softmax": dict(scorer="softmax"),
-    "softmax_p3": dict(scorer="softmax", reweight_p=3.0),
-    "ssmax": dict(scorer="ssmax"),
-    "ssmax_nos": dict(scorer="ssmax", ssmax_learn_s=False),
-    "ssmax_bias": dict(scorer="ssmax", ssmax_bias=True),
-    "ssa": dict(scorer="ssa"),
-    "ssa_learn_n": dict(scorer="ssa", ssa_learn_n=True),
-    "lssa": dict(scorer="lssa"),
-    "lssar": dict(scorer="lssar"),
-    "sigmoid": dict(scorer="sigmoid"),
-}
 
 
 def tiny(**kw):
@@ -85,8 +73,9 @@ def test_every_scorer_parameter_gets_a_nonzero_gradient(variant):
     idx = torch.randint(0, 64, (2, 16))
     _, loss = m(idx, idx)
     loss.backward()
-    expected = {"ssmax": ["ssmax_s"], "ssmax_bias": ["ssmax_s", "ssmax_b"], "ssa": ["ssa_b_raw"],
-                "ssa_learn_n": ["ssa_b_raw", "ssa_n_raw"]}.get(variant, [])
+    cfg = m.config  # the registry says which parameters exist and learn
+    expected = [model.param_name(cfg.scorer, prm) for prm in model.SCORERS[cfg.scorer].params
+                if (not prm.only_if or getattr(cfg, prm.only_if)) and (not prm.learn or getattr(cfg, prm.learn))]
     for block in m.transformer.h:
         learnable = [name for name, _ in block.attn.named_parameters() if not name.startswith("c_")]
         assert sorted(learnable) == sorted(expected)

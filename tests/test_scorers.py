@@ -8,32 +8,34 @@ import torch
 
 import model
 from model import attention, attention_weights
+from scorers import SCORERS
 
-SCORER_CASES = [  # (scorer, kwargs that make every parameter matter)
-    ("softmax", {}),
-    ("ssmax", {}),
-    ("ssmax", dict(s=[0.7, 1.3], b=[0.2, -0.4])),
-    ("ssa", {}),
-    ("ssa", dict(b=[0.5, 2.0], n=[1.1, 2.5])),
-    ("lssa", {}),
-    ("lssar", {}),
-    ("lssar", dict(p=3.0)),
-    ("softmax", dict(p=3.0)),
-    ("ssmax", dict(s=[0.5, 2.0], p=15.0)),
-    ("sigmoid", {}),
-]
+def varied(prm):  # two heads' values off the default and inside the bound: each parameter matters
+    return [max(prm.default - 0.3, -math.inf if prm.low is None else prm.low + 0.1), prm.default + 0.9]
+
+
+# (scorer, kwargs): every registry entry at its defaults, with its parameters varied, and re-weighted where its rows
+# sum to one (and with both at once)
+SCORER_CASES = ([(name, {}) for name in SCORERS]
+                + [(name, {prm.name: varied(prm) for prm in e.params}) for name, e in SCORERS.items() if e.params]
+                + [(name, dict(p=3.0)) for name, e in SCORERS.items() if e.sums_to_one and e.p is None]
+                + [(name, {**{prm.name: varied(prm) for prm in e.params}, "p": 15.0}) for name, e in SCORERS.items()
+                   if e.params and e.sums_to_one])
 
 
 def _t(kw):
     return {k: torch.tensor(v, dtype=torch.float64) if isinstance(v, list) else v for k, v in kw.items()}
 
 
-def spec_weights(q, k, scorer, s=None, b=None, n=None, p=None, offset=0):
-    """SCORERS.md, one row at a time (float64, no vectorisation tricks)."""
+def spec_weights(q, k, scorer, p=None, offset=0, **params):
+    """SCORERS.md, one row at a time (float64, no vectorisation tricks). The published scorers are written out here;
+    a scorer added to the registry later is checked through its other form, the FlexAttention logit."""
+    entry = SCORERS[scorer]
     B, H, Tq, d = q.shape
     out = torch.zeros(B, H, Tq, k.shape[2], dtype=torch.float64)
     for bb in range(B):
         for h in range(H):
+            prm = {x.name: x.default if params.get(x.name) is None else float(params[x.name][h]) for x in entry.params}
             for t in range(Tq):
                 i = offset + t
                 n_i = i + 1
@@ -42,21 +44,23 @@ def spec_weights(q, k, scorer, s=None, b=None, n=None, p=None, offset=0):
                 if scorer == "softmax":
                     w = torch.exp(z - z.max())
                 elif scorer == "ssmax":
-                    sh = 1.0 if s is None else float(s[h])
-                    bh = 0.0 if b is None else float(b[h])
-                    x = (sh * math.log(n_i) + bh) * z
+                    x = (prm["s"] * math.log(n_i) + prm["b"]) * z
                     w = torch.exp(x - x.max())
                 elif scorer == "ssa":
-                    bh = 1.0 if b is None else float(b[h])
-                    nh = 1.5 if n is None else float(n[h])
-                    w = (1 + bh * z.abs()) ** (torch.sign(z) * nh)
+                    w = (1 + prm["b"] * z.abs()) ** (torch.sign(z) * prm["n"])
                 elif scorer == "sigmoid":
                     w = 1 / (1 + torch.exp(-(z - math.log(n_i))))
-                else:  # lssa, lssar
+                elif scorer in ("lssa", "lssar"):
                     cos = (kj / kj.norm(dim=-1, keepdim=True)) @ (qi / qi.norm())
                     w = torch.nn.functional.softplus(math.log(d) * math.log(n_i) * cos)
-                P = w if scorer == "sigmoid" else w / w.sum()  # sigmoid's rows are not normalised
-                pp = 15.0 if scorer == "lssar" and p is None else p
+                else:
+                    score = (kj / kj.norm(dim=-1, keepdim=True)) @ (qi / qi.norm()) if entry.cosine else z
+                    x = entry.logit(score, torch.tensor(math.log(n_i), dtype=torch.float64),
+                                    torch.tensor(math.log(d), dtype=torch.float64),
+                                    **{name: torch.tensor(val, dtype=torch.float64) for name, val in prm.items()})
+                    w = torch.exp(x - x.max()) if entry.row_sum else torch.exp(x)
+                P = w / w.sum() if entry.row_sum else w  # sigmoid's rows are not normalised
+                pp = entry.p if p is None else p
                 if pp is not None:
                     o = 0.0 if i < 3 else 1.0
                     R = torch.relu(n_i * P - o)
@@ -81,7 +85,7 @@ def test_weights_match_the_spec_rows_sum_to_one_and_future_is_zero(scorer, kw):
     q, k, v = _qk(T=9, scale=1.5)
     P = attention_weights(q, k, scorer, **_t(kw))
     torch.testing.assert_close(P, spec_weights(q, k, scorer, **_t(kw)), rtol=1e-9, atol=1e-12)
-    if model.SCORERS[scorer].normalised:  # sigmoid's rows are not (their sums: test_sigmoid_rows_...)
+    if model.SCORERS[scorer].sums_to_one:  # sigmoid's rows are not (their sums: test_sigmoid_rows_...)
         torch.testing.assert_close(P.sum(-1), torch.ones(2, 2, 9, dtype=torch.float64))
     assert (P.triu(diagonal=1) == 0).all()
     torch.testing.assert_close(attention(q, k, v, scorer, **_t(kw)), P @ v)
@@ -156,7 +160,7 @@ def test_edge_cases_are_finite(scorer, kw, case):
         kwd = {key: (val.to(dtype) if torch.is_tensor(val) else val) for key, val in _t(kw).items()}
         P = attention_weights(q.to(dtype), k.to(dtype), scorer, **kwd)
         assert torch.isfinite(P).all()
-        if model.SCORERS[scorer].normalised:
+        if model.SCORERS[scorer].sums_to_one:
             torch.testing.assert_close(P.sum(-1), torch.ones_like(P.sum(-1)))
         q2, k2, v2 = (x.to(dtype).requires_grad_() for x in (q, k, v))
         attention(q2, k2, v2, scorer, **kwd).square().sum().backward()
@@ -277,7 +281,6 @@ def test_registry_agrees_with_config_model_train_kernels_flex_ptxas_and_docs():
 
     from lib import config
     import kernels
-    from scorers import SCORERS
     option_fields = {f for e in SCORERS.values() for prm in e.params for f in prm.fields()}
     config_fields = {f.name for f in fields(model.GPTConfig)}
     assert option_fields <= config_fields  # every option a Param names is a GPTConfig field ...
@@ -291,7 +294,7 @@ def test_registry_agrees_with_config_model_train_kernels_flex_ptxas_and_docs():
         assert own == {model.param_name(name, prm) for prm in entry.params}, name
         assert tuple(entry.kernel_flags().values()) in kernels.KERNELS, name  # the fused kernels implement it
         assert list(inspect.signature(entry.logit).parameters)[3:] == [prm.name for prm in entry.params], name
-        assert not (entry.p is not None and not entry.normalised), name  # re-weighting needs normalised rows
+        assert not (entry.p is not None and not entry.sums_to_one), name  # re-weighting needs normalised rows
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     spec = importlib.util.spec_from_file_location("ptxas_report", os.path.join(root, "bench", "ptxas_report.py"))
     ptxas = importlib.util.module_from_spec(spec)

@@ -8,16 +8,19 @@ import torch
 
 import kernels_cpu
 import model
+from cases import VARIANTS  # every scorer and option, from the registry
 from model import GPT, GPTConfig, attention
+from scorers import SCORERS
 
 H, D = 3, 16
 SHAPES = [(0, 33), (40, 7), (90, 1)]  # (offset = keys already cached, Tq): a prompt, a chunk after a cache, decoding
 CPU_SHAPES = SHAPES + [(0, 1), (0, 50), (5, 41)]  # and T = 1; with CHUNK = 16 below, 33 to 50 rows are 3-4 blocks
-PARAMS = {  # per head, every one different so that a head mixed up or a parameter dropped shows
-    "softmax": {}, "lssa": {}, "lssar": {}, "sigmoid": {},
-    "ssmax": dict(s=[0.6, 1.0, 1.7], b=[0.3, 0.0, -0.5]),
-    "ssa": dict(b=[0.5, 1.0, 2.0], n=[1.1, 1.5, 2.5]),
-}
+def per_head_values(prm):  # every head different, inside the bound: a head mixed up or a parameter dropped shows
+    return [prm.default - 0.4 if prm.low is None else max(prm.default - 0.4, prm.low + 0.1), prm.default,
+            prm.default + 0.7]
+
+
+PARAMS = {name: {prm.name: per_head_values(prm) for prm in e.params} for name, e in SCORERS.items()}
 
 
 def _run(scorer, backend, offset, Tq, dtype, p=None, scale=1.0, seed=0):
@@ -133,11 +136,6 @@ def test_cpu_path_without_gradients_keeps_no_blocks(monkeypatch):
     ("ssa", None, "cuda", "triton"), ("lssar", 15.0, "cuda", "triton")])
 def test_auto_picks_sdpa_for_softmax_and_ssmax_and_the_fused_path_for_the_others(scorer, p, device, expect):
     assert model.auto_backend(scorer, p, device) == expect
-
-
-VARIANTS = {"softmax": dict(scorer="softmax"), "softmax_p3": dict(scorer="softmax", reweight_p=3.0),
-            "ssmax_bias": dict(scorer="ssmax", ssmax_bias=True), "ssa_learn_n": dict(scorer="ssa", ssa_learn_n=True),
-            "lssa": dict(scorer="lssa"), "lssar": dict(scorer="lssar"), "sigmoid": dict(scorer="sigmoid")}
 
 
 def _tiny(**kw):
