@@ -1,24 +1,22 @@
 """
 Long-context evaluation: per-position test loss far beyond the training length, with RoPE extended and no further
-training. The SSMax paper (Nakanishi 2025, Fig. 5: θ 10,000 -> 500,000, 20,000-token test sequences) and the LSSAR
-paper (Gao & Spratling 2025, Table 4: validation loss at 1K/2K/4K/8K with Dynamic NTK). --fading draws the SSMax
-paper's Fig. 1 (attention fading: the largest softmax output vs SSMax's as n grows) and Fig. 3 (z_max sweep).
+training, as in the SSMax paper's Fig. 5 (Nakanishi 2025: θ 10,000 -> 500,000) and the LSSAR paper's Table 4 (Gao &
+Spratling 2025: Dynamic NTK). --fading draws SSMax Fig. 1 (attention fading as n grows) and Fig. 3 (z_max sweep).
 
     python eval_long.py out-softmax/ckpt.pt out-ssmax/ckpt.pt --data data/shakespeare   # L = 10 x block_size
     python eval_long.py out-softmax/ckpt.pt out-lssar/ckpt.pt --rope_method dynamic_ntk --rope_scale 1 --length 8192
     python eval_long.py --fading
 
-Position t (1-based) is the loss of predicting token t+1 from the t tokens before it, so a model trained at length
-N has seen positions 1..N. Every checkpoint is scored on the same --num_seqs windows of L+1 contiguous tokens of the
-split, their starts drawn uniformly with numpy's default_rng(seed) and recorded in summary.json. Every checkpoint is
-read (weights_only) before the first model runs; its outputs reach --out_dir only whole, never over earlier ones.
+Position t (1-based) is the loss of predicting token t+1 from the t tokens before it: a model trained at length N
+has seen positions 1..N. Every checkpoint is scored on the same --num_seqs windows of L+1 tokens, their starts drawn
+with default_rng(seed) and recorded in summary.json. All checkpoints are read (weights_only) before the first model
+runs; outputs reach --out_dir only whole, never over earlier ones.
 
-Dynamic NTK sets RoPE's base from the sequence length, so window k is read from kN-token sequences, each with the
-factor for kN (LSSAR Table 4; prefix_1x = native RoPE); --no-ntk_per_length: one L-token pass with the factor for L.
-The other methods' tables do not depend on the length: one causal pass of L tokens gives every window. Beside any
-extension each model also runs with its trained θ on the same sequences (rope "native"; the method: "extended").
+Dynamic NTK sets RoPE's base from the sequence length, so window k is read from kN-token sequences with the factor
+for kN (LSSAR Table 4; prefix_1x = native RoPE); --no-ntk_per_length: one L-token pass with the factor for L. Other
+methods need one pass of L tokens. Each model also runs with its trained θ (rope "native"; the method: "extended").
 Outputs: per_sequence.csv (model x rope x sequence x window), differences.csv/png (each model minus --baseline,
-paired over sequences, bootstrap 95% CI; compare.py), per_position.csv/png (raw curves), summary.json.
+paired over sequences, bootstrap 95% CI), per_position.csv/png (raw curves), summary.json.
 """
 import argparse, csv, json, math, os, sys
 
@@ -69,7 +67,7 @@ def per_position_loss(model, data, starts, L, batch_size, bounds, bar=None):
     for i in range(0, len(starts), batch_size):
         chunk = np.stack([np.asarray(data[s:s + L + 1], dtype=np.int64) for s in starts[i:i + batch_size]])
         xy = torch.from_numpy(chunk).to(device)
-        # bf16 on CUDA as the paper (and so that 20,000 tokens fit); CPU runs the reference path in fp32
+        # bf16 on CUDA as the paper, so long sequences fit
         with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
             _, loss = model(xy[:, :-1], xy[:, 1:], reduction="none")  # (B, L)
         loss = loss.double()
@@ -91,7 +89,7 @@ def evaluate(model, data, starts, args, N, method, scale, bar):
     the effective θ each window ran with (None for pi and yarn)."""
     bounds, per_seq, theta = window_bounds(N, args.length), {}, {}
     lengths = pass_lengths(args, N, method)
-    for n in lengths:  # the last one is L: its curve and RoPE info are returned
+    for n in lengths:  # the last, L, gives the curve and RoPE info
         rope = model.extend_rope(method, scale, n)
         mine = {w: b for w, b in bounds.items() if b[1] == n or len(lengths) == 1}
         curve, losses = per_position_loss(model, data, starts, n, args.batch_size, mine, bar)
@@ -110,7 +108,7 @@ def rope_settings(args):
 def write_results(args, folder, curves, models, rows, starts, baseline):
     """Rewritten in `folder` after every model (main moves it to --out_dir when all are done)."""
     out = lambda name: os.path.join(folder, name)
-    names = sorted(curves, key=lambda n: curves[n][3] != "-")  # the requested method's columns first, as always
+    names = sorted(curves, key=lambda n: curves[n][3] != "-")  # the requested method's columns first
     with open(out("per_position.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["position", *names])
@@ -137,7 +135,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
         compare.fading(folder)
     if not args.ckpt:
         return []
-    # every checkpoint is read (its pickle; tensors mapped, not read) and checked before the first model runs
+    # check all checkpoints (mmap'd) before any model runs
     model_args = [dataset.language_model(p, read_checkpoint(p, mmap=True))["model_args"] for p in args.ckpt]
     args.length = args.length or 10 * model_args[0]["block_size"]  # the first checkpoint fixes L
     N, path = max((a["block_size"], path) for a, path in zip(model_args, args.ckpt))
@@ -147,7 +145,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
     labels = []
     for i, (a, path) in enumerate(zip(model_args, args.ckpt)):
         label = args.labels[i] if args.labels else a.get("scorer", "softmax")
-        if label in labels:  # two checkpoints of one scorer: tell them apart by their folders
+        if label in labels:  # one scorer twice: tell apart by folder
             label = f"{label} #{i + 1} ({os.path.basename(os.path.dirname(os.path.abspath(path)))})"
         labels.append(label)
     baseline = labels[0] if args.baseline is None else args.baseline
@@ -176,7 +174,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
             windows = {w: dict(positions=list(b), rope_theta_effective=theta[w], mean_loss=float(per_seq[w].mean()))
                        for w, b in bounds.items()}
             result = dict(**info, mean_loss=float(curve.mean()), windows=windows)
-            # the requested method where its numbers always were, the native baseline beside it
+            # a stable summary.json: native nests under "native"
             models[-1].update(result if i == 0 else dict(native=dict(rope_method="none", **result)))
             rows += [dict(model=label, ckpt=ckpt_path, rope=rope, rope_method=method, rope_scale=scale,
                           theta=theta[w] or "", sequence=j, start=int(starts[j]), window=w, tokens=b[1] - b[0] + 1,

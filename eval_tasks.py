@@ -5,18 +5,17 @@ lengths with 95% intervals, and what the attention does as n grows.
     python eval_tasks.py out-first-*/ckpt.pt --lengths 32 64 128 256 512 --out_dir out-first-eval
     python eval_tasks.py out-recall-ssmax/ckpt.pt --lengths 32 128 512 --out_dir out-recall-eval --diagnose 32
 
-accuracy.csv has a row per checkpoint x length x test condition x RoPE evaluation: the final answer's accuracy with
-its 95% Wilson interval and the answer's loss in nats (linear: eq. 2's MSE with a normal interval). attention.csv
-(--diagnose K) has, per layer and head, the final row's attention mass on the target token, its entropy, the
-uniform mass 1/L and the learned s: the SSMax paper's Figs. 1, 7, 8 without a language model's floor effect. Every
-checkpoint, length and the memory the longest needs are checked before the first evaluation; the files appear in
---out_dir when all are done (tracking.results_dir: an out_dir that holds an earlier evaluation's is refused).
+accuracy.csv: a row per checkpoint x length x test condition x RoPE evaluation, with the final answer's accuracy,
+its 95% Wilson interval and its loss in nats (linear: eq. 2's MSE, normal interval). attention.csv (--diagnose K):
+per layer and head, the final row's attention mass on the target, its entropy, the uniform mass 1/L and the learned
+s (SSMax Figs. 1, 7, 8 without an LM's floor effect). Checkpoints, lengths and memory are checked before the first
+evaluation; the files reach --out_dir when all are done, never over an earlier evaluation's.
 """
 import argparse
 import math
 import os
 import sys
-from types import SimpleNamespace  # a checkpoint's config read as attributes, as the samplers do
+from types import SimpleNamespace  # a checkpoint's config as attributes
 
 import numpy as np
 import torch
@@ -30,7 +29,7 @@ from model import GPTConfig, auto_backend
 from tasks import TASKS, get_batch, min_length, target_positions
 
 # ----------------------------------------------------------------------------------------------------------------
-# Loading and scoring: accuracy (or MSE) vs length with 95% intervals
+# Loading and scoring: accuracy (or MSE) vs length
 
 def load(path, **overrides):
     """(model, checkpoint) of a task run; overrides change model fields (e.g. backend)."""
@@ -51,9 +50,8 @@ def setting(c):
 
 
 def bytes_per_token(cfg):
-    """About the memory a forward takes per token of each sequence, fp32 on the CPU: activations and logits, and for
-    the scorers SDPA cannot run kernels_cpu's blocks of CHUNK query rows (within 2x of the peak RSS measured on
-    recall)."""
+    """Rough bytes per token of a CPU fp32 forward: activations, logits and, off SDPA, kernels_cpu's CHUNK-row
+    blocks."""
     per_token = 4 * (6 * cfg.n_embd + 2 * cfg.ffn_hidden + 2 * cfg.vocab_size) + 64
     return per_token + (16 * CHUNK * cfg.n_head if auto_backend(cfg.scorer, cfg.p, "cpu") == "cpu" else 0)
 
@@ -83,7 +81,7 @@ def score(model, c, L, n, stream, batch=BATCH):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# What the attention does: the final row's mass on the target and its entropy
+# Attention diagnostics: mass on the target, entropy
 
 @torch.no_grad()
 def diagnose(model, c, L, n, stream):
@@ -103,13 +101,12 @@ def diagnose(model, c, L, n, stream):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Every checkpoint x length x condition x RoPE evaluation, written as each checkpoint finishes
+# Evaluation, written as each checkpoint finishes
 
 ACC_COLUMNS = ("task", "model", "scorer", "seed", "length", "accuracy", "ci_low", "ci_high", "n", "mse", "loss",
                "condition", "rope", "train_length")
-# prompt_id: the sample's index in its condition's test stream, which is seeded by the training seed: every setting
-# of a seed sees the same prompts, so settings can be compared prompt by prompt. linear: correct is empty and
-# answer_loss is the prompt's MSE
+# prompt_id: one seed's settings see the same prompts
+# linear: correct is empty, answer_loss is the MSE
 PROMPT_COLUMNS = ("run", "task", "setting", "seed", "length", "condition", "rope", "prompt_id", "correct",
                   "answer_loss")
 
@@ -139,7 +136,7 @@ def check(runs, lengths, n, diag_n):
 def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0):
     """accuracy.csv, per_prompt.csv (and attention.csv with diag_n > 0) for every checkpoint, written after each
     one (main writes them to a folder that becomes --out_dir when all are done); lengths sorted."""
-    runs = [(p, *load(p)) for p in paths]  # every input is checked before the first evaluation
+    runs = [(p, *load(p)) for p in paths]  # check every input before the first evaluation
     check(runs, lengths, n, diag_n)
     os.makedirs(out_dir, exist_ok=True)
     acc, att, prompts = [], [], []

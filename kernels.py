@@ -32,22 +32,21 @@ FLAGS = ("ROW", "LOGIT", "ONLINE_MAX", "NORMALISE")
 KERNELS = {("plain", "linear", True, True), ("logn", "linear", True, True), ("plain", "ssa", True, True),
            ("norm", "softplus", False, True), ("bias", "sigmoid", False, False)}
 LOG2E = tl.constexpr(1.4426950408889634)
-NEG = tl.constexpr(-1.0e30)  # finite "-inf": exp2(NEG - NEG) stays a number for rows that saw no key yet
-TIE = tl.constexpr(scorers.TIE * 2.0**-23)  # re-weighting: y = n P - o counts as positive above TIE n (fp32)
-DECODE_M = 16  # the smallest tl.dot M on a GPU: decode and short chunks use it, with split keys
+NEG = tl.constexpr(-1.0e30)  # finite "-inf": exp2(NEG - NEG) is not NaN
+TIE = tl.constexpr(scorers.TIE * 2.0**-23)  # y = n P - o > TIE n is positive (fp32)
+DECODE_M = 16  # smallest tl.dot M: decode and short chunks
 DECODE_N = 32 if INTERPRET else 64
-SLOTS = ("s", "b", "n")  # the kernels' per-head parameters (S, Bp, Np), by registry name
+SLOTS = ("s", "b", "n")  # registry names of the S, Bp, Np slots
 NO_GPU = "the fused Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1 for testing); use backend=torch"
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# @triton.jit helpers: the scorers on a (BLOCK_M, BLOCK_N) tile of raw dot products qk
+# Scorer helpers on a tile of dot products qk
 
 @triton.jit
 def _softplus(u):
-    # no log1p in Triton, and a division costs as much as the exp: for t < 1/8 seven terms of log1p's series,
-    # above it log(1 + t), both within 6e-7 relative; so lssa rows with every u << 0 (cos ~ -1 at large n) keep
-    # their tiny, non-zero weights
+    # no log1p in Triton: series for t < 1/8 (6e-7 relative),
+    # so lssa rows with all u << 0 keep tiny non-zero weights
     t = tl.exp(-tl.abs(u))
     series = t * (1 - t * (1 / 2 - t * (1 / 3 - t * (1 / 4 - t * (1 / 5 - t * (1 / 6 - t * (1 / 7)))))))
     return tl.maximum(u, 0.0) + tl.where(t < 0.125, series, tl.log(1.0 + t))
@@ -74,11 +73,11 @@ def _row_setup(QS, rows, row_ok, t, offset, s_h, b_h, sm_scale, ROW: tl.constexp
     the multiplier c of q.k: the base-2 logit scale, or for lssa the exponent log(d) log(n_i) / |q_i|."""
     n_i = (offset + t + 1).to(tl.float32)
     ln_n = tl.log(n_i)
-    if ROW == "logn":  # ssmax: z times s log n_i + b, folded into the scale with 1/sqrt(d) and log2(e): free
+    if ROW == "logn":  # ssmax: s log n_i + b folds into the scale: free
         c = (s_h * ln_n + b_h) * (sm_scale * LOG2E)
     elif ROW == "norm":  # lssa: sm_scale carries log(d)
         c = ln_n * sm_scale * tl.load(QS + rows, mask=row_ok, other=0.0)
-    else:  # "plain"; "bias" (sigmoid) subtracts log n_i in _logit
+    else:  # plain; bias subtracts log n_i in _logit
         c = ln_n * 0.0 + sm_scale * LOG2E
     return n_i, tl.where(n_i > 3.0, 1.0, 0.0), c
 
@@ -87,12 +86,12 @@ def _row_setup(QS, rows, row_ok, t, offset, s_h, b_h, sm_scale, ROW: tl.constexp
 def _logit(qk, c, ks, n_i, sm_scale, b_h, n_h, LOGIT: tl.constexpr):
     """Stage-1 score: a base-2 logit x (ONLINE_MAX: P = exp2(x - M)), or the weight itself (lssa's A: P = A
     exp2(-M); sigmoid's w: P = w)."""
-    if LOGIT == "ssa":  # in the log domain: no pow on negative bases; sgn(0) is moot since log(1) = 0
+    if LOGIT == "ssa":  # log domain: no pow of negatives; sgn(0) moot (log 1 = 0)
         z = qk * sm_scale
         x = tl.where(z < 0, -n_h, n_h) * tl.log2(1.0 + b_h * tl.abs(z))
     elif LOGIT == "softplus":
         x = _softplus(qk * c[:, None] * ks[None, :])
-    elif LOGIT == "sigmoid":  # sigmoid(z - log n_i) = 1 / (1 + 2^-(x)); 2^+big = inf gives 0, never NaN
+    elif LOGIT == "sigmoid":  # exp2 overflow gives w = 0, never NaN
         x = 1.0 / (1.0 + tl.exp2(tl.log2(n_i)[:, None] - qk * c[:, None]))
     else:  # "linear"
         x = qk * c[:, None]
@@ -114,7 +113,7 @@ def _prob(x, m1, ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr):
 @triton.jit
 def _grad_factor(qk, x, P, c, ks, m1, sm_scale, b_h, n_h, LOGIT: tl.constexpr):
     """W = dP/dqk before normalisation: dL/dqk = (dP - sigma_i) W, with sigma_i = sum_j P dP (0 without it)."""
-    if LOGIT == "softplus":  # lssa: dP/dA = 1/l_i, dA/du = sigmoid(u) = exp(u - softplus(u)), du/dqk = c_i ks_j
+    if LOGIT == "softplus":  # 1/l_i sigmoid(u) c_i ks_j; sigmoid(u) = exp(u - x)
         u = qk * c[:, None] * ks[None, :]
         W = (c * tl.exp2(-m1))[:, None] * ks[None, :] * tl.exp(u - x)
     elif LOGIT == "ssa":  # dlogit/dz = n b / (1 + b|z|)
@@ -137,7 +136,7 @@ def _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale,
     if MASK:
         P = tl.where(keep, P, 0.0)
     g = tl.dot(do, vT, input_precision=PREC)  # dL/dPf_ij = dO_i . v_j
-    if REWEIGHT:  # Pf = softmax of p log(y) on y = n P - o > 0; a fallback row (fb) has Pf = P
+    if REWEIGHT:  # Pf = softmax of p log y over y > 0; fallback rows: P
         y = n_i[:, None] * P - o_i[:, None]
         pos = y > n_i[:, None] * TIE
         ys = tl.where(pos, y, 1.0)
@@ -149,14 +148,14 @@ def _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale,
         Pf = P
         dP = g
     W = _grad_factor(qk, x, P, c, ks, m1, sm_scale, b_h, n_h, LOGIT)
-    if LOGIT == "softplus":  # the other factors carry P, which is already 0 where masked
+    if LOGIT == "softplus":  # the other W carry P, already 0 where masked
         if MASK:
             W = tl.where(keep, W, 0.0)
     return Pf, P, dP, W, qk, g
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Autotune lists: one config under the interpreter (more fail there), a few on GPU
+# Autotune configs: one under the interpreter (more fail there)
 
 def _configs(pairs):
     if INTERPRET:
@@ -165,14 +164,11 @@ def _configs(pairs):
             for m, n, w, s in dict.fromkeys(pairs)]  # a shape in two lists is timed once
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages), four each: every (T bucket, head dim, scorer) autotunes once, and on
-# the H200 compiling six took ~60 s per test. The tests run each block shape under the interpreter too. Chosen from
-# bench/ptxas_sm90.csv (registers and spills of every kernel compiled for sm_90, no GPU needed): the backward has no
-# (64, 128) tiles, which spill 0.5-10 KB a thread in dk/dv for every scorer, and gains (128, 32), which spills none.
+# (BLOCK_M, BLOCK_N, warps, stages): few, to keep autotuning short;
+# picked by register spills on sm_90 (bench/ptxas_sm90.csv)
 FWD_TUNE = [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3)]
 BWD_TUNE = [(64, 64, 8, 2), (128, 64, 8, 2), (128, 32, 8, 2), (32, 64, 4, 2)]
-# fp32 inputs (tf32x3 dots) take twice the shared memory: at D = 128 no forward shape above fits in sm_90's 227 KB,
-# and one backward shape does; these all fit, at every head dim (bench/ptxas_sm90_fp32.csv)
+# fp32 doubles shared memory: these fit at every head dim
 FWD_TUNE_FP32 = [(128, 32, 8, 2), (64, 32, 4, 3), (64, 64, 4, 2)]
 BWD_TUNE_FP32 = [(64, 32, 8, 2), (32, 64, 4, 2), (32, 32, 4, 2)]
 FWD_CONFIGS, BWD_CONFIGS = _configs(FWD_TUNE + FWD_TUNE_FP32), _configs(BWD_TUNE + BWD_TUNE_FP32)
@@ -180,8 +176,8 @@ FWD_CONFIGS, BWD_CONFIGS = _configs(FWD_TUNE + FWD_TUNE_FP32), _configs(BWD_TUNE
 
 def _pick(tune, tune_fp32):
     """early_config_prune: the shapes of the inputs' dtype, less any whose fp32 accumulator (BLOCK_M x HEAD_DIM)
-    takes over 64 registers a thread: (128, 64) on 4 warps spills at D = 128 (0.6-1.6 KB a thread), and
-    re-weighting's pass 2 runs whichever config pass 1, which has no accumulator, was timed fastest with."""
+    takes over 64 registers a thread (it spills). Pass 2 of re-weighting runs the config pass 1 was timed with, and
+    pass 1 has no accumulator, so timing alone would not rule those out."""
     def prune(configs, named_args, **kwargs):
         D = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
         shapes = tune_fp32 if named_args["Q"].dtype == torch.float32 else tune
@@ -191,7 +187,7 @@ def _pick(tune, tune_fp32):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Kernels. q, k, v, o, do, dq, dk, dv (B*H, T, D) and row statistics (B*H, T): contiguous.
+# Kernels: (B*H, T, D) tensors, (B*H, T) row stats, contiguous
 
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk, offset, c, m1, n_i, o_i, inv_ym, fb,
@@ -200,7 +196,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        if MASK:  # the diagonal blocks (and the ragged end of k): causal mask j <= offset + t
+        if MASK:  # diagonal blocks, ragged end: j <= offset + t
             kT = tl.load(k_ptrs + start_n * HEAD_DIM, mask=cols[None, :] < Tk, other=0.0).to(DT)
             keep = cols[None, :] <= offset + offs_m[:, None]
         else:
@@ -209,14 +205,14 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk,
         if ROW == "norm":
             ks = tl.load(KS + cols, mask=cols < Tk, other=0.0)
         x = _logit(tl.dot(q, kT, input_precision=PREC), c, ks, n_i, sm_scale, b_h, n_h, LOGIT)
-        if STAGE == 2:  # re-weighting: (y / y_max)^p where y = n P - o > 0; a fallback row (fb) keeps P
+        if STAGE == 2:  # (y / y_max)^p in [0, 1]: no overflow
             P = _prob(x, m1, ONLINE_MAX, NORMALISE)
             y = n_i[:, None] * P - o_i[:, None]
             a = tl.where(fb[:, None], P, tl.where(y > n_i[:, None] * TIE, _pow(y * inv_ym[:, None], p, P_INT), 0.0))
             if MASK:
                 a = tl.where(keep, a, 0.0)
             l_i += tl.sum(a, 1)
-        elif not ONLINE_MAX:  # bounded weights (lssa's A, sigmoid's w): plain sums
+        elif not ONLINE_MAX:  # bounded weights: plain sums
             a = x
             if MASK:
                 a = tl.where(keep, a, 0.0)
@@ -235,7 +231,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk,
             if STAGE == 1:
                 acc = acc * alpha[:, None]
             m_i = m_new
-        if STAGE != 0:  # pass 1 of re-weighting needs only the row statistics
+        if STAGE != 0:  # pass 1 needs only the row statistics
             if MASK:
                 v = tl.load(v_ptrs + start_n * HEAD_DIM, mask=cols[:, None] < Tk, other=0.0).to(DT)
             else:
@@ -253,7 +249,7 @@ def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB, H, Tq, Tk, offset,
     stage-1 logit MX, then STAGE 2 (pass 2): the re-weighted output, its lse and the fallback rows FB."""
     start_m = tl.program_id(0) * BLOCK_M
     off_hz = tl.program_id(1)
-    split = tl.program_id(2)  # > 0 only when decoding: this program's share of the keys
+    split = tl.program_id(2)  # decode: this program's share of the keys
     off_h = off_hz % H
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -268,12 +264,12 @@ def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB, H, Tq, Tk, offset,
     m1 = n_i * 0.0
     ym = n_i * 0.0 + 1.0
     fb = n_i < 0.0
-    if STAGE == 2:  # pass 1 knows each row's largest y = n P - o (P is monotone in the logit): no running max
+    if STAGE == 2:  # y_max from pass 1's largest logit (P is monotone)
         m1 = tl.load(M1 + rows, mask=row_ok, other=0.0)
         mx = tl.load(MX + rows, mask=row_ok, other=0.0)
         ym = tl.sum(n_i[:, None] * _prob(mx[:, None], m1, ONLINE_MAX, NORMALISE) - o_i[:, None],
-                    1)  # the tile's arithmetic
-        fb = ym <= n_i * TIE  # no n P - o above the tie tolerance in the row: it keeps P
+                    1)  # the tiles' arithmetic, so the same rounding
+        fb = ym <= n_i * TIE  # no y above the tie tolerance: the row keeps P
         ym = tl.where(fb, 1.0, ym)
         tl.store(FB + rows, fb.to(tl.int8), mask=row_ok)  # every split writes the same
     inv_ym = 1.0 / ym
@@ -285,7 +281,7 @@ def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB, H, Tq, Tk, offset,
     KSb = KS + off_hz.to(tl.int64) * Tk
     lo = split * split_size
     hi = lo + split_size
-    diag = (offset + start_m + 1) // BLOCK_N * BLOCK_N  # keys below are seen by every row of the block: no mask
+    diag = (offset + start_m + 1) // BLOCK_N * BLOCK_N  # keys below: seen by every row, no mask
     end = tl.minimum(offset + start_m + BLOCK_M, Tk)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KSb, lo, tl.minimum(hi, diag), offs_m, offs_n,
                                Tk, offset, c, m1, n_i, o_i, inv_ym, fb, sm_scale, b_h, n_h, p,
@@ -295,7 +291,7 @@ def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB, H, Tq, Tk, offset,
                                ROW, LOGIT, ONLINE_MAX, NORMALISE, STAGE, True, P_INT, HEAD_DIM, BLOCK_N, DT, PREC)
     ok = l_i > 0  # l_i = 0: no key in this split
     l_safe = tl.where(ok, l_i, 1.0)
-    ref = m_i  # the base-2 logit the weights are relative to: 0 for plain sums, p log2 y_max in pass 2
+    ref = m_i  # the base-2 logit the weights are relative to
     if not ONLINE_MAX:
         ref = m_i * 0.0
     if STAGE == 2:
@@ -306,7 +302,7 @@ def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB, H, Tq, Tk, offset,
         tl.store(MX + rows_s, m_i, mask=row_ok)
     else:
         out = acc
-        if NORMALISE:  # else (sigmoid) the output is sum_j w_ij v_j as it stands, and splits merge by adding
+        if NORMALISE:  # sigmoid: sum_j w v as is; splits merge by adding
             out = acc / l_safe[:, None]
         tl.store(O + rows_s[:, None] * HEAD_DIM + offs_d[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None])
 
@@ -317,7 +313,7 @@ def _bwd_dq_inner(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, lo, hi, offs_m,
                   ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr, REWEIGHT: tl.constexpr,
                   MASK: tl.constexpr, PASS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                   DT: tl.constexpr, PREC: tl.constexpr):
-    # PASS 0: sum_j Pf g (delta'), 1: sum_j P dP (sigma), both into `sigma`; 2: dq and the parameter sums
+    # PASS 0: sum Pf g; 1: sum P dP (both into sigma); 2: dq, param sums
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         kT = tl.load(k_ptrs + start_n * HEAD_DIM, mask=cols[None, :] < Tk, other=0.0).to(DT)
@@ -335,16 +331,16 @@ def _bwd_dq_inner(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, lo, hi, offs_m,
             sigma += tl.sum(P * dP, 1)
             g2 += tl.sum(P, 1)
         else:
-            dl = dP - sigma[:, None]  # dL/dlogit = P (dP - sigma): the softmax (or l1-normalisation) backward
+            dl = dP - sigma[:, None]  # softmax (or l1-normalisation) backward
             acc = tl.dot((dl * W).to(DT), tl.trans(kT), acc, input_precision=PREC)
-            if ROW == "logn":  # ssmax: sum_j dL/dlogit * qk (times 1/sqrt(d) and log n_i later)
+            if ROW == "logn":  # ssmax: sum_j dL/dlogit qk, scaled later
                 g1 += tl.sum(dl * P * qk, 1)
             if LOGIT == "ssa":  # dlogit/db = n z / (1 + b|z|), dlogit/dn = sgn(z) log(1 + b|z|)
                 z = qk * sm_scale
                 den = 1.0 + b_h * tl.abs(z)
                 g1 += tl.sum(dl * P * (n_h * z / den), 1)
                 g2 += tl.sum(dl * P * tl.where(z < 0, -1.0, 1.0) * tl.log(den), 1)
-            if ROW == "norm":  # lssa: d|q|^-1 = sum_j dL/dqk qk / |q|^-1 (divided in PyTorch)
+            if ROW == "norm":  # lssa: sum_j dL/dqk qk; / |q|^-1 in PyTorch
                 g1 += tl.sum(dl * W * qk, 1)
     return acc, g1, g2, sigma
 
@@ -386,30 +382,28 @@ def _attn_bwd_dq(Q, K, V, DO, O, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G,
     n_i, o_i, c = _row_setup(QS, rows, row_ok, offs_m, offset, tl.load(S + off_h), b_h, sm_scale, ROW)
     m1 = tl.load(M1 + rows, mask=row_ok, other=0.0)
     delta = tl.zeros([BLOCK_M], tl.float32)
-    if not (REWEIGHT or EXACT_SIGMA):  # delta_i = rowsum(dO * O) (FlashAttention-2), stored for dk/dv
-        if NORMALISE:  # rows that are not normalised (sigmoid) have no row-sum term: sigma = delta = 0
+    if not (REWEIGHT or EXACT_SIGMA):  # FA2's delta_i = rowsum(dO * O), for dk/dv
+        if NORMALISE:  # sigmoid: no row-sum term, delta = 0
             o = tl.load(O + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
             delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
         tl.store(DELTA + rows, delta, mask=row_ok)
     m2 = tl.load(M2 + rows, mask=row_ok, other=0.0)
-    fb = m2 == -float("inf")  # re-weighting found no n P > o in this row: it kept P
+    fb = m2 == -float("inf")  # a fallback row: it kept P
     m2 = tl.where(fb, 0.0, m2)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     g1 = tl.zeros([BLOCK_M], tl.float32)
     g2 = tl.zeros([BLOCK_M], tl.float32)
     diag = (offset + start_m + 1) // BLOCK_N * BLOCK_N
     end = tl.minimum(offset + start_m + BLOCK_M, Tk)
-    # sigma_i = sum_k P_ik dP_ik is needed before any dq term. Without re-weighting it is delta_i = rowsum(dO * O)
-    # (FlashAttention-2), but O (rounded to bf16) is not exactly consistent with the recomputed P, and s, b sum
-    # that error over every row, times z: then one more pass computes it from the recomputed P. With re-weighting
-    # two more: delta' = sum_j Pf g / sum_j Pf first (from the recomputed Pf, so a one-hot re-weighted row gets
-    # exactly zero gradient, not noise times p n / y)
+    # sigma_i = sum_k P dP before any dq term: rowsum(dO * O) uses
+    # bf16 O, and s, b sum its error over rows, so one more pass.
+    # Re-weighting: delta' from recomputed Pf, so one-hot rows get 0
     zero = tl.zeros([BLOCK_M], tl.float32)
     if REWEIGHT:
         acc, g1, g2, delta = _bwd_dq_pass(acc, g1, g2, zero, q, do, k_ptrs, v_ptrs, KSb, diag, end, offs_m, offs_n,
                                           Tk, offset, c, m1, m2, fb, zero, n_i, o_i, sm_scale, b_h, n_h, p, ROW,
                                           LOGIT, ONLINE_MAX, NORMALISE, REWEIGHT, 0, HEAD_DIM, BLOCK_N, DT, PREC)
-        # renormalise the recomputed Pf: rounding in P moves it by ~p n / y ulps, and dP multiplies by p n / y again
+        # renormalise Pf: p n / y amplifies P's rounding, twice
         lf = tl.where(fb, 1.0, g2)
         delta = delta / lf
         m2 = m2 + tl.log2(lf)
@@ -420,8 +414,8 @@ def _attn_bwd_dq(Q, K, V, DO, O, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G,
         acc, g1, g2, sigma = _bwd_dq_pass(acc, g1, g2, zero, q, do, k_ptrs, v_ptrs, KSb, diag, end, offs_m, offs_n,
                                           Tk, offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, ROW,
                                           LOGIT, ONLINE_MAX, NORMALISE, REWEIGHT, 1, HEAD_DIM, BLOCK_N, DT, PREC)
-        # divided by the recomputed sum P (1 up to rounding): then sum_j P (dP - sigma) = 0 exactly, as in the forward,
-        # and logits rounded at |z| ~ 1e4 cost a relative error, not an absolute one
+        # / recomputed sum P: sum_j P (dP - sigma) = 0 exactly, so
+        # rounded logits at large |z| cost a relative error only
         sigma = sigma / tl.where(g2 > 0, g2, 1.0)
         g2 = g2 * 0
         tl.store(SIGMA + rows, sigma, mask=row_ok)
@@ -490,11 +484,11 @@ def _attn_bwd_dkdv(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DK, DV,
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     gk = tl.zeros([BLOCK_N], tl.float32)
-    # query rows t see key j iff offset + t >= j; rows from `full` on see this whole key block
+    # row t sees key j iff offset + t >= j
     lo = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M
     full = tl.maximum(start_n + BLOCK_N - 1 - offset, 0)
     mid = tl.minimum((full + BLOCK_M - 1) // BLOCK_M * BLOCK_M, (Tq + BLOCK_M - 1) // BLOCK_M * BLOCK_M)
-    hi_full = Tq // BLOCK_M * BLOCK_M  # the last, ragged query block needs the row mask
+    hi_full = Tq // BLOCK_M * BLOCK_M  # the ragged last block needs the mask
     M1, M2, DELTA, SIGMA, QS = M1 + row0, M2 + row0, DELTA + row0, SIGMA + row0, QS + row0  # this (b, h)'s rows
     dk, dv, gk = _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGMA, QS, lo, mid, offs_m,
                                  offs_n, Tq, offset, s_h, sm_scale, b_h, n_h, p, ROW, LOGIT, ONLINE_MAX, NORMALISE,
@@ -510,8 +504,8 @@ def _attn_bwd_dkdv(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DK, DV,
     tl.store(GK + cols, gk, mask=col_ok)
 
 
-# no STAGE in the forward key: both re-weighting passes run one config, so pass 2 recomputes pass 1's logits bit for bit
-# (Triton adds every tensor argument's dtype to the key: fp32 and bf16 tune apart)
+# STAGE not in the key: pass 2 runs pass 1's config, so it
+# recomputes its logits bit for bit (dtypes key implicitly)
 _attn_fwd_tuned = triton.autotune(FWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", *FLAGS],
                                   prune_configs_by={"early_config_prune": _pick(FWD_TUNE, FWD_TUNE_FP32)})(_attn_fwd)
 _attn_bwd_dq_tuned = triton.autotune(BWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", *FLAGS, "REWEIGHT", "EXACT_SIGMA"],
@@ -526,8 +520,8 @@ _attn_bwd_dkdv_tuned = triton.autotune(BWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM",
 # Launchers
 
 def _dot_types(dtype):
-    # bf16 arithmetic is wrong in the interpreter: dot in fp32 there. fp32 inputs get tf32x3 (three tf32 products,
-    # ~fp32 accuracy on the tensor cores): "ieee" dots run on the FMA units and spill up to 80 KB a thread on sm_90
+    # the interpreter's bf16 is wrong: dot in fp32 there
+    # fp32: tf32x3, ~fp32 accuracy on tensor cores ("ieee" spills)
     if dtype == torch.float32 or (INTERPRET and dtype == torch.bfloat16):
         return tl.float32, "tf32x3"
     return (tl.float16 if dtype == torch.float16 else tl.bfloat16), "tf32"
@@ -600,8 +594,7 @@ def _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, flags, p, offset, sm_sc
     DT, PREC = _dot_types(q.dtype)
     do = do.contiguous()
     exact_sigma = (p is not None or exact_sigma) and flags["NORMALISE"]
-    # dk/dv read sigma from SIGMA. Exact, the dq kernel writes it there; else it is delta = rowsum(dO * O) (0 for rows
-    # that are not normalised), so one buffer is passed as both DELTA and SIGMA
+    # exact: dq writes SIGMA; else sigma is delta (one buffer)
     delta = torch.empty(BH, Tq, device=q.device, dtype=torch.float32)
     sigma = torch.empty_like(delta) if exact_sigma else delta
     dq = torch.empty(B, H, Tq, D, device=q.device, dtype=q.dtype)
@@ -609,17 +602,17 @@ def _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, flags, p, offset, sm_sc
     dv = torch.empty(B, H, Tk, D, device=q.device, dtype=v.dtype)
     G = torch.empty(2, BH, Tq, device=q.device, dtype=torch.float32)  # per-row parameter-gradient sums
     GK = torch.empty(BH, Tk, device=q.device, dtype=torch.float32)  # per-key sums (lssa's |k|^-1)
-    M2r = torch.empty_like(M2) if p is not None else M2  # the renormalised M2 from the dq kernel, for dk/dv
+    M2r = torch.empty_like(M2) if p is not None else M2  # dq's renormalised M2, for dk/dv
     params = (s, b, n, qs, ks, M1)
     scalars = (H, Tq, Tk, offset, sm_scale, p or 0.0, triton.next_power_of_2(Tk))
     meta = dict(**flags, REWEIGHT=p is not None, HEAD_DIM=D, DT=DT, PREC=PREC)
     dq_args = (q, k, v, do, out, *params, M2, delta, sigma, dq, G, M2r, *scalars)
     dkdv_args = (q, k, v, do, *params, M2r, delta, sigma, dk, dv, GK, *scalars)
-    if Tq <= DECODE_M:  # short query blocks: the fixed small config, no autotuning
+    if Tq <= DECODE_M:  # the fixed small config, no autotuning
         fixed = dict(BLOCK_M=DECODE_M, BLOCK_N=DECODE_N, num_warps=4, num_stages=2)
         _attn_bwd_dq[(1, BH)](*dq_args, **meta, EXACT_SIGMA=exact_sigma, **fixed)
         _attn_bwd_dkdv[(triton.cdiv(Tk, DECODE_N), BH)](*dkdv_args, **meta, **fixed)
-    else:  # dq first: it may write delta', sigma and M2r, which dk/dv read
+    else:  # dq first: dk/dv read its delta', sigma, M2r
         _attn_bwd_dq_tuned[lambda META: (triton.cdiv(Tq, META["BLOCK_M"]), BH)](*dq_args, **meta,
                                                                                 EXACT_SIGMA=exact_sigma)
         _attn_bwd_dkdv_tuned[lambda META: (triton.cdiv(Tk, META["BLOCK_N"]), BH)](*dkdv_args, **meta)
@@ -674,12 +667,12 @@ def attention(q, k, v, scorer, *, p=None, offset=0, **params):
     """Causal attention (B, H, Tq, D) -> (B, H, Tq, D) for every scorer of SCORERS.md, fused in Triton.
     Query t sits at absolute position offset + t (KV cache); k, v hold offset + Tq keys. params: the scorer's, by
     name, differentiable when tensors; p (float) re-weights on top of any scorer (lssar: 15 if None)."""
-    if not (q.is_cuda or INTERPRET):  # else Triton's launcher fails deep inside ("0 active drivers")
+    if not (q.is_cuda or INTERPRET):  # else Triton fails deep inside ("0 active drivers")
         raise RuntimeError(NO_GPU)
     entry, flags, s, b, n, p = _prepare(q, k, v, scorer, p, offset, params)
-    q, k, v = (x.contiguous() for x in (q, k, v))  # the model's v is a view of qkv: one copy, simpler kernels
+    q, k, v = (x.contiguous() for x in (q, k, v))  # v is a view of qkv: copy once, simpler kernels
     D = q.size(-1)
-    if entry.cosine:  # lssa: raw q, k and inverse norms (as F.normalize: |x| clamped at 1e-12); autograd does the chain
+    if entry.cosine:  # inverse norms, clamped as F.normalize
         qs = 1.0 / torch.linalg.vector_norm(q, dim=-1, dtype=torch.float32).clamp_min(1e-12)
         ks = 1.0 / torch.linalg.vector_norm(k, dim=-1, dtype=torch.float32).clamp_min(1e-12)
         sm_scale = math.log(D)

@@ -1,10 +1,9 @@
 """
 Exact attention on the CPU for the scorers that SDPA cannot run: ssa, lssa, lssar, sigmoid and re-weighting on any
-normalised scorer (SCORERS.md). model.attention(backend="cpu"); backend="auto" takes it on the CPU (softmax and ssmax take SDPA).
+normalised scorer (SCORERS.md). model.attention(backend="cpu"), and backend="auto" on the CPU for those.
 
-The reference (model.attention, backend="torch") lets autograd differentiate the equations: a dozen (Tq, Tk)
-temporaries per layer, both branches of every torch.where, and every chunk scored against all of its keys' square.
-The same math runs here
+The reference (backend="torch") lets autograd differentiate the equations: many (Tq, Tk) temporaries, both
+branches of every torch.where, every chunk scored against the full square of its keys. The same math runs here
 - by blocks of CHUNK query rows against only the keys they see (causal: about half of the T x T square);
 - with the per-head and per-row factors folded into q before the product: ssmax's (s log n_i + b)/sqrt(d), ssa's
   b/sqrt(d), lssa's log(d) log(n_i) and the norms. Autograd differentiates those on (T, D) tensors, not (T, T);
@@ -18,18 +17,16 @@ import torch.nn.functional as F
 
 import scorers
 
-CHUNK = 128  # query rows per block: fewer, larger ops (each has a fixed cost) against 128^2 / 2 masked scores a block
+CHUNK = 128  # query rows per block: per-op cost vs masked work
 
 
 def reuse_freed_memory():
-    """Keep the memory torch frees in the process: glibc maps every block of 32 MiB or more fresh from the kernel and
-    unmaps it when freed, so a training step with GPT-2's vocabulary (B*T x 50,257 logits: 200 MiB at 1,024 tokens)
-    page-faults ~0.8 GiB back in every step, 0.65 s of a 0.8 s step on 2 cores. With mmap off and no trimming the
-    freed blocks are reused: 1.7-1.9x the tokens/s (the process keeps its peak memory). glibc only; elsewhere a
-    no-op. The scripts call it when they run on the CPU; importing this module changes nothing."""
+    """Keep the memory torch frees in the process: glibc unmaps large freed blocks, so each step page-faults its
+    large buffers (the logits) back in. With mmap off and no trimming freed blocks are reused; the process keeps its
+    peak memory. glibc only, else a no-op. The scripts call it on the CPU; importing this module changes nothing."""
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):  # not glibc (macOS, musl): keep the system's behaviour
+    except (OSError, AttributeError):  # not glibc (macOS, musl)
         return False
     M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # malloc.h
     return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
@@ -41,19 +38,19 @@ def _blocks(Tq):
 
 def _stage1(x, kind, n, mask, ln_n):
     """Stage-1 weights P of one block from x = q' k'^T (B*H, m, Tk), whose last m keys are the diagonal block. Future
-    keys are cut by mask (m, m): multiplied by 0 for lssa and sigmoid, else -inf added (a masked fill with a boolean
-    mask costs several adds on the CPU). lssa returns the row sums S too (P = A / S)."""
+    keys are cut by mask (m, m): multiplied by 0 for lssa and sigmoid, else -inf added (cheaper than a boolean
+    masked fill). lssa returns the row sums S too (P = A / S)."""
     m = x.size(-2)
-    if kind == "sigmoid":  # w = sigmoid(z - log n_i), x = z: not normalised
+    if kind == "sigmoid":  # w = sigmoid(z - log n_i): not normalised
         P = torch.sigmoid(x.sub_(ln_n))
         P[..., -m:].mul_(mask)
         return P, None
-    if kind == "lssa":  # A = softplus(u), u = log(d) log(n_i) cos: bounded, so plain sums
+    if kind == "lssa":  # A = softplus(u) is bounded: plain sums
         A = F.softplus(x)
         A[..., -m:].mul_(mask)
         S = A.sum(-1, keepdim=True)
         return A.div_(S), S
-    if kind == "ssa":  # logits n sgn(z) log1p(b|z|), x = b z: a new tensor, x is kept for the backward
+    if kind == "ssa":  # x = b z; a new tensor: the backward needs x
         x = x.abs().log1p_().copysign_(x).mul_(n)
     x[..., -m:].add_(mask)
     return torch.softmax(x, dim=-1), None
@@ -71,11 +68,11 @@ def _forward(q, k, v, n, kind, p, offset, save):
         x = q[:, t0:t1] @ k[:, :Tk].transpose(1, 2)  # (B*H, m, Tk)
         P, S = _stage1(x, kind, n, mask[:t1 - t0, :t1 - t0], _rows(offset, t0, t1, x)[0].log())
         P2 = has = None
-        if p is not None:  # P2 = softmax(p log x) over x = n_i P - o_i > TIE n_i (model.reweight); other rows keep P
+        if p is not None:  # scorers.reweight: P2 = softmax(p log x), x > 0
             n_i, inv_o = _rows(offset, t0, t1, P)
-            # The tie rule on y = x / n_i = P - o_i/n_i is one threshold for every row. Cut entries become 2 Tk > n_i >=
-            # every kept x, then -inf by a second threshold on -p log x: log(0) takes a slow path in the CPU's vector
-            # log, and a boolean masked fill costs as much again. The log of x, not of y ~ 1/n_i: p log(n_i) eps more.
+            # thresholds, not log(0) or masked fills (slow on the CPU):
+            # cut y -> 2 Tk (> any kept x), then -p log x -> -inf
+            # log of x = n_i y, not y ~ 1/n_i: p log(n_i) eps less error
             y = F.threshold_(P - inv_o, tie, 2.0 * Tk)
             has = y.amin(-1, keepdim=True) < 2.0 * Tk
             logR = F.threshold_(y.mul_(n_i).log_().mul_(-p), -p * math.log(1.5 * Tk), math.inf).neg_()
@@ -96,9 +93,9 @@ def _backward(do, q, k, v, n, out, saved, kind, p, offset, need_dn):
     dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dn = torch.zeros_like(n) if need_dn else None
     tie = scorers.TIE * torch.finfo(q.dtype).eps
-    delta = torch.linalg.vecdot(do, out).unsqueeze(-1)  # sum_j P_ij dP_ij of the last stage, every row at once
-    # Factors of dx that are per head (ssa's n), per row (lssa's -1/S) or constant (re-weighting's p) multiply q and k,
-    # or dq at the end, instead of the (m, Tk) blocks
+    delta = torch.linalg.vecdot(do, out).unsqueeze(-1)  # sum_j P dP of the last stage
+    # dx's head, row and constant factors scale q, k or dq,
+    # not the (m, Tk) blocks
     alpha = 1.0 if p is None else p
     row = torch.cat([-1.0 / S for _, _, S, _, _ in saved], dim=1) if kind == "lssa" else 1.0  # (B*H, Tq, 1)
     fk = alpha * n if kind == "ssa" else alpha
@@ -107,22 +104,22 @@ def _backward(do, q, k, v, n, out, saved, kind, p, offset, need_dn):
         Tk = offset + t1
         dob = do[:, t0:t1]
         dv[:, :Tk] += torch.bmm((P if P2 is None else P2).transpose(1, 2), dob)
-        dP, d = dob @ v[:, :Tk].transpose(1, 2), delta[:, t0:t1]  # dL/dP of the last stage, and its rows' sum with P
-        if P2 is not None:  # logits p log(n_i y), y = P - o_i/n_i: dP <- P2 (dP - d) p / y (P2 = 0 where y was cut)
-            # d from this dP, not from dO.O: p / y amplifies dP - d where P2 is nearly one-hot, and the two round apart
+        dP, d = dob @ v[:, :Tk].transpose(1, 2), delta[:, t0:t1]  # dL/dP (last stage), its sum with P
+        if P2 is not None:  # logits p log(n_i y): dP <- P2 (dP - d) p / y
+            # d from dP, not dO.O: p / y amplifies their rounding gap
             d = torch.linalg.vecdot(P2, dP).unsqueeze(-1)
             y = F.threshold_(P - _rows(offset, t0, t1, P)[1], tie, 1.0)
             dP = dP.sub_(d).mul_(P2).div_(y)  # times p: in alpha
-            if not has.all():  # rows that kept P: dL/dP passes through (divided by alpha)
+            if not has.all():  # rows that kept P: dL/dP passes (/ alpha)
                 dP = torch.where(has, dP, (dob @ v[:, :Tk].transpose(1, 2)).div_(alpha))
             d = torch.linalg.vecdot(P, dP).unsqueeze(-1)
-        if kind == "sigmoid":  # w = sigmoid(x - log n_i): dx = dP w (1 - w), no row sum to subtract
+        if kind == "sigmoid":  # dx = dP w (1 - w): no row sum
             dx = dP.mul_(P).mul_(1.0 - P)
-        elif kind == "lssa":  # P = A / S, A = softplus(x): dx = (dP - d) sigmoid(x) / S, sigmoid(x) = -expm1(-A)
+        elif kind == "lssa":  # dx = (dP - d) sigmoid(x) / S, sigmoid(x) = -expm1(-A)
             dx = dP.sub_(d).mul_(torch.mul(P, -S).expm1_())  # times -1/S: row
         else:  # a softmax of the logits: dlogits = P (dP - d)
             dx = dP.sub_(d).mul_(P)
-            if kind == "ssa":  # logits n sgn(x) log1p|x|: dx = dlogits n / (1 + |x|), dn = sum dlogits logits / n
+            if kind == "ssa":  # dx = dlogits n / (1 + |x|), dn = sum dlogits logits / n
                 if need_dn:
                     f = x.abs().log1p_().copysign_(x)  # logits / n
                     dn += alpha * torch.linalg.vecdot(dx.flatten(1), f.flatten(1))[:, None, None]
@@ -159,15 +156,15 @@ def attention(q, k, v, scorer, *, p=None, offset=0, **params):
         qd, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         ln_n = torch.arange(offset + 1, offset + Tq + 1, device=q.device, dtype=dtype).log()[:, None]  # (Tq, 1)
         entry, p, params = scorers.get(scorer, p, params)
-        prm = scorers.per_head(entry, params, H, qd)  # (H, 1, 1): broadcasts through q over (B, H, Tq, D)
+        prm = scorers.per_head(entry, params, H, qd)  # (H, 1, 1): broadcasts over (B, H, Tq, D)
         kind = "lssa" if entry.cosine else entry.kernel_logit if entry.kernel_logit in ("ssa", "sigmoid") else "dot"
-        if kind == "lssa":  # u = log(d) log(n_i) q_hat . k_hat: the row factor rides on q_hat
+        if kind == "lssa":  # the row factor log(d) log(n_i) rides on q_hat
             qd, k = F.normalize(qd, dim=-1) * (math.log(D) * ln_n), F.normalize(k, dim=-1)
         elif entry.row == "logn":  # ssmax: logits (s log n_i + b) z
             qd = qd * ((prm["s"] * ln_n + prm["b"]) / math.sqrt(D))
         elif kind == "ssa":  # the weights need only b z (b > 0)
             qd = qd * (prm["b"] / math.sqrt(D))
-        elif entry.row in ("plain", "bias"):  # softmax; sigmoid (its -log n_i is added in _stage1)
+        elif entry.row in ("plain", "bias"):  # sigmoid's -log n_i comes in _stage1
             qd = qd / math.sqrt(D)
         else:
             raise ValueError(f"kernels_cpu has no path for scorer {scorer!r} (row setup {entry.row!r})")

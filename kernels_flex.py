@@ -18,11 +18,11 @@ def _flex_pass(q, k, v, block_mask, scale, stage1, pos0, params, ln_d, lse1, p):
     """One FlexAttention pass: stage-1 scores (lse1 None) or the re-weighting pass over stage-1 lse1."""
     from torch.nn.attention.flex_attention import AuxRequest, flex_attention as flex  # AuxRequest: torch >= 2.9
 
-    def logit(score, h, q_idx):  # the registry's natural-log stage-1 logit (scorers.SCORERS)
+    def logit(score, h, q_idx):  # the registry's stage-1 logit, natural log
         ln_n = torch.log((q_idx + pos0 + 1).to(torch.float32))
         return stage1(score, ln_n, ln_d, **{name: x[h] for name, x in params.items()})
 
-    def reweight(score, bb, h, q_idx, kv_idx):  # p log(n P - o) on n P - o > TIE eps n, else -inf
+    def reweight(score, bb, h, q_idx, kv_idx):  # p log(n P - o) where > TIE eps n, else -inf
         n_i = (q_idx + pos0 + 1).to(torch.float32)
         y = n_i * torch.exp(logit(score, h, q_idx) - lse1[bb, h, q_idx]) - (n_i > 3).to(torch.float32)
         pos = y > scorers.TIE * 2.0**-23 * n_i  # fp32 eps, as kernels.py
@@ -34,11 +34,10 @@ def _flex_pass(q, k, v, block_mask, scale, stage1, pos0, params, ln_d, lse1, p):
 
 
 def flex_attention(q, k, v, scorer, *, p=None, offset=0, **params):
-    """The same semantics through torch's FlexAttention (the registry's logit as score_mod, a causal block mask shifted
-    by offset). lssa is a softmax over log(softplus(u)), sigmoid one over log(w) times sum_j w = exp(lse);
-    re-weighting is a second pass over the first pass's lse.
-    q, k, v are padded to multiples of 128 (FlexAttention with score_mod + block_mask gave NaN gradients at other
-    lengths). On CUDA the passes are compiled; on CPU they run eagerly (forward only: no CPU backward)."""
+    """model.attention's contract through torch's FlexAttention: the registry's logit as score_mod, a causal block
+    mask shifted by offset. lssa is a softmax over log(softplus(u)), sigmoid one over log(w) times sum_j w = exp(lse);
+    re-weighting is a second pass over the first pass's lse. q, k, v are padded to multiples of 128 (other lengths
+    gave NaN gradients). Compiled on CUDA; eager on CPU, forward only."""
     from torch.nn.attention.flex_attention import create_block_mask
     global _flex_compiled
     entry, p, params = scorers.prepare(q, k, v, scorer, p, offset, **params)
@@ -61,6 +60,6 @@ def flex_attention(q, k, v, scorer, *, p=None, offset=0, **params):
     if p is not None:
         out2, lse2 = run(q, k, v, block_mask, scale, entry.logit, pos0, params, math.log(D), lse1, p)
         out = torch.where(torch.isinf(lse2).unsqueeze(-1), out, out2)  # fallback rows keep stage 1
-    if not entry.row_sum:  # sigmoid: flex normalised sum_j w_ij v_j by sum_j w_ij = exp(lse); undo it
+    if not entry.row_sum:  # sigmoid: flex divided by sum_j w = exp(lse); undo it
         out = out * torch.exp(lse1).unsqueeze(-1).to(out.dtype)
     return out[:, :, :Tq]

@@ -18,7 +18,7 @@ from scorers import (LSSAR_DEFAULT_P, SCORERS, attention_weights, reweight, sdpa
                      ssmax_s_for_switch)
 
 # ----------------------------------------------------------------------------------------------------------------
-# attention(): the one call every layer makes, on the reference or a fused backend
+# attention(): every layer's call, reference or fused
 
 BACKENDS = ("auto", "torch", "sdpa", "cpu", "triton", "flex")
 
@@ -34,7 +34,7 @@ def attention(q, k, v, scorer, *, p=None, offset=0, backend="torch", chunk=1024,
     if backend == "cpu":
         import kernels_cpu
         return kernels_cpu.attention(q, k, v, scorer, **kw)
-    if backend == "triton":  # eager inside a compiled model: tracing its autograd Functions is untested (no GPU)
+    if backend == "triton":  # eager under torch.compile: tracing it is untested
         import kernels
         fused = torch.compiler.disable(kernels.attention) if torch.compiler.is_compiling() else kernels.attention
         return fused(q, k, v, scorer, **kw)
@@ -65,21 +65,21 @@ class GPTConfig:
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
-    ffn_hidden: int = 2048  # SwiGLU hidden size (the SSMax paper's 162M model)
+    ffn_hidden: int = 2048  # SwiGLU width (the SSMax paper's 162M model)
     dropout: float = 0.0
     rope_theta: float = 10000.0
-    pos: str = "rope"  # rope | nope: no positional encoding (Kazemnejad et al. 2023), order only from the causal mask
+    pos: str = "rope"  # or nope: no positions (Kazemnejad et al. 2023)
     scorer: str = "softmax"
     ssmax_s_init: float = 1.0
     ssmax_learn_s: bool = True  # False: paper variant (c), s fixed
     ssmax_bias: bool = False  # True: paper variant (d), learnable b per head
-    ssmax_b_init: float = 0.0  # with s fixed at 0 and b at log N: softmax x log N, the scale without its growth
+    ssmax_b_init: float = 0.0  # s = 0, b = log N: SSMax's scale at N, no growth
     ssmax_learn_b: bool = True
     ssa_b_init: float = 1.0
     ssa_n: float = 1.5
     ssa_learn_n: bool = False
-    reweight_p: Optional[float] = None  # re-weighting on top of any scorer; lssar uses 15 when None
-    backend: str = "auto"  # auto: model.auto_backend (softmax, ssmax: SDPA; others: Triton on CUDA, kernels_cpu on CPU)
+    reweight_p: Optional[float] = None  # on any scorer; None: lssar's 15
+    backend: str = "auto"  # auto: see auto_backend
 
     def __post_init__(self):
         if self.scorer not in SCORERS:
@@ -89,18 +89,18 @@ class GPTConfig:
                              f"{', '.join(POS)}")
         if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
             raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} heads of even size (RoPE)")
-        scorers.check_options(self)  # options of other scorers, bounds, re-weighting on unnormalised rows
+        scorers.check_options(self)
         if self.backend == "sdpa" and (self.scorer not in ("softmax", "ssmax") or self.reweight_p is not None):
             raise ValueError("backend='sdpa' runs softmax and ssmax without re-weighting only; use backend='auto'")
         if self.reweight_p is not None and not self.reweight_p > 0:
             raise ValueError(f"reweight_p={self.reweight_p} must be > 0 (or None for no re-weighting)")
 
     @property
-    def p(self):  # the re-weighting exponent that actually applies (lssar: 15 when None)
+    def p(self):  # the exponent that applies (lssar: 15 when None)
         return SCORERS[self.scorer].p if self.reweight_p is None else self.reweight_p
 
 # ----------------------------------------------------------------------------------------------------------------
-# RoPE as pure functions (real cos/sin); the model's tables are non-persistent buffers, so θ can change on load.
+# RoPE: tables are not persisted, so θ can change on load
 
 def rope_inv_freq(head_dim, theta):
     return 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
@@ -130,7 +130,7 @@ def rope_extension(method, head_dim, theta, scale, train_len, seq_len):
         factor = scale if method == "ntk" else max(1.0, scale * seq_len / train_len - (scale - 1))
         return rope_inv_freq(d, theta * factor ** (d / (d - 2))), 1.0
     if method == "yarn":
-        def dim_of(rotations):  # the dimension whose wavelength fits `rotations` turns in train_len
+        def dim_of(rotations):  # dim with `rotations` turns in train_len
             return d * math.log(train_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
         low, high = max(math.floor(dim_of(32)), 0), min(math.ceil(dim_of(1)), d - 1)
         ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0, 1)
@@ -154,7 +154,7 @@ class RMSNorm(nn.Module):
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
-def param_name(scorer, prm):  # ssmax_s, ssmax_b, ssa_b_raw, ssa_n_raw: the names in a checkpoint
+def param_name(scorer, prm):  # checkpoint names: ssmax_s, ssa_b_raw, ...
     return f"{scorer}_{prm.name}" + ("_raw" if prm.low is not None else "")
 
 class CausalSelfAttention(nn.Module):
@@ -164,9 +164,8 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.scorer, self.p, self.backend = H, config.scorer, config.p, config.backend
         self.rope = config.pos == "rope"
         self.c_attn, self.c_proj = nn.Linear(C, 3 * C, bias=False), nn.Linear(C, C, bias=False)
-        # The scorer's parameters (scorers.SCORERS), per head, named <scorer>_<symbol>: ssmax_s, ssmax_b, ... A fixed
-        # one is a buffer, so it is still saved with the weights. One kept > low (ssa's b > 0, n > 1) is stored raw,
-        # as low + softplus(raw): <scorer>_<symbol>_raw
+        # per head; a fixed one is a buffer, so it is still saved
+        # one kept > low is stored raw, used as low + softplus(raw)
         self.params = [prm for prm in SCORERS[config.scorer].params if not prm.only_if or getattr(config, prm.only_if)]
         for prm in self.params:
             value = getattr(config, prm.init) if prm.init else prm.default
@@ -189,17 +188,17 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         offset = 0 if cache is None or "k" not in cache else cache["k"].size(2)
-        if self.rope:  # pos="nope": no rotation, the causal mask alone carries the order
+        if self.rope:  # nope: the causal mask alone carries the order
             cos, sin = cos[offset:offset + T], sin[offset:offset + T]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if cache is not None:  # KV cache: keys before `offset` come from earlier calls
+        if cache is not None:  # keys before offset come from earlier calls
             if "k" in cache:
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
             cache["k"], cache["v"] = k, v
         params = self.scorer_params()
         backend = auto_backend(self.scorer, self.p, x.device) if self.backend == "auto" else self.backend
         y = attention(q, k, v, self.scorer, p=self.p, offset=offset, backend=backend, **params)
-        if capture is not None:  # attention analysis: weights of chosen query rows only, never a T x T matrix
+        if capture is not None:  # chosen rows only: never a T x T matrix
             rows = [r % (offset + T) - offset for r in capture["rows"]]
             capture["weights"].append(torch.cat([F.pad(attention_weights(
                 q[:, :, t:t + 1], k[:, :, :offset + t + 1], self.scorer, p=self.p, offset=offset + t, **params),
@@ -236,7 +235,7 @@ PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "GH200": 989e
 def device_peak_flops(device=None):
     if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
         return None
-    name = torch.cuda.get_device_name(device)  # dict order: "A100" is tried before "A10", "L40S" before "L4"
+    name = torch.cuda.get_device_name(device)  # dict order: "A100" before "A10", "L40S" before "L4"
     return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
 
 class GPT(nn.Module):
@@ -279,7 +278,7 @@ class GPT(nn.Module):
         cfg, hs = self.config, self.config.n_embd // self.config.n_head
         inv_freq, mscale = rope_extension(method, hs, cfg.rope_theta, scale, cfg.block_size, L)
         self.set_rope(cfg.rope_theta * scale if method == "theta" else cfg.rope_theta, inv_freq, L, mscale)
-        # theta, ntk and dynamic_ntk are plain RoPE with another base: report it (pi and yarn have none)
+        # θ_eff: the base, if plain RoPE (not pi, yarn)
         theta_eff = float(inv_freq[1]) ** (-hs / 2) if hs > 2 else None
         plain = theta_eff is not None and torch.allclose(rope_inv_freq(hs, theta_eff), inv_freq.double(), rtol=1e-9)
         return dict(rope_theta=self.rope_theta, rope_theta_effective=theta_eff if plain else None, mscale=mscale)
@@ -288,9 +287,9 @@ class GPT(nn.Module):
         """idx (B, T). With targets: logits for every position and the loss (ignore_index -1; reduction
         "mean", "sum" or "none" for per-token losses (B, T)). Without: logits of the last position only.
         cache: a list of n_layer dicts (KV cache). capture: {"rows": [...], "weights": []} (attention_rows)."""
-        B, T = idx.shape[:2]  # (B, T) token ids, or (B, T, n_in) reals for a model with a linear input (tasks.py)
+        B, T = idx.shape[:2]  # or (B, T, n_in) reals (RealGPT)
         offset = 0 if cache is None or "k" not in cache[0] else cache[0]["k"].size(2)
-        if offset + T > self.rope_cos.size(0):  # longer than the tables: extend with the same frequencies
+        if offset + T > self.rope_cos.size(0):  # grow the tables, same frequencies
             self.set_rope(self.rope_theta, self.rope_inv_freq, 2 * (offset + T), self.rope_mscale)
         x = self.transformer.drop(self.transformer.wte(idx))
         for l, block in enumerate(self.transformer.h):
@@ -301,7 +300,7 @@ class GPT(nn.Module):
         logits = self.lm_head(x)
         return logits, self.loss(logits, targets, reduction)
 
-    def loss(self, logits, targets, reduction="mean"):  # a model of tasks.py with a scalar head overrides it
+    def loss(self, logits, targets, reduction="mean"):  # RealGPT overrides it
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1, reduction=reduction)
         return loss.view(targets.shape) if reduction == "none" else loss
 
@@ -309,24 +308,24 @@ class GPT(nn.Module):
     def attention_rows(self, idx, rows=(-1,)):
         """Every layer's and head's attention weights of the chosen query rows over all keys:
         (n_layer, B, n_head, len(rows), T), scored in fp32 (under autocast too: attention_weights turns it off).
-        Memory O(T) per row: works at 20,000 tokens."""
+        Memory O(T) per row."""
         capture = {"rows": list(rows), "weights": []}
         self(idx, capture=capture)
         return torch.stack(capture["weights"])
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        # Decay only matrices (rank >= 2): norms and the per-head scorer parameters (s, b, n) are never decayed.
+        # no decay on norms and scorer params (rank < 2)
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
 
-    def param_names(self, optimizer):  # in the order of its state_dict: a resume carries AdamW's state by name
+    def param_names(self, optimizer):  # state_dict order: resume maps AdamW state by name
         name = {id(p): n for n, p in self.named_parameters()}
         return [name[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
     def flops_per_token(self, T):
-        cfg = self.config  # 6N for the matmuls with parameters, plus attention (nanoGPT / PaLM appendix B)
+        cfg = self.config  # 6N + attention (PaLM appendix B, as nanoGPT)
         return 6 * self.get_num_params() + 12 * cfg.n_layer * cfg.n_embd * T
 
     def estimate_mfu(self, tokens_per_s, T, device=None):
@@ -358,7 +357,7 @@ class RealGPT(GPT):
     on the positions whose target is not NaN."""
 
     def __init__(self, config, n_in, loss):
-        super().__init__(config)  # config.vocab_size = 1: lm_head is already the scalar head
+        super().__init__(config)  # vocab_size = 1: lm_head is the scalar head
         self.transformer.wte = nn.Linear(n_in, config.n_embd, bias=False)
         nn.init.normal_(self.transformer.wte.weight, mean=0.0, std=0.02)
         self.loss_kind = loss

@@ -8,9 +8,9 @@ paper, Gao & Spratling 2025, Fig. 3), per-head needle scores (SSMax Figs. 7-8) a
     python needle.py sft_data [--squad 'squad/*.parquet']  # SQuAD 2.0 (hub or local) -> out-needle/sft_squad.jsonl
     python needle.py sft_data --synthetic 20000 --data data/shakespeare --sft_length 1024
 
-retrieval.py holds the tasks (token-space prompts, answer grading, the needle score, fine-tuning sets); this script
-runs the models and writes CSV, JSON, PNG. Answers are greedy over the tokens other than <|endoftext|>. RoPE is
-extended as in eval_long.py: θ x 50 by default (the SSMax paper's 10,000 -> 500,000, no further training).
+retrieval.py holds the tasks (prompts, answer grading, the needle score, fine-tuning sets); this script runs the
+models and writes CSV, JSON, PNG. Answers are greedy over tokens other than <|endoftext|>. RoPE is extended as in
+eval_long.py: θ x 50 by default (the SSMax paper's 10,000 -> 500,000).
 """
 import argparse, itertools, json, math, os, sys
 
@@ -28,7 +28,7 @@ MODES = ("sft_data", "needle", "passkey", "score")
 DEFAULT_CONTEXTS = {"needle": [1024, 2048, 4096, 6144, 8192, 10240], "passkey": [1024, 1536, 2048, 4096, 8192]}
 FIELDS = ["model", "trial", "context", "depth", "city", "number", "output", "score", "top_score", "top_layer",
           "top_head", "mean_score", "control_top_score", "control_mean_score", "uniform", "span_start", "span_tokens",
-          "control_start", "keys"]  # of the CSV rows, where a mode has them; top = the best head
+          "control_start", "keys"]  # CSV columns a mode has; top = the best head
 LEGEND = dict(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))  # beside the axes: room for many models
 MARKERS = {"exact": "o", "first_digit": "^", "wrong": "x"}  # Fig. 8: fully correct, first digit only, wrong
 BARS = [("needle, best head", "top_score", "tab:red", ""),  # the score summary: (label, column, colour, hatch)
@@ -71,7 +71,7 @@ def evaluate(model, label, prompts, args, enc, bar):
     return rows
 
 # ----------------------------------------------------------------------------------------------------------------
-# Outputs: CSV (one row per trial or head), JSON (summary, run_info, args), PNG
+# Outputs: CSV, JSON, PNG
 
 def save(args, folder, name, rows=None, fields=FIELDS, fig=None, **results):
     if rows:
@@ -100,7 +100,7 @@ def colors(n):
 
 def report(args, folder, rows, models, labels):
     palette = colors(len(models))
-    if args.mode == "needle":  # Fig. 6: depth x context size, one panel per model, in a grid
+    if args.mode == "needle":  # Fig. 6: depth x context, a panel per model
         acc = cells(rows, ["model", "context", "depth"])
         fig, axes = figure(len(models), math.ceil(math.sqrt(len(models))), size=(4.5, 3.5))
         a = {(c["model"], c["context"], c["depth"]): c["accuracy"] for c in acc}
@@ -144,7 +144,7 @@ def report(args, folder, rows, models, labels):
             ylabel="needle score (weight on the number)", title=f"context {args.context}, depth {args.depth}%")
     ax8.set(xlabel="trial rank", ylabel="best head's score", title=f"context {args.context}, {args.trials} trials: "
             + ", ".join(f"{marker} {outcome}" for outcome, marker in MARKERS.items()))
-    slot = 0.8 / len(BARS)  # each model's bars side by side, in 0.8 of its unit slot
+    slot = 0.8 / len(BARS)  # bars side by side in 0.8 of a model's slot
     for j, (name, k, color, hatch) in enumerate(BARS):
         ax.bar(np.arange(len(models)) - 0.4 + j * slot, [s[k] for s in summary], slot, align="edge", color=color,
                hatch=hatch, alpha=0.8, label=name)
@@ -160,7 +160,7 @@ def report(args, folder, rows, models, labels):
 
 # ----------------------------------------------------------------------------------------------------------------
 
-def outputs(args):  # the files a mode may write, the one that means it finished last (reproduce.py's test of a step)
+def outputs(args):  # a mode's files, the "finished" one last (reproduce.py)
     sft = "sft_synthetic" if args.synthetic else "sft_squad"  # as retrieval.sft_examples names it
     stems = {"score": ["needle_score_heads", "needle_score_trials"], "sft_data": [sft]}.get(args.mode, [args.mode])
     return [f"{stem}.{ext}" for stem in stems for ext in ("csv", "png", "json", "jsonl")]
@@ -176,13 +176,13 @@ def run(args, folder):  # the results to folder; returns the wandb table
         return print(f"{os.path.join(args.out_dir, name)}.jsonl: {len(examples):,} examples")
     if not args.ckpt:
         raise DataError(f"mode {args.mode} needs --ckpt")
-    for path in args.ckpt:  # every checkpoint read (its pickle; tensors mapped, not read) before the first model runs
+    for path in args.ckpt:  # check all checkpoints (mmap'd) before any model runs
         dataset.language_model(path, read_checkpoint(path, mmap=True))
     hay = None if args.mode == "passkey" else load_hay(args.data, "val")
     contexts = [args.context] if args.mode == "score" else args.context_sizes
     prompts = lambda L: trials(args, enc, hay, L, np.random.default_rng([args.seed, L]))  # the same for every model
     for L in contexts:
-        next(prompts(L))  # a context too short fails now, before any checkpoint is loaded
+        next(prompts(L))  # a too-short context fails before any model loads
     n = 1 + args.trials if args.mode == "score" else args.samples * (len(args.depths) if args.mode == "needle" else 1)
     rows, models = [], args.labels or [os.path.dirname(c) or c if os.path.basename(c) == "ckpt.pt" else c
                                        for c in args.ckpt]

@@ -5,15 +5,11 @@ Reproduce the three papers' experiments at small scale, end to end (RESULTS.md r
     python reproduce.py --scale gpu     # one H100/H200, ~1 GPU hour: 6 x 384, N = 256, 3 seeds, evaluation to 10 N
     python reproduce.py --suite synthetic [--quick]   # synthetic.py: tasks x scorers x 5-10 seeds on 2 CPU cores
 
-Every variant is trained on the same data and token budget, once per seed (--seeds), with train.py; then
-eval_long.py (RoPE θ x 50, the SSMax paper's Fig. 5, and Dynamic NTK, the LSSAR paper's Table 4), needle.py after a
-short retrieval fine-tune on synthetic needles (Fig. 6, needle scores Figs. 7-8) and passkey on the pretrained
-models (LSSAR Fig. 3), these three on the first seed's models. Runs live in out-repro-<name>/s<seed>/ (checkpoints),
-results in out-results/<name>/ (PNG, CSV, JSON; each seed's eval_long in s<seed>/), or in the committed
-results/<name>/ that RESULTS.md quotes with --commit-results; --name defaults to the scale. A step
-whose output exists is skipped, so an interrupted reproduction continues where it stopped. Each step's command and
-wall time go to results/<name>/steps.jsonl; report.py writes summary.json, the numbers RESULTS.md quotes, each over
-the seeds.
+Every variant trains on the same data and token budget, once per seed (--seeds), with train.py; then eval_long.py
+(RoPE θ x 50: SSMax Fig. 5; Dynamic NTK: LSSAR Table 4), and on the first seed's models needle.py after a short
+retrieval fine-tune (Figs. 6-8) and passkey (LSSAR Fig. 3). Runs live in out-repro-<name>/s<seed>/, results in
+out-results/<name>/ (results/<name>/ with --commit-results). A step whose output exists is skipped, so an
+interrupted reproduction resumes; report.py writes summary.json, the numbers RESULTS.md quotes.
 """
 import argparse, json, os, shutil, subprocess, sys, time
 
@@ -22,13 +18,12 @@ import torch
 from lib import report
 
 # ----------------------------------------------------------------------------------------------------------------
-# The two scales. The model fields are GPTConfig's, the rest TrainConfig's (train.py).
+# Scales: model = GPTConfig, train = TrainConfig
 
 SCALES = {
     "cpu": dict(
-        # width 64: GPT-2's 50,257-token head is most of the cost, so a narrow model sees more tokens per minute
+        # narrow: the vocabulary head dominates the cost
         model=dict(n_layer=4, n_head=2, n_embd=64, ffn_hidden=176, block_size=128),
-        # 8 x 128 = 1,024 tokens/iter x 250 iters = 256,000 tokens per variant and seed (0.11 epoch of `english`)
         train=dict(batch_size=8, gradient_accumulation_steps=1, max_iters=250, learning_rate=3e-3, warmup_iters=25,
                    lr_schedule="constant", eval_interval=125, eval_iters=8, log_interval=50, device="cpu"),
         sft=dict(examples=400, max_iters=40, batch_size=8, learning_rate=5e-4),
@@ -37,7 +32,6 @@ SCALES = {
                   batch_size=4)),
     "gpu": dict(
         model=dict(n_layer=6, n_head=6, n_embd=384, ffn_hidden=1024, block_size=256),
-        # 64 x 256 = 16,384 tokens/iter x 1,200 iters = 19.7M tokens per variant (8.2 epochs of `english`)
         train=dict(batch_size=64, gradient_accumulation_steps=1, max_iters=1200, learning_rate=1e-3, warmup_iters=100,
                    lr_schedule="constant", eval_interval=200, eval_iters=20, log_interval=100, device="cuda"),
         sft=dict(examples=4000, max_iters=200, batch_size=32, learning_rate=3e-4),
@@ -45,7 +39,7 @@ SCALES = {
                   passkey_contexts=[256, 512, 1280, 2560], passkey_samples=50, score_context=2048, trials=100,
                   batch_size=16)),
 }
-SWITCH_AT = 0.875  # variant (f): softmax for the first 87.5 % of the iterations, SSMax for the rest (175k of 200k)
+SWITCH_AT = 0.875  # (f): the SSMax paper switches at 175k of 200k
 VARIANTS = {  # name -> (overrides, paper label)
     "softmax": (dict(scorer="softmax"), "(a) softmax"),
     "ssmax": (dict(scorer="ssmax"), "(b) SSMax, learnable s"),
@@ -59,11 +53,10 @@ VARIANTS = {  # name -> (overrides, paper label)
     "lssar": (dict(scorer="lssar"), "LSSAR, p = 15"),
     "softmax_p3": (dict(scorer="softmax", reweight_p=3.0), "softmax re-weighted, p = 3"),
 }
-# glibc keeps freed memory instead of unmapping it (kernels_cpu.reuse_freed_memory, which train.py calls itself):
-# the evaluations' B x L x 50,257 logits would page-fault back in at every batch
+# make glibc keep freed memory: no page faults per batch
 REUSE_FREED_MEMORY = dict(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**31 - 1))
 REPO = os.path.dirname(os.path.abspath(__file__))
-DATASET = "english"  # prepare_data.py: Shakespeare + King James Bible, 2.4M train tokens
+DATASET = "english"  # prepare_data.py: Shakespeare + King James Bible
 
 
 def kv(d):
@@ -84,15 +77,15 @@ def step(name, cmd, results, done=None):
 
 
 def complete(out_dir):
-    """eval_long.py's summary.json if it holds every variant, else None: it is rewritten after each model, so an
-    interrupted evaluation leaves one with fewer models, which must not pass for done."""
+    """eval_long.py's summary.json if it holds every variant, else None: it is rewritten after each model, so a
+    partial one must not pass for done."""
     path = os.path.join(out_dir, "summary.json")
     summary = report.read_json(path)
     return path if summary and {m["label"] for m in summary["models"]} >= set(VARIANTS) else None
 
 
 def iter_of(path):
-    from lib.checkpoint import read_checkpoint  # weights_only=True; mmap: the pickle is read, the tensors are not
+    from lib.checkpoint import read_checkpoint  # mmap: reads the pickle, not the tensors
     return read_checkpoint(path, mmap=True)["iter_num"] if os.path.isfile(path) else None
 
 
@@ -103,13 +96,13 @@ def trained(path, iters):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Training: nine variants from scratch, (e) and (f) from the softmax run
+# Training: (e) and (f) start from the softmax run
 
 def train_all(S, runs, results, data_dir, seed):
     M = S["train"]["max_iters"]
     base = ["train.py", *kv(S["model"]), *kv(S["train"]), f"dataset={DATASET}", f"data_dir={data_dir}", f"seed={seed}"]
     ckpt = lambda v: os.path.join(runs, v, "ckpt.pt")
-    # softmax in two legs so that (f) can branch off at the switch; the resume is exact (tests/test_train.py)
+    # softmax in two legs: (f) branches off at the switch
     k, tag = int(SWITCH_AT * M), f" (seed {seed})"
     if iter_of(ckpt("softmax")) != M:
         step("train softmax to the switch" + tag, base + kv(dict(scorer="softmax", out_dir=f"{runs}/softmax",
@@ -123,11 +116,11 @@ def train_all(S, runs, results, data_dir, seed):
             continue
         step(f"train {v}{tag}", base + kv({**over, "out_dir": f"{runs}/{v}", "resume": True}), results,
              done=trained(ckpt(v), M))
-    # (e): convert, no training (max_iters=0 evaluates and saves). (f): the softmax run resumed at the switch with
-    # scorer=ssmax (s0): its data stream and AdamW state continue, as the SSMax paper continues pretraining
+    # (e): convert only (max_iters=0 evaluates and saves)
     step("convert softmax -> ssmax (e)" + tag, base + kv(dict(init_from=ckpt("softmax"), scorer="ssmax",
                                                               max_iters=0, out_dir=f"{runs}/ssmax_e")),
          results, done=ckpt("ssmax_e"))
+    # (f): SSMax resumes softmax's data and AdamW state
     if not os.path.isfile(ckpt("ssmax_f")):
         os.makedirs(os.path.join(runs, "ssmax_f"), exist_ok=True)
         shutil.copy(ckpt("softmax_at_switch"), ckpt("ssmax_f"))
@@ -155,7 +148,7 @@ def main(argv=None):
     p.add_argument("--tasks", nargs="+", help="--suite synthetic: a subset of synthetic.SUITE")
     p.add_argument("--settings", nargs="+", help="--suite synthetic: a subset of synthetic.SETTINGS")
     a = p.parse_args(argv)
-    if a.suite != "synthetic" and (a.quick or a.tasks or a.settings):  # else silently the 2-hour LM reproduction
+    if a.suite != "synthetic" and (a.quick or a.tasks or a.settings):  # else they'd silently run the LM suite
         sys.exit("error: --quick, --tasks and --settings need --suite synthetic")
     if a.suite == "synthetic":
         from lib import synthetic
@@ -186,8 +179,8 @@ def main(argv=None):
     for seed, runs in roots.items():
         train_all(S, runs, results, data_dir, seed)
         ckpts = [os.path.join(runs, v, "ckpt.pt") for v in VARIANTS]
-        # the gates (RESULTS.md): per-position loss at the trained θ and length, on enough sequences that position 1
-        # (one token per sequence) is measured to ~0.03 nats over 3 seeds (256 at N = 128)
+        # gates (RESULTS.md): loss by position at trained θ
+        # many: position 1 has one token per sequence
         gate = os.path.join(results, f"s{seed}", "gate")
         step(f"gate (seed {seed})", ["eval_long.py", *ckpts, *common, "--length", str(N), "--rope_method", "none",
                                      "--num_seqs", str(E["gate_seqs"]), "--batch_size", "32", "--labels", *VARIANTS,
@@ -201,8 +194,7 @@ def main(argv=None):
                  + (["--fading"] if method == "theta" else []), results, done=complete(out))
     M = S["train"]["max_iters"]
     rows = report.loss_curves(roots, results, {v: label for v, (_, label) in VARIANTS.items()}, int(SWITCH_AT * M), M)
-    # retrieval on the first seed's models: a retrieval fine-tune on synthetic needles (SQuAD is online), then the
-    # needle, needle-score and passkey evaluations
+    # retrieval on the first seed; synthetic SFT works offline
     runs, needle_dir = roots[a.seeds[0]], os.path.join(results, "needle")
     if "needle" not in a.skip or "score" not in a.skip:
         step("sft data", ["needle.py", "sft_data", "--synthetic", str(S["sft"]["examples"]), "--data", data,

@@ -19,7 +19,7 @@ from lib.checkpoint import CheckpointError, load_checkpoint
 from model import BACKENDS
 
 SEP = "-" * 15  # nanoGPT's separator line
-MIN_TEMPERATURE = 1e-3  # logits / T overflows to inf (then nan probabilities) as T goes to 0: use 0 for greedy
+MIN_TEMPERATURE = 1e-3  # smaller T overflows logits / T; 0 means greedy
 
 
 def main(argv=None):
@@ -62,7 +62,7 @@ def main(argv=None):
         except (OSError, UnicodeDecodeError) as e:
             p.error(f"cannot read the prompt file {start[5:]!r}: {e.strerror if isinstance(e, OSError) else e}")
     enc = dataset.get_tokenizer()
-    # <|endoftext|> written in a prompt is the document separator the model was trained with, not an error
+    # a written <|endoftext|> is the trained separator
     ids = enc.encode(start, allowed_special={"<|endoftext|>"}) or [dataset.EOT]
 
     try:
@@ -70,17 +70,17 @@ def main(argv=None):
         dataset.language_model(args.ckpt, ckpt)  # a task run's vocabulary is not GPT-2's
     except (CheckpointError, dataset.DataError) as e:  # missing, corrupt, foreign or unsafe, or a task run
         p.error(str(e))
-    model.eval()  # load_checkpoint leaves the model in train mode (dropout on)
-    # Build the rotary tables once, long enough for the whole sample (forward would otherwise regrow them
-    # mid-generation) and with --rope_theta if given; set_rope touches only these non-persistent buffers.
+    model.eval()  # load_checkpoint leaves dropout on
+    # size RoPE once for the whole sample: no regrowing
+    # set_rope changes no weights, only RoPE buffers
     length = max(len(ids) + args.max_new_tokens, model.config.block_size)
     if args.rope_theta is not None or length > model.rope_cos.size(0):
         model.set_rope(args.rope_theta, None, length)
 
-    torch.manual_seed(args.seed)  # seeds the CPU and every CUDA generator: the same seed gives the same samples
+    torch.manual_seed(args.seed)  # seeds CPU and CUDA: same seed, same samples
     ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     x = torch.tensor([ids], dtype=torch.long, device=device)
-    skip = 0 if start else 1  # an empty prompt: do not print the <|endoftext|> we started from
+    skip = 0 if start else 1  # empty prompt: hide the starting <|endoftext|>
     with torch.no_grad(), ctx:
         for _ in range(args.num_samples):
             y = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k)

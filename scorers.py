@@ -27,7 +27,7 @@ import torch.nn.functional as F
 LSSAR_DEFAULT_P = 15.0
 
 # ----------------------------------------------------------------------------------------------------------------
-# The reference path. Each scorer returns the weights P (B, H, Tq, Tk) with masked (future) entries exactly 0.
+# Reference path: P (B, H, Tq, Tk), future entries exactly 0
 
 def _rows(Tq, Tk, offset, device):
     """n_i = offset + t + 1 for query t, as (Tq, 1), and the causal mask (Tq, Tk)."""
@@ -45,7 +45,7 @@ def _masked_softmax(logits, mask):
     return torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
 
 def _z(q, k):
-    return q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk) raw scaled logits
+    return q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
 
 def score_softmax(q, k, n_i, mask):
     return _masked_softmax(_z(q, k), mask)
@@ -56,8 +56,9 @@ def score_ssmax(q, k, n_i, mask, s, b):
 
 def score_ssa(q, k, n_i, mask, b, n):
     z = _z(q, k)
-    # w = (1 + b|z|)^(sgn(z) n), normalised = softmax of its log: no pow on negative bases, no overflow. Not
-    # sgn(z) log1p(b|z|): autograd's slope at z = 0 is then 0, the true one n b (clamps: the unused side stays finite)
+    # softmax of log w: no pow of negative bases, no overflow
+    # two branches: slope n b at z = 0 (sgn(z) log1p gives 0)
+    # clamps: the unused branch stays finite (no NaN grads)
     logw = torch.where(z >= 0, torch.log1p(b * z.clamp(min=0)), -torch.log1p(-b * z.clamp(max=0)))
     return _masked_softmax(n * logw, mask)
 
@@ -71,14 +72,13 @@ def score_sigmoid(q, k, n_i, mask):
     z = _z(q, k)
     return torch.sigmoid(z - torch.log(n_i.to(z.dtype))) * mask  # not normalised: the output is sum_j w_ij v_j
 
-TIE = 8  # re-weighting: n P - o counts as positive above TIE * eps * n (eps of the scores' dtype)
+TIE = 8  # re-weighting: n P - o > TIE * eps * n counts as positive
 
 def reweight(P, n_i, p):
     """LSSAR eq. 5: R = ReLU(n_i P - o_i)^p, P' = R / sum R; o_i = 0 for rows i < 3, else 1.
-    Computed as a softmax of p*log(n P - o) over the positive entries, since (nP)^p overflows fp32.
-    "Positive" means above TIE n_i eps (eps of P's dtype; the fused paths use the same rule): a row with no such entry keeps
-    P. Only an exactly uniform row has none, and there n P - 1 is rounding of either sign (exp, log, a sum of n
-    terms: up to ~n eps / 2), which must not pick the branch; below 8 n eps re-weighting would amplify that noise."""
+    A softmax of p log(n P - o) over the positive entries, since (n P)^p overflows fp32.
+    Positive means above TIE n_i eps (eps of P's dtype; the fused paths agree); a row with none keeps P.
+    Only a uniform row has none: there n P - 1 is rounding noise (up to ~n eps / 2) that must not pick the branch."""
     n = n_i.to(P.dtype)
     x = n * P - (n_i > 3).to(P.dtype)  # row i has n_i = i + 1, so i < 3 <=> n_i <= 3
     pos = x > TIE * n * torch.finfo(P.dtype).eps
@@ -93,11 +93,11 @@ def reweight(P, n_i, p):
 class Param:
     """A per-head parameter of a scorer. `name` is the paper's symbol and attention()'s keyword."""
     name: str
-    default: float  # its value when attention() is not given it
-    init: str = ""  # the GPTConfig field it starts from in a model ("": default)
-    learn: str = ""  # the GPTConfig field that says whether it learns ("": always)
-    only_if: str = ""  # the GPTConfig field that adds it ("": always there)
-    low: Optional[float] = None  # kept > low: stored as raw, used as low + softplus(raw)
+    default: float  # when attention() is not given it
+    init: str = ""  # GPTConfig field of its start value ("": default)
+    learn: str = ""  # GPTConfig field: does it learn ("": always)
+    only_if: str = ""  # GPTConfig field that adds it ("": always)
+    low: Optional[float] = None  # kept > low: low + softplus(raw)
 
     def fields(self):
         return [f for f in (self.init, self.learn, self.only_if) if f]
@@ -105,21 +105,18 @@ class Param:
 @dataclass(frozen=True)
 class Scorer:
     weights: Callable  # the reference: P from (q, k, n_i, mask, **params)
-    logit: Callable  # FlexAttention's stage-1 logit (natural log) of a score, ln n_i, ln d and the head's params
+    logit: Callable  # flex score_mod: ln logit of (score, ln n_i, ln d, **params)
     params: tuple = ()
-    sums_to_one: bool = True  # rows sum to 1, so re-weighting (ReLU(n P - o)^p) applies
-    row_sum: bool = True  # the output is divided by a row sum (kernels: NORMALISE; decode splits merge by weight)
-    p: Optional[float] = None  # re-weighting exponent used when none is given (lssar)
+    sums_to_one: bool = True  # rows sum to 1: re-weighting applies
+    row_sum: bool = True  # output divided by the row sum (kernels: NORMALISE)
+    p: Optional[float] = None  # default re-weighting exponent (lssar)
     cosine: bool = False  # scores cos(q_i, k_j) (lssa), not z = q.k / sqrt(d)
-    # The fused kernels' compile-time flags (kernels.py): stage-1 statistics ("online_max": base-2 logits with a
-    # running max; "plain_sum": bounded weights summed as they are), the row setup ("plain"; "logn": logits times
-    # s log n_i + b; "norm": log(d) log(n_i) / |q_i|; "bias": minus log n_i) and the logit ("linear", "ssa",
-    # "softplus", "sigmoid")
-    stats: str = "online_max"
-    row: str = "plain"
-    kernel_logit: str = "linear"
+    # the fused kernels' compile-time flags (kernels.py)
+    stats: str = "online_max"  # or plain_sum: bounded weights, no running max
+    row: str = "plain"  # or logn (ssmax), norm (lssa), bias (sigmoid)
+    kernel_logit: str = "linear"  # or ssa, softplus, sigmoid
 
-    def kernel_flags(self):  # as the kernels take them (kernels.FLAGS; kernels.KERNELS: those they implement)
+    def kernel_flags(self):  # named as kernels.FLAGS
         return dict(ROW=self.row, LOGIT=self.kernel_logit, ONLINE_MAX=self.stats == "online_max",
                     NORMALISE=self.row_sum)
 
@@ -153,7 +150,7 @@ def check_options(config):
     for prm in SCORERS[config.scorer].params:
         off = [f for f in (prm.init, prm.learn) if prm.only_if and not getattr(config, prm.only_if)
                and getattr(config, f) != type(config).__dataclass_fields__[f].default]
-        if off:  # e.g. ssmax_b_init without ssmax_bias=True: no b exists to take it
+        if off:  # e.g. ssmax_b_init without ssmax_bias: no b to set
             raise ValueError(f"option {off[0]}={getattr(config, off[0])!r} needs {prm.only_if}=True")
         if prm.low is not None and prm.init and not getattr(config, prm.init) > prm.low:
             raise ValueError(f"{config.scorer} needs {prm.init} > {prm.low:g}, got {getattr(config, prm.init)}")
@@ -187,7 +184,7 @@ def prepare(q, k, v, scorer, p=None, offset=0, **params):
     return entry, p, {name: x.view(H).contiguous() for name, x in per_head(entry, params, H, fp32).items()}
 
 # ----------------------------------------------------------------------------------------------------------------
-# The reference weights and the SDPA form of softmax and ssmax (model.attention dispatches to these and the kernels)
+# Reference weights and the SDPA path
 
 def attention_weights(q, k, scorer, *, p=None, offset=0, **params):
     """The attention weights P (B, H, Tq, Tk) of SCORERS.md; q at absolute positions offset..offset+Tq-1; params: the
@@ -201,22 +198,22 @@ def attention_weights(q, k, scorer, *, p=None, offset=0, **params):
         return P if p is None else reweight(P, n_i, p)
 
 def sdpa_attention(q, k, v, scorer, *, p=None, offset=0, **params):
-    """softmax and ssmax on torch's SDPA (flash, cuDNN, efficient or CPU flash: torch chooses). SSMax multiplies row
-    i's logits by s log n_i + b, which is q_i scaled by it (Qwen's log-n attention runs so). SDPA's default scale
-    1/sqrt(d) is z's. Causal mask: is_causal at offset 0 (top-left), bottom-right after a cache, none for one row."""
+    """softmax and ssmax on torch's SDPA (torch picks the kernel). SSMax's factor s log n_i + b scales q_i, as
+    Qwen's log-n attention does; SDPA's default scale is z's 1/sqrt(d). Causal mask: is_causal at offset 0,
+    bottom-right after a cache, none for one row."""
     if scorer not in ("softmax", "ssmax") or p is not None:
         raise ValueError(f"backend='sdpa' runs softmax and ssmax without re-weighting, not scorer={scorer!r} with "
                          f"p={p}; use backend='auto' (cpu or triton for the others)")
     entry, p, params = get(scorer, p, params)
     Tq, Tk = q.size(-2), k.size(-2)
     assert Tk == offset + Tq, f"k has {Tk} keys but offset + Tq = {offset} + {Tq}"
-    if scorer == "ssmax":  # the scale in fp32 (or fp64) and q rounded once to its dtype, as under bf16 autocast
+    if scorer == "ssmax":  # scale in fp32, q rounded once, as bf16 autocast would
         dtype = torch.promote_types(q.dtype, torch.float32)
         ln_n = torch.arange(offset + 1, offset + Tq + 1, device=q.device, dtype=dtype).log()[:, None]  # (Tq, 1)
         prm = per_head(entry, params, q.size(1), ln_n)
         q = (q.to(dtype) * (prm["s"] * ln_n + prm["b"])).to(q.dtype)
     mask = None
-    if offset and Tq > 1:  # a chunk after a cache: row t sees keys 0..offset + t, the bottom-right triangle
+    if offset and Tq > 1:  # a chunk after a cache: bottom-right causal
         from torch.nn.attention.bias import causal_lower_right  # torch >= 2.2
         mask = causal_lower_right(Tq, Tk)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=offset == 0 and Tq > 1)

@@ -1,8 +1,8 @@
 """
 Synthetic length-generalization tasks: train a tiny model at length N with train.py, test it at up to 16 N, and
-see the scorers apart on a laptop CPU in minutes.
+see the scorers apart on a laptop CPU.
 
-    python train.py configs/tasks/first.py scorer=ssmax out_dir=out-first-ssmax        # ~30 s on one core
+    python train.py configs/tasks/first.py scorer=ssmax out_dir=out-first-ssmax
     python eval_tasks.py out-first-*/ckpt.pt --lengths 32 64 128 256 512 --out_dir out-first-eval
 
 Tasks (each with its own small vocabulary; targets are -1, or NaN for real-valued ones, except where scored):
@@ -33,12 +33,12 @@ class TaskConfig:  # train.py's TrainConfig includes these fields
     task: str = ""  # a task below instead of language modelling on `dataset`
     task_pairs: int = 4  # mqar, recall: key-value pairs D per sequence
     task_keys: int = 16  # mqar, recall: distinct keys (>= task_pairs) and values
-    task_filler: str = "pairs"  # recall: "pairs" of the keys never queried (their values compete), or "noise" tokens
-    task_p_ignore: float = 0.8  # flipflop: P(ignore); P(write) = P(read) = (1 - p) / 2 (FFL(0.8) in training)
+    task_filler: str = "pairs"  # recall: "pairs" of unqueried keys (values compete), or "noise"
+    task_p_ignore: float = 0.8  # flipflop: P(ignore); write, read: (1 - p) / 2 each
     task_sigma: float = 1.0  # every, some: sd of the numbers; linear: sd of a and b
 
 
-FILL = 16  # filler tokens of mqar and recall: random, so that attention cannot ignore "the" filler token for free
+FILL = 16  # filler tokens, random: none is free to ignore
 TRAIN, VAL = 0, 1  # sample streams; each test condition has its own
 
 
@@ -62,7 +62,7 @@ def _pairs(L, D, rng, test):
 def recall(L, rng, c, test):
     D, K = c.task_pairs, c.task_keys  # tokens: FILL fillers, K*K pair tokens "k:v", K query tokens, K answers
     keys, vals = rng.choice(K, D, replace=False), rng.integers(0, K, D)
-    if c.task_filler == "pairs":  # distractors: pairs of the K - D keys never queried, with random values
+    if c.task_filler == "pairs":  # distractors: unqueried keys' pairs
         others = np.setdiff1d(np.arange(K), keys)
         x = FILL + rng.choice(others, L) * K + rng.integers(0, K, L)
     else:
@@ -127,7 +127,7 @@ def linear(L, rng, c, test):
 @dataclass
 class Task:
     sample: callable  # (L, rng, config, test) -> (inputs (L,) or (L, n_in), targets (L,))
-    vocab: callable  # config -> vocabulary size (1: a real-valued task with a scalar head)
+    vocab: callable  # config -> vocabulary size (1: real-valued)
     loss: str = "ce"  # ce: tokens | bce: a yes/no logit | mse
     n_in: int = 0  # real features per position
     conditions: tuple = (("", {}),)  # test conditions: (name, TaskConfig overrides)

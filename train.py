@@ -1,6 +1,6 @@
 """
-Training for any scorer, on a CPU, a GPU or many (DDP): the SSMax paper's recipe (Nakanishi 2025, App. B), language
-modelling or a synthetic task of tasks.py; no run is overwritten unasked, every checkpoint loads with weights_only.
+Training for any scorer on a CPU, a GPU or many (DDP): the SSMax paper's recipe (Nakanishi 2025, App. B), language
+modelling or a synthetic task of tasks.py. No run is overwritten unasked; checkpoints load with weights_only.
 
     python train.py configs/cpu_quick.py [scorer=ssmax out_dir=out-quick-ssmax]   # ~3 min on 2 CPU cores
     python train.py configs/ssmax.py                                              # one GPU, ~1 h: the 162M model
@@ -11,12 +11,10 @@ modelling or a synthetic task of tasks.py; no run is overwritten unasked, every 
     python train.py --compare out-softmax out-ssmax [--out compare.png]           # runs' log.jsonl in one figure
 
 Resuming (init_from="resume"; resume=True: if the checkpoint exists) restores weights, optimizer, RNG states and the
-data position: the losses of a run never stopped. DDP: every rank draws the whole global batch from one generator
-seeded alike and takes its slice, so K processes see exactly the batches of one.
-A resume may also switch the scorer (scorer= and its ssmax_*/ssa_* options; the architecture stays): the SSMax paper's
-variant (f) exactly. It trains on the batches the unswitched run draws next, keeps AdamW's state of every kept weight,
-starts the new s (and b) fresh at s0 (or ssmax_s_init), evaluates the switched model first and logs the switch in
-log.jsonl's start record. A finished run (as this copy, at its max_iters of 3,325) switches only if overwrite=True:
+data position, so the losses are those of a run never stopped; under DDP, K processes see exactly the batches of one.
+A resume may switch the scorer (scorer= and its ssmax_*/ssa_* options), the SSMax paper's variant (f): same batches
+as the unswitched run, AdamW's state kept for every kept weight, the new s (and b) fresh at s0 (or ssmax_s_init), the
+switched model evaluated first. A finished run (here out-softmax, at max_iters 3,325) switches only if overwrite=True:
     mkdir -p out-ssmax-f && cp out-softmax/ckpt_3325.pt out-ssmax-f/ckpt.pt                 # the run at the switch
     python train.py init_from=resume out_dir=out-ssmax-f scorer=ssmax max_iters=3800 overwrite=True  # from 3,325
 """
@@ -41,7 +39,7 @@ BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "eval
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Setup: processes, device, the checkpoint to start from; a run that cannot start stops here, before any download
+# Setup: a run that cannot start stops before any download
 
 def setup(explicit):
     """-> cfg resolved with the checkpoint, the checkpoint (None from scratch), run: the processes, device and paths."""
@@ -63,7 +61,7 @@ def setup(explicit):
     rank, world = (dist.get_rank(), dist.get_world_size()) if ddp else (0, 1)
     device_type = torch.device(device).type
     if device_type == "cpu":
-        kernels_cpu.reuse_freed_memory()  # 1.7-1.9x tokens/s with GPT-2's vocabulary (kernels_cpu.py)
+        kernels_cpu.reuse_freed_memory()  # no page faults on freed logits (kernels_cpu.py)
     ctx = torch.autocast(device_type, torch.bfloat16, enabled=device_type == "cuda")
     run = types.SimpleNamespace(ddp=ddp, rank=rank, world=world, master=rank == 0,  # only the master prints and writes
                                 device=device, device_type=device_type, ctx=ctx,
@@ -85,25 +83,25 @@ def setup(explicit):
         raise TrainError(str(e))
     cfg = resolve(cfg, explicit, ckpt, run.resuming, world)
     cpu_cost_check(cfg, device_type, ckpt["iter_num"] if run.resuming else 0)  # before any download or model
-    torch.manual_seed(cfg.seed)  # the same on every rank, so the one saved RNG state is every rank's
+    torch.manual_seed(cfg.seed)  # same on every rank: one saved RNG state fits all
     return cfg, ckpt, run
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Data: random windows of train.bin, task samples, or SFT examples in epochs of seeded shuffles
+# Data: train.bin windows, task samples or SFT examples
 
 def load_data(cfg, run):
     """-> cfg (SFT in epochs sets its schedule), data: what get_batch reads and the generator whose state is the data
     position."""
     T, data = cfg.block_size, types.SimpleNamespace(sft=None, dir=None, unigram=None)
-    data.g = torch.Generator().manual_seed(cfg.seed)  # the same on every rank: each takes its slice of one batch
-    if cfg.task:  # an endless seeded stream per split: "window offsets" are sample indices
+    data.g = torch.Generator().manual_seed(cfg.seed)  # same on every rank: each slices one global batch
+    if cfg.task:  # endless seeded streams: offsets are sample indices
         data.size = {"train": 2 ** 62, "val": 2 ** 62}
     elif cfg.sft_data:
         data.sft = retrieval.load_sft(cfg.sft_data, T)
         data.size = {"train": len(data.sft), "val": len(data.sft)}
         cfg = sft_schedule(cfg, len(data.sft))
-    else:  # both splits as meta.json records them: a truncated train.bin is never trained on silently
+    else:  # checked against meta.json: never train on a truncated split
         data.dir = dataset.fetch(cfg.dataset, cfg.data_dir, make=run.master)  # embedded or hub: made on first use
         if run.ddp:  # the other ranks wait for it
             dist.barrier()
@@ -114,7 +112,7 @@ def load_data(cfg, run):
     return cfg, data
 
 
-def get_batch(cfg, data, split, ix, device):  # ix: window offsets, task sample indices or SFT example indices
+def get_batch(cfg, data, split, ix, device):  # ix: window offsets, sample or example indices
     T = cfg.block_size
     if cfg.task:
         x, y = tasks.get_batch(cfg, tasks.TRAIN if split == "train" else tasks.VAL, ix, T)
@@ -127,13 +125,13 @@ def get_batch(cfg, data, split, ix, device):  # ix: window offsets, task sample 
     return x.to(device), y.to(device)
 
 
-def next_indices(cfg, data, it, n):  # the global batch of step it: n training windows, or SFT examples
+def next_indices(cfg, data, it, n):  # n indices: the global batch of step `it`
     if not cfg.sft_data:
         return torch.randint(data.size["train"], (n,), generator=data.g)
     return retrieval.sft_order(cfg.seed, it, n, len(data.sft))
 
 
-def batch_loss(cfg, ctx, model, x, y):  # SFT: the paper's "sum of token losses over the answer span" per sequence
+def batch_loss(cfg, ctx, model, x, y):  # SFT: the paper's answer-span loss sum per sequence
     with ctx:
         _, loss = model(x, y, reduction="sum" if cfg.sft_data else "mean")
     return loss / len(x) if cfg.sft_data else loss
@@ -172,7 +170,7 @@ def build(cfg, explicit, ckpt, run):
                                            run.device_type)
     if run.resuming:
         state = ckpt["optimizer"]
-        if model is not old:  # AdamW's state is indexed by position: each kept weight's goes to its new position
+        if model is not old:  # AdamW's state is positional: remap kept weights
             before = old.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), "cpu")
             where = {name: i for i, name in enumerate(old.param_names(before))}  # the checkpoint's order
             state = {"state": {i: state["state"][where[name]] for i, name in enumerate(model.param_names(optimizer))
@@ -184,7 +182,7 @@ def build(cfg, explicit, ckpt, run):
 
 
 def get_lr(cfg, it):
-    if it < cfg.warmup_iters:  # linear warmup
+    if it < cfg.warmup_iters:
         return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
     if cfg.lr_schedule == "constant":
         return cfg.learning_rate
@@ -193,14 +191,14 @@ def get_lr(cfg, it):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Training loop: eval and checkpoint, then one step of gradient_accumulation_steps micro-batches
+# Training loop: eval and checkpoint, then one step
 
 def train(explicit):
     cfg, ckpt, run = setup(explicit)
     cfg, data = load_data(cfg, run)
     cfg, raw_model, optimizer, switch = build(cfg, explicit, ckpt, run)
     iter_num, best_val_loss, resuming, master = 0, float("inf"), run.resuming, run.master
-    if resuming:  # a switched scorer's best.pt is its own best (not the old scorer's)
+    if resuming:  # a switched scorer starts its own best.pt
         iter_num, best_val_loss = ckpt["iter_num"], float("inf") if switch else ckpt["best_val_loss"]
         torch.set_rng_state(ckpt["rng"]["torch"])
         if run.device_type == "cuda" and ckpt["rng"]["cuda"] is not None:
@@ -223,21 +221,21 @@ def train(explicit):
     def save(path, state):
         try:
             save_checkpoint(state, path)
-        except OSError as e:  # e.g. a full disk: save_checkpoint removed its partial .tmp, the old file is intact
+        except OSError as e:  # e.g. a full disk: the old file is intact
             raise TrainError(f"cannot write {path}: {e.strerror or e}; {diverged('stops')}")
 
     def diverged(what="diverged and stops"):
         return f"the run {what}; " + (f"the last good checkpoint {run.ckpt_path} is kept"
                                       if os.path.isfile(run.ckpt_path) else "no checkpoint was written yet")
 
-    def finish_eval(state):  # best.pt (no optimizer state), then the eval's log line, loss.png and printed line
+    def finish_eval(state):  # best.pt first, then the eval's log line
         return tracking.record_eval(state, cfg, info, raw_model, lambda: save(run.best_path, {k: state[k] for k in
                                                                                           BEST_KEYS}))
 
     losses = None
     if master:
         os.makedirs(cfg.out_dir, exist_ok=True)
-        for f in os.listdir(cfg.out_dir):  # what a kill mid-write left, and an overwritten run's files
+        for f in os.listdir(cfg.out_dir):  # a killed write's .tmp, an overwritten run's files
             if f.endswith(".tmp") or (not resuming and f in RUN_FILES):
                 os.remove(os.path.join(cfg.out_dir, f))
         done = resuming and not switch and any(r.get("iter") == iter_num and "val_loss" in r
@@ -254,7 +252,7 @@ def train(explicit):
             print(f"scorer switch at iter {iter_num}: "
                   + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in switch.items()))
     t_start, dt_avg, start_iter = time.time(), None, iter_num
-    while True:  # a resume's first eval is done already, unless its scorer changed: the new model is evaluated first
+    while True:  # a resume's eval is done, unless the scorer switched
         due = iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters
         if (due and (not resuming or iter_num > start_iter)) or (switch and iter_num == start_iter):
             losses = estimate_loss(cfg, data, run, eval_model)
@@ -290,7 +288,7 @@ def train(explicit):
             dist.all_reduce(loss_sum)
             loss_sum /= run.world
         loss_value = loss_sum.item()
-        if not math.isfinite(loss_value):  # before the update, so the weights and the checkpoint stay good
+        if not math.isfinite(loss_value):  # before the update: the weights stay good
             raise TrainError(f"loss is {loss_value} at iter {iter_num} (lr {lr:.3g}): {diverged()}")
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -302,7 +300,7 @@ def train(explicit):
         dt_avg = dt if dt_avg is None else 0.9 * dt_avg + 0.1 * dt
         mfu = raw_model.estimate_mfu(tokens_per_iter / dt / run.world, T, run.device)  # per GPU
         eta = (cfg.max_iters - iter_num - 1) * dt_avg  # seconds
-        if master:  # log.jsonl every step, a progress line every log_interval
+        if master:  # log.jsonl every step, print every log_interval
             tracking.progress({"iter": iter_num, "loss": loss_value, "lr": lr, "tokens_per_s": tokens_per_iter / dt,
                                "mfu": mfu, "eta_s": eta, "elapsed": time.time() - t_start}, cfg, info, raw_model)
         iter_num += 1
@@ -323,13 +321,13 @@ def main(argv=None):
     if {"-h", "--help"} & set(argv) and argv[:1] != ["--compare"]:
         return print(usage(__doc__))
     try:
-        if argv[:1] == ["--compare"]:  # runs' log.jsonl curves in one PNG, no wandb needed (tracking.py)
+        if argv[:1] == ["--compare"]:  # runs' curves in one PNG, no wandb (tracking.py)
             return tracking.compare_main(argv[1:])
         train(parse_args(argv))
-        tracking.finish()  # a wandb run ends with its training: an in-process caller's next run is a new one
+        tracking.finish()  # an in-process caller's next run is a new wandb run
     except (TrainError, dataset.DataError, tracking.TrackingError) as e:
         sys.exit(f"error: {e}")
-    finally:  # stopped by an error: the wandb run, if still open, ends as failed
+    finally:  # on error, an open wandb run ends as failed
         tracking.finish(failed=True)
 
 

@@ -25,16 +25,16 @@ from model import attention as reference  # noqa: E402
 from scorers import SCORERS  # noqa: E402
 from lib.checkpoint import run_info  # noqa: E402
 
-# Causal FLOPs, FlashAttention's convention: forward = two matmuls of 2 T^2 D
-# per head, half masked (4 B H T^2 D / 2); forward+backward = 3.5x (backward 2.5x: five matmuls, one a recompute).
-# Every scorer is credited the same FLOPs, so TFLOP/s compares times, not the work of extra passes.
+# Causal FLOPs as FlashAttention counts them: fwd 4 B H T^2 D / 2
+# fwd+bwd 3.5x: backward is five matmuls, one a recompute
+# one count for every scorer: TFLOP/s compares times only
 
 PROVIDERS = ("triton", "flex", "eager", "sdpa", "cudnn")
 
 
 def _sdpa(q, k, v, scorer, *, s=None, b=None, p=None, backend=SDPBackend.FLASH_ATTENTION):
-    """softmax (or ssmax: SDPA on q times s log n_i + b) on one named backend; left to choose, recent torch
-    builds run cuDNN first on Hopper (what the H200 table's "SDPA" column most likely timed)."""
+    """softmax (or ssmax: SDPA on q times s log n_i + b) on one named backend: unpinned, recent torch builds pick
+    cuDNN first on Hopper."""
     if scorer == "ssmax":
         q = q * (s[:, None] * torch.arange(1, q.size(2) + 1, device=q.device).log() + b[:, None])[..., None].to(q.dtype)
     with sdpa_kernel(backend):
@@ -55,7 +55,7 @@ def _measure(fn, grads, cuda):
     fn()
     end.record()
     torch.cuda.synchronize()
-    ms = start.elapsed_time(end)  # a call of over SLOW_MS (eager at 16k, a slow path) is timed once, not ~100 times
+    ms = start.elapsed_time(end)  # a call over SLOW_MS is timed once, not ~100 times
     if ms < SLOW_MS:
         ms = triton.testing.do_bench(fn, grad_to_none=grads, return_mode="median")  # flushes L2 between calls
     for t in grads:
@@ -101,8 +101,8 @@ def benchmark(Ts, Ds, scorers, providers, tokens=16384, heads=16, dtype=torch.bf
     info = run_info(seed=0)  # provenance columns of every row
     torch._dynamo.config.recompile_limit = 64  # flex compiles per scorer, pass, grad mode and shape
 
-    # flex_attention builds its block mask on every call, a model once per step for all layers: reuse it (offset
-    # is 0 here, so the lengths fix the mask)
+    # a model builds its block mask once per step: cache it
+    # (offset is 0, so the lengths fix the mask)
     def cached_mask(mask_mod, *args, device):
         if args not in masks:
             masks[args] = make_mask(mask_mod, *args, device=device)

@@ -21,12 +21,12 @@ def _git(repo, *args):
 def run_info(seed=None, repo=REPO):
     """What every checkpoint and result file records: git SHA, whether tracked files differed from it (git_dirty)
     and a hash of that diff, versions, device, seed. Untracked files (out_dirs, data) and results/ (reproduce.py
-    rewrites its tracked summaries as it runs) are not counted: the flag says whether the code was committed."""
+    rewrites its tracked summaries) are not counted: the flag says whether the code was committed."""
     sha = _git(repo, "rev-parse", "HEAD").strip() or None
     diff = _git(repo, "diff", "HEAD", "--", ":(top)", ":(top,exclude)results") if sha else ""
     triton = importlib.util.find_spec("triton") and importlib.metadata.version("triton")
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    # str(): torch.__version__ is a TorchVersion, a class weights_only loading refuses unless allowed by name
+    # str(): weights_only refuses a TorchVersion
     return dict(git_sha=sha, git_dirty=bool(diff) if sha else None,
                 git_diff_sha256=hashlib.sha256(diff.encode()).hexdigest()[:16] if diff else None,
                 torch=str(torch.__version__), triton=triton or None, device=device, seed=seed)
@@ -36,7 +36,7 @@ def save_checkpoint(obj, path):
     tmp = f"{path}.tmp"
     try:
         torch.save(obj, tmp)
-    except BaseException:  # a full disk (or Ctrl-C) mid-write: no partial file is left beside the intact one
+    except BaseException:  # disk full or Ctrl-C: leave no partial file
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
@@ -51,13 +51,13 @@ def read_checkpoint(path, device="cpu", mmap=False):
     if not os.path.isfile(path):
         raise CheckpointError(f"{path!r} is a directory, expected a checkpoint file" if os.path.isdir(path)
                               else f"checkpoint {path!r} does not exist")
-    if not zipfile.is_zipfile(path):  # torch.save writes a zip: empty, text, truncated and legacy files stop here
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip; all else stops here
         raise CheckpointError(f"{path!r} is not a checkpoint: not a torch.save zip archive ({os.path.getsize(path):,} "
                               "bytes: empty, truncated or another kind of file)")
-    try:  # checkpoints written before run_info stored str(torch.__version__) hold a TorchVersion: allow just that
+    try:  # old checkpoints hold a TorchVersion: allow it
         with torch.serialization.safe_globals([torch.torch_version.TorchVersion]):
             ckpt = torch.load(path, map_location=device, weights_only=True, mmap=mmap)
-    except Exception as e:  # weights_only refused a global (a function or class: code could run), or a bad archive
+    except Exception as e:  # a refused global (could run code) or bad archive
         refused = str(e).partition("GLOBAL ")[2].split(" ")[0]
         why = (f"it refers to {refused}, which weights_only=True refuses (tensors and plain values only)" if refused
                else f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}")
@@ -72,8 +72,8 @@ def load_checkpoint(path, device="cpu", **overrides):
     try:
         model = GPT(GPTConfig(**{**ckpt["model_args"], **overrides}))
         model.load_state_dict(ckpt["model"])
-    except (TypeError, ValueError, RuntimeError) as e:  # model_args or weights that this model.py does not take
-        why = " ".join(l.strip() for l in str(e).splitlines())[:300]  # load_state_dict: a line per kind of mismatch
+    except (TypeError, ValueError, RuntimeError) as e:  # args or weights this model.py doesn't take
+        why = " ".join(l.strip() for l in str(e).splitlines())[:300]  # load_state_dict's message spans lines
         raise CheckpointError(f"{path!r} does not fit this model: {type(e).__name__}: {why}") from None
     return model.to(device), ckpt
 

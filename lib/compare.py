@@ -1,14 +1,10 @@
 """
 Comparing models scored on the same sequences: per-sequence losses (eval_long.py's per_sequence.csv), each model's
 paired difference to a baseline model with a percentile bootstrap CI over sequences (Efron & Tibshirani 1993,
-"An Introduction to the Bootstrap", ch. 13), and the figures: those differences by window length, the raw
-per-position curves, and the SSMax paper's closed-form softmax-vs-SSMax Figs. 1 and 3 (eval_long.py --fading).
-eval_long.py writes with it; reproduce.py can read per_sequence.csv back (read_csv, paired_differences) and quote
-the same CIs.
+ch. 13), seed-level statistics, and the figures: differences by window length, per-position curves, and the SSMax
+paper's closed-form Figs. 1 and 3 (eval_long.py --fading).
 
-Paired: every model sees the same sequences, so the difference is taken sequence by sequence before averaging.
-Some text is simply harder for every model; pairing removes that variation, which dominates an unpaired CI of two
-means when the models are close (LSSAR Table 4: 3.1911 vs 3.1905 at 1K).
+Paired: the difference is taken sequence by sequence, so text that is hard for every model cancels out.
 """
 import csv, math, os
 from collections import defaultdict
@@ -21,7 +17,7 @@ DIFFERENCE_COLUMNS = ("model", "baseline", "rope", "window", "k", "tokens", "n_s
 LEVEL = 0.95
 FADING_S = 0.43  # the SSMax paper's Fig. 1
 FADING_ZMAX_N, FADING_ZMAX_S = (10, 1000, 100000), (0.43, 1.0)  # Fig. 3: a few sizes, two s
-RESAMPLE_CELLS = 2**22  # sequences x resamples drawn at once: 100,000 sequences stay within ~32 MB of indices
+RESAMPLE_CELLS = 2**22  # sequences x resamples per draw: bounds memory
 
 # ----------------------------------------------------------------------------------------------------------------
 # Statistics
@@ -37,8 +33,8 @@ def bootstrap_ci(d, n_boot=2000, level=LEVEL, seed=0):
     lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
     return float(d.mean()), float(lo), float(hi)
 
-# Student's t quantiles for a two-sided 95 % interval with df degrees of freedom (seeds - 1); beyond the table
-# 1.96 + 2.4 / df is within 0.002 of the exact value for df > 10
+# Student-t 97.5 % quantiles by df = seeds - 1
+# beyond 10: 1.96 + 2.4 / df, within 0.002 of exact
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 def seed_interval(values):
@@ -61,7 +57,7 @@ def sign_flip_p(d, draws=2**16):
     obs = abs(d.sum()) * (1 - 1e-9)  # floating-point ties count as ties
     if len(d) <= 20:
         sums = np.zeros(1)
-        for x in d:  # every sign assignment's sum, doubling per value: 2^n floats, no (2^n, n) matrix
+        for x in d:  # all 2^n sums, without a (2^n, n) matrix
             sums = np.concatenate([sums + x, sums - x])
         return float(np.mean(np.abs(sums) >= obs))
     signs = np.random.default_rng(0).integers(0, 2, (draws, len(d)), dtype=np.int8) * 2 - 1
@@ -111,7 +107,7 @@ def paired_differences(rows, baseline, n_boot=2000, seed=0):
     tokens = {}
     for r in rows:
         loss[r["model"], r["rope"], r["window"]][int(r["sequence"])] = float(r["loss"])
-        tokens[r["model"], r["window"]] = int(r["tokens"])  # the model's own N: kN differs between models of two N
+        tokens[r["model"], r["window"]] = int(r["tokens"])  # per model: kN differs when N differs
     out = []
     for (model, rope, window), mine in loss.items():
         base = loss.get((baseline, rope, window))
@@ -140,7 +136,7 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 # ----------------------------------------------------------------------------------------------------------------
-# Figures: matplotlib's Figure without pyplot (no global state, no display)
+# Figures (no pyplot: no global state)
 
 def figure(n=1, rows=1, sharey=False):
     from matplotlib.figure import Figure
@@ -157,7 +153,7 @@ def plot_per_position(path, curves, train_lens, w, logx, title):
         pos = np.arange(1, len(y) + 1)
         ax.plot(moving_average(pos, w), moving_average(y, w), color=f"C{c}", ls=ls, lw=1.2, label=legend)
     for N in sorted(set(train_lens)):
-        ax.axvline(N, color="gray", ls=":", lw=1.2)  # the training length, as the SSMax paper's grey dotted line
+        ax.axvline(N, color="gray", ls=":", lw=1.2)  # training length, as in the SSMax paper
     ax.set(xlabel="context size (position)", ylabel=f"test loss (moving average of {w} positions)",
            xscale="log" if logx else "linear")
     ax.set_title(title, fontsize=9)
@@ -169,7 +165,7 @@ def plot_differences(path, diffs, models, ropes, title):
     Table 4; kx = its last N positions): each model's mean difference to the baseline with its CI, by k on a log
     axis. ropes: {rope: its description}; models: labels in order (their colors)."""
     kinds = (("prefix_", "prefix_kx: loss of kN-token sequences"), ("", "kx: last N positions up to kN"))
-    fig, axes = figure(len(kinds), len(ropes), sharey="col")  # one scale for a window kind: extension vs native
+    fig, axes = figure(len(kinds), len(ropes), sharey="col")  # shared y per column: extended vs native
     others = [m for m in models if any(d["model"] == m for d in diffs)]
     dodge = np.linspace(-0.06, 0.06, len(others)) if len(others) > 1 else [0.0]  # log-x offsets: CIs side by side
     for ax, (rope, (prefix, kind)) in zip(axes, ((r, k) for r in ropes for k in kinds)):
@@ -180,7 +176,7 @@ def plot_differences(path, diffs, models, ropes, title):
                 continue
             x = np.array([d["k"] for d in ds]) * np.exp(dodge[j])
             y = np.array([d["mean_diff"] for d in ds])
-            # bar lengths below and above the mean (a percentile CI of a skewed sample may even exclude the mean)
+            # clip at 0: a percentile CI may exclude the mean
             err = np.maximum(0, [y - [d["ci_lo"] for d in ds], [d["ci_hi"] for d in ds] - y])
             ax.errorbar(x, y, yerr=err, color=f"C{models.index(m)}", marker="o", ms=3.5, lw=1.2, capsize=2.5, label=m)
         ks = sorted({d["k"] for d in diffs})
@@ -196,7 +192,7 @@ def plot_differences(path, diffs, models, ropes, title):
     fig.savefig(path, dpi=130)
 
 # ----------------------------------------------------------------------------------------------------------------
-# The SSMax paper's Figs. 1 and 3: softmax vs SSMax in closed form, no model (eval_long.py --fading)
+# SSMax Figs. 1 and 3 in closed form (eval_long --fading)
 
 def fading(out_dir):
     """Fig. 1 in closed form: n-1 logits at -2 and one at +3. Softmax's largest output is

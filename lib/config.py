@@ -20,38 +20,38 @@ from model import GPTConfig, ssmax_s_for_switch
 from scorers import SCORERS
 
 # ----------------------------------------------------------------------------------------------------------------
-# Config: the defaults are the paper's 162M recipe; the model fields (and their defaults) are GPTConfig's own
+# Config: defaults are the paper's 162M recipe
 
 @dataclass
 class _TrainFields:
     out_dir: str = "out"
-    overwrite: bool = False  # a new run may replace a run already in out_dir (else refused: no run is lost silently)
-    init_from: str = "scratch"  # scratch | resume (<out_dir>/ckpt.pt) | a checkpoint path: its weights, a new optimizer
-    resume: bool = False  # continue <out_dir>/ckpt.pt if it exists (a relaunch is safe), else start as init_from says
+    overwrite: bool = False  # may replace out_dir's run; else refused
+    init_from: str = "scratch"  # scratch | resume | a ckpt path (new optimizer)
+    resume: bool = False  # relaunch-safe: resume ckpt.pt if it exists
     eval_interval: int = 1000
     eval_iters: int = 50  # batches per split at each eval
     log_interval: int = 10
     data_dir: str = "data"
-    dataset: str = "shakespeare"  # <data_dir>/<dataset>/{train,val}.bin; the embedded corpora are prepared on demand
-    sft_data: str = ""  # .jsonl of {"prompt": str, "answer": str}: fine-tune on the answers (eval: the same file)
-    sft_epochs: int = 0  # SFT: > 0 sets max_iters = lr_decay_iters to that many epochs, warmup_iters to one epoch
-    batch_size: int = 16  # micro-batch: 16 x 128 accumulation = 2,048 sequences x 1,024 = 2,097,152 tokens per step
-    gradient_accumulation_steps: int = 128  # global: divided among the DDP processes
+    dataset: str = "shakespeare"  # embedded corpora are prepared on demand
+    sft_data: str = ""  # .jsonl of {"prompt", "answer"}
+    sft_epochs: int = 0  # > 0: schedule in epochs (sft_schedule)
+    batch_size: int = 16  # micro-batch; ~2.1M tokens a step
+    gradient_accumulation_steps: int = 128  # global: split across DDP ranks
     learning_rate: float = 6e-4
-    max_iters: int = 200_000  # x 2,097,152 tokens = ~419B tokens
-    weight_decay: float = 0.1  # on matrices only (model.configure_optimizers)
+    max_iters: int = 200_000  # ~419B tokens
+    weight_decay: float = 0.1  # matrices only
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # 0: off
-    lr_schedule: str = "constant"  # after warmup: constant (the paper) | cosine, to min_lr at lr_decay_iters
+    lr_schedule: str = "constant"  # after warmup: constant (the paper) | cosine
     warmup_iters: int = 1000
     lr_decay_iters: int = 200_000
     min_lr: float = 6e-5
-    device: str = "auto"  # auto: cuda if available, else cpu
-    compile: bool = False  # torch.compile the model
-    allow_slow: bool = False  # on a CPU, start even a run that cpu_cost_check estimates at over CPU_LIMIT_HOURS
+    device: str = "auto"  # auto: cuda if available
+    compile: bool = False
+    allow_slow: bool = False  # run past CPU_LIMIT_HOURS on a CPU
     seed: int = 1337
-    wandb_log: bool = False  # also log each step and eval to Weights & Biases (rank 0; WANDB_MODE=offline works)
+    wandb_log: bool = False  # rank 0; WANDB_MODE=offline works
     wandb_project: str = "nanoscorer"
     wandb_run_name: str = ""  # "": out_dir's name
 
@@ -63,7 +63,7 @@ MODEL_FIELDS = [f.name for f in fields(GPTConfig)]
 ARCH_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "ffn_hidden")  # a checkpoint's shapes cannot change
 SCORER_OPTIONS = list(dict.fromkeys(f for e in SCORERS.values() for prm in e.params for f in prm.fields()))
 LR_SCHEDULES = ("constant", "cosine")
-# Ranges, checked with the types in coerce(): a zero batch or a negative block_size is one error line, not a traceback
+# checked in coerce(): a bad value is one error line
 RANGES = {**dict.fromkeys(("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval",
                            "n_layer", "n_head", "n_embd", "ffn_hidden", "vocab_size", "block_size", "rope_theta",
                            "ssa_b_init"), ("> 0", lambda v: v > 0)),
@@ -121,7 +121,7 @@ def run_config(path, seen=()):
 def parse_args(argv):
     """CONFIG.py files and key=value overrides -> {field: value} of what they set, applied in order. A config file's
     overwrite=True applies to its own out_dir only: `configs/cpu_quick.py out_dir=<a trained run>` is refused."""
-    explicit, own_dir = {}, None  # own_dir: the out_dir a config file's overwrite=True was written for
+    explicit, own_dir = {}, None  # own_dir: where a file's overwrite=True applies
     for arg in argv:
         if "=" in arg:
             key, raw = arg.removeprefix("--").split("=", 1)
@@ -130,7 +130,7 @@ def parse_args(argv):
             except (ValueError, SyntaxError):
                 value = raw
             explicit[key] = coerce(key, value, "the overrides", raw)
-            own_dir = None if key == "overwrite" else own_dir  # asked for on the command line: any out_dir
+            own_dir = None if key == "overwrite" else own_dir  # from the command line: any out_dir
         elif arg.endswith(".py") and os.path.isfile(arg):
             assigned = run_config(arg)
             for key, value in assigned.items():
@@ -146,7 +146,7 @@ def parse_args(argv):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Resolution: the config that runs, once the checkpoint to start from is known
+# Resolution: the config, once the checkpoint is known
 
 def resolve(cfg, explicit, ckpt, resuming, world):
     """A resume: the run's stored config, then what this command sets; init_from: the checkpoint's model fields unless
@@ -158,7 +158,7 @@ def resolve(cfg, explicit, ckpt, resuming, world):
     if cfg.lr_schedule not in LR_SCHEDULES or cfg.gradient_accumulation_steps % world:
         raise TrainError(f"need lr_schedule in {LR_SCHEDULES} and gradient_accumulation_steps (global) divisible by "
                          f"{world} processes; got {cfg.lr_schedule!r}, {cfg.gradient_accumulation_steps}")
-    if cfg.task:  # the task's vocabulary is the model's (1: a scalar head)
+    if cfg.task:  # task vocabulary (1: a scalar head)
         try:
             tasks.check_config(cfg)
         except ValueError as e:
@@ -182,7 +182,7 @@ def model_config(cfg, explicit, ckpt, resuming):
         src = ckpt["model_args"]
         model_args = {**src, **{k: v for k, v in explicit.items() if k in MODEL_FIELDS}}
         switched = model_args["scorer"] != src["scorer"]
-        # a resume keeps its scorer's options (its s, b, n exist already), unless the scorer itself changes
+        # same-scorer resume keeps its trained s, b, n
         for k in ARCH_FIELDS + (tuple(SCORER_OPTIONS) if resuming and not switched else ()):
             if model_args[k] != src[k]:
                 why = ("(a different architecture)" if not resuming else "when resuming with the same scorer"
@@ -194,8 +194,8 @@ def model_config(cfg, explicit, ckpt, resuming):
             raise TrainError(f"scorer={model_args['scorer']!r} would switch the finished {src['scorer']} run in "
                              f"out_dir={cfg.out_dir!r} (iter {done} of max_iters={goal}) and overwrite it: start the "
                              f"new scorer in another out_dir with init_from=<its ckpt.pt>, or add overwrite=True")
-        if switched:  # the old scorer's options do not apply to the new one
-            model_args.update({k: getattr(GPTConfig, k) for k in SCORER_OPTIONS if k not in explicit})  # the defaults
+        if switched:  # old scorer's options don't apply
+            model_args.update({k: getattr(GPTConfig, k) for k in SCORER_OPTIONS if k not in explicit})
             if model_args["scorer"] == "ssmax" and "ssmax_s_init" not in explicit:
                 model_args["ssmax_s_init"] = ssmax_s_for_switch(src["block_size"])  # the paper's s0 (variants e, f)
             switch = {k: [src[k], model_args[k]] for k in ("scorer", *SCORER_OPTIONS) if model_args[k] != src[k]}
@@ -223,10 +223,10 @@ def usage(doc):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The cost of a run on a CPU, printed before it starts (cpu_cost_check stops one over CPU_LIMIT_HOURS)
+# A run's cost on a CPU, checked before it starts
 
-CPU_LIMIT_HOURS = 1.0  # a CPU run estimated at longer stops before it starts, unless allow_slow=True
-CPU_SLOWEST_FLOPS = 1e10  # a run under the limit even at this rate starts without a measurement (tests, cpu_quick)
+CPU_LIMIT_HOURS = 1.0  # longer runs stop unless allow_slow=True
+CPU_SLOWEST_FLOPS = 1e10  # under it even at this rate: skip measuring
 
 def cpu_hours(cfg, start_iter=0, rate=None):
     """A lower bound on the hours the rest of a run takes on this CPU, printed with its arithmetic: its FLOPs
@@ -239,24 +239,23 @@ def cpu_hours(cfg, start_iter=0, rate=None):
     T, C = cfg.block_size, cfg.n_embd
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * T
     tokens = max(0, iters - start_iter) * tokens_per_iter
-    # twice the weights' count bounds it: a small run starts without building even a meta model (torch imports its
-    # compiler for that, ~3 s a start)
+    # 2x the weights bounds it: small runs skip the meta model
     weights = 2 * (2 * (cfg.vocab_size + 3) * C + cfg.n_layer * (4 * C * C + 3 * C * cfg.ffn_hidden))
     if tokens * (6 * weights + 12 * cfg.n_layer * C * T) < CPU_SLOWEST_FLOPS * CPU_LIMIT_HOURS * 3600:
         return 0.0
     try:
-        with torch.device("meta"):  # the model's own count, without allocating its weights
+        with torch.device("meta"):  # exact count, no weights allocated
             flops_per_token = build_model(GPTConfig(**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}),
                                           cfg.task).flops_per_token
-    except ValueError:  # a bad model config: train.py reports it in its own words, later
+    except ValueError:  # train.py reports a bad config later
         return 0.0
     flops = tokens * flops_per_token(T)
     if flops < CPU_SLOWEST_FLOPS * CPU_LIMIT_HOURS * 3600:
         return 0.0
     how = "given"
-    if rate is None:  # this CPU's fp32 matmul rate, ~0.1 s: training runs slower, so the hours are a lower bound
+    if rate is None:  # matmul rate: training is slower, so a lower bound
         a = torch.ones(1024, 1024)
-        for _ in range(2):  # the first pass warms up, the second is timed
+        for _ in range(2):  # first pass warms up, second is timed
             t0 = time.perf_counter()
             torch.mm(torch.mm(a, a), a)
         rate, how = 4 * 1024 ** 3 / (time.perf_counter() - t0), "this CPU's measured fp32 matmul rate"

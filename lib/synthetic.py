@@ -1,13 +1,10 @@
 """
 The synthetic suite: tasks of tasks.py x scorer settings x training seeds, trained with train.py and evaluated with
-eval_tasks.py on 2 CPU cores (`python reproduce.py --suite synthetic [--quick]`); synthetic_report.py turns the runs
-into seed-level statistics (the training seed is the unit), verdicts, tables and figures.
+eval_tasks.py on CPU (`python reproduce.py --suite synthetic [--quick]`); synthetic_report.py turns the runs into
+seed-level statistics (the training seed is the unit), verdicts, tables and figures.
 
-Runs live in out-synthetic[-quick]/<task>-<setting>-s<seed>/ (checkpoints, the eval's CSVs). Results go to
-out-results/<name>/, or to the committed results/<name>/ with commit=True (--commit-results): accuracy.csv,
-per_prompt.csv.gz (every prompt's outcome, paired across settings by seed and prompt id), attention.csv,
-summary.json, tables.md and the figures. A finished step is skipped, so an interrupted suite continues where it
-stopped.
+Runs live in out-synthetic[-quick]/<task>-<setting>-s<seed>/, results in out-results/<name>/ (the committed
+results/<name>/ with commit=True). A finished step is skipped, so an interrupted suite resumes.
 """
 import contextlib, json, math, multiprocessing, os, runpy, sys, time
 from concurrent.futures import ProcessPoolExecutor
@@ -16,8 +13,8 @@ from dataclasses import dataclass
 from lib import config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REPO_OUT = REPO  # where out-synthetic*/, out-results/ and results/ go (the tests point it elsewhere)
-SETTINGS = {  # the scorer settings compared: train.py overrides; {log_N}: log of the task's training length N
+REPO_OUT = REPO  # output root; tests point it elsewhere
+SETTINGS = {  # train.py overrides; {log_N}: log of training length
     "softmax": ["scorer=softmax"],
     "ssmax": ["scorer=ssmax"],
     "ssmax-fixed-s": ["scorer=ssmax", "ssmax_learn_s=False"],  # s = 1: logits times log n (Chiang & Cholak's fix)
@@ -25,16 +22,16 @@ SETTINGS = {  # the scorer settings compared: train.py overrides; {log_N}: log o
     "lssa": ["scorer=lssa"],
     "lssar": ["scorer=lssar"],
     "sigmoid": ["scorer=sigmoid"],
-    # the controls: SSMax's scale at N without its growth in n (s = 0, b = log N, both fixed: softmax x log N) ...
+    # controls: SSMax's scale at N without growth in n ...
     "softmax-logN": ["scorer=ssmax", "ssmax_learn_s=False", "ssmax_s_init=0.0", "ssmax_bias=True",
                      "ssmax_b_init={log_N}", "ssmax_learn_b=False"],
-    # ... s fixed below and above 1 (critical-scaling theory: a threshold, Chen et al. 2025) ...
+    # ... s below and above 1 (a threshold: Chen et al. 2025) ...
     "ssmax-s0.5": ["scorer=ssmax", "ssmax_learn_s=False", "ssmax_s_init=0.5"],
     "ssmax-s2": ["scorer=ssmax", "ssmax_learn_s=False", "ssmax_s_init=2.0"],
-    # ... and no weight decay, which shrinks softmax's Q, K (its only way to sharpen) but not SSMax's s
+    # ... no weight decay: it shrinks softmax's Q, K, not s
     "softmax-wd0": ["scorer=softmax", "weight_decay=0.0"],
     "ssmax-wd0": ["scorer=ssmax", "weight_decay=0.0"],
-    "softmax-p3": ["scorer=softmax", "reweight_p=3.0"],  # LSSAR's re-weighting on softmax (run with --settings)
+    "softmax-p3": ["scorer=softmax", "reweight_p=3.0"],  # LSSAR's re-weighting (only via --settings)
 }
 CORE = ["softmax", "ssmax", "ssmax-fixed-s", "ssa", "lssa", "lssar"]
 CONTROLS = ["sigmoid", "softmax-logN", "ssmax-s0.5", "ssmax-s2", "softmax-wd0", "ssmax-wd0"]
@@ -54,12 +51,12 @@ class Entry:
 
 SUITE = {
     "first": Entry("first", (), LONG, diagnose=True, seeds=10, settings=tuple(CORE + CONTROLS)),
-    # LSSAR misses recall's gate at N at this budget (0.88 after 800 iterations; 0.945 only after 3,000); sigmoid
-    # (no length claim) runs on FIRST only: the suite's 2 hours
+    # LSSAR misses recall's gate at N at this budget
+    # sigmoid makes no length claim: FIRST only, for time
     "recall": Entry("recall", (), LONG, diagnose=True, seeds=10, settings=tuple(s for s in CORE + CONTROLS
                                                                                  if s not in ("lssar", "sigmoid"))),
     "recall-rope": Entry("recall", ("pos=rope",), ropes=("plain", "theta", "dynamic_ntk")),
-    # the SSA paper's tasks: its claim against softmax (every and some are flat in length: RESULTS.md)
+    # the SSA paper's tasks, against softmax
     "every": Entry("every", diagnose=True, settings=("softmax", "ssa")),
     "some": Entry("some", diagnose=True, settings=("softmax", "ssa")),
     "linear": Entry("linear", (), (1, 2, 4, 8), settings=("softmax", "ssa")),
@@ -69,7 +66,7 @@ SUITE = {
 }
 DEFAULT_TASKS = ["first", "recall", "recall-rope", "every", "some", "linear"]
 QUICK = dict(tasks=["first"], settings=["softmax", "ssmax", "softmax-logN"], seeds=6)  # 6: a sign-flip p < 0.05
-N_EVAL = 64  # test prompts per run, length and condition: the seed, not the prompt, is the unit
+N_EVAL = 64  # per run, length, condition: seeds are the unit
 
 
 def overrides(task, setting):
@@ -79,14 +76,14 @@ def overrides(task, setting):
     return [*e.extra, *(o.format(log_N=math.log(N)) for o in SETTINGS[setting])]
 
 
-def _one_core():  # each worker process trains on one core: two runs at once on 2 cores
+def _one_core():  # one core per worker, `jobs` workers at once
     import torch
     torch.set_num_threads(1)
 
 
 def _run(script, argv, log):
-    """`python <script> argv` in this worker, as the shell runs it (runpy: torch stays imported, ~7 s a run saved);
-    its output to log, its one-line error as an exception."""
+    """`python <script> argv` in this worker via runpy (torch stays imported); its output to log, its one-line error
+    as an exception."""
     path = os.path.join(REPO, script)
     with open(log, "a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
         saved, sys.argv = sys.argv, [path, *argv]
@@ -100,8 +97,8 @@ def _run(script, argv, log):
 
 
 def run_one(task, setting, seed, runs, n_eval, e, over):
-    """Train (resumable) and evaluate one run in this worker process (torch is imported once per worker, not once
-    per run: ~7 s a run); e: its SUITE entry, over: its train.py overrides. Returns its wall times."""
+    """Train (resumable) and evaluate one run in this worker process; e: its SUITE entry, over: its train.py
+    overrides. Returns its wall times."""
     out = os.path.join(runs, f"{task}-{setting}-s{seed}")
     log = os.path.join(runs, f"{os.path.basename(out)}.train.log")
     t0, ran = time.time(), False
@@ -132,7 +129,7 @@ def plan(task_names, settings=None, seeds=None):
 
 
 def main(quick=False, jobs=2, n_eval=N_EVAL, settings=None, task_names=None, name=None, seeds=None, commit=False):
-    from lib import synthetic_report  # matplotlib and the statistics load only to report
+    from lib import synthetic_report  # heavy imports, needed only to report
     name = name or ("synthetic-quick" if quick else "synthetic")
     settings = settings or (QUICK["settings"] if quick else None)
     task_names = task_names or (QUICK["tasks"] if quick else DEFAULT_TASKS)
@@ -143,7 +140,7 @@ def main(quick=False, jobs=2, n_eval=N_EVAL, settings=None, task_names=None, nam
     os.makedirs(results, exist_ok=True)
     todo = plan(task_names, settings, seeds)
     t0, ran = time.time(), False
-    spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch threads inherited by a fork
+    spawn = multiprocessing.get_context("spawn")  # fork would inherit torch's threads
     with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=_one_core) as pool:
         futures = [pool.submit(run_one, t, s, seed, runs, n_eval, SUITE[t], overrides(t, s)) for t, s, seed in todo]
         for i, f in enumerate(futures):
@@ -153,8 +150,7 @@ def main(quick=False, jobs=2, n_eval=N_EVAL, settings=None, task_names=None, nam
                   f"{r['eval_s']} s ({time.time() - t0:.0f} s so far)", flush=True)
             with open(os.path.join(results, "steps.jsonl"), "a") as log:
                 log.write(json.dumps(r) + "\n")
-    # the runs' cost beside them, summed over the calls that trained (an interrupted suite, then its rerun): a call
-    # that only re-reports adds nothing
+    # sum over calls that trained; re-reports add nothing
     path = os.path.join(runs, "wall.json")
     wall = (json.load(open(path))["wall_s"] if os.path.isfile(path) else 0) + (time.time() - t0) * ran
     with open(path, "w") as f:

@@ -7,29 +7,30 @@ Per task, setting, condition, RoPE evaluation and length: each seed's accuracy (
 sign-flip p (compare.py); each run's horizon (the longest length solved at accuracy >= 0.95, in units of N). Prompts
 are never pooled over seeds: they describe one model, not a scorer.
 """
-import csv, gzip, json, math, os
+import csv, gzip, io, json, math, os
 
 import numpy as np
 
 import tasks
 from lib import compare, synthetic_figures
 
-GATE = dict(accuracy=0.95, mse=0.1)  # at L = N, first condition: every setting's mean over seeds
+GATE = dict(accuracy=0.95, mse=0.1)  # validity gate: each setting's mean at L = N
 SOLVED = 0.95  # a horizon's accuracy
-BELOW_N = 0.5  # where a run that fails at N sits on the horizon's log axis
+BELOW_N = 0.5  # log-axis spot for a run failing at N
 ALPHA, MIN_SEEDS = 0.05, 6  # a verdict needs p < ALPHA, which needs 6 seeds
-EQUIVALENT = 0.05  # "the same" for the mechanism contrasts: the whole 95 % interval within ±0.05 accuracy
-# The papers' expected signature: the setting beats softmax at the primary endpoint (accuracy up, MSE down)
+EQUIVALENT = 0.05  # "same": the whole 95 % interval within ±this
+# each paper's claim: beats softmax at the primary endpoint
 CLAIMS = {"ssmax": "SSMax paper (logits x s log n)", "ssmax-fixed-s": "Chiang & Cholak 2022 (logits x log n)",
           "ssa": "SSA paper (Naim et al. 2025)", "lssa": "LSSA paper (Gao & Spratling 2025)",
           "lssar": "LSSAR paper (Gao & Spratling 2025)"}
-# (condition, rope, multiple or None for the longest tested) of each task's verdicts; notes that decide the verdict
+# verdict endpoints: (condition, rope, multiple; None = longest)
 PRIMARY = {"first": [("", "nope", None)], "recall": [("", "nope", None)],
            "recall-rope": [("", r, None) for r in ("plain", "theta", "dynamic_ntk")],
            "every": [("sigma=10", "nope", None)], "some": [("sigma=10", "nope", None)],
            "linear": [("sigma=4", "plain", 1)]}
+# notes that decide a task's verdict
 NOTES = {t: "accuracy is flat from 1 N to 16 N: the task tests deviant values, not length" for t in ("every", "some")}
-# Controls: (a, b) compared by seed; what isolates log n's growth from a larger scale, and the recipe's confounds
+# (a, b) by seed: growth in n vs scale alone, and confounds
 CONTRASTS = [("ssmax-fixed-s", "softmax-logN"), ("ssmax", "softmax-logN"), ("softmax-logN", "softmax"),
              ("ssmax-s0.5", "ssmax-fixed-s"), ("ssmax-s2", "ssmax-fixed-s"), ("softmax-wd0", "softmax"),
              ("ssmax-wd0", "ssmax"), ("sigmoid", "softmax")]
@@ -74,7 +75,7 @@ def summarize(acc):
         t["verdicts"] = [verdict(t, task, *p) for p in PRIMARY.get(task, [])]
         t["contrasts"] = [contrast(t, a, b, *p) for p in PRIMARY.get(task, [])[:1] for a, b in CONTRASTS
                           if {a, b} <= {c["setting"] for c in t["cells"]}]
-        for c in t["cells"]:  # JSON keys are strings: the per-seed lists say it already
+        for c in t["cells"]:  # per_seed has them; JSON would stringify keys
             del c["by_seed"], c["loss_by_seed"]
     return out
 
@@ -159,7 +160,8 @@ def report(runs, results, todo, setup):
     compare.write_csv(os.path.join(results, "accuracy.csv"), acc, list(acc[0]))
     if att:
         compare.write_csv(os.path.join(results, "attention.csv"), att, list(att[0]))
-    with gzip.open(os.path.join(results, "per_prompt.csv.gz"), "wt", newline="") as f:  # mtime 0: same bytes
+    path = os.path.join(results, "per_prompt.csv.gz")
+    with gzip.GzipFile(path, "wb", mtime=0) as gz, io.TextIOWrapper(gz, newline="") as f:  # mtime 0: same bytes
         w = csv.DictWriter(f, fieldnames=list(prompts[0]))
         w.writeheader()
         w.writerows(prompts)

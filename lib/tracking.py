@@ -31,23 +31,22 @@ def add_args(parser):
 
 @contextlib.contextmanager
 def results_dir(out_dir, names):
-    """The folder an evaluation writes in: out_dir is refused if it already holds one of `names` (the evaluation's
-    result files, the one that marks it finished last); the results go to a fresh folder beside it, moved into
-    out_dir only when the evaluation finished. A failed evaluation leaves nothing, an interrupted one no partial
-    out_dir (a rerun finds it free): out_dir never holds a partial or mixed set of results."""
+    """The folder an evaluation writes in: out_dir is refused if it already holds one of `names` (the result files,
+    the one that marks it finished last). The results go to a fresh folder beside it, moved into out_dir only when
+    the evaluation finished: out_dir never holds a partial or mixed set of results."""
     refuse_results(out_dir, names)
     stem = os.path.normpath(out_dir) + ".tmp-"
     tmp = stem + str(os.getpid())
-    for old in glob.glob(glob.escape(stem) + "*"):  # a killed evaluation's (its process gone), or this process's
+    for old in glob.glob(glob.escape(stem) + "*"):  # a dead process's, or this one's
         if old == tmp or old[len(stem):].isdigit() and not pid_alive(int(old[len(stem):])):
             shutil.rmtree(old, ignore_errors=True)
     os.makedirs(tmp)
     try:
         yield tmp
-        refuse_results(out_dir, names)  # another evaluation may have finished there meanwhile
+        refuse_results(out_dir, names)  # another evaluation may have finished meanwhile
         try:
             os.replace(tmp, out_dir)  # one rename where out_dir is absent or empty
-        except OSError:  # it holds other files (needle.py's modes share one): file by file, the finishing one last
+        except OSError:  # shared folder: file by file, marker last
             for name in sorted(os.listdir(tmp), key=lambda n: names.index(n) if n in names else -1):
                 os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
     finally:
@@ -62,7 +61,7 @@ def refuse_results(out_dir, names):
                             f"--out_dir, or remove {'it' if len(held) == 1 else 'them'} to run it again")
 
 def pid_alive(pid):
-    if os.name != "posix":  # os.kill(pid, 0) ends the process on Windows: count it alive
+    if os.name != "posix":  # on Windows os.kill(pid, 0) would kill it
         return True
     try:
         os.kill(pid, 0)
@@ -77,13 +76,13 @@ def start(**kwargs):
     wandb = import_wandb()
     try:
         return wandb.init(reinit="create_new", **kwargs)
-    except Exception as e:  # e.g. online with no API key: say how to go offline
+    except Exception as e:  # e.g. no API key: say how to go offline
         raise TrackingError(f"wandb.init failed: {(str(e).strip() or type(e).__name__).splitlines()[0]}; with no "
                             f"account or network, set WANDB_MODE=offline (and upload later: wandb sync)")
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# A run's own records: one JSON line per step and eval in out_dir/log.jsonl, loss.png redrawn from it
+# A run's own records: log.jsonl, and loss.png from it
 
 def read_log(path):
     """log.jsonl's records ([] before the first)."""
@@ -91,7 +90,7 @@ def read_log(path):
 
 def log(record, cfg, info, model):
     """One record to out_dir/log.jsonl and, with wandb_log, to Weights & Biases."""
-    if cfg.wandb_log:  # first: a wandb error leaves no log.jsonl behind; the first record starts the run
+    if cfg.wandb_log:  # first: a wandb error leaves no log.jsonl
         wandb_log(record, cfg, info, model)
     with open(os.path.join(cfg.out_dir, "log.jsonl"), "a") as f:
         f.write(json.dumps(record) + "\n")
@@ -99,7 +98,7 @@ def log(record, cfg, info, model):
 def announce(cfg, model, run, tokens_per_iter, unigram=None, sft_epoch_iters=None, info=None):
     """A run's first lines: its resolved config, then its size, processes, tokens per iteration and device; then the
     wandb run starts (wandb_log), before train.py touches out_dir: a failed login never costs an old run's files."""
-    # lines break between fields only: a path is never split at a hyphen, so every field can be copied back
+    # break between fields only: each copies back whole
     print("config: " + textwrap.fill(", ".join(f"{k}={v!r}" for k, v in asdict(cfg).items()), 116,
                                      subsequent_indent="  ", break_long_words=False, break_on_hyphens=False))
     print(f"{model.get_num_params() / 1e6:.2f}M parameters, {run.world} process(es), {tokens_per_iter:,} tokens per "
@@ -131,7 +130,7 @@ def record_eval(state, cfg, info, model, save_best):
 
 def plot_losses(out_dir, title):
     """loss.png from log.jsonl (the numbers behind it), the whole history; a resumed run's entry of an iter wins."""
-    from matplotlib.figure import Figure  # not pyplot: no GUI backend to pick, no figure to close
+    from matplotlib.figure import Figure  # not pyplot: no GUI backend, no figure to close
     log = read_log(os.path.join(out_dir, "log.jsonl"))
     rows = [r for r in log if "iter" in r]
     ax = Figure(figsize=(8, 4.5)).subplots()
@@ -139,7 +138,7 @@ def plot_losses(out_dir, title):
         points = {r["iter"]: r[key] for r in rows if key in r}
         ax.plot(sorted(points), [points[k] for k in sorted(points)], "-" if key == "loss" else "o-", ms=3, label=label,
                 lw=0.6 if key == "loss" else 1.5)
-    for r in (r for r in log if "switch" in r):  # where a run switched its scorer (train.py), and to what
+    for r in (r for r in log if "switch" in r):  # mark scorer switches
         ax.axvline(r["start_iter"], color="gray", ls=":", lw=1, label=f"scorer -> {r['switch']['scorer'][1]}")
     ax.set(xlabel="iteration", ylabel="loss (nats)", title=title)
     ax.legend()
@@ -147,8 +146,7 @@ def plot_losses(out_dir, title):
 
 
 def memory_available():
-    """Bytes this process can still allocate: MemAvailable, or less under a cgroup's limit; None off Linux. Like the
-    hours above, what a run needs is checked against it before it starts (eval_tasks.py's longest length)."""
+    """Bytes this process can still allocate: MemAvailable, or less under a cgroup's limit; None off Linux."""
     sizes = []
     with contextlib.suppress(OSError, ValueError):
         sizes += [int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemAvailable:")]
@@ -160,7 +158,7 @@ def memory_available():
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Weights & Biases: train.py's log records as history, evaluation tables as runs of their own
+# Weights & Biases: training history, eval tables
 
 def scorer_stats(model):
     """mean, min and max over heads of each layer's learned scorer parameters (s, b, n), fetched in one transfer."""
@@ -173,7 +171,7 @@ def scorer_stats(model):
                               (("mean", torch.mean), ("min", torch.min), ("max", torch.max))})
     return dict(zip(stats, torch.stack(list(stats.values())).tolist())) if stats else {}
 
-_run = None  # the wandb run of the training in progress: its own, never a run its caller opened (a notebook's)
+_run = None  # our own run, never one the caller opened
 
 def wandb_log(record, cfg, info, model):
     """One log.jsonl record to wandb (rank 0). The first call starts the run: the resolved config and run_info as its
@@ -207,7 +205,7 @@ def log_table(project, name, rows, out_dir=None):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Local comparison: train loss (smoothed) and eval val loss of several runs in one figure
+# Local comparison: several runs in one figure
 
 def read_run(out_dir):
     """(label, steps {iter: loss}, evals {iter: val_loss}) from out_dir/log.jsonl; a resumed run's entry wins."""
@@ -226,7 +224,7 @@ def compare(out_dirs, out="compare.png"):
     import numpy as np
     from matplotlib.backend_bases import FigureCanvasBase
     from matplotlib.figure import Figure  # not pyplot: no GUI backend, no global figure
-    kinds = FigureCanvasBase.get_supported_filetypes()  # checked now: savefig would fail after the drawing
+    kinds = FigureCanvasBase.get_supported_filetypes()  # fail now, not at savefig after drawing
     if os.path.splitext(out)[1][1:].lower() not in kinds:
         raise TrackingError(f"--out {out!r} is not an image name: end it in one of {', '.join(sorted(kinds))}")
     if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
