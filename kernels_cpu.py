@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import scorers
 
 CHUNK = 128  # query rows per block: per-op cost vs masked work
+KINDS = {"linear": "dot", "ssa": "ssa", "sigmoid": "sigmoid", "softplus": "lssa"}  # registry kernel_logit -> kind
 
 
 def reuse_freed_memory():
@@ -157,7 +158,10 @@ def attention(q, k, v, scorer, *, p=None, offset=0, **params):
         ln_n = torch.arange(offset + 1, offset + Tq + 1, device=q.device, dtype=dtype).log()[:, None]  # (Tq, 1)
         entry, p, params = scorers.get(scorer, p, params)
         prm = scorers.per_head(entry, params, H, qd)  # (H, 1, 1): broadcasts over (B, H, Tq, D)
-        kind = "lssa" if entry.cosine else entry.kernel_logit if entry.kernel_logit in ("ssa", "sigmoid") else "dot"
+        if entry.kernel_logit not in KINDS:  # never fall back to softmax's path silently
+            raise ValueError(f"kernels_cpu has no path for scorer {scorer!r} (kernel_logit {entry.kernel_logit!r}; "
+                             f"known: {', '.join(KINDS)})")
+        kind = KINDS[entry.kernel_logit]
         if kind == "lssa":  # the row factor log(d) log(n_i) rides on q_hat
             qd, k = F.normalize(qd, dim=-1) * (math.log(D) * ln_n), F.normalize(k, dim=-1)
         elif entry.row == "logn":  # ssmax: logits (s log n_i + b) z

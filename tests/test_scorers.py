@@ -281,6 +281,7 @@ def test_registry_agrees_with_config_model_train_kernels_flex_ptxas_and_docs():
 
     from lib import config
     import kernels
+    import kernels_cpu
     option_fields = {f for e in SCORERS.values() for prm in e.params for f in prm.fields()}
     config_fields = {f.name for f in fields(model.GPTConfig)}
     assert option_fields <= config_fields  # every option a Param names is a GPTConfig field ...
@@ -293,6 +294,7 @@ def test_registry_agrees_with_config_model_train_kernels_flex_ptxas_and_docs():
         own = {k for k, _ in [*attn.named_parameters(), *attn.named_buffers()] if not k.startswith("c_")}
         assert own == {model.param_name(name, prm) for prm in entry.params}, name
         assert tuple(entry.kernel_flags().values()) in kernels.KERNELS, name  # the fused kernels implement it
+        assert entry.kernel_logit in kernels_cpu.KINDS, name  # and the CPU path, never softmax's by default
         assert list(inspect.signature(entry.logit).parameters)[3:] == [prm.name for prm in entry.params], name
         assert not (entry.p is not None and not entry.sums_to_one), name  # re-weighting needs normalised rows
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -228,3 +228,12 @@ def test_reuse_freed_memory_stops_the_page_faults_of_a_training_step_with_gpt2s_
         pytest.skip("not glibc: reuse_freed_memory is a no-op here")
     off, on = int(runs["off"][1]), int(runs["on"][1])
     assert off > 50_000 and on < off / 10, runs
+
+
+def test_the_cpu_path_refuses_a_scorer_whose_logit_it_lacks_instead_of_running_softmax(monkeypatch):
+    # a scratch scorer once ran softmax's math here: an unknown kernel_logit fell through to the "dot" kind
+    import dataclasses
+    monkeypatch.setitem(SCORERS, "new", dataclasses.replace(SCORERS["softmax"], kernel_logit="new"))
+    q = torch.randn(1, 1, 4, 8)
+    with pytest.raises(ValueError, match="kernels_cpu has no path for scorer 'new'"):
+        attention(q, q, q, "new", backend="cpu")
