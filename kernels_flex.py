@@ -25,7 +25,7 @@ def _flex_pass(q, k, v, block_mask, scale, stage1, pos0, params, ln_d, lse1, p):
     def reweight(score, bb, h, q_idx, kv_idx):  # p log(n P - o) where > TIE eps n, else -inf
         n_i = (q_idx + pos0 + 1).to(torch.float32)
         y = n_i * torch.exp(logit(score, h, q_idx) - lse1[bb, h, q_idx]) - (n_i > 3).to(torch.float32)
-        pos = y > scorers.TIE * 2.0**-23 * n_i  # fp32 eps, as kernels.py
+        pos = y > scorers.TIE * torch.finfo(torch.float32).eps * n_i  # fp32, as kernels.py
         return torch.where(pos, p * torch.log(torch.where(pos, y, torch.ones_like(y))), -math.inf)
 
     mod = (lambda score, bb, h, q_idx, kv_idx: logit(score, h, q_idx)) if lse1 is None else reweight

@@ -24,3 +24,10 @@ def model_variants():
 
 
 VARIANTS = model_variants()
+
+
+def varied(prm, H):
+    """H (<= 3) per-head values of a scorer parameter, all different and inside its bound, none but the third at the
+    default: a head mixed up or a parameter dropped shows."""
+    low = prm.default - 0.4 if prm.low is None else max(prm.default - 0.4, prm.low + 0.1)
+    return [low, prm.default + 0.7, prm.default][:H]

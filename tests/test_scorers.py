@@ -7,19 +7,16 @@ import pytest
 import torch
 
 import model
+from cases import varied
 from model import attention, attention_weights
 from scorers import SCORERS
-
-def varied(prm):  # two heads' values off the default and inside the bound: each parameter matters
-    return [max(prm.default - 0.3, -math.inf if prm.low is None else prm.low + 0.1), prm.default + 0.9]
-
 
 # (scorer, kwargs): every registry entry at its defaults, with its parameters varied, and re-weighted where its rows
 # sum to one (and with both at once)
 SCORER_CASES = ([(name, {}) for name in SCORERS]
-                + [(name, {prm.name: varied(prm) for prm in e.params}) for name, e in SCORERS.items() if e.params]
+                + [(name, {prm.name: varied(prm, 2) for prm in e.params}) for name, e in SCORERS.items() if e.params]
                 + [(name, dict(p=3.0)) for name, e in SCORERS.items() if e.sums_to_one and e.p is None]
-                + [(name, {**{prm.name: varied(prm) for prm in e.params}, "p": 15.0}) for name, e in SCORERS.items()
+                + [(name, {**{prm.name: varied(prm, 2) for prm in e.params}, "p": 15.0}) for name, e in SCORERS.items()
                    if e.params and e.sums_to_one])
 
 

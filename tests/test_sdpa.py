@@ -8,19 +8,14 @@ import torch
 
 import kernels_cpu
 import model
-from cases import VARIANTS  # every scorer and option, from the registry
+from cases import VARIANTS, varied  # every scorer and option, from the registry
 from model import GPT, GPTConfig, attention
 from scorers import SCORERS
 
 H, D = 3, 16
 SHAPES = [(0, 33), (40, 7), (90, 1)]  # (offset = keys already cached, Tq): a prompt, a chunk after a cache, decoding
 CPU_SHAPES = SHAPES + [(0, 1), (0, 50), (5, 41)]  # and T = 1; with CHUNK = 16 below, 33 to 50 rows are 3-4 blocks
-def per_head_values(prm):  # every head different, inside the bound: a head mixed up or a parameter dropped shows
-    return [prm.default - 0.4 if prm.low is None else max(prm.default - 0.4, prm.low + 0.1), prm.default,
-            prm.default + 0.7]
-
-
-PARAMS = {name: {prm.name: per_head_values(prm) for prm in e.params} for name, e in SCORERS.items()}
+PARAMS = {name: {prm.name: varied(prm, H) for prm in e.params} for name, e in SCORERS.items()}
 
 
 def _run(scorer, backend, offset, Tq, dtype, p=None, scale=1.0, seed=0):
