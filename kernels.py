@@ -5,9 +5,11 @@ backward.
 
 - Named compile-time flags from the scorer's registry entry (_prepare; scorers.Scorer says what each value means):
   ROW (the row setup), LOGIT (the stage-1 score), ONLINE_MAX (base-2 logits x, P = exp2(x - M) with M a running
-  logsumexp; else bounded weights A in plain sums, P = A * exp2(-M) or P = A unnormalised) and NORMALISE: rows sum
-  to 1, so only they are divided by their sum, have the row term sigma_i in the backward, merge split keys by weight
-  and may be re-weighted. The scorer math is in three helpers: _row_setup, _logit (with _prob), _grad_factor.
+  logsumexp; else bounded weights A in plain sums, P = A * exp2(-M) or P = A unnormalised), NORMALISE: rows are
+  divided by a row sum L, so they have the row term sigma_i in the backward and merge split keys by weight, and
+  SUMS_TO_ONE: L is the weights' own sum, so rows may be re-weighted; else (the row template) P = num / L with
+  L = sum den + eps, num and den from _terms, and the running max starts at 0 (eps 2^-M stays finite).
+  The scorer math is kernels_math.py's: _row_setup, _logit (with _prob), _terms, _grad_factor, and KERNELS.
 - Stage 2 (re-weighting, p given): pass 1 keeps only each row's M and largest stage-1 logit, hence the row's
   largest y = n_i P - o_i; pass 2 recomputes P and sums (y / y_max)^p over y > 0: in [0, 1], so no overflow at
   p = 100, n = 1e5, and no running max. "y > 0" means y > TIE n_i (scorers.reweight's rule): rows with none keep P.
@@ -26,12 +28,10 @@ import triton
 import triton.language as tl
 
 import scorers
+from kernels_math import KERNELS, _grad_factor, _logit, _prob, _row_setup, _terms  # the scorers' math
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # CPU: kernels run in Triton's interpreter
-FLAGS = ("ROW", "LOGIT", "ONLINE_MAX", "NORMALISE")
-KERNELS = {("plain", "linear", True, True), ("logn", "linear", True, True), ("plain", "ssa", True, True),
-           ("norm", "softplus", False, True), ("bias", "sigmoid", False, False)}
-LOG2E = tl.constexpr(1.4426950408889634)
+FLAGS = ("ROW", "LOGIT", "ONLINE_MAX", "NORMALISE", "SUMS_TO_ONE")
 NEG = tl.constexpr(-1.0e30)  # finite "-inf": exp2(NEG - NEG) is not NaN
 TIE = tl.constexpr(scorers.TIE * 2.0**-23)  # y = n P - o > TIE n is positive (fp32)
 DECODE_M = 16  # smallest tl.dot M: decode and short chunks
@@ -41,16 +41,7 @@ NO_GPU = "the fused Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1 for te
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Scorer helpers on a tile of dot products qk
-
-@triton.jit
-def _softplus(u):
-    # no log1p in Triton: series for t < 1/8 (6e-7 relative),
-    # so lssa rows with all u << 0 keep tiny non-zero weights
-    t = tl.exp(-tl.abs(u))
-    series = t * (1 - t * (1 / 2 - t * (1 / 3 - t * (1 / 4 - t * (1 / 5 - t * (1 / 6 - t * (1 / 7)))))))
-    return tl.maximum(u, 0.0) + tl.where(t < 0.125, series, tl.log(1.0 + t))
-
+# Tile helpers around the scorers' math (kernels_math.py)
 
 @triton.jit
 def _pow(r, p, P_INT: tl.constexpr):
@@ -68,71 +59,13 @@ def _pow(r, p, P_INT: tl.constexpr):
 
 
 @triton.jit
-def _row_setup(QS, rows, row_ok, t, offset, s_h, b_h, sm_scale, ROW: tl.constexpr):
-    """Query rows t: n_i (keys the row attends to), the re-weighting offset o_i (0 for absolute rows i < 3) and
-    the multiplier c of q.k: the base-2 logit scale, or for lssa the exponent log(d) log(n_i) / |q_i|."""
-    n_i = (offset + t + 1).to(tl.float32)
-    ln_n = tl.log(n_i)
-    if ROW == "logn":  # ssmax: s log n_i + b folds into the scale: free
-        c = (s_h * ln_n + b_h) * (sm_scale * LOG2E)
-    elif ROW == "norm":  # lssa: sm_scale carries log(d)
-        c = ln_n * sm_scale * tl.load(QS + rows, mask=row_ok, other=0.0)
-    else:  # plain; bias subtracts log n_i in _logit
-        c = ln_n * 0.0 + sm_scale * LOG2E
-    return n_i, tl.where(n_i > 3.0, 1.0, 0.0), c
-
-
-@triton.jit
-def _logit(qk, c, ks, n_i, sm_scale, b_h, n_h, LOGIT: tl.constexpr):
-    """Stage-1 score: a base-2 logit x (ONLINE_MAX: P = exp2(x - M)), or the weight itself (lssa's A: P = A
-    exp2(-M); sigmoid's w: P = w)."""
-    if LOGIT == "ssa":  # log domain: no pow of negatives; sgn(0) moot (log 1 = 0)
-        z = qk * sm_scale
-        x = tl.where(z < 0, -n_h, n_h) * tl.log2(1.0 + b_h * tl.abs(z))
-    elif LOGIT == "softplus":
-        x = _softplus(qk * c[:, None] * ks[None, :])
-    elif LOGIT == "sigmoid":  # exp2 overflow gives w = 0, never NaN
-        x = 1.0 / (1.0 + tl.exp2(tl.log2(n_i)[:, None] - qk * c[:, None]))
-    else:  # "linear"
-        x = qk * c[:, None]
-    return x
-
-
-@triton.jit
-def _prob(x, m1, ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr):
-    """Stage-1 weights P from _logit's x and the row statistic m1 (its base-2 lse)."""
-    if ONLINE_MAX:
-        P = tl.exp2(x - m1[:, None])
-    elif NORMALISE:
-        P = x * tl.exp2(-m1)[:, None]
-    else:
-        P = x
-    return P
-
-
-@triton.jit
-def _grad_factor(qk, x, P, c, ks, m1, sm_scale, b_h, n_h, LOGIT: tl.constexpr):
-    """W = dP/dqk before normalisation: dL/dqk = (dP - sigma_i) W, with sigma_i = sum_j P dP (0 without it)."""
-    if LOGIT == "softplus":  # 1/l_i sigmoid(u) c_i ks_j; sigmoid(u) = exp(u - x)
-        u = qk * c[:, None] * ks[None, :]
-        W = (c * tl.exp2(-m1))[:, None] * ks[None, :] * tl.exp(u - x)
-    elif LOGIT == "ssa":  # dlogit/dz = n b / (1 + b|z|)
-        W = P * (n_h * b_h * sm_scale) / (1.0 + b_h * tl.abs(qk * sm_scale))
-    elif LOGIT == "sigmoid":  # dw/dz = w (1 - w)
-        W = P * (1.0 - P) * sm_scale
-    else:  # softmax, ssmax: dlogit/dqk = c_i / log2(e)
-        W = P * (c / LOG2E)[:, None]
-    return W
-
-
-@triton.jit
 def _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p,
               LOGIT: tl.constexpr, ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr, REWEIGHT: tl.constexpr,
               MASK: tl.constexpr, PREC: tl.constexpr):
     """Recompute a tile: final weights Pf, stage-1 P, g = dL/dPf, dP = dL/dP, W with dL/dqk = (dP - sigma_i) W."""
     qk = tl.dot(q, kT, input_precision=PREC)
     x = _logit(qk, c, ks, n_i, sm_scale, b_h, n_h, LOGIT)
-    P = _prob(x, m1, ONLINE_MAX, NORMALISE)
+    P = _prob(x, m1, LOGIT, ONLINE_MAX, NORMALISE)
     if MASK:
         P = tl.where(keep, P, 0.0)
     g = tl.dot(do, vT, input_precision=PREC)  # dL/dPf_ij = dO_i . v_j
@@ -147,10 +80,7 @@ def _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale,
     else:
         Pf = P
         dP = g
-    W = _grad_factor(qk, x, P, c, ks, m1, sm_scale, b_h, n_h, LOGIT)
-    if LOGIT == "softplus":  # the other W carry P, already 0 where masked
-        if MASK:
-            W = tl.where(keep, W, 0.0)
+    dP, W = _grad_factor(qk, x, P, dP, keep, c, ks, m1, sm_scale, b_h, n_h, LOGIT, MASK)
     return Pf, P, dP, W, qk, g
 
 
@@ -206,7 +136,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk,
             ks = tl.load(KS + cols, mask=cols < Tk, other=0.0)
         x = _logit(tl.dot(q, kT, input_precision=PREC), c, ks, n_i, sm_scale, b_h, n_h, LOGIT)
         if STAGE == 2:  # (y / y_max)^p in [0, 1]: no overflow
-            P = _prob(x, m1, ONLINE_MAX, NORMALISE)
+            P = _prob(x, m1, LOGIT, ONLINE_MAX, NORMALISE)
             y = n_i[:, None] * P - o_i[:, None]
             a = tl.where(fb[:, None], P, tl.where(y > n_i[:, None] * TIE, _pow(y * inv_ym[:, None], p, P_INT), 0.0))
             if MASK:
@@ -219,15 +149,16 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk,
             l_i += tl.sum(a, 1)
             if STAGE == 0:
                 m_i = tl.maximum(m_i, tl.max(a, 1))
-        else:  # online softmax of base-2 logits
+        else:  # online: base-2 logits over a running max
             if MASK:
                 x = tl.where(keep, x, NEG)
             m_new = tl.maximum(m_i, tl.max(x, 1))
-            a = tl.exp2(x - m_new[:, None])
-            if MASK:
-                a = tl.where(keep, a, 0.0)  # a row may have no kept key yet (m_new = NEG)
+            a, d = _terms(tl.exp2(x - m_new[:, None]), m_new[:, None], LOGIT)
+            if MASK:  # a row may have no kept key yet (m_new = NEG)
+                a = tl.where(keep, a, 0.0)
+                d = tl.where(keep, d, 0.0)
             alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(a, 1)
+            l_i = l_i * alpha + tl.sum(d, 1)
             if STAGE == 1:
                 acc = acc * alpha[:, None]
             m_i = m_new
@@ -241,9 +172,9 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk,
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB, H, Tq, Tk, offset, sm_scale, p, split_size, T_BUCKET,
-              ROW: tl.constexpr, LOGIT: tl.constexpr, ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr,
-              STAGE: tl.constexpr, P_INT: tl.constexpr, HEAD_DIM: tl.constexpr,
+def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB, H, Tq, Tk, offset, sm_scale, p, eps, split_size,
+              T_BUCKET, ROW: tl.constexpr, LOGIT: tl.constexpr, ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr,
+              SUMS_TO_ONE: tl.constexpr, STAGE: tl.constexpr, P_INT: tl.constexpr, HEAD_DIM: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     """STAGE 1: the scorer's output and lse; with re-weighting STAGE 0 (pass 1): the rows' lse M1 and largest
     stage-1 logit MX, then STAGE 2 (pass 2): the re-weighted output, its lse and the fallback rows FB."""
@@ -267,16 +198,18 @@ def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB, H, Tq, Tk, offset,
     if STAGE == 2:  # y_max from pass 1's largest logit (P is monotone)
         m1 = tl.load(M1 + rows, mask=row_ok, other=0.0)
         mx = tl.load(MX + rows, mask=row_ok, other=0.0)
-        ym = tl.sum(n_i[:, None] * _prob(mx[:, None], m1, ONLINE_MAX, NORMALISE) - o_i[:, None],
+        ym = tl.sum(n_i[:, None] * _prob(mx[:, None], m1, LOGIT, ONLINE_MAX, NORMALISE) - o_i[:, None],
                     1)  # the tiles' arithmetic, so the same rounding
         fb = ym <= n_i * TIE  # no y above the tie tolerance: the row keeps P
         ym = tl.where(fb, 1.0, ym)
         tl.store(FB + rows, fb.to(tl.int8), mask=row_ok)  # every split writes the same
     inv_ym = 1.0 / ym
     m_i = tl.zeros([BLOCK_M], tl.float32)
-    if ONLINE_MAX:
+    if ONLINE_MAX and SUMS_TO_ONE:  # else L may hold a constant: m >= 0
         m_i += NEG
     l_i = tl.zeros([BLOCK_M], tl.float32)
+    if not SUMS_TO_ONE:  # eps 2^-m, once a row: in split 0
+        l_i += tl.where(split == 0, eps, 0.0)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     KSb = KS + off_hz.to(tl.int64) * Tk
     lo = split * split_size
@@ -363,8 +296,8 @@ def _bwd_dq_pass(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, diag, end, offs_
 @triton.jit
 def _attn_bwd_dq(Q, K, V, DO, O, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G, M2R, H, Tq, Tk, offset, sm_scale, p,
                  T_BUCKET, ROW: tl.constexpr, LOGIT: tl.constexpr, ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr,
-                 REWEIGHT: tl.constexpr, EXACT_SIGMA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+                 SUMS_TO_ONE: tl.constexpr, REWEIGHT: tl.constexpr, EXACT_SIGMA: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     off_hz = tl.program_id(1)
     off_h = off_hz % H
@@ -414,9 +347,10 @@ def _attn_bwd_dq(Q, K, V, DO, O, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G,
         acc, g1, g2, sigma = _bwd_dq_pass(acc, g1, g2, zero, q, do, k_ptrs, v_ptrs, KSb, diag, end, offs_m, offs_n,
                                           Tk, offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, ROW,
                                           LOGIT, ONLINE_MAX, NORMALISE, REWEIGHT, 1, HEAD_DIM, BLOCK_N, DT, PREC)
-        # / recomputed sum P: sum_j P (dP - sigma) = 0 exactly, so
+        # / recomputed sum P (= 1 only when SUMS_TO_ONE): then
         # rounded logits at large |z| cost a relative error only
-        sigma = sigma / tl.where(g2 > 0, g2, 1.0)
+        if SUMS_TO_ONE:
+            sigma = sigma / tl.where(g2 > 0, g2, 1.0)
         g2 = g2 * 0
         tl.store(SIGMA + rows, sigma, mask=row_ok)
     else:
@@ -462,8 +396,8 @@ def _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGM
 @triton.jit
 def _attn_bwd_dkdv(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DK, DV, GK, H, Tq, Tk, offset, sm_scale, p,
                    T_BUCKET, ROW: tl.constexpr, LOGIT: tl.constexpr, ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr,
-                   REWEIGHT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   DT: tl.constexpr, PREC: tl.constexpr):
+                   SUMS_TO_ONE: tl.constexpr, REWEIGHT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     off_hz = tl.program_id(1)
     off_h = off_hz % H
@@ -548,7 +482,7 @@ def _merge(o, lse, normalise=True):
     return (w.unsqueeze(-1) * o).sum(0) / torch.where(l > 0, l, torch.ones_like(l)).unsqueeze(-1), lse
 
 
-def _forward(q, k, v, s, b, n, qs, ks, flags, p, offset, sm_scale):
+def _forward(q, k, v, s, b, n, qs, ks, flags, p, offset, sm_scale, eps):
     B, H, Tq, D = q.shape
     Tk, BH = k.shape[2], B * H
     DT, PREC = _dot_types(q.dtype)
@@ -568,7 +502,7 @@ def _forward(q, k, v, s, b, n, qs, ks, flags, p, offset, sm_scale):
         fb = torch.empty(BH, Tq, device=q.device, dtype=torch.int8) if stage == 2 else None
         args = (q, k, v, s, b, n, qs, ks, lse if M1 is None else M1, lse if mx is None else mx,
                 lse if o is None else o, lse, lse if fb is None else fb, H, Tq, Tk, offset, sm_scale, p or 0.0,
-                chunk, triton.next_power_of_2(Tk))
+                eps, chunk, triton.next_power_of_2(Tk))
         meta = dict(**flags, STAGE=stage, P_INT=P_INT if stage == 2 else 0, HEAD_DIM=D, DT=DT, PREC=PREC)
         if decode:
             _attn_fwd[(1, BH, splits)](*args, **meta, BLOCK_M=DECODE_M, BLOCK_N=DECODE_N, num_warps=4, num_stages=2)
@@ -630,8 +564,8 @@ def _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, flags, p, offset, sm_sc
 
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, s, b, n, qs, ks, flags, p, offset, sm_scale):
-        out, M1, M2 = _forward(q, k, v, s, b, n, qs, ks, flags, p, offset, sm_scale)
+    def forward(ctx, q, k, v, s, b, n, qs, ks, flags, p, offset, sm_scale, eps):
+        out, M1, M2 = _forward(q, k, v, s, b, n, qs, ks, flags, p, offset, sm_scale, eps)
         ctx.save_for_backward(q, k, v, s, b, n, qs, ks, out, M1, M2)
         ctx.cfg = (flags, p, offset, sm_scale)
         return out
@@ -641,7 +575,7 @@ class _Attention(torch.autograd.Function):
         q, k, v, s, b, n, qs, ks, out, M1, M2 = ctx.saved_tensors
         # exact sigma when s, b or n learn
         grads = _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, *ctx.cfg, any(ctx.needs_input_grad[3:6]))
-        return (*grads, None, None, None, None)
+        return (*grads, None, None, None, None, None)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -656,7 +590,7 @@ def _prepare(q, k, v, scorer, p, offset, params):
     assert q.dtype in (torch.float32, torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype, \
         f"q, k, v must share one of fp32/fp16/bf16, got {q.dtype}, {k.dtype}, {v.dtype}"
     flags = entry.kernel_flags()
-    if tuple(flags.values()) not in KERNELS or not set(params) <= set(SLOTS):  # math no kernel helper has
+    if tuple(flags.values())[:4] not in KERNELS or not set(params) <= set(SLOTS):  # math no kernel helper has
         raise ValueError(f"kernels.py implements no kernel for {scorer!r}'s flags {flags} and parameters "
                          f"{list(params)} (known: {sorted(KERNELS)}, slots {SLOTS})")
     zeros = q.new_zeros(q.shape[1], dtype=torch.float32)
@@ -679,4 +613,4 @@ def attention(q, k, v, scorer, *, p=None, offset=0, **params):
     else:  # unused by the kernels: any fp32 buffer
         qs = ks = s
         sm_scale = 1.0 / math.sqrt(D)
-    return _Attention.apply(q, k, v, s, b, n, qs, ks, flags, p, offset, sm_scale)
+    return _Attention.apply(q, k, v, s, b, n, qs, ks, flags, p, offset, sm_scale, entry.eps)

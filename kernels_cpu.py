@@ -1,6 +1,6 @@
 """
-Exact attention on the CPU for the scorers that SDPA cannot run: ssa, lssa, lssar, sigmoid and re-weighting on any
-normalised scorer (SCORERS.md). model.attention(backend="cpu"), and backend="auto" on the CPU for those.
+Exact attention on the CPU for the scorers that SDPA cannot run: every one but softmax and ssmax, and re-weighting on
+any normalised scorer (SCORERS.md). model.attention(backend="cpu"), and backend="auto" on the CPU for those.
 
 The reference (backend="torch") lets autograd differentiate the equations: many (Tq, Tk) temporaries, both
 branches of every torch.where, every chunk scored against the full square of its keys. The same math runs here
@@ -37,10 +37,10 @@ def _blocks(Tq):
     return [(t0, min(t0 + CHUNK, Tq)) for t0 in range(0, Tq, CHUNK)]
 
 
-def _stage1(x, kind, n, mask, ln_n):
+def _stage1(x, kind, n, mask, ln_n, eps):
     """Stage-1 weights P of one block from x = q' k'^T (B*H, m, Tk), whose last m keys are the diagonal block. Future
-    keys are cut by mask (m, m): multiplied by 0 for lssa and sigmoid, else -inf added (cheaper than a boolean
-    masked fill). lssa returns the row sums S too (P = A / S)."""
+    keys are cut by mask (m, m): multiplied by 0 for lssa, sigmoid and the row template (eps not None), else -inf
+    added (cheaper than a boolean masked fill). lssa returns the row sums S too (P = A / S), the template e^-m / S."""
     m = x.size(-2)
     if kind == "sigmoid":  # w = sigmoid(z - log n_i): not normalised
         P = torch.sigmoid(x.sub_(ln_n))
@@ -53,21 +53,37 @@ def _stage1(x, kind, n, mask, ln_n):
         return A.div_(S), S
     if kind == "ssa":  # x = b z; a new tensor: the backward needs x
         x = x.abs().log1p_().copysign_(x).mul_(n)
+    if eps is not None:
+        return _template(x, kind, mask, eps)
     x[..., -m:].add_(mask)
     return torch.softmax(x, dim=-1), None
 
 
-def _forward(q, k, v, n, kind, p, offset, save):
-    """q, k, v (B*H, T, D) after the folds of attention(); n (B*H, 1, 1) for ssa. Returns out and, with save, each
-    block's tensors for the backward: ssa's x, P (stage 1), lssa's S, P2 (re-weighted), the rows that re-weighted."""
+def _template(x, kind, keep, eps):
+    """The row template: P = num / S, S = sum_j den + eps, from the logits x as u = e^(x - m), m = max(0, max_j x),
+    so eps e^-m stays finite (num = den = u for every kind so far). P, with x holding u / S, and e^-m / S."""
+    m = x.size(-2)
+    x[..., -m:].mul_(keep)  # 0: not above m; its terms cut below
+    mx = x.amax(-1, keepdim=True).clamp_(min=0)
+    e = torch.exp(-mx)
+    u = x.sub_(mx).exp_()
+    u[..., -m:].mul_(keep)
+    S = u.sum(-1, keepdim=True).add_(e * eps)
+    return u.div_(S), e.div_(S)
+
+
+def _forward(q, k, v, n, kind, eps, p, offset, save):
+    """q, k, v (B*H, T, D) after the folds of attention(); n (B*H, 1, 1) for ssa; eps: the row template's (None:
+    rows divided by their weights' own sum). Returns out and, with save, each block's tensors for the backward: x
+    (ssa's, the template's), P (stage 1), lssa's or the template's S, P2 (re-weighted), the rows that re-weighted."""
     tie = scorers.TIE * torch.finfo(q.dtype).eps  # scorers.reweight's rule
     out, saved = torch.empty_like(q), []
     keep = torch.ones(CHUNK, CHUNK, dtype=q.dtype, device=q.device).tril_()  # 1 on and below the diagonal
-    mask = keep if kind in ("lssa", "sigmoid") else keep.log_()  # log 1 = 0, log 0 = -inf
+    mask = keep if kind in ("lssa", "sigmoid") or eps is not None else keep.log_()  # log 1 = 0, log 0 = -inf
     for t0, t1 in _blocks(q.size(1)):
         Tk = offset + t1
         x = q[:, t0:t1] @ k[:, :Tk].transpose(1, 2)  # (B*H, m, Tk)
-        P, S = _stage1(x, kind, n, mask[:t1 - t0, :t1 - t0], _rows(offset, t0, t1, x)[0].log())
+        P, S = _stage1(x, kind, n, mask[:t1 - t0, :t1 - t0], _rows(offset, t0, t1, x)[0].log(), eps)
         P2 = has = None
         if p is not None:  # scorers.reweight: P2 = softmax(p log x), x > 0
             n_i, inv_o = _rows(offset, t0, t1, P)
@@ -81,7 +97,7 @@ def _forward(q, k, v, n, kind, p, offset, save):
             P2 = P2 if has.all() else torch.where(has, P2, P)
         out[:, t0:t1] = torch.bmm(P if P2 is None else P2, v[:, :Tk])
         if save:
-            saved.append((x if kind == "ssa" else None, P, S, P2, has))
+            saved.append((x if kind == "ssa" or eps is not None else None, P, S, P2, has))
     return out, saved
 
 
@@ -132,8 +148,8 @@ def _backward(do, q, k, v, n, out, saved, kind, p, offset, need_dn):
 
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, n, kind, p, offset):
-        out, saved = _forward(q, k, v, n, kind, p, offset, save=True)
+    def forward(ctx, q, k, v, n, kind, eps, p, offset):
+        out, saved = _forward(q, k, v, n, kind, eps, p, offset, save=True)
         ctx.save_for_backward(q, k, v, n, out)
         ctx.blocks, ctx.cfg = saved, (kind, p, offset)  # made here, not inputs or outputs: kept on ctx
         return out
@@ -143,7 +159,7 @@ class _Attention(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, n, out = ctx.saved_tensors
         grads = _backward(do.contiguous(), q, k, v, n, out, ctx.blocks, *ctx.cfg, ctx.needs_input_grad[3])
-        return (*grads, None, None, None)
+        return (*grads, None, None, None, None)
 
 
 def attention(q, k, v, scorer, *, p=None, offset=0, **params):
@@ -158,10 +174,11 @@ def attention(q, k, v, scorer, *, p=None, offset=0, **params):
         ln_n = torch.arange(offset + 1, offset + Tq + 1, device=q.device, dtype=dtype).log()[:, None]  # (Tq, 1)
         entry, p, params = scorers.get(scorer, p, params)
         prm = scorers.per_head(entry, params, H, qd)  # (H, 1, 1): broadcasts over (B, H, Tq, D)
-        if entry.kernel_logit not in KINDS:  # never fall back to softmax's path silently
+        kind = KINDS.get(entry.kernel_logit)
+        eps = None if entry.sums_to_one or not entry.row_sum else entry.eps  # None: the weights' own sum
+        if kind is None or (kind == "lssa" and eps is not None):  # never fall back to softmax's path silently
             raise ValueError(f"kernels_cpu has no path for scorer {scorer!r} (kernel_logit {entry.kernel_logit!r}; "
-                             f"known: {', '.join(KINDS)})")
-        kind = KINDS[entry.kernel_logit]
+                             f"known: {', '.join(KINDS)}; softplus divided by its own sum only)")
         if kind == "lssa":  # the row factor log(d) log(n_i) rides on q_hat
             qd, k = F.normalize(qd, dim=-1) * (math.log(D) * ln_n), F.normalize(k, dim=-1)
         elif entry.row == "logn":  # ssmax: logits (s log n_i + b) z
@@ -173,7 +190,7 @@ def attention(q, k, v, scorer, *, p=None, offset=0, **params):
         else:
             raise ValueError(f"kernels_cpu has no path for scorer {scorer!r} (row setup {entry.row!r})")
         n = prm["n"].expand(B, H, 1, 1).reshape(B * H, 1, 1) if kind == "ssa" else None
-        args = (*(x.reshape(B * H, -1, D) for x in (qd, k, v)), n, kind, p, offset)  # (B*H, T, D): torch.bmm
+        args = (*(x.reshape(B * H, -1, D) for x in (qd, k, v)), n, kind, eps, p, offset)  # (B*H, T, D): bmm
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[:4]):
             out = _Attention.apply(*args)
         else:  # inference: no block is kept, memory O(CHUNK * Tk)

@@ -36,8 +36,9 @@ def _flex_pass(q, k, v, block_mask, scale, stage1, pos0, params, ln_d, lse1, p):
 def flex_attention(q, k, v, scorer, *, p=None, offset=0, **params):
     """model.attention's contract through torch's FlexAttention: the registry's logit as score_mod, a causal block
     mask shifted by offset. lssa is a softmax over log(softplus(u)), sigmoid one over log(w) times sum_j w = exp(lse);
-    re-weighting is a second pass over the first pass's lse. q, k, v are padded to multiples of 128 (other lengths
-    gave NaN gradients). Compiled on CUDA; eager on CPU, forward only."""
+    another divisor L = sum_j exp(den_logit) + eps (the row template) rescales by exp(lse) / L, den_logit's lse from
+    one more pass; re-weighting is a second pass over the first pass's lse. q, k, v are padded to multiples of 128
+    (other lengths gave NaN gradients). Compiled on CUDA; eager on CPU, forward only."""
     from torch.nn.attention.flex_attention import create_block_mask
     global _flex_compiled
     entry, p, params = scorers.prepare(q, k, v, scorer, p, offset, **params)
@@ -62,4 +63,9 @@ def flex_attention(q, k, v, scorer, *, p=None, offset=0, **params):
         out = torch.where(torch.isinf(lse2).unsqueeze(-1), out, out2)  # fallback rows keep stage 1
     if not entry.row_sum:  # sigmoid: flex divided by sum_j w = exp(lse); undo it
         out = out * torch.exp(lse1).unsqueeze(-1).to(out.dtype)
+    elif not entry.sums_to_one:  # the divisor is sum exp(den_logit) + eps
+        den = lse1 if entry.den_logit is None else \
+            run(q, k, v, block_mask, scale, entry.den_logit, pos0, params, math.log(D), None, None)[1]
+        ratio = torch.exp(lse1 - torch.logaddexp(den, torch.full_like(den, entry.eps).log()))
+        out = torch.where(torch.isinf(lse1).unsqueeze(-1), 0.0, out * ratio.unsqueeze(-1).to(out.dtype))
     return out[:, :, :Tq]

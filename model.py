@@ -1,6 +1,6 @@
 """
 nanoscorer model: one Llama-style GPT (RoPE, RMSNorm, SwiGLU, no biases, untied head) whose attention has a
-`scorer` switch. The scorers (softmax, ssmax, ssa, lssa, lssar, sigmoid) are one registry in scorers.py, with the
+`scorer` switch. The scorers are one registry in scorers.py (SCORERS, each with its paper), with the
 reference path that reads like the papers' equations (definitions: SCORERS.md); attention() below dispatches to it
 or to a fused path (kernels.py on a GPU, kernels_cpu.py, kernels_flex.py). Beside the GPT: RealGPT (the synthetic
 tasks' real-valued inputs) and the softmax -> SSMax switch (convert_scorer). Checkpoints are lib/checkpoint.py's.

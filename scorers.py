@@ -2,10 +2,11 @@
 nanoscorer's attention scorers: the registry that every other place reads, and the reference path.
 
 The exact definitions are SCORERS.md. One `Scorer` entry per scorer holds its reference function (below, written
-like the paper's equation), its per-head parameters, whether its rows are normalised, and the flags the fused paths
-compile from (kernels.py, kernels_cpu.py, flex). GPTConfig's checks, the model's parameters, train.py's options and
-the tests' case tables derive from SCORERS, and tests/test_scorers.py checks that they agree. A new scorer is one
-function here, one entry in SCORERS and, when its math is new to the kernels, one branch in each kernel helper.
+like the paper's equation), its per-head parameters, whether and by what its rows are divided, and the flags the
+fused paths compile from (kernels.py, kernels_cpu.py, flex). GPTConfig's checks, the model's parameters, train.py's
+options and the tests' case tables derive from SCORERS, and tests/test_scorers.py checks that they agree. A new
+scorer is one function here, one entry in SCORERS and, when its math is new to the kernels, one branch in each
+kernel helper.
 
 - softmax: the baseline.
 - ssmax: Scalable-Softmax, Nakanishi 2025 "Scalable-Softmax Is Superior for Attention" (eq. 2, 4, 11): the logits
@@ -107,18 +108,23 @@ class Scorer:
     weights: Callable  # the reference: P from (q, k, n_i, mask, **params)
     logit: Callable  # flex score_mod: ln logit of (score, ln n_i, ln d, **params)
     params: tuple = ()
-    sums_to_one: bool = True  # rows sum to 1: re-weighting applies
-    row_sum: bool = True  # output divided by the row sum (kernels: NORMALISE)
+    row_sum: bool = True  # output divided by a row sum (kernels: NORMALISE)
+    den_logit: Optional[Callable] = None  # ln of the divisor's terms, as logit (None: the weights)
+    eps: float = 0.0  # a constant added to the divisor
     p: Optional[float] = None  # default re-weighting exponent (lssar)
     cosine: bool = False  # scores cos(q_i, k_j) (lssa), not z = q.k / sqrt(d)
-    # the fused kernels' compile-time flags (kernels.py)
+    # the fused kernels' compile-time flags (kernels_math.py)
     stats: str = "online_max"  # or plain_sum: bounded weights, no running max
     row: str = "plain"  # or logn (ssmax), norm (lssa), bias (sigmoid)
     kernel_logit: str = "linear"  # or ssa, softplus, sigmoid
 
+    @property
+    def sums_to_one(self):  # divided by its weights' own sum: re-weighting applies
+        return self.row_sum and self.den_logit is None and not self.eps
+
     def kernel_flags(self):  # named as kernels.FLAGS
         return dict(ROW=self.row, LOGIT=self.kernel_logit, ONLINE_MAX=self.stats == "online_max",
-                    NORMALISE=self.row_sum)
+                    NORMALISE=self.row_sum, SUMS_TO_ONE=self.sums_to_one)
 
 def _ssa_logit(z, ln_n, ln_d, b, n):  # slope n b at z = 0 (see score_ssa)
     return n * torch.where(z >= 0, torch.log1p(b * z.clamp(min=0)), -torch.log1p(-b * z.clamp(max=0)))
@@ -135,7 +141,7 @@ SCORERS = {
                           Param("n", 1.5, init="ssa_n", learn="ssa_learn_n", low=1.0))),
     "lssa": Scorer(**_lssa),
     "lssar": Scorer(**_lssa, p=LSSAR_DEFAULT_P),
-    "sigmoid": Scorer(score_sigmoid, lambda z, ln_n, ln_d: F.logsigmoid(z - ln_n), sums_to_one=False, row_sum=False,
+    "sigmoid": Scorer(score_sigmoid, lambda z, ln_n, ln_d: F.logsigmoid(z - ln_n), row_sum=False,
                       stats="plain_sum", row="bias", kernel_logit="sigmoid"),
 }
 

@@ -61,7 +61,7 @@ def compile_one(kernel, scorer, consts, D, cfg, dtype="bf16", prec=None):
             sig[a] = "i32"
             if a != "offset":
                 attrs[(i,)] = [["tt.divisibility", 16]]
-        elif a in ("sm_scale", "p"):
+        elif a in ("sm_scale", "p", "eps"):
             sig[a] = "fp32"
         else:  # pointers: I/O in dtype, fallback rows int8, stats fp32
             io = a in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")

@@ -1,9 +1,12 @@
 """The model variants the tests run, read from the scorer registry: each scorer at its defaults, each option that
-adds or freezes a parameter, and re-weighting on the first scorer that has none by default."""
+adds or freezes a parameter, and re-weighting on the first scorer that has none by default; and OFF_BY_ONE."""
 import dataclasses
+import math
+
+import torch
 
 from model import GPTConfig
-from scorers import SCORERS
+from scorers import SCORERS, Param, Scorer
 
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(GPTConfig)}
 
@@ -31,3 +34,17 @@ def varied(prm, H):
     default: a head mixed up or a parameter dropped shows."""
     low = prm.default - 0.4 if prm.low is None else max(prm.default - 0.4, prm.low + 0.1)
     return [low, prm.default + 0.7, prm.default][:H]
+
+
+def score_off_by_one(q, k, n_i, mask, s, b):
+    """Miller 2023 ("Attention Is Off By One"), e^x / (1 + sum_j e^x), on ssmax's logits x = (s log n_i + b) z."""
+    x = (s * torch.log(n_i.to(q.dtype)) + b) * (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    x = x.masked_fill(~mask, -math.inf)
+    m = x.amax(-1, keepdim=True).clamp(min=0).detach()  # a shift of the ratio: no gradient
+    w = torch.exp(x - m)
+    return w / (w.sum(-1, keepdim=True) + torch.exp(-m))
+
+
+# the row template with no backend branch (fixture off_by_one)
+OFF_BY_ONE = Scorer(score_off_by_one, lambda z, ln_n, ln_d, s, b: z * (s * ln_n + b), row="logn", eps=1.0,
+                    params=(Param("s", 1.0), Param("b", 0.0)))

@@ -3,6 +3,8 @@ import os
 import sys
 import tempfile
 
+import pytest
+
 # Triton kernels run on the CPU through the interpreter (must be set before triton is imported).
 os.environ.setdefault("TRITON_INTERPRET", "1")
 # Never reach for the Hugging Face hub: a hub name fails in 1 s instead of hanging in retries.
@@ -13,6 +15,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # CPU speed: the in-process training tests keep freed memory, as train.py does (kernels_cpu.reuse_freed_memory)
 import kernels_cpu  # noqa: E402  (after TRITON_INTERPRET and the path)
 kernels_cpu.reuse_freed_memory()
+
+
+@pytest.fixture
+def off_by_one(monkeypatch):
+    """cases.OFF_BY_ONE in the registry for one test: a row-template scorer with no backend branch of its own."""
+    from cases import OFF_BY_ONE
+    from scorers import SCORERS
+    monkeypatch.setitem(SCORERS, "off_by_one", OFF_BY_ONE)
+    return "off_by_one"
 
 
 class WritesAFile:

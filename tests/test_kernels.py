@@ -193,6 +193,21 @@ def test_every_gpu_block_shape_matches_reference(monkeypatch, fwd, bwd):
         _check(scorer, kw, 257, 0, 32, B=1)
 
 
+@pytest.mark.parametrize("Tq,offset,D", SHAPES, ids=[f"Tq{t}-off{o}-D{d}" for t, o, d in SHAPES])
+def test_fused_runs_a_row_template_scorer_it_has_no_branch_for(off_by_one, Tq, offset, D):
+    """cases.OFF_BY_ONE: the running max from 0, eps in decode's first split, exact sigma without dividing by sum P
+    (s, b learn), the same in FlexAttention; all scores 0 and large ones."""
+    kw = dict(s=[0.7, 1.3], b=[0.2, -0.4])
+    _check(off_by_one, kw, Tq, offset, D)
+    q, k, v, _ = _inputs(Tq, offset, D)
+    prm = {n: torch.tensor(x) for n, x in kw.items()}
+    ref = _ref(q.double(), k.double(), v.double(), off_by_one, offset=offset, **{n: x.double() for n, x in prm.items()})
+    assert _err(kernels_flex.flex_attention(q, k, v, off_by_one, offset=offset, **prm), ref) < 2e-5
+    if Tq == 40:
+        _check(off_by_one, kw, Tq, offset, D, scale=0.0)
+        _check(off_by_one, kw, Tq, offset, D, scale=60.0, atol=2e-4)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Edge rows: no NaN/Inf for finite inputs
 
@@ -201,8 +216,11 @@ def test_all_equal_scores_give_the_prefix_mean_and_finite_grads(scorer, kw):
     q, k, v, do = _inputs(35, 0, 16)
     q = torch.zeros_like(q)  # every score equal: uniform weights; with p, the fallback (or a uniform re-weighting)
     fused = _run(kernels.attention, scorer, kw, q, k, v, do, torch.float32, 0)
-    n = torch.arange(1, 36).view(1, 1, 35, 1)  # sigmoid's rows are not normalised: w = sigmoid(-log n) = 1 / (n + 1)
-    prefix_mean = v.cumsum(2) / (n if SCORERS[scorer].sums_to_one else n + 1)
+    # P at z = 0 from the registry's logits (sigmoid: not divided)
+    n, e = torch.arange(1, 36.0).view(1, 1, 35, 1), SCORERS[scorer]
+    prm = {name: torch.tensor(x).view(1, -1, 1, 1) for name, x in kw.items() if name != "p"}
+    at0 = lambda f: f(torch.zeros(()), n.log(), math.log(16), **prm).exp()  # noqa: E731
+    prefix_mean = v.cumsum(2) * at0(e.logit) / (n * at0(e.den_logit or e.logit) + e.eps if e.row_sum else 1)
     torch.testing.assert_close(fused[0], prefix_mean, rtol=1e-5, atol=1e-5)
     assert all(torch.isfinite(g).all() for g in fused)
     # re-weighting: rows i >= 3 fall back to P in both paths (the tie tolerance, not rounding, decides), so their

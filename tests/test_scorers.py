@@ -26,7 +26,8 @@ def _t(kw):
 
 def spec_weights(q, k, scorer, p=None, offset=0, **params):
     """SCORERS.md, one row at a time (float64, no vectorisation tricks). The published scorers are written out here;
-    a scorer added to the registry later is checked through its other form, the FlexAttention logit."""
+    a scorer added to the registry later is checked through its other form, its FlexAttention logits: the row
+    template P = exp(logit) / (sum_j exp(den_logit or logit) + eps), or exp(logit) where rows are not divided."""
     entry = SCORERS[scorer]
     B, H, Tq, d = q.shape
     out = torch.zeros(B, H, Tq, k.shape[2], dtype=torch.float64)
@@ -38,6 +39,7 @@ def spec_weights(q, k, scorer, p=None, offset=0, **params):
                 n_i = i + 1
                 qi, kj = q[bb, h, t].double(), k[bb, h, : i + 1].double()
                 z = kj @ qi / math.sqrt(d)
+                den = None  # the row's divisor, where not w's own sum
                 if scorer == "softmax":
                     w = torch.exp(z - z.max())
                 elif scorer == "ssmax":
@@ -52,11 +54,12 @@ def spec_weights(q, k, scorer, p=None, offset=0, **params):
                     w = torch.nn.functional.softplus(math.log(d) * math.log(n_i) * cos)
                 else:
                     score = (kj / kj.norm(dim=-1, keepdim=True)) @ (qi / qi.norm()) if entry.cosine else z
-                    x = entry.logit(score, torch.tensor(math.log(n_i), dtype=torch.float64),
-                                    torch.tensor(math.log(d), dtype=torch.float64),
-                                    **{name: torch.tensor(val, dtype=torch.float64) for name, val in prm.items()})
-                    w = torch.exp(x - x.max()) if entry.row_sum else torch.exp(x)
-                P = w / w.sum() if entry.row_sum else w  # sigmoid's rows are not normalised
+                    x, xd = (f(score, torch.tensor(math.log(n_i), dtype=torch.float64),
+                               torch.tensor(math.log(d), dtype=torch.float64),
+                               **{name: torch.tensor(val, dtype=torch.float64) for name, val in prm.items()})
+                             for f in (entry.logit, entry.den_logit or entry.logit))
+                    w, den = torch.exp(x), torch.exp(xd).sum() + entry.eps
+                P = w / (w.sum() if den is None else den) if entry.row_sum else w  # sigmoid's are not normalised
                 pp = entry.p if p is None else p
                 if pp is not None:
                     o = 0.0 if i < 3 else 1.0
@@ -290,7 +293,7 @@ def test_registry_agrees_with_config_model_train_kernels_flex_ptxas_and_docs():
         attn = model.GPT(cfg).transformer.h[0].attn
         own = {k for k, _ in [*attn.named_parameters(), *attn.named_buffers()] if not k.startswith("c_")}
         assert own == {model.param_name(name, prm) for prm in entry.params}, name
-        assert tuple(entry.kernel_flags().values()) in kernels.KERNELS, name  # the fused kernels implement it
+        assert tuple(entry.kernel_flags().values())[:4] in kernels.KERNELS, name  # the fused kernels' math
         assert entry.kernel_logit in kernels_cpu.KINDS, name  # and the CPU path, never softmax's by default
         assert list(inspect.signature(entry.logit).parameters)[3:] == [prm.name for prm in entry.params], name
         assert not (entry.p is not None and not entry.sums_to_one), name  # re-weighting needs normalised rows
@@ -313,3 +316,16 @@ def test_sigmoid_rows_are_not_normalised_and_refuse_reweighting():
         attention_weights(q, k, "sigmoid", p=3.0)
     with pytest.raises(ValueError, match="needs normalised rows"):
         model.GPTConfig(scorer="sigmoid", reweight_p=3.0)
+
+
+def test_a_row_template_scorer_is_checked_against_the_spec_without_a_formula_of_its_own(off_by_one):
+    # divided by sum e^x + 1: rows below 1, no re-weighting
+    q, k, v = _qk(T=9, scale=1.5)
+    kw = _t(dict(s=[0.7, 1.3], b=[0.2, -0.4]))
+    P = attention_weights(q, k, off_by_one, **kw)
+    torch.testing.assert_close(P, spec_weights(q, k, off_by_one, **kw), rtol=1e-9, atol=1e-12)
+    assert (P.sum(-1) < 1).all() and not SCORERS[off_by_one].sums_to_one
+    part = attention(q[:, :, 4:], k, v, off_by_one, offset=4, **kw)
+    torch.testing.assert_close(part, attention(q, k, v, off_by_one, **kw)[:, :, 4:], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="needs normalised rows"):
+        attention_weights(q, k, off_by_one, p=3.0)

@@ -74,8 +74,9 @@ def test_sdpa_refuses_other_scorers_and_reweighting_with_one_clear_error():
 # ----------------------------------------------------------------------------------------------------------------
 # backend="cpu": kernels_cpu.py
 
-CPU_CASES = [("ssa", None), ("lssa", None), ("lssar", None), ("lssar", 100.0), ("softmax", 3.0), ("ssmax", 15.0),
-             ("ssa", 2.0), ("sigmoid", None)]
+# auto's CPU scorers, and re-weighting on several
+CPU_CASES = [(name, None) for name in SCORERS if model.auto_backend(name, None, "cpu") == "cpu"] + [
+    ("lssar", 100.0), ("softmax", 3.0), ("ssmax", 15.0), ("ssa", 2.0)]
 
 
 @pytest.fixture
@@ -90,6 +91,17 @@ def test_cpu_path_equals_the_reference_values_and_every_gradient(scorer, p, offs
     _assert_close(_run(scorer, "cpu", offset, Tq, torch.float64, p), ref, what=f"{scorer} p={p} float64")
     fp32_ref = _run(scorer, "torch", offset, Tq, torch.float32, p)
     _assert_close(_run(scorer, "cpu", offset, Tq, torch.float32, p), ref, fp32_ref, what=f"{scorer} p={p} fp32")
+
+
+@pytest.mark.parametrize("offset,Tq,scale", [(o, t, 1.0) for o, t in CPU_SHAPES] + [(3, 40, 0.0), (3, 40, 4.0)])
+def test_cpu_path_runs_a_row_template_scorer_it_has_no_branch_for(off_by_one, offset, Tq, scale, small_blocks,
+                                                                  monkeypatch):
+    """cases.OFF_BY_ONE (eps = 1, learned s, b): the template's max floor, eps and rows below 1; z = 0 and large."""
+    monkeypatch.setitem(PARAMS, off_by_one, PARAMS["ssmax"])
+    ref = _run(off_by_one, "torch", offset, Tq, torch.float64, scale=scale)
+    _assert_close(_run(off_by_one, "cpu", offset, Tq, torch.float64, scale=scale), ref, what="float64")
+    _assert_close(_run(off_by_one, "cpu", offset, Tq, torch.float32, scale=scale), ref,
+                  _run(off_by_one, "torch", offset, Tq, torch.float32, scale=scale), what="fp32")
 
 
 def test_cpu_path_with_its_default_blocks_equals_the_reference():
