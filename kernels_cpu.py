@@ -18,7 +18,8 @@ import torch.nn.functional as F
 import scorers
 
 CHUNK = 128  # query rows per block: per-op cost vs masked work
-KINDS = {"linear": "dot", "ssa": "ssa", "sigmoid": "sigmoid", "softplus": "lssa"}  # registry kernel_logit -> kind
+KINDS = {"linear": "dot", "ssa": "ssa", "sigmoid": "sigmoid", "softplus": "lssa",  # registry kernel_logit -> kind
+         "softpick": "softpick"}
 
 
 def reuse_freed_memory():
@@ -67,9 +68,12 @@ def _template(x, kind, keep, eps):
     mx = x.amax(-1, keepdim=True).clamp_(min=0)
     e = torch.exp(-mx)
     u = x.sub_(mx).exp_()
+    if kind == "softpick":  # e^x - 1 = e^m (u - e^-m): num ReLU, den |.|
+        u.sub_(e)
     u[..., -m:].mul_(keep)
-    S = u.sum(-1, keepdim=True).add_(e * eps)
-    return u.div_(S), e.div_(S)
+    S = (u.abs() if kind == "softpick" else u).sum(-1, keepdim=True).add_(e * eps)
+    u.div_(S)
+    return u.clamp(min=0) if kind == "softpick" else u, e.div_(S)
 
 
 def _forward(q, k, v, n, kind, eps, p, offset, save):
@@ -134,6 +138,8 @@ def _backward(do, q, k, v, n, out, saved, kind, p, offset, need_dn):
             dx = dP.mul_(P).mul_(1.0 - P)
         elif kind == "lssa":  # dx = (dP - d) sigmoid(x) / S, sigmoid(x) = -expm1(-A)
             dx = dP.sub_(d).mul_(torch.mul(P, -S).expm1_())  # times -1/S: row
+        elif kind == "softpick":  # dx = e^x / S (dP [u > 0] - d sgn u); x: u / S, S: e^-m / S
+            dx = dP.mul_(x > 0).sub_(x.sign().mul_(d)).mul_(x + S)
         else:  # a softmax of the logits: dlogits = P (dP - d)
             dx = dP.sub_(d).mul_(P)
             if kind == "ssa":  # dx = dlogits n / (1 + |x|), dn = sum dlogits logits / n

@@ -10,7 +10,7 @@ import triton.language as tl
 
 # by the first four flags: SUMS_TO_ONE is generic
 KERNELS = {("plain", "linear", True, True), ("logn", "linear", True, True), ("plain", "ssa", True, True),
-           ("norm", "softplus", False, True), ("bias", "sigmoid", False, False)}
+           ("norm", "softplus", False, True), ("bias", "sigmoid", False, False), ("plain", "softpick", True, True)}
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
@@ -49,7 +49,7 @@ def _logit(qk, c, ks, n_i, sm_scale, b_h, n_h, LOGIT: tl.constexpr):
         x = _softplus(qk * c[:, None] * ks[None, :])
     elif LOGIT == "sigmoid":  # exp2 overflow gives w = 0, never NaN
         x = 1.0 / (1.0 + tl.exp2(tl.log2(n_i)[:, None] - qk * c[:, None]))
-    else:  # "linear"
+    else:  # "linear", "softpick"
         x = qk * c[:, None]
     return x
 
@@ -59,6 +59,9 @@ def _terms(a, m, LOGIT: tl.constexpr):
     """The row template's terms of base-2 logits x from a = 2^(x - m), both times 2^-m: P = num / L with
     L = sum den + eps. num = den = a unless a branch says otherwise: L is the weights' own sum."""
     num, den = a, a
+    if LOGIT == "softpick":  # e^z - 1 = 2^m (2^(x - m) - 2^-m)
+        u = a - tl.exp2(-m)
+        num, den = tl.maximum(u, 0.0), tl.abs(u)
     return num, den
 
 
@@ -87,6 +90,12 @@ def _grad_factor(qk, x, P, dP, keep, c, ks, m1, sm_scale, b_h, n_h, LOGIT: tl.co
         W = P * (n_h * b_h * sm_scale) / (1.0 + b_h * tl.abs(qk * sm_scale))
     elif LOGIT == "sigmoid":  # dw/dz = w (1 - w)
         W = P * (1.0 - P) * sm_scale
+    elif LOGIT == "softpick":  # u = e^z - 1: gate [u > 0], W = sgn(u) e^z / L
+        E = tl.exp2(x - m1[:, None])
+        dP = tl.where(P > 0, dP, 0.0)
+        W = tl.where(P > 0, E, tl.where(E < tl.exp2(-m1)[:, None], -E, 0.0)) * sm_scale
+        if MASK:
+            W = tl.where(keep, W, 0.0)
     else:  # softmax, ssmax: dlogit/dqk = c_i / log2(e)
         W = P * (c / LOG2E)[:, None]
     return dP, W

@@ -17,6 +17,8 @@ kernel helper.
   softplus of log(d)*log(N)-scaled cosine scores, l1-normalised; then ReLU(N*A - O)^p, l1-normalised again.
 - sigmoid: Ramapuram et al. 2024 "Theory, Analysis, and Best Practices for Sigmoid Self-Attention": weights
   sigmoid(z - log n_i), not normalised.
+- softpick: Zuhri et al. 2025 "Softpick: No Attention Sink, No Massive Activations with Rectified Softmax"
+  (arXiv 2504.20966, eq. 2): ReLU(e^z - 1) / (sum_j |e^z - 1| + eps): another sum, so rows sum below 1.
 """
 import math
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 LSSAR_DEFAULT_P = 15.0
+SOFTPICK_EPS = 1e-6  # in the unscaled sum (SCORERS.md)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Reference path: P (B, H, Tq, Tk), future entries exactly 0
@@ -73,6 +76,12 @@ def score_sigmoid(q, k, n_i, mask):
     z = _z(q, k)
     return torch.sigmoid(z - torch.log(n_i.to(z.dtype))) * mask  # not normalised: the output is sum_j w_ij v_j
 
+def score_softpick(q, k, n_i, mask):
+    z = _z(q, k).masked_fill(~mask, float("-inf"))
+    m = z.amax(-1, keepdim=True).clamp(min=0).detach()  # e^z - 1 = e^m (e^(z-m) - e^-m): no overflow
+    u = (torch.exp(z - m) - torch.exp(-m)) * mask
+    return torch.relu(u) / (u.abs().sum(-1, keepdim=True) + SOFTPICK_EPS * torch.exp(-m))  # relu: slope 0 at 0
+
 TIE = 8  # re-weighting: n P - o > TIE * eps * n counts as positive
 
 def reweight(P, n_i, p):
@@ -116,7 +125,7 @@ class Scorer:
     # the fused kernels' compile-time flags (kernels_math.py)
     stats: str = "online_max"  # or plain_sum: bounded weights, no running max
     row: str = "plain"  # or logn (ssmax), norm (lssa), bias (sigmoid)
-    kernel_logit: str = "linear"  # or ssa, softplus, sigmoid
+    kernel_logit: str = "linear"  # or ssa, softplus, sigmoid, softpick
 
     @property
     def sums_to_one(self):  # divided by its weights' own sum: re-weighting applies
@@ -128,6 +137,9 @@ class Scorer:
 
 def _ssa_logit(z, ln_n, ln_d, b, n):  # slope n b at z = 0 (see score_ssa)
     return n * torch.where(z >= 0, torch.log1p(b * z.clamp(min=0)), -torch.log1p(-b * z.clamp(max=0)))
+
+def _log_abs_expm1(z):  # log|e^z - 1| = max(z, 0) + log(1 - e^-|z|); -inf at 0
+    return z.clamp(min=0) + torch.log(-torch.expm1(-z.abs()))
 
 _lssa = dict(weights=score_lssa, cosine=True, stats="plain_sum", row="norm", kernel_logit="softplus",
              logit=lambda cos, ln_n, ln_d: torch.log(F.softplus(ln_d * ln_n * cos)))  # A / sum A = softmax(log A)
@@ -143,6 +155,8 @@ SCORERS = {
     "lssar": Scorer(**_lssa, p=LSSAR_DEFAULT_P),
     "sigmoid": Scorer(score_sigmoid, lambda z, ln_n, ln_d: F.logsigmoid(z - ln_n), row_sum=False,
                       stats="plain_sum", row="bias", kernel_logit="sigmoid"),
+    "softpick": Scorer(score_softpick, lambda z, ln_n, ln_d: torch.where(z > 0, _log_abs_expm1(z), -math.inf),
+                       den_logit=lambda z, ln_n, ln_d: _log_abs_expm1(z), eps=SOFTPICK_EPS, kernel_logit="softpick"),
 }
 
 def check_options(config):

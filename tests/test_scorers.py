@@ -175,7 +175,8 @@ def test_reweighting_large_n_and_p_does_not_overflow():
 
 @pytest.mark.parametrize("scorer,kw", [("ssmax", dict(s=[0.7, 1.3], b=[0.2, -0.4])),
                                        ("ssa", dict(b=[0.5, 2.0], n=[1.1, 2.5])),
-                                       ("lssa", {}), ("lssar", dict(p=3.0)), ("softmax", dict(p=2.0))])
+                                       ("lssa", {}), ("lssar", dict(p=3.0)), ("softmax", dict(p=2.0)),
+                                       ("softpick", {})])
 def test_gradients_match_finite_differences_in_float64(scorer, kw):
     q, k, v = _qk(B=1, H=2, T=6, d=4, seed=3)
     params = {key: val.requires_grad_() for key, val in _t(kw).items() if torch.is_tensor(val)}
@@ -329,3 +330,15 @@ def test_a_row_template_scorer_is_checked_against_the_spec_without_a_formula_of_
     torch.testing.assert_close(part, attention(q, k, v, off_by_one, **kw)[:, :, 4:], rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="needs normalised rows"):
         attention_weights(q, k, off_by_one, p=3.0)
+
+
+def test_softpick_rows_sum_below_one_are_zero_without_a_positive_score_and_refuse_reweighting():
+    q, k, v = _qk(T=9, scale=1.5)
+    P = attention_weights(q, k, "softpick")
+    assert (P >= 0).all() and (P.sum(-1) < 1).all() and (P.sum(-1) > 0.05).any()
+    P0 = attention_weights(-q.abs(), k.abs(), "softpick")  # every z < 0: ReLU(e^z - 1) = 0, the divisor >= 1 - e^z
+    assert torch.equal(P0, torch.zeros_like(P0))
+    with pytest.raises(ValueError, match="needs normalised rows"):
+        attention_weights(q, k, "softpick", p=3.0)
+    with pytest.raises(ValueError, match="needs normalised rows"):
+        model.GPTConfig(scorer="softpick", reweight_p=3.0)

@@ -18,12 +18,12 @@ CPU_SHAPES = SHAPES + [(0, 1), (0, 50), (5, 41)]  # and T = 1; with CHUNK = 16 b
 PARAMS = {name: {prm.name: varied(prm, H) for prm in e.params} for name, e in SCORERS.items()}
 
 
-def _run(scorer, backend, offset, Tq, dtype, p=None, scale=1.0, seed=0):
+def _run(scorer, backend, offset, Tq, dtype, p=None, scale=1.0, seed=0, k_scale=None):
     """Output and gradients of q, k, v and every scorer parameter for a fixed upstream gradient."""
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(2, H, T, D, generator=g, dtype=torch.float64) for T in (Tq, offset + Tq, offset + Tq))
     do = torch.randn(2, H, Tq, D, generator=g, dtype=torch.float64)
-    leaves = [(q * scale).to(dtype), (k * scale).to(dtype), v.to(dtype)]
+    leaves = [(q * scale).to(dtype), (k * (scale if k_scale is None else k_scale)).to(dtype), v.to(dtype)]
     leaves += [torch.tensor(x, dtype=dtype) for x in PARAMS[scorer].values()]
     leaves = [x.requires_grad_() for x in leaves]
     out = attention(*leaves[:3], scorer, offset=offset, p=p, backend=backend, **dict(zip(PARAMS[scorer], leaves[3:])))
@@ -102,6 +102,16 @@ def test_cpu_path_runs_a_row_template_scorer_it_has_no_branch_for(off_by_one, of
     _assert_close(_run(off_by_one, "cpu", offset, Tq, torch.float64, scale=scale), ref, what="float64")
     _assert_close(_run(off_by_one, "cpu", offset, Tq, torch.float32, scale=scale), ref,
                   _run(off_by_one, "torch", offset, Tq, torch.float32, scale=scale), what="fp32")
+
+
+@pytest.mark.parametrize("scale,k_scale", [(0.0, 1.0), (30.0, 30.0)], ids=["z_zero", "large_z"])
+def test_cpu_path_softpick_at_z_zero_and_at_large_z_matches_the_reference(scale, k_scale, small_blocks):
+    # q = 0: u = 0, where ReLU and |.| have slope 0
+    kw = dict(scale=scale, k_scale=k_scale)
+    ref = _run("softpick", "torch", 3, 40, torch.float64, **kw)
+    _assert_close(_run("softpick", "cpu", 3, 40, torch.float64, **kw), ref, what="float64")
+    _assert_close(_run("softpick", "cpu", 3, 40, torch.float32, **kw), ref,
+                  _run("softpick", "torch", 3, 40, torch.float32, **kw), what="fp32")
 
 
 def test_cpu_path_with_its_default_blocks_equals_the_reference():
