@@ -25,7 +25,7 @@ from kernels_cpu import CHUNK
 from lib import tracking
 from lib.checkpoint import build_model, read_checkpoint
 from lib.compare import wilson, write_csv
-from model import GPTConfig, auto_backend
+from model import SCORERS, GPTConfig, auto_backend
 from tasks import TASKS, get_batch, min_length, target_positions
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -53,7 +53,8 @@ def bytes_per_token(cfg):
     """Rough bytes per token of a CPU fp32 forward: activations, logits and, off SDPA, kernels_cpu's CHUNK-row
     blocks."""
     per_token = 4 * (6 * cfg.n_embd + 2 * cfg.ffn_hidden + 2 * cfg.vocab_size) + 64
-    return per_token + (16 * CHUNK * cfg.n_head if auto_backend(cfg.scorer, cfg.p, "cpu") == "cpu" else 0)
+    blocks = auto_backend(cfg.scorer, cfg.p, "cpu") == "cpu" or SCORERS[cfg.scorer].forget  # fox: mask rows
+    return per_token + (16 * CHUNK * cfg.n_head if blocks else 0)
 
 
 BATCH = 16  # test sequences scored at once

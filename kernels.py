@@ -584,7 +584,7 @@ class _Attention(torch.autograd.Function):
 def _prepare(q, k, v, scorer, p, offset, params):
     """scorers.prepare's checks and defaults, then the kernels' own limits; adds their compile-time flags and puts
     the scorer's parameters in the kernels' per-head slots (S, Bp, Np), an unused slot holding zeros."""
-    entry, p, params = scorers.prepare(q, k, v, scorer, p, offset, **params)
+    entry, p, params = scorers.prepare(q, k, v, scorer, p, offset, backend="triton", **params)
     D = q.shape[3]
     assert D in (16, 32, 64, 128), f"head dim {D} not supported (16, 32, 64, 128)"
     assert q.dtype in (torch.float32, torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype, \

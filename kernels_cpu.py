@@ -19,7 +19,8 @@ import scorers
 
 CHUNK = 128  # query rows per block: per-op cost vs masked work
 KINDS = {"linear": "dot", "ssa": "ssa", "sigmoid": "sigmoid", "softplus": "lssa",  # registry kernel_logit -> kind
-         "softpick": "softpick"}
+         "softpick": "softpick", "stickbreaking": "stick"}
+MULTIPLY_MASK = ("lssa", "sigmoid", "stick")  # kinds that cut future keys by a product (else -inf added)
 
 
 def reuse_freed_memory():
@@ -47,6 +48,14 @@ def _stage1(x, kind, n, mask, ln_n, eps):
         P = torch.sigmoid(x.sub_(ln_n))
         P[..., -m:].mul_(mask)
         return P, None
+    if kind == "stick":  # log A = log sigmoid(x_ij) + sum_{j<k<i} log(1 - sigmoid(x_ik)), keys j < i
+        strict = mask.tril(-1)
+        rest = F.logsigmoid(x).sub_(x)  # log(1 - sigmoid(x))
+        rest[..., -m:].mul_(strict)
+        after = F.pad(rest[..., 1:], (0, 1)).flip(-1).cumsum_(-1).flip(-1)  # over k > j: exact, no total - prefix
+        A = after.add_(rest).add_(x).exp_()  # rest + x = log sigmoid(x)
+        A[..., -m:].mul_(strict)
+        return A, None
     if kind == "lssa":  # A = softplus(u) is bounded: plain sums
         A = F.softplus(x)
         A[..., -m:].mul_(mask)
@@ -83,7 +92,7 @@ def _forward(q, k, v, n, kind, eps, p, offset, save):
     tie = scorers.TIE * torch.finfo(q.dtype).eps  # scorers.reweight's rule
     out, saved = torch.empty_like(q), []
     keep = torch.ones(CHUNK, CHUNK, dtype=q.dtype, device=q.device).tril_()  # 1 on and below the diagonal
-    mask = keep if kind in ("lssa", "sigmoid") or eps is not None else keep.log_()  # log 1 = 0, log 0 = -inf
+    mask = keep if kind in MULTIPLY_MASK or eps is not None else keep.log_()  # log 1 = 0, log 0 = -inf
     for t0, t1 in _blocks(q.size(1)):
         Tk = offset + t1
         x = q[:, t0:t1] @ k[:, :Tk].transpose(1, 2)  # (B*H, m, Tk)
@@ -101,7 +110,7 @@ def _forward(q, k, v, n, kind, eps, p, offset, save):
             P2 = P2 if has.all() else torch.where(has, P2, P)
         out[:, t0:t1] = torch.bmm(P if P2 is None else P2, v[:, :Tk])
         if save:
-            saved.append((x if kind == "ssa" or eps is not None else None, P, S, P2, has))
+            saved.append((x if kind in ("ssa", "stick") or eps is not None else None, P, S, P2, has))
     return out, saved
 
 
@@ -134,7 +143,11 @@ def _backward(do, q, k, v, n, out, saved, kind, p, offset, need_dn):
             if not has.all():  # rows that kept P: dL/dP passes (/ alpha)
                 dP = torch.where(has, dP, (dob @ v[:, :Tk].transpose(1, 2)).div_(alpha))
             d = torch.linalg.vecdot(P, dP).unsqueeze(-1)
-        if kind == "sigmoid":  # dx = dP w (1 - w): no row sum
+        if kind == "stick":  # dx = G sigmoid(-x) - sigmoid(x) sum_{j'<j} G_ij', G = dP A
+            G = dP.mul_(P)
+            dx = G.sub_(torch.sigmoid(x).mul_(F.pad(G[..., :-1], (1, 0)).cumsum_(-1).add_(G)))
+            dx[..., -(t1 - t0):].tril_(-1)  # keys j >= i: no gradient
+        elif kind == "sigmoid":  # dx = dP w (1 - w): no row sum
             dx = dP.mul_(P).mul_(1.0 - P)
         elif kind == "lssa":  # dx = (dP - d) sigmoid(x) / S, sigmoid(x) = -expm1(-A)
             dx = dP.sub_(d).mul_(torch.mul(P, -S).expm1_())  # times -1/S: row
@@ -178,7 +191,7 @@ def attention(q, k, v, scorer, *, p=None, offset=0, **params):
     with torch.autocast(q.device.type, enabled=False):
         qd, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         ln_n = torch.arange(offset + 1, offset + Tq + 1, device=q.device, dtype=dtype).log()[:, None]  # (Tq, 1)
-        entry, p, params = scorers.get(scorer, p, params)
+        entry, p, params = scorers.get(scorer, p, params, backend="cpu")
         prm = scorers.per_head(entry, params, H, qd)  # (H, 1, 1): broadcasts over (B, H, Tq, D)
         kind = KINDS.get(entry.kernel_logit)
         eps = None if entry.sums_to_one or not entry.row_sum else entry.eps  # None: the weights' own sum

@@ -18,17 +18,20 @@ def _flex_pass(q, k, v, block_mask, scale, stage1, pos0, params, ln_d, lse1, p):
     """One FlexAttention pass: stage-1 scores (lse1 None) or the re-weighting pass over stage-1 lse1."""
     from torch.nn.attention.flex_attention import AuxRequest, flex_attention as flex  # AuxRequest: torch >= 2.9
 
-    def logit(score, h, q_idx):  # the registry's stage-1 logit, natural log
+    c = params.get("c")  # fox: + c_i - c_j
+
+    def logit(score, bb, h, q_idx, kv_idx):  # the registry's stage-1 logit, natural log
         ln_n = torch.log((q_idx + pos0 + 1).to(torch.float32))
-        return stage1(score, ln_n, ln_d, **{name: x[h] for name, x in params.items()})
+        x = stage1(score, ln_n, ln_d, **{name: x[h] for name, x in params.items() if name != "c"})
+        return x if c is None else x + c[bb, h, q_idx + pos0] - c[bb, h, kv_idx]
 
     def reweight(score, bb, h, q_idx, kv_idx):  # p log(n P - o) where > TIE eps n, else -inf
         n_i = (q_idx + pos0 + 1).to(torch.float32)
-        y = n_i * torch.exp(logit(score, h, q_idx) - lse1[bb, h, q_idx]) - (n_i > 3).to(torch.float32)
+        y = n_i * torch.exp(logit(score, bb, h, q_idx, kv_idx) - lse1[bb, h, q_idx]) - (n_i > 3).to(torch.float32)
         pos = y > scorers.TIE * torch.finfo(torch.float32).eps * n_i  # fp32, as kernels.py
         return torch.where(pos, p * torch.log(torch.where(pos, y, torch.ones_like(y))), -math.inf)
 
-    mod = (lambda score, bb, h, q_idx, kv_idx: logit(score, h, q_idx)) if lse1 is None else reweight
+    mod = logit if lse1 is None else reweight
     out, aux = flex(q, k, v, score_mod=mod, block_mask=block_mask, scale=scale, return_aux=AuxRequest(lse=True))
     return out, aux.lse
 
@@ -41,7 +44,7 @@ def flex_attention(q, k, v, scorer, *, p=None, offset=0, **params):
     (other lengths gave NaN gradients). Compiled on CUDA; eager on CPU, forward only."""
     from torch.nn.attention.flex_attention import create_block_mask
     global _flex_compiled
-    entry, p, params = scorers.prepare(q, k, v, scorer, p, offset, **params)
+    entry, p, params = scorers.prepare(q, k, v, scorer, p, offset, backend="flex", **params)
     B, H, Tq, D = q.shape
     Tk = k.size(2)
     if entry.cosine:
@@ -50,6 +53,8 @@ def flex_attention(q, k, v, scorer, *, p=None, offset=0, **params):
         scale = 1.0 / math.sqrt(D)
     pad_q, pad_k = -Tq % 128, -Tk % 128
     q, k, v = F.pad(q, (0, 0, 0, pad_q)), F.pad(k, (0, 0, 0, pad_k)), F.pad(v, (0, 0, 0, pad_k))
+    if "c" in params:  # indexed at padded positions too
+        params["c"] = F.pad(params["c"].float(), (0, max(pad_q, pad_k)))
     block_mask = create_block_mask(lambda bb, h, q_idx, kv_idx: (kv_idx <= q_idx + offset) & (kv_idx < Tk),
                                    None, None, Tq + pad_q, Tk + pad_k, device=q.device)
     pos0 = torch.tensor(offset, device=q.device)  # a tensor, so a new offset does not recompile

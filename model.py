@@ -45,16 +45,20 @@ def attention(q, k, v, scorer, *, p=None, offset=0, backend="torch", chunk=1024,
         raise ValueError(f"unknown attention backend {backend!r}; allowed: {', '.join(BACKENDS)}")
     if q.size(-2) > chunk:
         return torch.cat([attention(q[:, :, t:t + chunk], k[:, :, :offset + t + chunk], v[:, :, :offset + t + chunk],
-                                    scorer, **{**kw, "offset": offset + t}, chunk=chunk)
-                          for t in range(0, q.size(-2), chunk)], dim=2)
+                                    scorer, **scorers.upto(dict(kw, offset=offset + t), offset + t + chunk),
+                                    chunk=chunk) for t in range(0, q.size(-2), chunk)], dim=2)
     P = attention_weights(q, k, scorer, **kw)
     return (P @ v.to(P.dtype)).to(q.dtype)
 
 def auto_backend(scorer, p, device):
-    """softmax and ssmax (no re-weighting): SDPA, exact (ssmax scales q); others: Triton on CUDA, else kernels_cpu."""
-    if scorer in ("softmax", "ssmax") and p is None:
+    """SDPA where it runs the scorer (softmax, ssmax: exact, q scaled; fox) without re-weighting; else Triton on CUDA,
+    else kernels_cpu; else the reference (the registry's backends say which run it)."""
+    ok = SCORERS[scorer].backends
+    if "sdpa" in ok and p is None:
         return "sdpa"
-    return "triton" if torch.device(device).type == "cuda" else "cpu"
+    if "triton" in ok and torch.device(device).type == "cuda":
+        return "triton"
+    return "cpu" if "cpu" in ok else "torch"
 
 POS = ("rope", "nope")
 
@@ -90,8 +94,11 @@ class GPTConfig:
         if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
             raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} heads of even size (RoPE)")
         scorers.check_options(self)
-        if self.backend == "sdpa" and (self.scorer not in ("softmax", "ssmax") or self.reweight_p is not None):
-            raise ValueError("backend='sdpa' runs softmax and ssmax without re-weighting only; use backend='auto'")
+        if self.backend not in ("auto", *SCORERS[self.scorer].backends):
+            raise ValueError(f"backend={self.backend!r} does not run scorer={self.scorer!r}; its backends: "
+                             f"{', '.join(SCORERS[self.scorer].backends)} (or auto)")
+        if self.backend == "sdpa" and self.reweight_p is not None:
+            raise ValueError("backend='sdpa' runs no re-weighting; use backend='auto'")
         if self.reweight_p is not None and not self.reweight_p > 0:
             raise ValueError(f"reweight_p={self.reweight_p} must be > 0 (or None for no re-weighting)")
 
@@ -164,6 +171,9 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.scorer, self.p, self.backend = H, config.scorer, config.p, config.backend
         self.rope = config.pos == "rope"
         self.c_attn, self.c_proj = nn.Linear(C, 3 * C, bias=False), nn.Linear(C, C, bias=False)
+        if SCORERS[config.scorer].forget:  # FoX: f = w_f x + b_f per head (b_f starts at 0: sigmoid 1/2)
+            self.fgate = nn.Linear(C, H, bias=True)
+            nn.init.zeros_(self.fgate.bias)
         # per head; a fixed one is a buffer, so it is still saved
         # one kept > low is stored raw, used as low + softplus(raw)
         self.params = [prm for prm in SCORERS[config.scorer].params if not prm.only_if or getattr(config, prm.only_if)]
@@ -191,17 +201,23 @@ class CausalSelfAttention(nn.Module):
         if self.rope:  # nope: the causal mask alone carries the order
             cos, sin = cos[offset:offset + T], sin[offset:offset + T]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        params = self.scorer_params()
+        if hasattr(self, "fgate"):  # FoX's c: prefix sums of log sigmoid(f), fp32, continued from the cache
+            c = F.logsigmoid(self.fgate(x).float()).transpose(1, 2).cumsum(-1)  # (B, nh, T)
+            if cache is not None:
+                cache["c"] = c = torch.cat([cache["c"], cache["c"][..., -1:] + c], dim=-1) if "c" in cache else c
+            params["c"] = c
         if cache is not None:  # keys before offset come from earlier calls
             if "k" in cache:
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
             cache["k"], cache["v"] = k, v
-        params = self.scorer_params()
         backend = auto_backend(self.scorer, self.p, x.device) if self.backend == "auto" else self.backend
         y = attention(q, k, v, self.scorer, p=self.p, offset=offset, backend=backend, **params)
         if capture is not None:  # chosen rows only: never a T x T matrix
             rows = [r % (offset + T) - offset for r in capture["rows"]]
             capture["weights"].append(torch.cat([F.pad(attention_weights(
-                q[:, :, t:t + 1], k[:, :, :offset + t + 1], self.scorer, p=self.p, offset=offset + t, **params),
+                q[:, :, t:t + 1], k[:, :, :offset + t + 1], self.scorer, p=self.p, offset=offset + t,
+                **scorers.upto(params, offset + t + 1)),
                 (0, T - t - 1)) for t in rows], dim=2).detach())  # (B, nh, len(rows), offset + T)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)

@@ -19,6 +19,10 @@ kernel helper.
   sigmoid(z - log n_i), not normalised.
 - softpick: Zuhri et al. 2025 "Softpick: No Attention Sink, No Massive Activations with Rectified Softmax"
   (arXiv 2504.20966, eq. 2): ReLU(e^z - 1) / (sum_j |e^z - 1| + eps): another sum, so rows sum below 1.
+- stickbreaking: Tan et al. 2024 "Scaling Stick-Breaking Attention" (arXiv 2410.17980): over the keys before i,
+  A_ij = sigmoid(z_ij) prod_{j<k<i} (1 - sigmoid(z_ik)); not a row template (torch and cpu backends only).
+- fox: Lin et al. 2025 "Forgetting Transformer" (arXiv 2503.02130): softmax of z_ij + c_i - c_j, c the prefix sums
+  of per-head log forget gates log sigmoid(f_l), which the model computes from the layer input (attention's c=).
 """
 import math
 from dataclasses import dataclass
@@ -29,6 +33,7 @@ import torch.nn.functional as F
 
 LSSAR_DEFAULT_P = 15.0
 SOFTPICK_EPS = 1e-6  # in the unscaled sum (SCORERS.md)
+MASK_ROWS = 256  # query rows per SDPA call with fox's float mask
 
 # ----------------------------------------------------------------------------------------------------------------
 # Reference path: P (B, H, Tq, Tk), future entries exactly 0
@@ -43,7 +48,12 @@ def _rows(Tq, Tk, offset, device):
 def per_head(entry, params, H, like):
     """The scorer's parameters as (H, 1, 1) tensors (broadcast over (Tq, Tk)), registry defaults where not given."""
     full = {prm.name: torch.full((H,), prm.default, device=like.device) for prm in entry.params}  # no sync per call
-    return {name: x.to(like.device, like.dtype).expand(H).view(H, 1, 1) for name, x in {**full, **params}.items()}
+    return {name: x if name == "c" else x.to(like.device, like.dtype).expand(H).view(H, 1, 1)  # c: per key
+            for name, x in {**full, **params}.items()}
+
+def upto(params, end):
+    """The parameters for the first `end` keys: fox's per-key c cut there, the others as they are."""
+    return {name: x[..., :end] if name == "c" else x for name, x in params.items()}
 
 def _masked_softmax(logits, mask):
     return torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
@@ -81,6 +91,19 @@ def score_softpick(q, k, n_i, mask):
     m = z.amax(-1, keepdim=True).clamp(min=0).detach()  # e^z - 1 = e^m (e^(z-m) - e^-m): no overflow
     u = (torch.exp(z - m) - torch.exp(-m)) * mask
     return torch.relu(u) / (u.abs().sum(-1, keepdim=True) + SOFTPICK_EPS * torch.exp(-m))  # relu: slope 0 at 0
+
+def score_stickbreaking(q, k, n_i, mask):
+    z = _z(q, k)
+    before = mask & (torch.arange(mask.size(-1), device=z.device) < n_i - 1)  # keys j < i only
+    log_rest = F.logsigmoid(-z).masked_fill(~before, 0.0)  # log(1 - beta_ik), in log space
+    # sum over j < k < i: a reverse cumulative sum of the keys after j, exact (no total minus prefix)
+    after = F.pad(log_rest[..., 1:], (0, 1)).flip(-1).cumsum(-1).flip(-1)
+    return torch.exp(F.logsigmoid(z) + after).masked_fill(~before, 0.0)  # row 0 attends to nothing: 0
+
+def score_fox(q, k, n_i, mask, c):
+    z = _z(q, k)
+    c = c.to(z.dtype)  # (B, H, Tk): the queries are the last Tq positions
+    return _masked_softmax(z + c[..., -z.size(-2):, None] - c[..., None, :], mask)
 
 TIE = 8  # re-weighting: n P - o > TIE * eps * n counts as positive
 
@@ -125,7 +148,9 @@ class Scorer:
     # the fused kernels' compile-time flags (kernels_math.py)
     stats: str = "online_max"  # or plain_sum: bounded weights, no running max
     row: str = "plain"  # or logn (ssmax), norm (lssa), bias (sigmoid)
-    kernel_logit: str = "linear"  # or ssa, softplus, sigmoid, softpick
+    kernel_logit: str = "linear"  # or ssa, softplus, sigmoid, softpick, stickbreaking
+    forget: bool = False  # FoX: logits + c_i - c_j, c (B, H, Tk) given as c= (the model's forget gates)
+    backends: tuple = ("torch", "cpu", "triton", "flex")  # model.attention's backends that run it
 
     @property
     def sums_to_one(self):  # divided by its weights' own sum: re-weighting applies
@@ -143,9 +168,10 @@ def _log_abs_expm1(z):  # log|e^z - 1| = max(z, 0) + log(1 - e^-|z|); -inf at 0
 
 _lssa = dict(weights=score_lssa, cosine=True, stats="plain_sum", row="norm", kernel_logit="softplus",
              logit=lambda cos, ln_n, ln_d: torch.log(F.softplus(ln_d * ln_n * cos)))  # A / sum A = softmax(log A)
+_SDPA = ("torch", "sdpa", "cpu", "triton", "flex")
 SCORERS = {
-    "softmax": Scorer(score_softmax, lambda z, ln_n, ln_d: z),
-    "ssmax": Scorer(score_ssmax, lambda z, ln_n, ln_d, s, b: z * (s * ln_n + b), row="logn",
+    "softmax": Scorer(score_softmax, lambda z, ln_n, ln_d: z, backends=_SDPA),
+    "ssmax": Scorer(score_ssmax, lambda z, ln_n, ln_d, s, b: z * (s * ln_n + b), row="logn", backends=_SDPA,
                     params=(Param("s", 1.0, init="ssmax_s_init", learn="ssmax_learn_s"),  # (c): s fixed
                             Param("b", 0.0, init="ssmax_b_init", learn="ssmax_learn_b", only_if="ssmax_bias"))),  # (d)
     "ssa": Scorer(score_ssa, _ssa_logit, kernel_logit="ssa",
@@ -157,6 +183,10 @@ SCORERS = {
                       stats="plain_sum", row="bias", kernel_logit="sigmoid"),
     "softpick": Scorer(score_softpick, lambda z, ln_n, ln_d: torch.where(z > 0, _log_abs_expm1(z), -math.inf),
                        den_logit=lambda z, ln_n, ln_d: _log_abs_expm1(z), eps=SOFTPICK_EPS, kernel_logit="softpick"),
+    # a reverse cumulative sum over each row's keys: no row template, no flex logit
+    "stickbreaking": Scorer(score_stickbreaking, None, row_sum=False, stats="plain_sum",
+                            kernel_logit="stickbreaking", backends=("torch", "cpu")),
+    "fox": Scorer(score_fox, lambda z, ln_n, ln_d: z, forget=True, backends=("torch", "sdpa", "flex")),
 }
 
 def check_options(config):
@@ -177,31 +207,38 @@ def check_options(config):
     if config.reweight_p is not None and not SCORERS[config.scorer].sums_to_one:
         raise ValueError(f"reweight_p={config.reweight_p} needs normalised rows; scorer={config.scorer!r} has none")
 
-def get(scorer, p=None, params=None):
+def get(scorer, p=None, params=None, backend=None):
     """The scorer's entry, the re-weighting exponent that applies and the parameters given (None: its default), by
-    the registry's names; one clear error for a bad scorer, p or parameter name."""
+    the registry's names; one clear error for a bad scorer, p, parameter name or a backend that cannot run it."""
     if scorer not in SCORERS:
         raise ValueError(f"unknown scorer {scorer!r}; allowed: {', '.join(SCORERS)}")
     entry = SCORERS[scorer]
     p = entry.p if p is None else p
     if p is not None and not entry.sums_to_one:
         raise ValueError(f"re-weighting (p={p}) needs normalised rows; scorer={scorer!r} has none")
-    names = [prm.name for prm in entry.params]
+    if backend is not None and backend not in entry.backends:
+        raise ValueError(f"scorer {scorer!r} runs on backends {', '.join(entry.backends)}, not {backend!r} (no "
+                         f"kernel for it there yet)")
+    names = [prm.name for prm in entry.params] + ["c"] * entry.forget
     unknown = [name for name in params or {} if name not in names]
     if unknown:
         raise ValueError(f"scorer {scorer!r} has no parameter {unknown[0]!r}; its parameters: {names or 'none'}")
+    if entry.forget and (params or {}).get("c") is None:
+        raise ValueError(f"scorer {scorer!r} needs c= (B, H, Tk): the prefix sums of its log forget gates")
     return entry, None if p is None else float(p), {k: x for k, x in (params or {}).items() if x is not None}
 
-def prepare(q, k, v, scorer, p=None, offset=0, **params):
+def prepare(q, k, v, scorer, p=None, offset=0, backend=None, **params):
     """A fused path's inputs checked: the registry entry, p, and each of the scorer's parameters by name as a
-    per-head fp32 tensor on q's device (its default where not given). q (B, H, Tq, D); k, v (B, H, offset + Tq, D)."""
-    entry, p, params = get(scorer, p, params)
+    per-head fp32 tensor on q's device (its default where not given; fox's c as given). q (B, H, Tq, D); k, v
+    (B, H, offset + Tq, D)."""
+    entry, p, params = get(scorer, p, params, backend)
     assert q.dim() == 4 and k.shape == v.shape and k.shape[:2] == q.shape[:2] and k.shape[3] == q.shape[3], \
         f"q (B, H, Tq, D) and k, v (B, H, Tk, D) expected, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
     H, Tq = q.shape[1], q.shape[2]
     assert k.shape[2] == offset + Tq, f"k has {k.shape[2]} keys but offset + Tq = {offset} + {Tq}"
     fp32 = q.new_empty(0, dtype=torch.float32)
-    return entry, p, {name: x.view(H).contiguous() for name, x in per_head(entry, params, H, fp32).items()}
+    return entry, p, {name: x if name == "c" else x.view(H).contiguous()
+                      for name, x in per_head(entry, params, H, fp32).items()}
 
 # ----------------------------------------------------------------------------------------------------------------
 # Reference weights and the SDPA path
@@ -218,25 +255,34 @@ def attention_weights(q, k, scorer, *, p=None, offset=0, **params):
         return P if p is None else reweight(P, n_i, p)
 
 def sdpa_attention(q, k, v, scorer, *, p=None, offset=0, **params):
-    """softmax and ssmax on torch's SDPA (torch picks the kernel). SSMax's factor s log n_i + b scales q_i, as
-    Qwen's log-n attention does; SDPA's default scale is z's 1/sqrt(d). Causal mask: is_causal at offset 0,
-    bottom-right after a cache, none for one row."""
-    if scorer not in ("softmax", "ssmax") or p is not None:
-        raise ValueError(f"backend='sdpa' runs softmax and ssmax without re-weighting, not scorer={scorer!r} with "
-                         f"p={p}; use backend='auto' (cpu or triton for the others)")
-    entry, p, params = get(scorer, p, params)
+    """softmax, ssmax and fox on torch's SDPA (torch picks the kernel). SSMax's factor s log n_i + b scales q_i, as
+    Qwen's log-n attention does; SDPA's default scale is z's 1/sqrt(d). FoX's c_i - c_j is a float mask, the
+    differences taken in fp32 (c itself grows with length). Causal mask: is_causal at offset 0, bottom-right after a
+    cache, none for one row."""
+    entry, p, params = get(scorer, p, params, "sdpa")
+    if p is not None:
+        raise ValueError(f"backend='sdpa' runs no re-weighting (p={p}); use backend='auto' (cpu or triton)")
     Tq, Tk = q.size(-2), k.size(-2)
     assert Tk == offset + Tq, f"k has {Tk} keys but offset + Tq = {offset} + {Tq}"
+    if entry.forget and Tq > MASK_ROWS:  # fox's mask is (Tq, Tk) a head: by row blocks, memory O(rows * Tk)
+        ends = [(t, offset + t + MASK_ROWS) for t in range(0, Tq, MASK_ROWS)]
+        return torch.cat([sdpa_attention(q[:, :, t:t + MASK_ROWS], k[:, :, :end], v[:, :, :end], scorer,
+                                         offset=offset + t, **upto(params, end)) for t, end in ends], dim=2)
     if scorer == "ssmax":  # scale in fp32, q rounded once, as bf16 autocast would
         dtype = torch.promote_types(q.dtype, torch.float32)
         ln_n = torch.arange(offset + 1, offset + Tq + 1, device=q.device, dtype=dtype).log()[:, None]  # (Tq, 1)
         prm = per_head(entry, params, q.size(1), ln_n)
         q = (q.to(dtype) * (prm["s"] * ln_n + prm["b"])).to(q.dtype)
     mask = None
-    if offset and Tq > 1:  # a chunk after a cache: bottom-right causal
+    if entry.forget:
+        c = params["c"].to(torch.promote_types(q.dtype, torch.float32))
+        bias = c[..., offset:, None] - c[..., None, :]  # (B, H, Tq, Tk)
+        keep = torch.arange(Tk, device=q.device) <= torch.arange(offset, Tk, device=q.device)[:, None]
+        mask = bias.masked_fill(~keep, -math.inf).to(q.dtype)
+    elif offset and Tq > 1:  # a chunk after a cache: bottom-right causal
         from torch.nn.attention.bias import causal_lower_right  # torch >= 2.2
         mask = causal_lower_right(Tq, Tk)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=offset == 0 and Tq > 1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and offset == 0 and Tq > 1)
 
 def ssmax_s_for_switch(N):
     """s0 = 1 / mean_{n=1..N} log n: keeps the average logit scale at a softmax->SSMax switch (0.168 at N=1024)."""

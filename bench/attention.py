@@ -1,5 +1,5 @@
 """
-The fused kernels (kernels.py) timed against the reference ("eager"), SDPA's flash backend ("sdpa"), cuDNN ("cudnn")
+The fused kernels (kernels.py) timed against the reference ("eager"), SDPA's flash backend ("sdpa"; fox: memory-efficient), cuDNN ("cudnn")
 and compiled FlexAttention ("flex"), forward and forward+backward, on a CUDA GPU: a printed table and, with --out,
 <out>.csv and <out>.png (TFLOP/s against T, a panel per head dim and mode). bench/README.md holds the measured tables.
 
@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import kernels  # noqa: E402
 import kernels_flex  # noqa: E402
 from model import attention as reference  # noqa: E402
-from scorers import SCORERS  # noqa: E402
+from scorers import SCORERS, sdpa_attention  # noqa: E402
 from lib.checkpoint import run_info  # noqa: E402
 
 # Causal FLOPs as FlashAttention counts them: fwd 4 B H T^2 D / 2
@@ -32,13 +32,11 @@ from lib.checkpoint import run_info  # noqa: E402
 PROVIDERS = ("triton", "flex", "eager", "sdpa", "cudnn")
 
 
-def _sdpa(q, k, v, scorer, *, s=None, b=None, p=None, backend=SDPBackend.FLASH_ATTENTION):
-    """softmax (or ssmax: SDPA on q times s log n_i + b) on one named backend: unpinned, recent torch builds pick
-    cuDNN first on Hopper."""
-    if scorer == "ssmax":
-        q = q * (s[:, None] * torch.arange(1, q.size(2) + 1, device=q.device).log() + b[:, None])[..., None].to(q.dtype)
-    with sdpa_kernel(backend):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+def _sdpa(q, k, v, scorer, *, p=None, backend=SDPBackend.FLASH_ATTENTION, **params):
+    """scorers.sdpa_attention (softmax; ssmax on q times s log n_i + b; fox's bias as a mask) on one named backend:
+    unpinned, recent torch builds pick cuDNN first on Hopper. Flash takes no mask: fox runs on memory-efficient."""
+    with sdpa_kernel([backend, SDPBackend.EFFICIENT_ATTENTION] if SCORERS[scorer].forget else backend):
+        return sdpa_attention(q, k, v, scorer, p=p, **params)
 
 
 SLOW_MS = 500.0
@@ -112,7 +110,8 @@ def benchmark(Ts, Ds, scorers, providers, tokens=16384, heads=16, dtype=torch.bf
           *(f"{c:>9}" for c in ("ms", "TFLOP/s", "MiB")))
     for D, T, name, provider, mode in itertools.product(Ds, Ts, scorers, providers, modes):
         scorer, _, p = name.partition("_p")
-        if provider in ("sdpa", "cudnn") and (scorer not in ("softmax", "ssmax") or p):
+        backend = {"eager": "torch", "cudnn": "sdpa"}.get(provider, provider)
+        if backend not in SCORERS[scorer].backends or (backend == "sdpa" and p):  # the registry's backends
             continue
         B = max(1, tokens // T)
         if (D, T) not in inputs:  # one shape in memory at a time
@@ -123,6 +122,8 @@ def benchmark(Ts, Ds, scorers, providers, tokens=16384, heads=16, dtype=torch.bf
         x = [t.detach().requires_grad_(mode != "fwd") for t in (q, k, v)]
         params = {prm.name: torch.full((H,), prm.default, device=device, requires_grad=True)  # learned, as in a model
                   for prm in SCORERS[scorer].params}
+        if SCORERS[scorer].forget:  # FoX's c: forget gates near 1
+            params["c"] = F.logsigmoid(torch.randn(B, H, T, device=device) + 3).cumsum(-1).requires_grad_()
         f = lambda: providers_fn[provider](*x, scorer, p=float(p) if p else None, **params)
         fn = torch.no_grad()(f) if mode == "fwd" else lambda: f().backward(do)
         row = dict(scorer=name, provider=provider, D=D, T=T, B=B, H=H, mode=mode, dtype=str(dtype)[6:], ms=None,
@@ -143,7 +144,7 @@ def benchmark(Ts, Ds, scorers, providers, tokens=16384, heads=16, dtype=torch.bf
                 csv.writer(fh).writerows([list(rows[0]), *(r.values() for r in rows)])
         print(f"{name:<11}{provider:<9}{D:>4}{T:>7}{B:>5} {mode:<8}", *(f"{row[c]:9.4g}" if row[c] else f"{'-':>9}"
               for c in ("ms", "tflops", "peak_mib")), "" if row["status"] == "ok" else row["status"], flush=True)
-    assert rows, "nothing to run (sdpa and cudnn run softmax and ssmax only)"
+    assert rows, "nothing to run (sdpa and cudnn run the scorers whose registry backends list sdpa)"
     if out:
         plot(rows, out)
         print(f"wrote {out}.csv, {out}.png")
@@ -156,7 +157,7 @@ if __name__ == "__main__":
     ap.add_argument("--D", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--scorers", nargs="+", default=[*SCORERS, "softmax_p3"])
     ap.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=PROVIDERS,
-                    help="sdpa (its flash backend) and cudnn run softmax and ssmax only")
+                    help="sdpa (its flash backend) and cudnn run the registry's sdpa scorers (softmax, ssmax, fox)")
     ap.add_argument("--tokens", type=int, default=16384, help="B * T")
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32", "bfloat16", "float16", "float32"))

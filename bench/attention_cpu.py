@@ -35,6 +35,8 @@ def attention_table(Ts, scorers, reference, B=4, H=4, D=32):
         do = torch.randn(B, H, T, D)
         params = {sc: {name: torch.full((H,), x, requires_grad=True) for name, x in PARAMS.get(sc, {}).items()}
                   for sc in scorers}
+        for sc in (sc for sc in scorers if model.SCORERS[sc].forget):  # FoX's c: forget gates near 1
+            params[sc]["c"] = F.logsigmoid(torch.randn(B, H, T) + 3).cumsum(-1).requires_grad_()
         fns = {("softmax", "SDPA"): lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)}
         for sc in scorers:
             for backend in ("auto", "torch") if reference else ("auto",):

@@ -35,7 +35,7 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 # (kernel, name, constexprs) of each scorer as the model calls it:
 # learned parameters need exact sigma; re-weighting runs two passes
 VARIANTS = []
-for name, entry in SCORERS.items():
+for name, entry in ((n, e) for n, e in SCORERS.items() if "triton" in e.backends):
     flags, rw = entry.kernel_flags(), entry.p is not None
     VARIANTS += [("fwd", f"{name}_pass1", dict(**flags, STAGE=0)),
                  ("fwd", f"{name}_pass2", dict(**flags, STAGE=2, P_INT=int(entry.p)))] if rw else \

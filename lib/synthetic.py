@@ -32,9 +32,14 @@ SETTINGS = {  # train.py overrides; {log_N}: log of training length
     "softmax-wd0": ["scorer=softmax", "weight_decay=0.0"],
     "ssmax-wd0": ["scorer=ssmax", "weight_decay=0.0"],
     "softmax-p3": ["scorer=softmax", "reweight_p=3.0"],  # LSSAR's re-weighting (only via --settings)
+    # the zoo: later answers to fading, each on NoPE as its paper (the tasks' default)
+    "softpick": ["scorer=softpick"],
+    "stickbreaking": ["scorer=stickbreaking"],
+    "fox": ["scorer=fox"],
 }
 CORE = ["softmax", "ssmax", "ssmax-fixed-s", "ssa", "lssa", "lssar"]
 CONTROLS = ["sigmoid", "softmax-logN", "ssmax-s0.5", "ssmax-s2", "softmax-wd0", "ssmax-wd0"]
+ZOO = ["softpick", "stickbreaking", "fox"]
 LONG, SHORT = (1, 2, 4, 8, 16, 32, 64, 128), (1, 2, 4, 8, 16)  # test lengths L / N
 
 
@@ -50,10 +55,10 @@ class Entry:
 
 
 SUITE = {
-    "first": Entry("first", (), LONG, diagnose=True, seeds=10, settings=tuple(CORE + CONTROLS)),
+    "first": Entry("first", (), LONG, diagnose=True, seeds=10, settings=tuple(CORE + CONTROLS + ZOO)),
     # LSSAR misses recall's gate at N at this budget
     # sigmoid makes no length claim: FIRST only, for time
-    "recall": Entry("recall", (), LONG, diagnose=True, seeds=10, settings=tuple(s for s in CORE + CONTROLS
+    "recall": Entry("recall", (), LONG, diagnose=True, seeds=10, settings=tuple(s for s in CORE + CONTROLS + ZOO
                                                                                  if s not in ("lssar", "sigmoid"))),
     "recall-rope": Entry("recall", ("pos=rope",), ropes=("plain", "theta", "dynamic_ntk")),
     # the SSA paper's tasks, against softmax

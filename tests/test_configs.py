@@ -25,6 +25,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(REPO, "configs", "*.py")))
 PAPER = sorted(glob.glob(os.path.join(REPO, "configs", "paper", "*.py")))
 TASKS = sorted(glob.glob(os.path.join(REPO, "configs", "tasks", "*.py")))
+ZOO = {"softpick.py", "stickbreaking.py", "fox.py"}  # one-line quick configs; no paper recipe
 QUICK = [p for p in CONFIGS if os.path.basename(p) not in ("cpu_quick.py", "sft.py")]  # one per scorer setting
 QUICK_TOKEN_BUDGET = 1_000_000_000  # about an hour of the 162M model on one H100 (configs/softmax.py's arithmetic)
 SCORER_FIELDS = ["scorer", "reweight_p", *SCORER_OPTIONS]
@@ -88,14 +89,16 @@ def test_comment_arithmetic_matches_the_fields(path):
 
 def test_quick_gpu_configs_train_the_162m_model_on_fineweb_edu_in_one_recipe_under_the_token_budget():
     assert {name(p) for p in QUICK} == {f"{s}.py" for s in ("softmax", "ssmax", "ssmax_nos", "ssmax_bias", "ssa",
-                                                             "ssa_learn_n", "lssa", "lssar", "ssmax_swap")}
+                                                             "ssa_learn_n", "lssa", "lssar", "ssmax_swap")} | ZOO
     base = config(os.path.join(REPO, "configs", "softmax.py"))
     assert (base.n_layer, base.n_head, base.n_embd, base.ffn_hidden, base.block_size) == (12, 12, 768, 2048, 1024)
     assert base.dataset == "fineweb_edu" and base.device == "auto" and base.init_from == "scratch"
     tokens = base.batch_size * base.block_size * base.gradient_accumulation_steps * base.max_iters
     assert tokens <= QUICK_TOKEN_BUDGET and tokens <= dataset.NAMED["fineweb_edu"][1]  # at most one pass
     assert base.max_iters // base.eval_interval >= 10  # a curve, not two points
-    leg = {"scorer", "out_dir", "init_from", "max_iters", "warmup_iters", "eval_interval", "compile", *SCORER_FIELDS}
+    # pos: the zoo's papers use no RoPE
+    leg = {"scorer", "out_dir", "init_from", "max_iters", "warmup_iters", "eval_interval", "compile", "pos",
+           *SCORER_FIELDS}
     for path in QUICK:
         cfg = config(path)  # compiled where attention is SDPA's (#33), not through the Triton kernels yet
         assert cfg.compile == (cfg.scorer in ("softmax", "ssmax")), name(path)
@@ -133,7 +136,7 @@ def test_the_hour_in_softmax_py_is_its_flops_at_the_stated_mfu():
 
 
 def test_paper_configs_keep_the_papers_recipe_for_every_quick_scorer_setting():
-    assert {name(p).removeprefix("paper/") for p in PAPER} == {name(p) for p in QUICK}
+    assert {name(p).removeprefix("paper/") for p in PAPER} == {name(p) for p in QUICK} - ZOO  # the seed papers' recipe
     for path in PAPER:
         cfg, quick = config(path), config(os.path.join(REPO, "configs", os.path.basename(path)))
         assert {k: getattr(cfg, k) for k in SCORER_FIELDS} == {k: getattr(quick, k) for k in SCORER_FIELDS}

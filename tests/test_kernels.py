@@ -19,11 +19,12 @@ import kernels_flex
 import model
 from scorers import SCORERS
 
-# Every scorer of the registry with each parameter per head (H = 2) off its default, so that every one matters
-# (within its constraint: ssa's b > 0, n > 1), and re-weighting on softmax
-CASES = [(name, {prm.name: [prm.default - 0.3, prm.default + 0.5] for prm in entry.params})
-         for name, entry in SCORERS.items()] + [("softmax", dict(p=3.0))]
-IDS = [*SCORERS, "softmax_p3"]
+# Every scorer of the registry that the kernels run, with each parameter per head (H = 2) off its default, so that
+# every one matters (within its constraint: ssa's b > 0, n > 1), and re-weighting on softmax
+FUSED = [name for name, entry in SCORERS.items() if "triton" in entry.backends]
+CASES = [(name, {prm.name: [prm.default - 0.3, prm.default + 0.5] for prm in SCORERS[name].params})
+         for name in FUSED] + [("softmax", dict(p=3.0))]
+IDS = [*FUSED, "softmax_p3"]
 SHAPES = [  # (Tq, offset, D): odd lengths, a query block after a cache, decoding one token after a long cache
     (1, 0, 16), (15, 0, 16), (63, 0, 32), (130, 0, 16), (40, 23, 32), (1, 129, 16),
 ]
@@ -183,13 +184,17 @@ def test_autotune_keeps_the_shapes_of_the_inputs_dtype_and_drops_tiles_whose_acc
 GPU_SHAPES = list(zip(kernels.FWD_TUNE + kernels.FWD_TUNE_FP32, kernels.BWD_TUNE + kernels.BWD_TUNE_FP32))
 
 
-@pytest.mark.parametrize("fwd,bwd", GPU_SHAPES, ids=[f"fwd{f[0]}x{f[1]}-bwd{b[0]}x{b[1]}" for f, b in GPU_SHAPES])
-def test_every_gpu_block_shape_matches_reference(monkeypatch, fwd, bwd):
-    # the GPU autotunes over these shapes; T = 257 leaves a ragged last block for every one of them
+@pytest.mark.parametrize("i", range(len(GPU_SHAPES)),
+                         ids=[f"fwd{f[0]}x{f[1]}-bwd{b[0]}x{b[1]}" for f, b in GPU_SHAPES])
+def test_every_gpu_block_shape_matches_reference(monkeypatch, i):
+    # the GPU autotunes over these shapes; T = 257 leaves a ragged last block for every one of them. The tiling is
+    # the same code for every scorer (each runs every path at the default shape above): a shape runs three cases in
+    # turn, so every case runs at two shapes or more
+    fwd, bwd = GPU_SHAPES[i]
     monkeypatch.setattr(kernels, "_attn_fwd_tuned", _Pinned(kernels._attn_fwd, *fwd[:2]))
     monkeypatch.setattr(kernels, "_attn_bwd_dq_tuned", _Pinned(kernels._attn_bwd_dq, *bwd[:2]))
     monkeypatch.setattr(kernels, "_attn_bwd_dkdv_tuned", _Pinned(kernels._attn_bwd_dkdv, *bwd[:2]))
-    for scorer, kw in CASES:
+    for scorer, kw in {j % len(CASES): CASES[j % len(CASES)] for j in range(3 * i, 3 * i + 3)}.values():
         _check(scorer, kw, 257, 0, 32, B=1)
 
 
@@ -303,6 +308,33 @@ def test_flex_forward_matches_reference(scorer, kw, Tq, offset):
     ref = _ref(q.double(), k.double(), v.double(), scorer, p=kw.get("p"), offset=offset,
                **{n: x.double() for n, x in params.items()})
     assert out.shape == q.shape and _err(out, ref) < 2e-5
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("Tq,offset", [(1, 0), (37, 0), (20, 30), (1, 130)])
+def test_flex_runs_fox_with_its_forget_bias(Tq, offset):
+    q, k, v, _ = _inputs(Tq, offset, 16)
+    c = torch.nn.functional.logsigmoid(torch.randn(k.shape[:3]) + 1).cumsum(-1)  # c_i - c_j: down to ~ -40
+    out = kernels_flex.flex_attention(q, k, v, "fox", offset=offset, c=c)
+    ref = _ref(q.double(), k.double(), v.double(), "fox", offset=offset, c=c.double())
+    assert _err(out, ref) < 2e-5
+    assert offset + Tq == 1 or _err(out, _ref(q, k, v, "softmax", offset=offset)) > 1e-2  # the bias ran
+
+
+def test_a_scorer_without_a_kernel_on_a_backend_is_refused_there_with_one_line():
+    q = torch.randn(1, 2, 8, 16)
+    c = torch.zeros(1, 2, 8)
+    for scorer, kw in (("stickbreaking", {}), ("fox", dict(c=c))):
+        with pytest.raises(ValueError, match=f"scorer '{scorer}' runs on backends .*, not 'triton' .no kernel"):
+            kernels.attention(q, q, q, scorer, **kw)
+        with pytest.raises(ValueError, match=f"backend='triton' does not run scorer='{scorer}'"):
+            model.GPTConfig(scorer=scorer, backend="triton")
+    with pytest.raises(ValueError, match="not 'flex'"):
+        kernels_flex.flex_attention(q, q, q, "stickbreaking")
+    with pytest.raises(ValueError, match="scorer 'fox' runs on backends torch, sdpa, flex, not 'cpu'"):
+        model.attention(q, q, q, "fox", backend="cpu", c=c)
+    with pytest.raises(ValueError, match="scorer 'fox' needs c="):
+        model.attention(q, q, q, "fox")
 
 
 # ----------------------------------------------------------------------------------------------------------------

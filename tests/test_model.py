@@ -76,11 +76,12 @@ def test_every_scorer_parameter_gets_a_nonzero_gradient(variant):
     cfg = m.config  # the registry says which parameters exist and learn
     expected = [model.param_name(cfg.scorer, prm) for prm in model.SCORERS[cfg.scorer].params
                 if (not prm.only_if or getattr(cfg, prm.only_if)) and (not prm.learn or getattr(cfg, prm.learn))]
+    expected += ["fgate.weight", "fgate.bias"] * model.SCORERS[cfg.scorer].forget  # FoX's forget gate
     for block in m.transformer.h:
         learnable = [name for name, _ in block.attn.named_parameters() if not name.startswith("c_")]
         assert sorted(learnable) == sorted(expected)
         for name in learnable:
-            g = getattr(block.attn, name).grad
+            g = block.attn.get_parameter(name).grad
             assert g is not None and (g != 0).all(), f"{name} gets no gradient"
 
 

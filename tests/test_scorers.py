@@ -13,15 +13,22 @@ from scorers import SCORERS
 
 # (scorer, kwargs): every registry entry at its defaults, with its parameters varied, and re-weighted where its rows
 # sum to one (and with both at once)
-SCORER_CASES = ([(name, {}) for name in SCORERS]
+# fox's c ("gates"): made by _t for the keys' shape
+SCORER_CASES = ([(name, {"c": "gates"} if e.forget else {}) for name, e in SCORERS.items()]
                 + [(name, {prm.name: varied(prm, 2) for prm in e.params}) for name, e in SCORERS.items() if e.params]
-                + [(name, dict(p=3.0)) for name, e in SCORERS.items() if e.sums_to_one and e.p is None]
+                + [(name, dict(p=3.0)) for name, e in SCORERS.items() if e.sums_to_one and e.p is None and not e.forget]
                 + [(name, {**{prm.name: varied(prm, 2) for prm in e.params}, "p": 15.0}) for name, e in SCORERS.items()
                    if e.params and e.sums_to_one])
 
 
-def _t(kw):
-    return {k: torch.tensor(v, dtype=torch.float64) if isinstance(v, list) else v for k, v in kw.items()}
+def _t(kw, like=None):
+    """Lists as float64 tensors; c="gates": FoX's prefix sums of log forget gates for like's keys (B, H, Tk)."""
+    out = {k: torch.tensor(v, dtype=torch.float64) if isinstance(v, list) else v for k, v in kw.items()}
+    if out.get("c") == "gates":
+        g = torch.Generator().manual_seed(7)
+        out["c"] = torch.nn.functional.logsigmoid(torch.randn(like.shape[:3], generator=g, dtype=torch.float64) + 1)
+        out["c"] = out["c"].cumsum(-1)
+    return out
 
 
 def spec_weights(q, k, scorer, p=None, offset=0, **params):
@@ -42,6 +49,12 @@ def spec_weights(q, k, scorer, p=None, offset=0, **params):
                 den = None  # the row's divisor, where not w's own sum
                 if scorer == "softmax":
                     w = torch.exp(z - z.max())
+                elif scorer == "fox":
+                    x = z + params["c"][bb, h, i] - params["c"][bb, h, : i + 1]
+                    w = torch.exp(x - x.max())
+                elif scorer == "stickbreaking":  # keys j < i: sigmoid(z_j) prod_{j<k<i} (1 - sigmoid(z_k))
+                    beta = torch.sigmoid(z)
+                    w = torch.stack([beta[j] * torch.prod(1 - beta[j + 1:i]) for j in range(i)] + [z.new_zeros(())])
                 elif scorer == "ssmax":
                     x = (prm["s"] * math.log(n_i) + prm["b"]) * z
                     w = torch.exp(x - x.max())
@@ -83,20 +96,20 @@ def _qk(B=2, H=2, T=7, d=8, seed=0, scale=1.0):
 @pytest.mark.parametrize("scorer,kw", SCORER_CASES)
 def test_weights_match_the_spec_rows_sum_to_one_and_future_is_zero(scorer, kw):
     q, k, v = _qk(T=9, scale=1.5)
-    P = attention_weights(q, k, scorer, **_t(kw))
-    torch.testing.assert_close(P, spec_weights(q, k, scorer, **_t(kw)), rtol=1e-9, atol=1e-12)
+    P = attention_weights(q, k, scorer, **_t(kw, k))
+    torch.testing.assert_close(P, spec_weights(q, k, scorer, **_t(kw, k)), rtol=1e-9, atol=1e-12)
     if model.SCORERS[scorer].sums_to_one:  # sigmoid's rows are not (their sums: test_sigmoid_rows_...)
         torch.testing.assert_close(P.sum(-1), torch.ones(2, 2, 9, dtype=torch.float64))
     assert (P.triu(diagonal=1) == 0).all()
-    torch.testing.assert_close(attention(q, k, v, scorer, **_t(kw)), P @ v)
+    torch.testing.assert_close(attention(q, k, v, scorer, **_t(kw, k)), P @ v)
 
 
 @pytest.mark.parametrize("scorer,kw", SCORER_CASES)
 def test_query_block_at_an_offset_gives_the_rows_of_the_full_computation(scorer, kw):
     q, k, v = _qk(T=11)
-    full = attention(q, k, v, scorer, **_t(kw))
+    full = attention(q, k, v, scorer, **_t(kw, k))
     for offset in (1, 4, 10):  # 10: decode, one query against a cache of 10 keys
-        part = attention(q[:, :, offset:], k, v, scorer, offset=offset, **_t(kw))
+        part = attention(q[:, :, offset:], k, v, scorer, offset=offset, **_t(kw, k))
         torch.testing.assert_close(part, full[:, :, offset:], rtol=1e-12, atol=1e-12)
 
 
@@ -157,7 +170,7 @@ def test_edge_cases_are_finite(scorer, kw, case):
         q, k, v = _qk(T=9)
         q, k = q / q.norm(dim=-1, keepdim=True) * 300, k / k.norm(dim=-1, keepdim=True) * 300 * math.sqrt(8) / 9
     for dtype in (torch.float32, torch.float64):
-        kwd = {key: (val.to(dtype) if torch.is_tensor(val) else val) for key, val in _t(kw).items()}
+        kwd = {key: (val.to(dtype) if torch.is_tensor(val) else val) for key, val in _t(kw, k).items()}
         P = attention_weights(q.to(dtype), k.to(dtype), scorer, **kwd)
         assert torch.isfinite(P).all()
         if model.SCORERS[scorer].sums_to_one:
@@ -176,11 +189,11 @@ def test_reweighting_large_n_and_p_does_not_overflow():
 @pytest.mark.parametrize("scorer,kw", [("ssmax", dict(s=[0.7, 1.3], b=[0.2, -0.4])),
                                        ("ssa", dict(b=[0.5, 2.0], n=[1.1, 2.5])),
                                        ("lssa", {}), ("lssar", dict(p=3.0)), ("softmax", dict(p=2.0)),
-                                       ("softpick", {})])
+                                       ("softpick", {}), ("stickbreaking", {}), ("fox", dict(c="gates"))])
 def test_gradients_match_finite_differences_in_float64(scorer, kw):
     q, k, v = _qk(B=1, H=2, T=6, d=4, seed=3)
-    params = {key: val.requires_grad_() for key, val in _t(kw).items() if torch.is_tensor(val)}
-    other = {key: val for key, val in _t(kw).items() if not torch.is_tensor(val)}
+    params = {key: val.requires_grad_() for key, val in _t(kw, k).items() if torch.is_tensor(val)}
+    other = {key: val for key, val in _t(kw, k).items() if not torch.is_tensor(val)}
     names = list(params)
 
     def f(q, k, v, *ps):
@@ -292,17 +305,21 @@ def test_registry_agrees_with_config_model_train_kernels_flex_ptxas_and_docs():
         cfg = model.GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=8, scorer=name,
                               **{prm.only_if: True for prm in entry.params if prm.only_if})
         attn = model.GPT(cfg).transformer.h[0].attn
-        own = {k for k, _ in [*attn.named_parameters(), *attn.named_buffers()] if not k.startswith("c_")}
+        own = {k for k, _ in [*attn.named_parameters(), *attn.named_buffers()] if not k.startswith(("c_", "fgate."))}
+        assert hasattr(attn, "fgate") == entry.forget, name  # FoX's gate projection, only there
         assert own == {model.param_name(name, prm) for prm in entry.params}, name
-        assert tuple(entry.kernel_flags().values())[:4] in kernels.KERNELS, name  # the fused kernels' math
-        assert entry.kernel_logit in kernels_cpu.KINDS, name  # and the CPU path, never softmax's by default
-        assert list(inspect.signature(entry.logit).parameters)[3:] == [prm.name for prm in entry.params], name
+        # the fused kernels' math, and the CPU path's (never softmax's by default)
+        assert "triton" not in entry.backends or tuple(entry.kernel_flags().values())[:4] in kernels.KERNELS, name
+        assert "cpu" not in entry.backends or entry.kernel_logit in kernels_cpu.KINDS, name
+        assert ("flex" not in entry.backends or list(inspect.signature(entry.logit).parameters)[3:]
+                == [prm.name for prm in entry.params]), name
         assert not (entry.p is not None and not entry.sums_to_one), name  # re-weighting needs normalised rows
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     spec = importlib.util.spec_from_file_location("ptxas_report", os.path.join(root, "bench", "ptxas_report.py"))
     ptxas = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ptxas)
-    assert {name.split("_pass")[0] for _, name, _ in ptxas.VARIANTS} == set(SCORERS)
+    assert {name.split("_pass")[0] for _, name, _ in ptxas.VARIANTS} == {n for n, e in SCORERS.items()
+                                                                          if "triton" in e.backends}
     for doc in ("README.md", "SCORERS.md"):
         text = open(os.path.join(root, doc), encoding="utf-8").read()
         assert all(f"`{name}`" in text for name in SCORERS), doc

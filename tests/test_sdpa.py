@@ -65,9 +65,9 @@ def test_sdpa_ssmax_differs_from_softmax_so_the_scale_is_applied():
 
 def test_sdpa_refuses_other_scorers_and_reweighting_with_one_clear_error():
     q = torch.randn(1, 2, 4, D)
-    with pytest.raises(ValueError, match="backend='sdpa' runs softmax and ssmax .* not scorer='ssa'"):
+    with pytest.raises(ValueError, match="scorer 'ssa' runs on backends torch, cpu, triton, flex, not 'sdpa'"):
         attention(q, q, q, "ssa", backend="sdpa")
-    with pytest.raises(ValueError, match="without re-weighting"):
+    with pytest.raises(ValueError, match="backend='sdpa' runs no re-weighting"):
         attention(q, q, q, "softmax", p=3.0, backend="sdpa")
 
 
@@ -216,10 +216,13 @@ def test_cuda_sdpa_bf16_matches_the_reference(scorer):
 
 
 def test_a_config_asking_sdpa_for_a_scorer_it_cannot_run_is_refused_when_built():
-    for kw in (dict(scorer="ssa"), dict(scorer="lssar"), dict(scorer="softmax", reweight_p=3.0)):
-        with pytest.raises(ValueError, match="backend='sdpa' runs softmax and ssmax"):
+    for kw in (dict(scorer="ssa"), dict(scorer="lssar"), dict(scorer="stickbreaking")):
+        with pytest.raises(ValueError, match=f"backend='sdpa' does not run scorer='{kw['scorer']}'; its backends"):
             GPTConfig(backend="sdpa", **kw)
+    with pytest.raises(ValueError, match="backend='sdpa' runs no re-weighting"):
+        GPTConfig(backend="sdpa", scorer="softmax", reweight_p=3.0)
     GPTConfig(backend="sdpa", scorer="ssmax")
+    GPTConfig(backend="sdpa", scorer="fox")
 
 
 def test_reuse_freed_memory_stops_the_page_faults_of_a_training_step_with_gpt2s_vocabulary():

@@ -1,0 +1,7 @@
+# Stick-breaking attention (Tan et al. 2024, arXiv 2410.17980), no positional encoding as the paper. No Triton kernel
+# yet: it runs kernels_cpu's blocked torch math, on a GPU too, slower than the fused scorers.
+base = "softmax.py"  # configs/softmax.py's recipe, data and arithmetic; this file sets what differs
+scorer = "stickbreaking"
+pos = "nope"
+out_dir = "out-stickbreaking"
+compile = False  # a hand-written autograd.Function: compiling through it is untested
