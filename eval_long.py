@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from lib import compare, dataset, tracking
+from lib import compare, dataset, rescale, tracking
 from lib.checkpoint import load_checkpoint, read_checkpoint, run_info
 from model import BACKENDS, ROPE_METHODS
 
@@ -91,6 +91,7 @@ def evaluate(model, data, starts, args, N, method, scale, bar):
     lengths = pass_lengths(args, N, method)
     for n in lengths:  # the last, L, gives the curve and RoPE info
         rope = model.extend_rope(method, scale, n)
+        rescale.apply(model, args.logit_scale, n, args.llama4_floor)  # None: no rescaling
         mine = {w: b for w, b in bounds.items() if b[1] == n or len(lengths) == 1}
         curve, losses = per_position_loss(model, data, starts, n, args.batch_size, mine, bar)
         per_seq.update(losses)
@@ -137,6 +138,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
         return []
     # check all checkpoints (mmap'd) before any model runs
     model_args = [dataset.language_model(p, read_checkpoint(p, mmap=True))["model_args"] for p in args.ckpt]
+    rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale)
     args.length = args.length or 10 * model_args[0]["block_size"]  # the first checkpoint fixes L
     N, path = max((a["block_size"], path) for a, path in zip(model_args, args.ckpt))
     if args.length < N:
@@ -216,10 +218,12 @@ def main(argv=None):
     p.add_argument("--out_dir", default="out-eval-long")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: model.auto_backend")
+    p.add_argument("--logit_scale", choices=rescale.KINDS, help="rescale softmax's logits, training-free")
+    p.add_argument("--llama4_floor", type=int, default=rescale.LLAMA4_FLOOR, help="llama4's floor scale F")
     args = p.parse_args(argv)
     if not args.ckpt and not args.fading:
         p.error("give one or more checkpoints, or --fading")
-    bad = [f"--{k} {getattr(args, k)}" for k in ("num_seqs", "batch_size", "length", "smooth", "n_boot")
+    bad = [f"--{k} {getattr(args, k)}" for k in ("num_seqs", "batch_size", "length", "smooth", "n_boot", "llama4_floor")
            if getattr(args, k) is not None and getattr(args, k) < 1]
     bad += [f"--rope_scale {args.rope_scale}"] * (not 0 < args.rope_scale < math.inf)  # `not <` refuses nan too
     bad += [f"--seed {args.seed}"] * (not 0 <= args.seed < 2**64)

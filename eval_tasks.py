@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels_cpu import CHUNK
-from lib import tracking
+from lib import rescale, tracking
 from lib.checkpoint import build_model, read_checkpoint
 from lib.compare import wilson, write_csv
 from model import SCORERS, GPTConfig, auto_backend
@@ -134,19 +134,23 @@ def check(runs, lengths, n, diag_n):
                              f"available; lengths up to {free // per:,} fit")
 
 
-def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0):
+def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0, logit_scale=None, floor=rescale.LLAMA4_FLOOR):
     """accuracy.csv, per_prompt.csv (and attention.csv with diag_n > 0) for every checkpoint, written after each
-    one (main writes them to a folder that becomes --out_dir when all are done); lengths sorted."""
+    one (main writes them to a folder that becomes --out_dir when all are done); lengths sorted. logit_scale: a
+    training-free rescaling of softmax's logits (lib/rescale.py), its name appended to the setting."""
     runs = [(p, *load(p)) for p in paths]  # check every input before the first evaluation
     check(runs, lengths, n, diag_n)
+    rescale.check([model.config.scorer for _, model, _ in runs], logit_scale)
     os.makedirs(out_dir, exist_ok=True)
     acc, att, prompts = [], [], []
     for path, model, ckpt in runs:
         c = SimpleNamespace(**ckpt["config"])
         N, task = c.block_size, TASKS[c.task]
         label = os.path.basename(os.path.dirname(os.path.abspath(path)))
+        name = setting(ckpt["config"]) + (f"-{logit_scale}" if logit_scale else "")
         for rope in (["nope"] if c.pos == "nope" else ropes):
             for L in lengths:
+                rescale.apply(model, logit_scale, L, floor)
                 if rope != "nope":
                     model.extend_rope("none" if rope == "plain" else rope, L / N if rope == "theta" else 1.0, L)
                 for ci, (cond, over) in enumerate(task.conditions):
@@ -155,15 +159,15 @@ def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0):
                     mse = task.loss == "mse"
                     half = 1.96 * r.std(ddof=1) / math.sqrt(n)  # the mse's normal 95% interval
                     lo, hi = (r.mean() - half, r.mean() + half) if mse else wilson(r[:, 0].sum(), n)
-                    acc.append(dict(task=c.task, model=label, scorer=setting(ckpt["config"]), seed=c.seed, length=L,
+                    acc.append(dict(task=c.task, model=label, scorer=name, seed=c.seed, length=L,
                                     accuracy="" if mse else r[:, 0].mean(), ci_low=lo, ci_high=hi, n=n,
                                     mse=r.mean() if mse else "", loss="" if mse else r[:, 1].mean(), condition=cond,
                                     rope=rope, train_length=N))
-                    prompts += [dict(run=label, task=c.task, setting=setting(ckpt["config"]), seed=c.seed, length=L,
+                    prompts += [dict(run=label, task=c.task, setting=name, seed=c.seed, length=L,
                                      condition=cond, rope=rope, prompt_id=i, correct="" if mse else int(x[0]),
                                      answer_loss=x if mse else x[1]) for i, x in enumerate(r.tolist())]
                     if diag_n and ci == 0 and rope in ("nope", "plain"):
-                        att += [dict(task=c.task, model=label, scorer=setting(ckpt["config"]), seed=c.seed,
+                        att += [dict(task=c.task, model=label, scorer=name, seed=c.seed,
                                      length=L, **d) for d in diagnose(model, cc, L, diag_n, stream=2)]
         write_csv(os.path.join(out_dir, "accuracy.csv"), acc, list(acc[0]))
         if att:
@@ -185,13 +189,17 @@ def main(argv=None):
     ap.add_argument("--rope", nargs="+", default=["plain"], choices=["plain", "theta", "dynamic_ntk"],
                     help="RoPE models: plain theta, theta x L/N, or Dynamic NTK (NoPE models ignore it)")
     ap.add_argument("--diagnose", type=int, default=0, help="sequences for the attention diagnostics (0: none)")
+    ap.add_argument("--logit_scale", choices=rescale.KINDS, help="rescale a softmax model's logits, training-free")
+    ap.add_argument("--llama4_floor", type=int, default=rescale.LLAMA4_FLOOR, help="llama4's floor scale F")
     tracking.add_args(ap)
     a = ap.parse_args(argv)
-    if a.n < 2 or a.diagnose < 0 or min(a.lengths) < 1:
-        sys.exit(f"error: need --n >= 2, --diagnose >= 0 and lengths >= 1; got {a.n}, {a.diagnose}, {a.lengths}")
+    if a.n < 2 or a.diagnose < 0 or min(a.lengths) < 1 or a.llama4_floor < 1:
+        sys.exit(f"error: need --n >= 2, --diagnose >= 0, lengths >= 1 and --llama4_floor >= 1; got {a.n}, "
+                 f"{a.diagnose}, {a.lengths}, {a.llama4_floor}")
     try:
         with tracking.results_dir(a.out_dir, OUTPUTS) as out:
-            acc, _ = evaluate(a.ckpt, sorted(set(a.lengths)), a.n, out, a.rope, a.diagnose)
+            acc, _ = evaluate(a.ckpt, sorted(set(a.lengths)), a.n, out, a.rope, a.diagnose, a.logit_scale,
+                              a.llama4_floor)
         if a.wandb:
             tracking.log_table(a.wandb_project, f"tasks {os.path.basename(os.path.abspath(a.out_dir))}", acc, a.out_dir)
     except (ValueError, tracking.TrackingError) as e:  # CheckpointError is a ValueError

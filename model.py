@@ -170,6 +170,7 @@ class CausalSelfAttention(nn.Module):
         C, H = config.n_embd, config.n_head
         self.n_head, self.scorer, self.p, self.backend = H, config.scorer, config.p, config.backend
         self.rope = config.pos == "rope"
+        self.q_scale = None  # (L,) factors on row i's logits: lib/rescale.py's, evaluation only (not saved)
         self.c_attn, self.c_proj = nn.Linear(C, 3 * C, bias=False), nn.Linear(C, C, bias=False)
         if SCORERS[config.scorer].forget:  # FoX: f = w_f x + b_f per head (b_f starts at 0: sigmoid 1/2)
             self.fgate = nn.Linear(C, H, bias=True)
@@ -201,6 +202,8 @@ class CausalSelfAttention(nn.Module):
         if self.rope:  # nope: the causal mask alone carries the order
             cos, sin = cos[offset:offset + T], sin[offset:offset + T]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.q_scale is not None:
+            q = q * self.q_scale[offset:offset + T, None].to(q.dtype)
         params = self.scorer_params()
         if hasattr(self, "fgate"):  # FoX's c: prefix sums of log sigmoid(f), fp32, continued from the cache
             c = F.logsigmoid(self.fgate(x).float()).transpose(1, 2).cumsum(-1)  # (B, nh, T)
@@ -243,16 +246,6 @@ class Block(nn.Module):
     def forward(self, x, cos, sin, cache=None, capture=None):
         x = x + self.dropout(self.attn(self.ln_1(x), cos, sin, cache, capture))
         return x + self.mlp(self.ln_2(x))
-
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "GH200": 989e12, "B200": 2250e12,
-                   "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 125e12, "A10": 125e12,
-                   "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12, "T4": 65e12}
-
-def device_peak_flops(device=None):
-    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
-        return None
-    name = torch.cuda.get_device_name(device)  # dict order: "A100" before "A10", "L40S" before "L4"
-    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
 
 class GPT(nn.Module):
     def __init__(self, config):
@@ -340,14 +333,9 @@ class GPT(nn.Module):
         name = {id(p): n for n, p in self.named_parameters()}
         return [name[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
-    def flops_per_token(self, T):
+    def flops_per_token(self, T):  # MFU against a device's peak: lib/tracking.mfu
         cfg = self.config  # 6N + attention (PaLM appendix B, as nanoGPT)
         return 6 * self.get_num_params() + 12 * cfg.n_layer * cfg.n_embd * T
-
-    def estimate_mfu(self, tokens_per_s, T, device=None):
-        """Model FLOPs utilisation against the detected device's bf16 dense peak; None when unknown (CPU)."""
-        peak = device_peak_flops(device)
-        return None if peak is None else self.flops_per_token(T) * tokens_per_s / peak
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):

@@ -298,7 +298,7 @@ def train(explicit):
         if master and cfg.compile and iter_num == start_iter:  # the compiling happens in this step, once
             print(f"compile: the first step took {dt:.1f} s (torch.compile traces and compiles the model once)")
         dt_avg = dt if dt_avg is None else 0.9 * dt_avg + 0.1 * dt
-        mfu = raw_model.estimate_mfu(tokens_per_iter / dt / run.world, T, run.device)  # per GPU
+        mfu = tracking.mfu(raw_model, tokens_per_iter / dt / run.world, T, run.device)  # per GPU
         eta = (cfg.max_iters - iter_num - 1) * dt_avg  # seconds
         if master:  # log.jsonl every step, print every log_interval
             tracking.progress({"iter": iter_num, "loss": loss_value, "lr": lr, "tokens_per_s": tokens_per_iter / dt,

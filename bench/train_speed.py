@@ -22,6 +22,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from lib import tracking  # noqa: E402
 from model import GPT, GPTConfig, SCORERS, auto_backend  # noqa: E402
 
 
@@ -90,7 +91,7 @@ def measure(config, scorers, steps, warmup, batch_size, device, interleave=False
         r = runs.pop(scorer)
         dt = statistics.median(r["times"])
         tok = r["B"] * r["cfg"].block_size / dt
-        mfu = r["model"].estimate_mfu(tok, r["cfg"].block_size, device)
+        mfu = tracking.mfu(r["model"], tok, r["cfg"].block_size, device)
         results[scorer] = dict(tokens_per_s=tok, ms=1e3 * dt, mfu=mfu,
                                peak_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda and not interleave else None,
                                path=attention_path(r["cfg"], device, r["step"]), warmup_s=r["warmup_s"])

@@ -6,7 +6,8 @@ What the scripts share; nothing here is run directly.
     dataset.py            GPT-2's BPE offline, a corpus -> data/<name>/{train,val}.bin, a dataset fetched on first use
     corpora.py            the sources dataset.py reads: embedded corpora, Hugging Face datasets, local files
     retrieval.py          needle and passkey prompts, answer grading, the needle score, the fine-tuning sets
-    tracking.py           log.jsonl, loss.png, progress lines, wandb, an evaluation's results folder
+    tracking.py           log.jsonl, loss.png, progress lines, MFU, wandb, an evaluation's results folder
+    rescale.py            training-free rescalings of a softmax model's logits (qwen, yarn, llama4) for the evals
     compare.py            the statistics: paired bootstrap and seed-level t intervals, sign-flip p, horizons, CSVs
     report.py             a language-model reproduction read back: summary.json, gates, tables.md
     synthetic.py          the synthetic suite: its tasks, settings and seeds, the runs in two worker processes

@@ -37,9 +37,14 @@ SETTINGS = {  # train.py overrides; {log_N}: log of training length
     "stickbreaking": ["scorer=stickbreaking"],
     "fox": ["scorer=fox"],
 }
+# training-free rescalings of each seed's softmax run: evaluated, not trained (eval_tasks.py's flags; {N}: N)
+RESCALED = {"softmax-qwen": ["--logit_scale", "qwen"], "softmax-yarn": ["--logit_scale", "yarn"],
+            "softmax-llama4": ["--logit_scale", "llama4", "--llama4_floor", "{N}"]}
+SETTINGS.update(dict.fromkeys(RESCALED, SETTINGS["softmax"]))
 CORE = ["softmax", "ssmax", "ssmax-fixed-s", "ssa", "lssa", "lssar"]
 CONTROLS = ["sigmoid", "softmax-logN", "ssmax-s0.5", "ssmax-s2", "softmax-wd0", "ssmax-wd0"]
 ZOO = ["softpick", "stickbreaking", "fox"]
+RESCALINGS = list(RESCALED)
 LONG, SHORT = (1, 2, 4, 8, 16, 32, 64, 128), (1, 2, 4, 8, 16)  # test lengths L / N
 
 
@@ -55,11 +60,11 @@ class Entry:
 
 
 SUITE = {
-    "first": Entry("first", (), LONG, diagnose=True, seeds=10, settings=tuple(CORE + CONTROLS + ZOO)),
+    "first": Entry("first", (), LONG, diagnose=True, seeds=10, settings=tuple(CORE + CONTROLS + ZOO + RESCALINGS)),
     # LSSAR misses recall's gate at N at this budget
     # sigmoid makes no length claim: FIRST only, for time
-    "recall": Entry("recall", (), LONG, diagnose=True, seeds=10, settings=tuple(s for s in CORE + CONTROLS + ZOO
-                                                                                 if s not in ("lssar", "sigmoid"))),
+    "recall": Entry("recall", (), LONG, diagnose=True, seeds=10, settings=tuple(
+        s for s in CORE + CONTROLS + ZOO + RESCALINGS if s not in ("lssar", "sigmoid"))),
     "recall-rope": Entry("recall", ("pos=rope",), ropes=("plain", "theta", "dynamic_ntk")),
     # the SSA paper's tasks, against softmax
     "every": Entry("every", diagnose=True, settings=("softmax", "ssa")),
@@ -103,21 +108,25 @@ def _run(script, argv, log):
 
 def run_one(task, setting, seed, runs, n_eval, e, over):
     """Train (resumable) and evaluate one run in this worker process; e: its SUITE entry, over: its train.py
-    overrides. Returns its wall times."""
+    overrides. A RESCALED setting evaluates the seed's softmax run (trained before, main's second round). Returns
+    its wall times."""
     out = os.path.join(runs, f"{task}-{setting}-s{seed}")
+    trained = os.path.join(runs, f"{task}-softmax-s{seed}") if setting in RESCALED else out
     log = os.path.join(runs, f"{os.path.basename(out)}.train.log")
     t0, ran = time.time(), False
-    if not os.path.isfile(os.path.join(out, "done")):
+    if not os.path.isfile(os.path.join(trained, "done")):
         ran = True
         _run("train.py", [os.path.join(REPO, "configs", "tasks", f"{e.config}.py"), *over, f"seed={seed}",
-                           f"out_dir={out}", "resume=True"], log)
-        open(os.path.join(out, "done"), "w").close()
+                           f"out_dir={trained}", "resume=True"], log)
+        open(os.path.join(trained, "done"), "w").close()
     t1 = time.time()
     if not os.path.isfile(os.path.join(out, "eval", "per_prompt.csv")):
-        ran, N = True, _block_size(out)
-        _run("eval_tasks.py", [os.path.join(out, "ckpt.pt"), "--lengths", *[str(m * N) for m in e.multiples],
+        ran, N = True, _block_size(trained)
+        os.makedirs(out, exist_ok=True)
+        _run("eval_tasks.py", [os.path.join(trained, "ckpt.pt"), "--lengths", *[str(m * N) for m in e.multiples],
                                 "--n", str(n_eval), "--out_dir", os.path.join(out, "eval"), "--rope", *e.ropes,
-                                "--diagnose", str(32 if e.diagnose else 0)], log)
+                                "--diagnose", str(32 if e.diagnose else 0),
+                                *(x.format(N=N) for x in RESCALED.get(setting, []))], log)
     return dict(task=task, setting=setting, seed=seed, train_s=round(t1 - t0, 1), eval_s=round(time.time() - t1, 1),
                 ran=ran)
 
@@ -147,14 +156,17 @@ def main(quick=False, jobs=2, n_eval=N_EVAL, settings=None, task_names=None, nam
     t0, ran = time.time(), False
     spawn = multiprocessing.get_context("spawn")  # fork would inherit torch's threads
     with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=_one_core) as pool:
-        futures = [pool.submit(run_one, t, s, seed, runs, n_eval, SUITE[t], overrides(t, s)) for t, s, seed in todo]
-        for i, f in enumerate(futures):
-            r = f.result()
-            ran |= r["ran"]
-            print(f"[{i + 1}/{len(todo)}] {r['task']} {r['setting']} seed {r['seed']}: train {r['train_s']} s, eval "
-                  f"{r['eval_s']} s ({time.time() - t0:.0f} s so far)", flush=True)
-            with open(os.path.join(results, "steps.jsonl"), "a") as log:
-                log.write(json.dumps(r) + "\n")
+        done = 0  # the rescalings read the softmax runs: a second round, once the first has finished
+        for round_ in ([x for x in todo if x[1] not in RESCALED], [x for x in todo if x[1] in RESCALED]):
+            futures = [pool.submit(run_one, t, s, seed, runs, n_eval, SUITE[t], overrides(t, s))
+                       for t, s, seed in round_]
+            for f in futures:
+                r, done = f.result(), done + 1
+                ran |= r["ran"]
+                print(f"[{done}/{len(todo)}] {r['task']} {r['setting']} seed {r['seed']}: train {r['train_s']} s, "
+                      f"eval {r['eval_s']} s ({time.time() - t0:.0f} s so far)", flush=True)
+                with open(os.path.join(results, "steps.jsonl"), "a") as log:
+                    log.write(json.dumps(r) + "\n")
     # sum over calls that trained; re-reports add nothing
     path = os.path.join(runs, "wall.json")
     wall = (json.load(open(path))["wall_s"] if os.path.isfile(path) else 0) + (time.time() - t0) * ran

@@ -13,7 +13,8 @@ import numpy as np
 COLORS = {"softmax": "black", "ssmax": "tab:red", "ssmax-fixed-s": "tab:orange", "ssa": "tab:blue",
           "lssa": "tab:green", "lssar": "tab:purple", "sigmoid": "tab:brown", "softmax-logN": "tab:gray",
           "ssmax-s0.5": "gold", "ssmax-s2": "darkred", "softmax-wd0": "tab:cyan", "ssmax-wd0": "tab:pink",
-          "softmax-p3": "olive", "softpick": "teal", "stickbreaking": "navy", "fox": "darkgreen"}
+          "softmax-p3": "olive", "softpick": "teal", "stickbreaking": "navy", "fox": "darkgreen",
+          "softmax-qwen": "silver", "softmax-yarn": "peru", "softmax-llama4": "slateblue"}
 
 
 def _ticks(ax, ms, axis="x"):

@@ -23,7 +23,9 @@ EQUIVALENT = 0.05  # "same": the whole 95 % interval within ±this
 CLAIMS = {"ssmax": "SSMax paper (logits x s log n)", "ssmax-fixed-s": "Chiang & Cholak 2022 (logits x log n)",
           "ssa": "SSA paper (Naim et al. 2025)", "lssa": "LSSA paper (Gao & Spratling 2025)",
           "lssar": "LSSAR paper (Gao & Spratling 2025)", "stickbreaking": "Stick-breaking paper (Tan et al. 2024)",
-          "fox": "FoX paper (Lin et al. 2025)"}  # softpick claims no sink, not length: a contrast
+          "fox": "FoX paper (Lin et al. 2025)",  # softpick claims no sink, not length: a contrast
+          "softmax-qwen": "Qwen's log-n scaling (training-free)", "softmax-yarn": "YaRN's temperature (training-free)",
+          "softmax-llama4": "Llama 4's temperature tuning (training-free, F = N)"}
 # verdict endpoints: (condition, rope, multiple; None = longest)
 PRIMARY = {"first": [("", "nope", None)], "recall": [("", "nope", None)],
            "recall-rope": [("", r, None) for r in ("plain", "theta", "dynamic_ntk")],
@@ -34,7 +36,8 @@ NOTES = {t: "accuracy is flat from 1 N to 16 N: the task tests deviant values, n
 # (a, b) by seed: growth in n vs scale alone, and confounds
 CONTRASTS = [("ssmax-fixed-s", "softmax-logN"), ("ssmax", "softmax-logN"), ("softmax-logN", "softmax"),
              ("ssmax-s0.5", "ssmax-fixed-s"), ("ssmax-s2", "ssmax-fixed-s"), ("softmax-wd0", "softmax"),
-             ("ssmax-wd0", "ssmax"), ("sigmoid", "softmax"), ("softpick", "softmax")]
+             ("ssmax-wd0", "ssmax"), ("sigmoid", "softmax"), ("softpick", "softmax"),
+             ("softmax-qwen", "ssmax-fixed-s")]  # log n without training vs trained
 
 
 def gather(runs, todo):

@@ -145,6 +145,20 @@ def plot_losses(out_dir, title):
     ax.figure.savefig(os.path.join(out_dir, "loss.png"), dpi=120, bbox_inches="tight")
 
 
+# bf16 dense peak FLOP/s by device name; dict order: "A100" before "A10", "L40S" before "L4"
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "GH200": 989e12, "B200": 2250e12,
+                   "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 125e12, "A10": 125e12,
+                   "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12, "T4": 65e12}
+
+def mfu(model, tokens_per_s, T, device=None):
+    """Model FLOPs utilisation against the detected device's bf16 dense peak; None when unknown (CPU)."""
+    import torch
+    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
+        return None
+    name = torch.cuda.get_device_name(device)
+    peak = next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+    return None if peak is None else model.flops_per_token(T) * tokens_per_s / peak
+
 def memory_available():
     """Bytes this process can still allocate: MemAvailable, or less under a cgroup's limit; None off Linux."""
     sizes = []

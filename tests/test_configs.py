@@ -19,7 +19,8 @@ import train
 from lib import config as config_lib
 from lib import dataset
 from lib.config import MODEL_FIELDS, SCORER_OPTIONS
-from model import GPT, PEAK_BF16_FLOPS, GPTConfig
+from lib.tracking import PEAK_BF16_FLOPS
+from model import GPT, GPTConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(REPO, "configs", "*.py")))

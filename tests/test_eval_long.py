@@ -187,6 +187,21 @@ def test_none_within_training_length_equals_the_models_own_loss(ckpts, data_dir,
     assert not (tmp_path / "differences.png").exists()
 
 
+def test_a_training_free_rescaling_changes_the_loss_beyond_n_only_and_refuses_a_model_that_is_not_softmax(
+        ckpts, data_dir, tmp_path):
+    run = lambda out, *extra: eval_long.main([ckpts["softmax"], "--data", data_dir, "--rope_method", "none",  # noqa
+                                              "--length", str(4 * N), "--num_seqs", "3", "--out_dir", str(out),
+                                              *extra])
+    run(tmp_path / "plain")
+    run(tmp_path / "qwen", "--logit_scale", "qwen")  # factor 1 up to N, log n / log N beyond
+    plain, qwen = (read_csv(tmp_path / d / "per_position.csv")[1][:, 1] for d in ("plain", "qwen"))
+    np.testing.assert_allclose(qwen[:N], plain[:N], rtol=1e-5)
+    assert not np.allclose(qwen[N:], plain[N:])
+    msg = one_line_error([ckpts["ssmax"], "--data", data_dir, "--logit_scale", "qwen", "--out_dir",
+                          str(tmp_path / "x")])
+    assert "rescales softmax models; got one with scorer='ssmax'" in msg and not (tmp_path / "x").exists()
+
+
 def test_dynamic_ntk_per_length_prefix_1x_is_native_rope_and_window_k_runs_at_kN(sharp_ckpt, data_dir, tmp_path):
     """LSSAR Table 4: the loss at kN tokens is that of kN-token sequences, each with Dynamic NTK's factor for kN."""
     common = [sharp_ckpt, "--data", data_dir, "--rope_method", "dynamic_ntk", "--rope_scale", str(SCALE),
@@ -354,7 +369,7 @@ def test_bad_input_is_one_clear_error_line(ckpts, data_dir, tmp_path):
 
 @pytest.mark.parametrize("flag,value", [("--rope_scale", "0"), ("--rope_scale", "-1"), ("--rope_scale", "inf"),
                                         ("--rope_scale", "nan"), ("--seed", "-1"), ("--num_seqs", "0"),
-                                        ("--n_boot", "0")])
+                                        ("--n_boot", "0"), ("--llama4_floor", "0")])
 def test_out_of_range_numbers_are_one_error_line(flag, value):
     v = float(value) if flag == "--rope_scale" else int(value)
     assert f"{flag} {v}" in one_line_error(["ckpt.pt", flag, value])  # checked before any file is read

@@ -6,7 +6,7 @@ import torch
 
 import model
 from cases import VARIANTS  # every scorer and option, from the registry
-from lib import checkpoint
+from lib import checkpoint, tracking
 from model import GPT, GPTConfig
 
 
@@ -218,7 +218,7 @@ def test_per_token_losses_and_ignore_index():
 
 def test_mfu_is_none_on_cpu_and_flops_count_parameters():
     m = GPT(tiny())
-    assert m.estimate_mfu(1000.0, 32, device="cpu") is None
+    assert tracking.mfu(m, 1000.0, 32, device="cpu") is None
     assert m.flops_per_token(32) == 6 * m.get_num_params() + 12 * 2 * 16 * 32
 
 

@@ -88,8 +88,9 @@ def test_the_suite_trains_evaluates_reports_and_skips_finished_runs(tmp_path, mo
     monkeypatch.setattr(synthetic, "REPO_OUT", str(tmp_path))
     monkeypatch.setitem(synthetic.SUITE, "first", dataclasses.replace(synthetic.SUITE["first"], extra=tiny,
                                                                       multiples=(1, 2)))
-    settings = ["softmax", "softmax-logN"]
+    settings = ["softmax", "softmax-logN", "softmax-qwen"]  # qwen: the softmax runs evaluated rescaled, not trained
     synthetic.main(jobs=2, n_eval=4, settings=settings, task_names=["first"], seeds=[0, 1])
+    assert not (tmp_path / "out-synthetic" / "first-softmax-qwen-s0" / "ckpt.pt").exists()
     res = tmp_path / "out-results" / "synthetic"  # untracked by default
     assert not (tmp_path / "results").exists()
     rows = list(csv.DictReader(open(res / "accuracy.csv")))
@@ -101,7 +102,9 @@ def test_the_suite_trains_evaluates_reports_and_skips_finished_runs(tmp_path, mo
     ids = {}
     for p in prompts:
         ids.setdefault((p["seed"], p["length"]), {}).setdefault(p["setting"], []).append(p["prompt_id"])
-    assert all(v["softmax"] == v["softmax-logN"] == ["0", "1", "2", "3"] for v in ids.values())
+    assert all(v["softmax"] == v["softmax-logN"] == v["softmax-qwen"] == ["0", "1", "2", "3"] for v in ids.values())
+    acc = {(r["setting"], r["seed"], r["length"]): r["accuracy"] for r in rows}
+    assert all(acc["softmax-qwen", s, "32"] == acc["softmax", s, "32"] for s in ("0", "1"))  # factor 1 up to N
     summary = json.load(open(res / "summary.json"))
     first = summary["tasks_summary"]["first"]
     assert first["gate"]["rule"] and summary["tasks"]["first"]["seeds"] == [0, 1]
@@ -111,7 +114,7 @@ def test_the_suite_trains_evaluates_reports_and_skips_finished_runs(tmp_path, mo
     steps = (res / "steps.jsonl").read_text().splitlines()
     synthetic.main(jobs=2, n_eval=4, settings=settings, task_names=["first"], seeds=[0, 1], commit=True)
     again = [json.loads(line) for line in (tmp_path / "results" / "synthetic" / "steps.jsonl").read_text().splitlines()]
-    assert len(again) == 4 and not any(r["ran"] for r in again)  # every run was done: nothing trains again
+    assert len(again) == 6 and not any(r["ran"] for r in again)  # every run was done: nothing trains again
     assert (res / "steps.jsonl").read_text().splitlines() == steps
 
 

@@ -1,8 +1,13 @@
 """The scorer zoo's own behaviour beyond the registry-driven checks (float64 spec, gradients, offsets, decode, every
 backend: tests/test_scorers.py, test_sdpa.py, test_kernels.py, test_model.py): what each paper's mechanism does at
-its limits."""
+its limits; and the training-free rescalings of a softmax model (lib/rescale.py)."""
+import copy
+import math
+
+import pytest
 import torch
 
+from lib import rescale
 from model import GPT, GPTConfig, attention, attention_weights
 
 
@@ -56,3 +61,38 @@ def test_fox_model_gate_reads_the_layer_input_and_a_gate_at_one_gives_the_softma
             block.attn.fgate.weight.zero_()
             block.attn.fgate.bias.fill_(40.0)  # log sigmoid(40) ~ -4e-18
     torch.testing.assert_close(fox(idx, idx)[0], soft(idx, idx)[0])
+
+
+def test_training_free_rescalings_have_the_published_factors():
+    n = torch.arange(1, 4097, dtype=torch.float64)
+    qwen = rescale.factors("qwen", 4096, 32)
+    assert (qwen[:32] == 1).all() and math.isclose(qwen[1023], 2.0, rel_tol=1e-6)  # log 1024 / log 32
+    torch.testing.assert_close(qwen[32:].double(), n[32:].log() / math.log(32), rtol=1e-6, atol=0)
+    yarn = rescale.factors("yarn", 4096, 32)
+    assert torch.allclose(yarn, torch.full_like(yarn, (0.1 * math.log(128) + 1) ** 2))
+    assert (rescale.factors("yarn", 32, 32) == 1).all()  # no extension, no temperature
+    assert (rescale.factors("llama4", 4096, 32) == 1).all()  # Llama 4's floor 8,192: nothing below it
+    llama = rescale.factors("llama4", 100, 32, floor=32)  # n_i = 32..63: floor 1; 64..95: 2; 96..: 3
+    assert (llama[:31] == 1).all() and math.isclose(llama[31], 1 + 0.1 * math.log(2), rel_tol=1e-6)
+    assert math.isclose(llama[95], 1 + 0.1 * math.log(4), rel_tol=1e-6)
+    with pytest.raises(ValueError, match="unknown --logit_scale 'ntk'"):
+        rescale.factors("ntk", 8, 4)
+
+
+def test_a_rescaled_softmax_model_equals_one_whose_query_weights_carry_the_factor():
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=16, vocab_size=32, block_size=8, pos="nope")
+    m, idx = GPT(cfg).eval(), torch.randint(0, 32, (2, 24))
+    plain = m(idx, idx)[0]
+    rescale.apply(m, "yarn", 24)  # one factor for every row: (0.1 ln 3 + 1)^2
+    scaled = copy.deepcopy(m)
+    rescale.apply(scaled, None, 24)
+    with torch.no_grad():
+        for block in scaled.transformer.h:
+            block.attn.c_attn.weight[:16] *= (0.1 * math.log(3) + 1) ** 2
+    torch.testing.assert_close(m(idx, idx)[0], scaled(idx, idx)[0])
+    assert not torch.allclose(m(idx, idx)[0], plain)
+    rescale.apply(m, None, 24)
+    torch.testing.assert_close(m(idx, idx)[0], plain)  # None takes it off
+    with pytest.raises(ValueError, match="rescales softmax models; got one with scorer='ssmax'"):
+        rescale.apply(GPT(GPTConfig(**{**cfg.__dict__, "scorer": "ssmax"})), "qwen", 24)

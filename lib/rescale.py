@@ -1,0 +1,47 @@
+"""
+Training-free logit rescalings of a trained softmax model: a factor on each query row's logits, applied as q times
+the factor (CausalSelfAttention.q_scale), for eval_tasks.py's and eval_long.py's --logit_scale. n_i = i + 1 is
+row i's key count (its 1-based position), N the training length, L the evaluated length (SCORERS.md).
+
+- qwen: max(1, log n_i / log N): Qwen's log-n attention scaling;
+- yarn: (0.1 ln(L/N) + 1)^2 for L > N, else 1: YaRN's attention temperature (on q and k; here all on q);
+- llama4: 1 + 0.1 log(floor(n_i / F) + 1): Llama 4's attention temperature tuning, floor scale F = 8,192. Below
+  F tokens it is 1, so at N = 32 (tested to 4,096 tokens) it does nothing with Llama 4's F; the suite sets F = N.
+"""
+import math
+
+import torch
+
+KINDS = ("qwen", "yarn", "llama4")
+LLAMA4_FLOOR = 8192
+
+
+def factors(kind, L, N, floor=LLAMA4_FLOOR):
+    """The (L,) factors of rows 0..L-1 for sequences of L tokens from a model trained at length N."""
+    n = torch.arange(1, L + 1, dtype=torch.float64)
+    if kind == "qwen":
+        f = (n.log() / math.log(N)).clamp(min=1.0)
+    elif kind == "yarn":
+        f = torch.full_like(n, (0.1 * math.log(L / N) + 1.0) ** 2 if L > N else 1.0)
+    elif kind == "llama4":
+        f = 1.0 + 0.1 * torch.log(torch.floor(n / floor) + 1.0)
+    else:
+        raise ValueError(f"unknown --logit_scale {kind!r}; allowed: {', '.join(KINDS)}")
+    return f.float()
+
+
+def check(scorers, kind):
+    """One error for a rescaling asked of a model that is not softmax: its logits already carry its own scale."""
+    bad = [s for s in scorers if kind is not None and s != "softmax"]
+    if bad:
+        raise ValueError(f"--logit_scale {kind} rescales softmax models; got one with scorer={bad[0]!r}")
+
+
+def apply(model, kind, L, floor=LLAMA4_FLOOR):
+    """Every layer's q_scale for sequences of L tokens (kind None: none)."""
+    check([model.config.scorer], kind)
+    table = None
+    if kind is not None:
+        table = factors(kind, L, model.config.block_size, floor).to(model.lm_head.weight.device)
+    for block in model.transformer.h:
+        block.attn.q_scale = table
