@@ -277,8 +277,7 @@ def sdpa_attention(q, k, v, scorer, *, p=None, offset=0, **params):
     if entry.forget:
         c = params["c"].to(torch.promote_types(q.dtype, torch.float32))
         bias = c[..., offset:, None] - c[..., None, :]  # (B, H, Tq, Tk)
-        keep = torch.arange(Tk, device=q.device) <= torch.arange(offset, Tk, device=q.device)[:, None]
-        mask = bias.masked_fill(~keep, -math.inf).to(q.dtype)
+        mask = bias.masked_fill(~_rows(Tq, Tk, offset, q.device)[1], -math.inf).to(q.dtype)
     elif offset and Tq > 1:  # a chunk after a cache: bottom-right causal
         from torch.nn.attention.bias import causal_lower_right  # torch >= 2.2
         mask = causal_lower_right(Tq, Tk)

@@ -17,8 +17,8 @@ def _qkv(T=12, D=8, seed=0, B=2, H=2):
 
 
 def test_stickbreaking_gives_the_nearest_earlier_key_everything_when_every_beta_is_one():
-    q, k, v = _qkv()
-    q, k = torch.ones_like(q) * 1000.0, torch.ones_like(k)  # z = 2828 on every key: beta = 1
+    k = torch.ones(2, 2, 12, 8, dtype=torch.float64)
+    q = k * 1000.0  # z = 2828 on every key: beta = 1
     P = attention_weights(q, k, "stickbreaking")
     T = q.size(2)
     expect = torch.diag(torch.ones(T - 1, dtype=torch.float64), -1)  # row i: all on key i - 1; row 0: nothing
