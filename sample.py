@@ -5,7 +5,8 @@ Sample text from a trained checkpoint, one token at a time through the KV cache.
     python sample.py --ckpt out/ckpt.pt --start "ROMEO:" --num_samples 5 --temperature 0   # greedy
     python sample.py --ckpt out/ckpt.pt --start FILE:prompt.txt --rope_theta 500000        # long prompt, θ extended
 
---start "" starts from <|endoftext|> (a fresh document). Generation may run past the training length: the rotary
+--start "" starts from <|endoftext|> (a fresh document). Text is encoded and decoded with the codec of the dataset the
+model was trained on (its meta.json: characters for NAME_char, nanoGPT's rule), or of --data; GPT-2's without one. Generation may run past the training length: the rotary
 tables are built long enough for prompt + new tokens, with the checkpoint's θ or --rope_theta (same weights).
 Samples go to stdout, each followed by a line of dashes; bad input is one "error: ..." line and exit status 1.
 """
@@ -15,7 +16,7 @@ from contextlib import nullcontext
 import torch
 
 from lib import dataset
-from lib.checkpoint import CheckpointError, load_checkpoint
+from lib.checkpoint import CheckpointError, load_checkpoint, pick_device
 from model import BACKENDS
 
 SEP = "-" * 15  # nanoGPT's separator line
@@ -33,6 +34,7 @@ def main(argv=None):
     p.add_argument("--top_k", type=int, default=200, help="sample only among the k most likely tokens")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--rope_theta", type=float, help="RoPE base θ for sampling (default: the checkpoint's)")
+    p.add_argument("--data", help="the dataset folder whose meta.json holds the codec (default: the training run's)")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: model.auto_backend")
     args = p.parse_args(argv)
@@ -45,14 +47,10 @@ def main(argv=None):
         p.error(f"--rope_theta {args.rope_theta} must be > 0 and finite")
     if not 0 <= args.seed < 2**64:  # torch.manual_seed's range
         p.error(f"--seed {args.seed} must be in 0..2**64-1")
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        p.error(f"--device {args.device!r} is not a device: use auto, cpu, cuda or cuda:N")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        p.error(f"--device {args.device}: CUDA is not available here")
+        device = pick_device(args.device)
+    except ValueError as e:
+        p.error(str(e))
 
     start = args.start
     if start.startswith("FILE:"):
@@ -61,14 +59,13 @@ def main(argv=None):
                 start = f.read()
         except (OSError, UnicodeDecodeError) as e:
             p.error(f"cannot read the prompt file {start[5:]!r}: {e.strerror if isinstance(e, OSError) else e}")
-    enc = dataset.get_tokenizer()
-    # a written <|endoftext|> is the trained separator
-    ids = enc.encode(start, allowed_special={"<|endoftext|>"}) or [dataset.EOT]
-
     try:
         model, ckpt = load_checkpoint(args.ckpt, device, backend=args.backend)
-        dataset.language_model(args.ckpt, ckpt)  # a task run's vocabulary is not GPT-2's
-    except (CheckpointError, dataset.DataError) as e:  # missing, corrupt, foreign or unsafe, or a task run
+        enc = dataset.checkpoint_codec(dataset.language_model(args.ckpt, ckpt, ckpt["model_args"]["vocab_size"]),
+                                       args.data)  # a task run is refused: its vocabulary is its own
+        # a written <|endoftext|> is the trained separator
+        ids = enc.encode(start, allowed_special={"<|endoftext|>"}) or [enc.eot_token]
+    except (CheckpointError, dataset.DataError) as e:  # missing, corrupt, foreign or unsafe, a task run, a bad char
         p.error(str(e))
     model.eval()  # load_checkpoint leaves dropout on
     # size RoPE once for the whole sample: no regrowing

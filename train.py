@@ -28,10 +28,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import kernels_cpu
 import tasks
-from lib import dataset, retrieval, tracking
+from lib import dataset, longrange, retrieval, tracking
 from lib.checkpoint import CheckpointError, build_model, read_checkpoint, run_info, save_checkpoint
-from lib.config import (TrainConfig, TrainError, cpu_cost_check, model_config, parse_args, resolve, sft_schedule,
-                        usage)
+from lib.config import (TrainConfig, TrainError, cpu_cost_check, data_vocab, model_config, parse_args, resolve,
+                        sft_schedule, usage)
+from lib.corpora import EMBEDDED
 from model import GPTConfig, auto_backend, convert_scorer
 
 RUN_FILES = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run leaves in its out_dir
@@ -82,6 +83,10 @@ def setup(explicit):
     except CheckpointError as e:
         raise TrainError(str(e))
     cfg = resolve(cfg, explicit, ckpt, run.resuming, world)
+    if not (cfg.task or cfg.sft_data):  # the dataset's vocabulary sizes the model; an embedded one is made here (local)
+        if run.master and cfg.dataset in EMBEDDED:
+            dataset.fetch(cfg.dataset, cfg.data_dir)
+        cfg = data_vocab(cfg, explicit, ckpt, dataset.vocab_size(os.path.join(cfg.data_dir, cfg.dataset)))
     cpu_cost_check(cfg, device_type, ckpt["iter_num"] if run.resuming else 0)  # before any download or model
     torch.manual_seed(cfg.seed)  # same on every rank: one saved RNG state fits all
     return cfg, ckpt, run
@@ -90,9 +95,9 @@ def setup(explicit):
 # ----------------------------------------------------------------------------------------------------------------
 # Data: train.bin windows, task samples or SFT examples
 
-def load_data(cfg, run):
-    """-> cfg (SFT in epochs sets its schedule), data: what get_batch reads and the generator whose state is the data
-    position."""
+def load_data(cfg, run, explicit, ckpt):
+    """-> cfg (SFT in epochs sets its schedule; a dataset's vocabulary), data: what get_batch reads and the generator
+    whose state is the data position."""
     T, data = cfg.block_size, types.SimpleNamespace(sft=None, dir=None, unigram=None)
     data.g = torch.Generator().manual_seed(cfg.seed)  # same on every rank: each slices one global batch
     if cfg.task:  # endless seeded streams: offsets are sample indices
@@ -105,6 +110,7 @@ def load_data(cfg, run):
         data.dir = dataset.fetch(cfg.dataset, cfg.data_dir, make=run.master)  # embedded or hub: made on first use
         if run.ddp:  # the other ranks wait for it
             dist.barrier()
+        cfg = data_vocab(cfg, explicit, ckpt, dataset.vocab_size(data.dir))  # made now, if setup could not
         data.size = {s: len(dataset.load_split(data.dir, s)) - T for s in dataset.SPLITS}
         if min(data.size.values()) < 1:
             raise TrainError(f"{data.dir}: a split has fewer than block_size + 1 = {T + 1} tokens")
@@ -120,8 +126,10 @@ def get_batch(cfg, data, split, ix, device):  # ix: window offsets, sample or ex
         x, y = retrieval.sft_batch(data.sft, ix, T)
     else:
         tokens = dataset.load_split(data.dir, split)  # a new memmap per batch avoids a leak (nanoGPT)
-        x, y = (torch.from_numpy(np.stack([tokens[i + k:i + k + T] for i in ix.tolist()]).astype(np.int64))
-                for k in (0, 1))
+        w = np.stack([tokens[i:i + T + 1] for i in ix.tolist()]).astype(np.int64)
+        if split == "train" and cfg.copy_frac > 0:  # val stays plain text; eval_copy.py measures the copying
+            longrange.insert_copies(w, ix.tolist(), cfg.copy_frac, cfg.copy_span, cfg.seed, cfg.copy_kind)
+        x, y = torch.from_numpy(w[:, :-1]), torch.from_numpy(w[:, 1:])
     return x.to(device), y.to(device)
 
 
@@ -195,7 +203,7 @@ def get_lr(cfg, it):
 
 def train(explicit):
     cfg, ckpt, run = setup(explicit)
-    cfg, data = load_data(cfg, run)
+    cfg, data = load_data(cfg, run, explicit, ckpt)
     cfg, raw_model, optimizer, switch = build(cfg, explicit, ckpt, run)
     iter_num, best_val_loss, resuming, master = 0, float("inf"), run.resuming, run.master
     if resuming:  # a switched scorer starts its own best.pt
@@ -308,10 +316,11 @@ def train(explicit):
     if master and losses is not None:
         print(f"done: val loss {losses['val']:.4f}, best {best_val_loss:.4f}"
               + (f"; unigram baseline {data.unigram:.4f} nats" if data.unigram else ""))
-    if master and raw_model.config.vocab_size == dataset.VOCAB_SIZE:  # GPT-2's vocabulary: show a sample
+    enc = dataset.codec(data.dir) if master and data.dir else None  # a language model: a sample in its codec
+    if enc is not None and enc.n_vocab == raw_model.config.vocab_size:  # a padded vocabulary may sample past it
         with run.ctx:
-            idx = raw_model.eval().generate(torch.tensor([[dataset.EOT]], device=run.device), 100, 0.8, top_k=200)
-        print("sample:\n" + dataset.get_tokenizer().decode(idx[0, 1:].tolist()))
+            idx = raw_model.eval().generate(torch.tensor([[enc.eot_token]], device=run.device), 100, 0.8, top_k=200)
+        print("sample:\n" + enc.decode(idx[0, 1:].tolist()))
     if run.ddp:
         dist.destroy_process_group()
 

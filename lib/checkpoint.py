@@ -18,6 +18,17 @@ def _git(repo, *args):
     except (OSError, subprocess.SubprocessError):
         return ""
 
+def pick_device(name):
+    """A script's --device -> torch.device (auto: cuda if available, else cpu), or ValueError: one line saying why."""
+    name = ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r} is not a device: use auto, cpu, cuda or cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available here")
+    return device
+
 def run_info(seed=None, repo=REPO):
     """What every checkpoint and result file records: git SHA, whether tracked files differed from it (git_dirty)
     and a hash of that diff, versions, device, seed. Untracked files (out_dirs, data) and results/ (reproduce.py

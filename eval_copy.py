@@ -1,0 +1,159 @@
+"""
+The copy gate: does a language model use distant context? A span of val text is repeated d tokens later, and the
+model's loss on the second copy is compared with its loss on a control span, other text at the same positions
+(lib/longrange.py has the layout), at distances up to the training length N and beyond. A model that looks back d
+tokens predicts the second copy almost for free; one that uses only the last few tokens scores both alike (ratio ~1).
+
+    python eval_copy.py out-char-softmax/ckpt.pt out-char-ssmax/ckpt.pt --data data/english_char
+    python eval_copy.py out-char-softmax/ckpt.pt --distances 0.5 1 2 4 --rope_method theta --rope_scale 50
+
+Per model and distance: the mean loss per token on the first copy, the second and the control (the span's first token
+left out: nothing marks where a copy starts), second / control, and the loss by offset inside the span at the gate's
+distance. The gate (stated before any result, longrange.py): at d = 0.5 N, second / control <= 0.5. Every model reads the same
+--num_seqs sequences per distance (drawn with --seed). Outputs: per_sequence.csv, copy.png (ratio by distance; loss
+by offset), summary.json last; written to --out_dir only whole.
+"""
+import argparse, json, math, sys
+
+import numpy as np
+import torch
+
+from lib import compare, dataset, longrange, tracking
+from lib.checkpoint import CheckpointError, load_checkpoint, pick_device, read_checkpoint, run_info
+from model import BACKENDS, ROPE_METHODS
+
+OUTPUTS = ("per_sequence.csv", "copy.png", "summary.json")  # summary.json last: it marks the results whole
+COLUMNS = ("model", "distance_x", "distance", "seq", "first", "second", "control")
+
+
+@torch.no_grad()
+def token_losses(model, x, batch_size):
+    """(num_seqs, len - 1) float64: column t is the loss of token t+1 given tokens 0..t."""
+    device, out = model.lm_head.weight.device, []
+    for i in range(0, len(x), batch_size):
+        xy = torch.from_numpy(x[i:i + batch_size]).to(device)
+        with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+            out.append(model(xy[:, :-1], xy[:, 1:], reduction="none")[1].double().cpu())
+    return torch.cat(out).numpy()
+
+
+def evaluate(model, tokens, N, args):
+    """{distance_x: (d, first, second, control)} for one model, each (num_seqs, L-1): the span's tokens 1..L-1 in the
+    first copy, the second and the control span; d = k N, at least the span. RoPE is set for each sequence length."""
+    out, L = {}, args.span
+    for k in args.distances:
+        d = max(L, round(k * N))
+        if any(d == seen for seen, *_ in out.values()):  # short N: several multiples fall on the span's length
+            continue
+        x, control, a, b = longrange.copy_sequences(tokens, d, L, args.num_seqs, args.seed, kind=args.kind)
+        model.extend_rope(args.rope_method, args.rope_scale, x.shape[1] - 1)  # "none": the trained θ, any length
+        copy, ctl = token_losses(model, x, args.batch_size), token_losses(model, control, args.batch_size)
+        out[k] = (d, copy[:, a:a + L - 1], copy[:, b:b + L - 1], ctl[:, b:b + L - 1])
+    return out
+
+
+def summarize(label, N, losses, args):
+    """One model's summary: by distance the mean losses and second / control; the gate and the loss by offset."""
+    rows = {f"{k:g}": dict(distance=d, first=float(f.mean()), second=float(s.mean()), control=float(c.mean()),
+                           ratio=float(s.mean() / c.mean()))
+            for k, (d, f, s, c) in losses.items()}
+    _, f, s, c = losses[longrange.GATE_DISTANCE]
+    gate = rows[f"{longrange.GATE_DISTANCE:g}"]["ratio"]
+    return dict(label=label, block_size=N, by_distance=rows, gate_ratio=gate, gate=gate <= longrange.GATE_RATIO,
+                by_offset=dict(first=f.mean(0).tolist(), second=s.mean(0).tolist(), control=c.mean(0).tolist()))
+
+
+def plot(path, models, args):
+    fig, (ax, bx) = compare.figure(2)
+    for m in models:
+        ks = [float(k) for k in m["by_distance"]]
+        line, = ax.plot(ks, [r["ratio"] for r in m["by_distance"].values()], "o-", label=m["label"])
+        bx.plot(range(1, args.span), m["by_offset"]["second"], "-", color=line.get_color(), label=f"{m['label']} 2nd")
+        bx.plot(range(1, args.span), m["by_offset"]["control"], ":", color=line.get_color(),
+                label=f"{m['label']} control")
+    ax.axhline(longrange.GATE_RATIO, color="gray", ls="--", lw=0.8)
+    ax.axvline(1, color="gray", lw=0.8)
+    ax.set(xscale="log", xlabel="distance between the copies (x N)", ylabel="loss on 2nd copy / on the control span",
+           title=f"copy gate: 2nd/control <= {longrange.GATE_RATIO} at {longrange.GATE_DISTANCE} N (dashed)")
+    bx.set(xlabel="offset inside the span", ylabel="loss (nats/token)",
+           title=f"loss by offset at {longrange.GATE_DISTANCE} N (solid: 2nd copy, dotted: control)")
+    for a in (ax, bx):
+        a.legend(fontsize=7)
+    fig.suptitle(f"{args.num_seqs} sequences per distance, {args.kind} span of {args.span} tokens, RoPE "
+                 f"{args.rope_method} x{args.rope_scale:g}", fontsize=9)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+
+
+def run(args, folder):
+    vocab = dataset.vocab_size(args.data) or dataset.VOCAB_SIZE  # each model must read the data's tokens
+    model_args = [dataset.language_model(p, read_checkpoint(p, mmap=True), vocab)["model_args"] for p in args.ckpt]
+    tokens = dataset.load_split(args.data, args.split)
+    if longrange.GATE_DISTANCE not in args.distances:  # the gate is always measured
+        args.distances = sorted({*args.distances, longrange.GATE_DISTANCE})
+    models, rows = [], []
+    for i, (path, a) in enumerate(zip(args.ckpt, model_args)):
+        N = a["block_size"]
+        if 2 * args.span + longrange.LEAD > N:
+            raise ValueError(f"--span {args.span}: two copies and the lead of {longrange.LEAD} tokens must fit in the "
+                             f"training length {N} of {path!r}")
+        label = args.labels[i] if args.labels else f"{a.get('scorer', 'softmax')} #{i + 1}"
+        model, _ = load_checkpoint(path, args.device, backend=args.backend)
+        losses = evaluate(model.eval(), tokens, N, args)
+        del model
+        models.append(summarize(label, N, losses, args))
+        rows += [dict(model=label, distance_x=k, distance=d, seq=j, first=f[j].mean(), second=s[j].mean(),
+                      control=c[j].mean()) for k, (d, f, s, c) in losses.items() for j in range(args.num_seqs)]
+        print(f"{label}: " + ", ".join(f"{k} N {r['second']:.3f}/{r['control']:.3f} ({r['ratio']:.2f})"
+                                       for k, r in models[-1]["by_distance"].items())
+              + f"; gate {'passed' if models[-1]['gate'] else 'failed'}", flush=True)
+    compare.write_csv(f"{folder}/per_sequence.csv", rows, COLUMNS)
+    plot(f"{folder}/copy.png", models, args)
+    with open(f"{folder}/summary.json", "w") as f:
+        json.dump(dict(models=models, gate_rule=f"second copy's loss / the control span's <= {longrange.GATE_RATIO} at "
+                       f"distance {longrange.GATE_DISTANCE} x N (per token, the span's first token left out)",
+                       layout=" ".join(longrange.__doc__.split("\n\n")[2:4]), run_info=run_info(args.seed),
+                       args=vars(args)),
+                  f, indent=1)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="The copy gate: loss on a repeated span's second copy vs its first.")
+    p.error = lambda message: sys.exit(f"error: {message}")  # one line, no usage dump
+    p.add_argument("ckpt", nargs="+", help="language-model checkpoints")
+    p.add_argument("--data", default="data/english_char", help="prepared dataset folder (prepare_data.py)")
+    p.add_argument("--split", default="val", choices=dataset.SPLITS)
+    p.add_argument("--distances", type=float, nargs="+", default=list(longrange.DISTANCES),
+                   help="distances between the copies, in multiples of each model's training length N")
+    p.add_argument("--span", type=int, default=32, help="tokens per copy (train.py's copy_span)")
+    p.add_argument("--kind", choices=longrange.KINDS, default="text",
+                   help="the span: val text (the gate), or tokens drawn from the sequence at random")
+    p.add_argument("--num_seqs", type=int, default=64)
+    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rope_method", choices=ROPE_METHODS, default="none", help="none: the trained θ at any length")
+    p.add_argument("--rope_scale", type=float, default=1.0)
+    p.add_argument("--labels", nargs="+", help="names of the checkpoints (default: scorer #i)")
+    p.add_argument("--out_dir", default="out-eval-copy")
+    p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
+    p.add_argument("--backend", choices=BACKENDS, default="auto")
+    args = p.parse_args(argv)
+    bad = [f"--{k} {getattr(args, k)}" for k in ("num_seqs", "batch_size") if getattr(args, k) < 1]
+    bad += [f"--span {args.span}"] * (args.span < 2) + [f"--seed {args.seed}"] * (not 0 <= args.seed < 2**64)
+    bad += [f"--distances {k:g}" for k in args.distances if not 0 < k < math.inf]
+    bad += [f"--rope_scale {args.rope_scale}"] * (not 0 < args.rope_scale < math.inf)
+    if bad:
+        p.error(f"{', '.join(bad)}: counts >= 1, --span >= 2, distances and --rope_scale > 0 and finite, --seed in "
+                "0..2**64-1")
+    if args.labels and len(args.labels) != len(args.ckpt):
+        p.error(f"--labels has {len(args.labels)} names for {len(args.ckpt)} checkpoints")
+    try:
+        args.device = str(pick_device(args.device))
+        with tracking.results_dir(args.out_dir, OUTPUTS) as folder:
+            run(args, folder)
+    except (ValueError, CheckpointError, dataset.DataError, tracking.TrackingError) as e:
+        sys.exit(f"error: {e}")
+    print(f"done: {args.out_dir}/summary.json")
+
+
+if __name__ == "__main__":
+    main()
