@@ -9,8 +9,8 @@ tokens predicts the second copy almost for free; one that uses only the last few
 
 Per model and distance: the mean loss per token on the first copy, the second and the control (the span's first token
 left out: nothing marks where a copy starts), second / control, and the loss by offset inside the span at the gate's
-distance. The gate (stated before any result, longrange.py): at d = 0.5 N, second / control <= 0.5. Every model reads the same
---num_seqs sequences per distance (drawn with --seed). Outputs: per_sequence.csv, copy.png (ratio by distance; loss
+distance. The gate (longrange.py): at d = 0.5 N, second / control <= 0.5. Every model reads the same --num_seqs
+sequences per distance (drawn with --seed). Outputs: per_sequence.csv, copy.png (ratio by distance; loss
 by offset), summary.json last; written to --out_dir only whole.
 """
 import argparse, json, math, sys

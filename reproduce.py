@@ -268,7 +268,8 @@ def main(argv=None):
     if a.scale == "gpu" and "bench" not in a.skip:
         step("kernel benchmark", [os.path.join("bench", "attention.py"), "--out", os.path.join(results, "kernels")],
              results, done=os.path.join(results, "kernels.png"))
-    report.summarize(results, roots, labels, N, rows, scale=a.scale, dataset=DATA, config=S, tokens_per_variant=S["train"]["batch_size"] * N * M
+    report.summarize(results, roots, labels, N, rows, scale=a.scale, dataset=DATA, config=S,
+                     tokens_per_variant=S["train"]["batch_size"] * N * M
                      * S["train"]["gradient_accumulation_steps"], wall_s=round(time.time() - t0, 1))
     print(f"done: {results}/summary.json")
 

@@ -1,7 +1,8 @@
 """
 The datasets' library: GPT-2's BPE built offline (get_tokenizer, EOT) or a character vocabulary (CharCodec), a
 corpus tokenized into data/<name>/{train,val}.bin + meta.json (prepare), a dataset made on first use (fetch), and its
-readers (load_split, check_prepared, codec, vocab_size, language_model, unigram_entropy). prepare_data.py is its command line; the sources are corpora.py's.
+readers (load_split, check_prepared, codec, vocab_size, language_model, unigram_entropy). prepare_data.py is its
+command line; the sources are corpora.py's.
 """
 import functools, glob, hashlib, itertools, json, os, random, shlex, sys, time
 
@@ -194,7 +195,8 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
     # what decides the content; mtime catches edits
     args = dict(source=source, text_field=text_field, hf_split=hf_split, val_frac=val_frac, seed=seed,
                 max_tokens=max_tokens, files=[[os.path.abspath(f), os.path.getsize(f), os.path.getmtime(f)]
-                                              for f in files or []], **({"tokenizer": "char"} if tokenizer == "char" else {}))
+                                              for f in files or []],
+                **({"tokenizer": "char"} if tokenizer == "char" else {}))  # absent for gpt2: older datasets stay valid
     if not force and is_up_to_date(data_dir, args):
         print(f"{data_dir} is up to date")
         return data_dir
