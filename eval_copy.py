@@ -15,10 +15,9 @@ by offset), summary.json last; written to --out_dir only whole.
 """
 import argparse, json, math, sys
 
-import numpy as np
 import torch
 
-from lib import compare, dataset, longrange, tracking
+from lib import compare, dataset, longrange, tracking, vocab
 from lib.checkpoint import CheckpointError, load_checkpoint, pick_device, read_checkpoint, run_info
 from model import BACKENDS, ROPE_METHODS
 
@@ -85,8 +84,8 @@ def plot(path, models, args):
 
 
 def run(args, folder):
-    vocab = dataset.vocab_size(args.data) or dataset.VOCAB_SIZE  # each model must read the data's tokens
-    model_args = [dataset.language_model(p, read_checkpoint(p, mmap=True), vocab)["model_args"] for p in args.ckpt]
+    size = vocab.vocab_size(args.data) or vocab.VOCAB_SIZE  # each model must read the data's tokens
+    model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), size)["model_args"] for p in args.ckpt]
     tokens = dataset.load_split(args.data, args.split)
     if longrange.GATE_DISTANCE not in args.distances:  # the gate is always measured
         args.distances = sorted({*args.distances, longrange.GATE_DISTANCE})

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from lib import compare, dataset, rescale, tracking
+from lib import compare, dataset, rescale, tracking, vocab
 from lib.checkpoint import load_checkpoint, pick_device, read_checkpoint, run_info
 from model import BACKENDS, ROPE_METHODS
 
@@ -137,8 +137,8 @@ def run(args, folder):  # the results to folder; returns the wandb table
     if not args.ckpt:
         return []
     # check all checkpoints (mmap'd, each against the data's vocabulary) before any model runs
-    vocab = dataset.vocab_size(args.data) or dataset.VOCAB_SIZE
-    model_args = [dataset.language_model(p, read_checkpoint(p, mmap=True), vocab)["model_args"] for p in args.ckpt]
+    size = vocab.vocab_size(args.data) or vocab.VOCAB_SIZE
+    model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), size)["model_args"] for p in args.ckpt]
     rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale)
     args.length = args.length or 10 * model_args[0]["block_size"]  # the first checkpoint fixes L
     N, path = max((a["block_size"], path) for a, path in zip(model_args, args.ckpt))

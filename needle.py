@@ -18,10 +18,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from lib import compare, dataset, tracking
+from lib import compare, tracking, vocab
 from lib.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, run_info
-from lib.dataset import EOT, DataError  # DataError: bad input, printed by main as one line
+from lib.dataset import DataError  # bad input, printed by main as one line
 from lib.retrieval import cells, load_hay, score_answer, score_trials, sft_examples, trials
+from lib.vocab import EOT
 from model import BACKENDS, ROPE_METHODS
 
 MODES = ("sft_data", "needle", "passkey", "score")
@@ -166,7 +167,7 @@ def outputs(args):  # a mode's files, the "finished" one last (reproduce.py)
     return [f"{stem}.{ext}" for stem in stems for ext in ("csv", "png", "json", "jsonl")]
 
 def run(args, folder):  # the results to folder; returns the wandb table
-    enc = dataset.get_tokenizer()
+    enc = vocab.get_tokenizer()
     if args.mode == "sft_data":
         name, examples = sft_examples(args, enc)
         examples = list(tqdm(examples, desc=name, unit="ex", total=args.synthetic or None))
@@ -177,7 +178,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
     if not args.ckpt:
         raise DataError(f"mode {args.mode} needs --ckpt")
     for path in args.ckpt:  # check all checkpoints (mmap'd) before any model runs
-        dataset.language_model(path, read_checkpoint(path, mmap=True))
+        vocab.language_model(path, read_checkpoint(path, mmap=True))
     hay = None if args.mode == "passkey" else load_hay(args.data, "val")
     contexts = [args.context] if args.mode == "score" else args.context_sizes
     prompts = lambda L: trials(args, enc, hay, L, np.random.default_rng([args.seed, L]))  # the same for every model

@@ -15,7 +15,7 @@ from contextlib import nullcontext
 
 import torch
 
-from lib import dataset
+from lib import dataset, vocab
 from lib.checkpoint import CheckpointError, load_checkpoint, pick_device
 from model import BACKENDS
 
@@ -61,7 +61,7 @@ def main(argv=None):
             p.error(f"cannot read the prompt file {start[5:]!r}: {e.strerror if isinstance(e, OSError) else e}")
     try:
         model, ckpt = load_checkpoint(args.ckpt, device, backend=args.backend)
-        enc = dataset.checkpoint_codec(dataset.language_model(args.ckpt, ckpt, ckpt["model_args"]["vocab_size"]),
+        enc = vocab.checkpoint_codec(vocab.language_model(args.ckpt, ckpt, ckpt["model_args"]["vocab_size"]),
                                        args.data)  # a task run is refused: its vocabulary is its own
         # a written <|endoftext|> is the trained separator
         ids = enc.encode(start, allowed_special={"<|endoftext|>"}) or [enc.eot_token]

@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import kernels_cpu
 import tasks
-from lib import dataset, longrange, retrieval, tracking
+from lib import dataset, longrange, retrieval, tracking, vocab
 from lib.checkpoint import CheckpointError, build_model, read_checkpoint, run_info, save_checkpoint
 from lib.config import (TrainConfig, TrainError, cpu_cost_check, data_vocab, model_config, parse_args, resolve,
                         sft_schedule, usage)
@@ -86,7 +86,7 @@ def setup(explicit):
     if not (cfg.task or cfg.sft_data):  # the dataset's vocabulary sizes the model; an embedded one is made here (local)
         if run.master and cfg.dataset in EMBEDDED:
             dataset.fetch(cfg.dataset, cfg.data_dir)
-        cfg = data_vocab(cfg, explicit, ckpt, dataset.vocab_size(os.path.join(cfg.data_dir, cfg.dataset)))
+        cfg = data_vocab(cfg, explicit, ckpt, vocab.vocab_size(os.path.join(cfg.data_dir, cfg.dataset)))
     cpu_cost_check(cfg, device_type, ckpt["iter_num"] if run.resuming else 0)  # before any download or model
     torch.manual_seed(cfg.seed)  # same on every rank: one saved RNG state fits all
     return cfg, ckpt, run
@@ -110,7 +110,7 @@ def load_data(cfg, run, explicit, ckpt):
         data.dir = dataset.fetch(cfg.dataset, cfg.data_dir, make=run.master)  # embedded or hub: made on first use
         if run.ddp:  # the other ranks wait for it
             dist.barrier()
-        cfg = data_vocab(cfg, explicit, ckpt, dataset.vocab_size(data.dir))  # made now, if setup could not
+        cfg = data_vocab(cfg, explicit, ckpt, vocab.vocab_size(data.dir))  # made now, if setup could not
         data.size = {s: len(dataset.load_split(data.dir, s)) - T for s in dataset.SPLITS}
         if min(data.size.values()) < 1:
             raise TrainError(f"{data.dir}: a split has fewer than block_size + 1 = {T + 1} tokens")
@@ -316,7 +316,7 @@ def train(explicit):
     if master and losses is not None:
         print(f"done: val loss {losses['val']:.4f}, best {best_val_loss:.4f}"
               + (f"; unigram baseline {data.unigram:.4f} nats" if data.unigram else ""))
-    enc = dataset.codec(data.dir) if master and data.dir else None  # a language model: a sample in its codec
+    enc = vocab.codec(data.dir) if master and data.dir else None  # a language model: a sample in its codec
     if enc is not None and enc.n_vocab == raw_model.config.vocab_size:  # a padded vocabulary may sample past it
         with run.ctx:
             idx = raw_model.eval().generate(torch.tensor([[enc.eot_token]], device=run.device), 100, 0.8, top_k=200)

@@ -15,7 +15,7 @@ from typing import get_args
 import torch
 
 import tasks
-from lib import dataset, longrange
+from lib import longrange, vocab
 from lib.checkpoint import build_model
 from model import GPTConfig, ssmax_s_for_switch
 from scorers import SCORERS
@@ -163,38 +163,34 @@ def resolve(cfg, explicit, ckpt, resuming, world):
     if cfg.lr_schedule not in LR_SCHEDULES or cfg.gradient_accumulation_steps % world:
         raise TrainError(f"need lr_schedule in {LR_SCHEDULES} and gradient_accumulation_steps (global) divisible by "
                          f"{world} processes; got {cfg.lr_schedule!r}, {cfg.gradient_accumulation_steps}")
-    if cfg.copy_frac > 0 and (cfg.task or cfg.sft_data or 2 * cfg.copy_span > cfg.block_size):
-        raise TrainError(f"copy_frac={cfg.copy_frac} repeats a span of copy_span={cfg.copy_span} tokens inside a "
-                         f"language-model window: it needs 2 x copy_span <= block_size={cfg.block_size}, and no task "
-                         f"or sft_data")
-    if cfg.copy_kind not in longrange.KINDS:
-        raise TrainError(f"copy_kind={cfg.copy_kind!r} is not one of {', '.join(longrange.KINDS)}")
-    if cfg.task:  # task vocabulary (1: a scalar head)
-        try:
+    try:
+        longrange.check_config(cfg)
+        if cfg.task:  # task vocabulary (1: a scalar head)
             tasks.check_config(cfg)
-        except ValueError as e:
-            raise TrainError(str(e))
-        vocab = tasks.TASKS[cfg.task].vocab(cfg)
-        if explicit.get("vocab_size", vocab) != vocab:
+    except ValueError as e:
+        raise TrainError(str(e))
+    if cfg.task:
+        size = tasks.TASKS[cfg.task].vocab(cfg)
+        if explicit.get("vocab_size", size) != size:
             raise TrainError(f"vocab_size={cfg.vocab_size} does not match task {cfg.task!r}, whose vocabulary is "
-                             f"{vocab}")
-        cfg = replace(cfg, vocab_size=vocab)
+                             f"{size}")
+        cfg = replace(cfg, vocab_size=size)
         if cfg.block_size < tasks.min_length(cfg):
             raise TrainError(f"block_size={cfg.block_size} is too short for task {cfg.task!r}: at least "
                              f"{tasks.min_length(cfg)}")
     return cfg
 
 
-def data_vocab(cfg, explicit, ckpt, vocab):
-    """cfg with the model's vocabulary the dataset's (`vocab`, meta.json's; None: not made yet, cfg as is), or one
+def data_vocab(cfg, explicit, ckpt, size):
+    """cfg with the model's vocabulary the dataset's (`size`, meta.json's; None: not made yet, cfg as is), or one
     TrainError: a checkpoint or a vocab_size= that cannot read the dataset's ids, or would mean other symbols."""
-    if vocab is None or cfg.task or cfg.sft_data:
+    if size is None or cfg.task or cfg.sft_data:
         return cfg
     have, where = ((ckpt["model_args"]["vocab_size"], "the checkpoint's") if ckpt is not None else
-                   (explicit["vocab_size"], "vocab_size=") if "vocab_size" in explicit else (vocab, ""))
-    if not dataset.fits(have, vocab):
+                   (explicit["vocab_size"], "vocab_size=") if "vocab_size" in explicit else (size, ""))
+    if not vocab.fits(have, size):
         raise TrainError(f"{where} vocabulary of {have:,} tokens does not match dataset={cfg.dataset!r}, whose "
-                         f"meta.json has {vocab:,}" + ("" if ckpt is not None else "; leave vocab_size unset"))
+                         f"meta.json has {size:,}" + ("" if ckpt is not None else "; leave vocab_size unset"))
     return replace(cfg, vocab_size=have)
 
 

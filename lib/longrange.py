@@ -43,6 +43,17 @@ def place(rng, T1, L):
 KINDS = ("text", "random")
 
 
+def check_config(cfg):
+    """ValueError (one line) unless the run's copy_* fields make sense: a language-model window that holds both
+    copies, a known kind."""
+    if cfg.copy_kind not in KINDS:
+        raise ValueError(f"copy_kind={cfg.copy_kind!r} is not one of {', '.join(KINDS)}")
+    if cfg.copy_frac > 0 and (cfg.task or cfg.sft_data or 2 * cfg.copy_span > cfg.block_size):
+        raise ValueError(f"copy_frac={cfg.copy_frac} repeats a span of copy_span={cfg.copy_span} tokens inside a "
+                         f"language-model window: it needs 2 x copy_span <= block_size={cfg.block_size}, and no task "
+                         f"or sft_data")
+
+
 def insert_copies(windows, offsets, frac, L, seed, kind="text"):
     """Repeat a span in a share `frac` of windows, in place. windows: (B, T + 1) token ids, offsets: their starts in
     train.bin (they seed each window's draw). kind text: the span is the window's own text at a; random: L tokens

@@ -11,8 +11,9 @@ import functools, itertools, json, os, re
 import numpy as np
 import torch
 
-from lib import dataset
-from lib.dataset import EOT, DataError  # DataError: bad input, shown in one line
+from lib import dataset, vocab
+from lib.dataset import DataError  # bad input, shown in one line
+from lib.vocab import EOT
 
 NEEDLE_HEAD, NEEDLE_TAIL = " The special magic {city} number is:", " {number}."  # the needle score's span: the tail
 NEEDLE_QUESTION = "\nWhat is the special magic {city} number?\nThe special magic {city} number is:"
@@ -206,7 +207,7 @@ def load_sft(path, block_size):
         assert rows and all(isinstance(s, str) for s in prompts + answers)
     except (ValueError, KeyError, TypeError, AssertionError):
         raise DataError(f"{path}: every line must be a JSON object {{\"prompt\": str, \"answer\": str}}")
-    enc, examples = dataset.get_tokenizer(), []
+    enc, examples = vocab.get_tokenizer(), []
     for p, a in zip(enc.encode_ordinary_batch(prompts), enc.encode_ordinary_batch(answers)):
         a = (a + [EOT])[:block_size + 1]
         p = p[max(0, len(p) - (block_size + 1 - len(a))):]

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import eval_long
-from lib import dataset
+from lib import vocab
 import sample
 import train
 
-V = dataset.VOCAB_SIZE  # GPT-2's: sample.py and eval_long.py read only language models
+V = vocab.VOCAB_SIZE  # GPT-2's: sample.py and eval_long.py read only language models
 TINY = ["device=cpu", f"vocab_size={V}", "n_layer=1", "n_head=2", "n_embd=32", "ffn_hidden=64", "block_size=16",
         "batch_size=2", "gradient_accumulation_steps=1", "eval_iters=1", "log_interval=1", "warmup_iters=1",
         "learning_rate=1e-2", "dataset=rand"]

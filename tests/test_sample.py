@@ -11,7 +11,7 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from lib import dataset
+from lib import vocab
 import sample
 from conftest import WritesAFile, code_carrying_copy
 from lib.checkpoint import load_checkpoint, read_checkpoint, run_info, save_checkpoint
@@ -60,7 +60,7 @@ def greedy_rollout(model, ids, n):
 @pytest.mark.parametrize("scorer", ["softmax", "ssmax", "lssar"])
 def test_greedy_samples_equal_the_models_rollout_without_cache_past_the_training_length(scorer, tmp_path, capsys):
     path = write_ckpt(tmp_path / "ckpt.pt", scorer)
-    enc = dataset.get_tokenizer()
+    enc = vocab.get_tokenizer()
     ids, n = enc.encode(PROMPT), 2 * N  # prompt + new tokens > N: the rotary tables must grow
     samples = run(capsys, "--ckpt", path, "--start", PROMPT, "--num_samples", "2", "--max_new_tokens", str(n),
                   "--temperature", "0")
@@ -72,8 +72,8 @@ def test_greedy_samples_equal_the_models_rollout_without_cache_past_the_training
 def test_empty_prompt_starts_from_endoftext_and_prints_only_the_new_tokens(ckpt, capsys):
     samples = run(capsys, "--ckpt", ckpt, "--start", "", "--num_samples", "1", "--max_new_tokens", "5",
                   "--temperature", "0")
-    want = greedy_rollout(load_checkpoint(ckpt)[0], [dataset.EOT], 5)
-    assert samples == [dataset.get_tokenizer().decode(want[1:])]
+    want = greedy_rollout(load_checkpoint(ckpt)[0], [vocab.EOT], 5)
+    assert samples == [vocab.get_tokenizer().decode(want[1:])]
 
 
 def test_same_seed_same_samples_other_seed_other_samples(ckpt, capsys):
@@ -103,14 +103,14 @@ def test_rope_theta_changes_the_rotary_tables_and_outputs_not_the_weights(ckpt, 
     samples = run(capsys, "--ckpt", ckpt, "--start", PROMPT, "--num_samples", "1", "--max_new_tokens", str(n),
                   "--temperature", "0", "--rope_theta", "500000")
     model, saved = loaded[0]
-    ids = dataset.get_tokenizer().encode(PROMPT)
+    ids = vocab.get_tokenizer().encode(PROMPT)
     assert model.rope_theta == 500000 and model.rope_cos.size(0) >= len(ids) + n  # long enough for the whole sample
     cos, sin = precompute_rope(model.rope_cos.size(0), 16, theta=500000.0)
     assert torch.equal(model.rope_cos, cos) and torch.equal(model.rope_sin, sin)
     assert model.state_dict().keys() == saved["model"].keys()
     assert all(torch.equal(v, saved["model"][k]) for k, v in model.state_dict().items())
     want = greedy_rollout(model, ids, n)  # the sample is the θ = 500,000 model's own greedy rollout...
-    assert samples == [dataset.get_tokenizer().decode(want)]
+    assert samples == [vocab.get_tokenizer().decode(want)]
     base = load_checkpoint(ckpt)[0].eval()  # ...and θ changes what the model computes
     x = torch.tensor([want])
     with torch.no_grad():

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from lib import dataset
+from lib import vocab
 from lib import retrieval
 from lib import config
 import train
@@ -455,30 +455,30 @@ def write_sft(path, rows=SFT_ROWS):
 
 
 def test_sft_targets_are_answer_and_endoftext_with_minus_one_on_prompt_and_padding(tmp_path):
-    enc, T = dataset.get_tokenizer(), 32
+    enc, T = vocab.get_tokenizer(), 32
     examples = retrieval.load_sft(write_sft(tmp_path / "sft.jsonl"), T)
     assert len(examples) == len(SFT_ROWS)
     for (ids, n_prompt), row in zip(examples, SFT_ROWS):
         p, a = enc.encode_ordinary(row["prompt"]), enc.encode_ordinary(row["answer"])
-        assert ids.tolist() == p + a + [dataset.EOT] and n_prompt == len(p)
+        assert ids.tolist() == p + a + [vocab.EOT] and n_prompt == len(p)
     x, y = retrieval.sft_batch(examples, torch.tensor([1, 3, 0]), T)
     assert x.shape == y.shape == (3, T) and x.dtype == y.dtype == torch.long
     for b, i in enumerate([1, 3, 0]):
         ids, n_prompt = examples[i]
         n = len(ids) - 1
         assert x[b, :n].tolist() == ids[:-1].tolist()
-        assert (x[b, n:] == dataset.EOT).all()  # padding
-        answer = enc.encode_ordinary(SFT_ROWS[i]["answer"]) + [dataset.EOT]
+        assert (x[b, n:] == vocab.EOT).all()  # padding
+        answer = enc.encode_ordinary(SFT_ROWS[i]["answer"]) + [vocab.EOT]
         assert y[b].tolist() == [-1] * (n_prompt - 1) + answer + [-1] * (T - n)
 
 
 def test_sft_crops_long_prompts_on_the_left_and_long_answers_on_the_right(tmp_path):
-    enc, T = dataset.get_tokenizer(), 8
+    enc, T = vocab.get_tokenizer(), 8
     rows = [{"prompt": "one two three four five six seven eight nine ten", "answer": " eleven twelve"},
             {"prompt": "short", "answer": " a b c d e f g h i j k l m n o p"}]
     examples = retrieval.load_sft(write_sft(tmp_path / "sft.jsonl", rows), T)
     (ids0, n0), (ids1, n1) = examples
-    p0, a0 = enc.encode_ordinary(rows[0]["prompt"]), enc.encode_ordinary(rows[0]["answer"]) + [dataset.EOT]
+    p0, a0 = enc.encode_ordinary(rows[0]["prompt"]), enc.encode_ordinary(rows[0]["answer"]) + [vocab.EOT]
     assert len(ids0) == T + 1 and ids0.tolist() == p0[-(T + 1 - len(a0)):] + a0 and n0 == T + 1 - len(a0)
     a1 = enc.encode_ordinary(rows[1]["answer"])
     assert ids1.tolist() == a1[:T + 1] and n1 == 0  # the answer's beginning, no prompt left
@@ -520,7 +520,7 @@ def test_sft_run_in_epochs_lowers_the_answer_loss(tmp_path, capsys):
     assert [r["iter"] for r in evals] == [0, 10]
     assert evals[-1]["val_loss"] < 0.7 * evals[0]["val_loss"]  # the answers are being learned
     # the loss sums the answer tokens' losses per sequence (>= 2 tokens each), not their mean: at init > log(vocab)
-    assert evals[0]["val_loss"] > 1.5 * math.log(dataset.VOCAB_SIZE)
+    assert evals[0]["val_loss"] > 1.5 * math.log(vocab.VOCAB_SIZE)
 
 
 # ----------------------------------------------------------------------------------------------------------------
