@@ -3,8 +3,8 @@ What the scripts share; nothing here is run directly.
 
     config.py             TrainConfig, config files and key=value overrides, their checks, a run's CPU cost
     checkpoint.py         run_info (provenance), atomic save, safe read (weights_only), the model a checkpoint builds
-    dataset.py            GPT-2's BPE offline or characters, a corpus -> data/<name>/{train,val}.bin, a dataset fetched
-                          on first use, the codec and vocabulary a model reads
+    dataset.py            a corpus -> data/<name>/{train,val}.bin, a dataset fetched on first use, its readers
+    vocab.py              GPT-2's BPE offline, the character vocabulary, which a dataset or checkpoint reads
     longrange.py          long-range structure in text: train.py's repeated spans (copy_frac), the copy gate's sequences
     corpora.py            the sources dataset.py reads: embedded corpora, Hugging Face datasets, local files
     retrieval.py          needle and passkey prompts, answer grading, the needle score, the fine-tuning sets
