@@ -6,6 +6,7 @@ tokens predicts the second copy almost for free; one that uses only the last few
 
     python eval_copy.py out-char-softmax/ckpt.pt out-char-ssmax/ckpt.pt --data data/english_char
     python eval_copy.py out-char-softmax/ckpt.pt --distances 0.5 1 2 4 --rope_method theta --rope_scale 50
+    python eval_copy.py out-char-softmax/ckpt.pt --logit_scale qwen          # softmax rescaled, training-free
 
 Per model and distance: the mean loss per token on the first copy, the second and the control (the span's first token
 left out: nothing marks where a copy starts), second / control, and the loss by offset inside the span at the gate's
@@ -17,7 +18,7 @@ import argparse, json, math, sys
 
 import torch
 
-from lib import compare, dataset, longrange, tracking, vocab
+from lib import compare, dataset, longrange, rescale, tracking, vocab
 from lib.checkpoint import CheckpointError, load_checkpoint, pick_device, read_checkpoint, run_info
 from model import BACKENDS, ROPE_METHODS
 
@@ -46,6 +47,7 @@ def evaluate(model, tokens, N, args):
             continue
         x, control, a, b = longrange.copy_sequences(tokens, d, L, args.num_seqs, args.seed, kind=args.kind)
         model.extend_rope(args.rope_method, args.rope_scale, x.shape[1] - 1)  # "none": the trained θ, any length
+        rescale.apply(model, args.logit_scale, x.shape[1] - 1, args.llama4_floor)  # None: no rescaling
         copy, ctl = token_losses(model, x, args.batch_size), token_losses(model, control, args.batch_size)
         out[k] = (d, copy[:, a:a + L - 1], copy[:, b:b + L - 1], ctl[:, b:b + L - 1])
     return out
@@ -79,13 +81,15 @@ def plot(path, models, args):
     for a in (ax, bx):
         a.legend(fontsize=7)
     fig.suptitle(f"{args.num_seqs} sequences per distance, {args.kind} span of {args.span} tokens, RoPE "
-                 f"{args.rope_method} x{args.rope_scale:g}", fontsize=9)
+                 f"{args.rope_method} x{args.rope_scale:g}" + (f", logits {args.logit_scale}" if args.logit_scale
+                                                                 else ""), fontsize=9)
     fig.savefig(path, dpi=120, bbox_inches="tight")
 
 
 def run(args, folder):
     size = vocab.vocab_size(args.data) or vocab.VOCAB_SIZE  # each model must read the data's tokens
     model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), size)["model_args"] for p in args.ckpt]
+    rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale)
     tokens = dataset.load_split(args.data, args.split)
     if longrange.GATE_DISTANCE not in args.distances:  # the gate is always measured
         args.distances = sorted({*args.distances, longrange.GATE_DISTANCE})
@@ -131,12 +135,14 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rope_method", choices=ROPE_METHODS, default="none", help="none: the trained θ at any length")
     p.add_argument("--rope_scale", type=float, default=1.0)
+    p.add_argument("--logit_scale", choices=rescale.KINDS, help="rescale softmax's logits, training-free")
+    p.add_argument("--llama4_floor", type=int, default=rescale.LLAMA4_FLOOR, help="llama4's floor scale F")
     p.add_argument("--labels", nargs="+", help="names of the checkpoints (default: scorer #i)")
     p.add_argument("--out_dir", default="out-eval-copy")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
     p.add_argument("--backend", choices=BACKENDS, default="auto")
     args = p.parse_args(argv)
-    bad = [f"--{k} {getattr(args, k)}" for k in ("num_seqs", "batch_size") if getattr(args, k) < 1]
+    bad = [f"--{k} {getattr(args, k)}" for k in ("num_seqs", "batch_size", "llama4_floor") if getattr(args, k) < 1]
     bad += [f"--span {args.span}"] * (args.span < 2) + [f"--seed {args.seed}"] * (not 0 <= args.seed < 2**64)
     bad += [f"--distances {k:g}" for k in args.distances if not 0 < k < math.inf]
     bad += [f"--rope_scale {args.rope_scale}"] * (not 0 < args.rope_scale < math.inf)

@@ -73,6 +73,12 @@ VARIANTS = {  # name -> (overrides, paper label)
 }
 PAPERS = tuple(VARIANTS)[:11]  # the cpu and gpu scales' variants: the three papers'
 CHAR_SKIPS = ("needle", "passkey", "score")  # needle.py builds its prompts in GPT-2 tokens
+# the copy gate's runs (folder -> eval_copy.py options): native θ, θ x 50, and softmax rescaled (llama4's F = N, as in
+# the synthetic suite: Llama 4's 8,192 changes nothing below 8,192 tokens)
+COPY_RUNS = {"copy": [], "copy_theta50": ["--rope_method", "theta", "--rope_scale", "50"],
+             **{f"copy_{k}": ["--logit_scale", k] for k in ("qwen", "yarn")},
+             "copy_llama4": ["--logit_scale", "llama4", "--llama4_floor", "{N}"]}
+COPY_DISTANCES = ["0.25", "0.5", "0.75", "1", "2", "4", "8", "16"]
 # make glibc keep freed memory: no page faults per batch
 REUSE_FREED_MEMORY = dict(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**31 - 1))
 REPO = os.path.dirname(os.path.abspath(__file__))
@@ -166,11 +172,12 @@ def seed_steps(S, seed, runs, results, data, variants, threads, skip):
                                     str(E["num_seqs"]), "--batch_size", "4", "--labels", *variants, "--baseline",
                                     "softmax", "--out_dir", out] + (["--fading"] if method == "theta" else []),
             complete(out, variants))
-    if "copy_seqs" in E:  # the copy gate (eval_copy.py), its spans of val text as long as the training copies
-        out = os.path.join(results, f"s{seed}", "copy")
-        run("copy gate", ["eval_copy.py", *ckpts, *common, "--span", str(S["train"]["copy_span"]), "--num_seqs",
-                          str(E["copy_seqs"]), "--distances", "0.25", "0.5", "0.75", "1", "2", "4", "8", "16",
-                          "--labels", *variants, "--out_dir", out], os.path.join(out, "summary.json"))
+    for name, how in COPY_RUNS.items() if "copy_seqs" in E else ():  # the copy gate (eval_copy.py)
+        out, some = os.path.join(results, f"s{seed}", name), ["softmax"] if "--logit_scale" in how else variants
+        run(name, ["eval_copy.py", *[os.path.join(runs, v, "ckpt.pt") for v in some], *common, "--span",
+                   str(S["train"]["copy_span"]), "--num_seqs", str(E["copy_seqs"]), "--distances", *COPY_DISTANCES,
+                   "--labels", *some, "--out_dir", out, *(x.format(N=N) for x in how)],
+            os.path.join(out, "summary.json"))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -268,7 +275,7 @@ def main(argv=None):
     if a.scale == "gpu" and "bench" not in a.skip:
         step("kernel benchmark", [os.path.join("bench", "attention.py"), "--out", os.path.join(results, "kernels")],
              results, done=os.path.join(results, "kernels.png"))
-    report.summarize(results, roots, labels, N, rows, scale=a.scale, dataset=DATA, config=S,
+    report.summarize(results, roots, labels, N, rows, list(COPY_RUNS), scale=a.scale, dataset=DATA, config=S,
                      tokens_per_variant=S["train"]["batch_size"] * N * M
                      * S["train"]["gradient_accumulation_steps"], wall_s=round(time.time() - t0, 1))
     print(f"done: {results}/summary.json")

@@ -102,25 +102,27 @@ def long_context(results, seeds, variants, method):
     return dict(windows=windows, differences=diffs, extended_minus_native=cost)
 
 
-def copy_gate(per_seed):
+def copy_gate(per_seed, baseline=None):
     """The copy gate over seeds (eval_copy.py's summary.json per seed): each model's ratio (2nd copy / control) by
-    distance, its gate (longrange.gate on the per-seed ratios at the gate's distance), and minus softmax's, paired by
-    seed with the sign-flip p."""
+    distance, its gate (longrange.gate on the per-seed ratios at the gate's distance), and minus the baseline's,
+    paired by seed with the sign-flip p. baseline: {distance: per-seed ratios}; default this evaluation's softmax
+    (a rescaled softmax is compared with the native one's)."""
     by = {m["label"]: [next(x for x in p["models"] if x["label"] == m["label"]) for p in per_seed]
           for m in per_seed[0]["models"]}  # label -> one summary per seed
     ratios = {v: {k: [g["by_distance"][k]["ratio"] for g in got] for k in got[0]["by_distance"]}
               for v, got in by.items()}
-    out = {v: dict(ratio={k: compare.seed_interval(r) for k, r in rs.items()},
+    base = baseline or ratios.get("softmax")
+    out = {v: dict(ratio={k: compare.seed_interval(r) for k, r in rs.items()}, ratio_per_seed=rs,
                    gate_ratio_per_seed=[g["gate_ratio"] for g in by[v]],
                    gate=longrange.gate([g["gate_ratio"] for g in by[v]])) for v, rs in ratios.items()}
     for v, rs in ratios.items():
-        if v != "softmax" and "softmax" in ratios:
-            diff = {k: np.subtract(r, ratios["softmax"][k]) for k, r in rs.items() if k in ratios["softmax"]}
+        if base is not None and (baseline is not None or v != "softmax"):
+            diff = {k: np.subtract(r, base[k]) for k, r in rs.items() if k in base}
             out[v]["minus_softmax"] = {k: [*compare.seed_interval(d), compare.sign_flip_p(d)] for k, d in diff.items()}
     return out
 
 
-def summarize(results, roots, variants, N, rows, **head):
+def summarize(results, roots, variants, N, rows, copy_runs=("copy",), **head):
     """summary.json: what RESULTS.md quotes, read back from the steps' own outputs. head: scale, config, ..."""
     seeds = list(roots)
     summary = dict(head, seeds=seeds, variants=variants, losses=loss_table(rows, variants, seeds),
@@ -137,9 +139,11 @@ def summarize(results, roots, variants, N, rows, **head):
         # paired with softmax's: does a scorer change them?
         summary["gates_minus_softmax"] = {v: {g: compare.seed_interval([x[g] - b[g] for x, b in zip(gs, gates[
             "softmax"])]) for g in gs[0]} for v, gs in gates.items() if v != "softmax" and "softmax" in gates}
-    copies = [read_json(results, f"s{s}", "copy", "summary.json") for s in seeds]
-    if all(copies):
-        summary["copy_gate"] = copy_gate(copies)
+    for name in copy_runs:  # "copy" first: the others are paired with its softmax
+        copies = [read_json(results, f"s{s}", name, "summary.json") for s in seeds]
+        native = summary.get("copy_gate", {}).get("softmax", {}).get("ratio_per_seed")
+        if all(copies) and (name == "copy" or native):
+            summary["copy_gate" + name[4:]] = copy_gate(copies, None if name == "copy" else native)
     for name in ("needle", "passkey", "needle_score_trials"):
         s = read_json(results, "needle", f"{name}.json")
         if s:
@@ -204,15 +208,16 @@ def tables(s):
                        "interval])\n\n" + _table(["variant", *cols], [[v, *(_ci(
                            (cell[v, c]["mean_diff"], 0, cell[v, c]["ci_lo"], cell[v, c]["ci_hi"])) for c in cols)]
                            for v in s["variants"] if (v, cols[0]) in cell]))
-    if "copy_gate" in s:
-        cols = list(next(iter(s["copy_gate"].values()))["ratio"])
-        out.append(f"### Copy gate: loss on the 2nd copy / on the control span, by distance (x N) ({seeds} seeds, "
-                   "mean ± sd); gate: <= 0.5 at 0.5 N\n\n" + _table(["variant", *cols, "gate"], [
+    for key in (k for k in s if k.startswith("copy_gate")):
+        cols, how = list(next(iter(s[key].values()))["ratio"]), key[len("copy_gate_"):] or "native θ"
+        out.append(f"### Copy gate ({how}): loss on the 2nd copy / on the control span, by distance (x N) ({seeds} "
+                   "seeds, mean ± sd); gate: <= 0.5 at 0.5 N\n\n" + _table(["variant", *cols, "gate"], [
                        [v, *(_pm(g["ratio"][c], 2) for c in cols), "passed" if g["gate"] else "failed"]
-                       for v, g in s["copy_gate"].items()]))
-        out.append("### Copy gate minus softmax's, paired by seed (mean [95% t interval], sign-flip p)\n\n" + _table(
-            ["variant", *cols], [[v, *(f"{_ci(g['minus_softmax'][c], 2)} p={g['minus_softmax'][c][4]:.3f}"
-                                      for c in cols)] for v, g in s["copy_gate"].items() if "minus_softmax" in g]))
+                       for v, g in s[key].items()]))
+        out.append(f"### Copy gate ({how}) minus softmax's at native θ, paired by seed (mean [95% t interval], "
+                   "sign-flip p)\n\n" + _table(["variant", *cols], [
+                       [v, *(f"{_ci(g['minus_softmax'][c], 2)} p={g['minus_softmax'][c][4]:.3f}" for c in cols)]
+                       for v, g in s[key].items() if "minus_softmax" in g]))
     if "needle_scores" in s:
         out.append("### Needle scores (first seed)\n\n" + _table(
             ["variant", "best head", "control span, best head", "mean head", "control, mean head", "uniform"],

@@ -154,6 +154,9 @@ class InductionOracle(torch.nn.Module):
     def extend_rope(self, method, scale, L):
         pass
 
+    config = type("C", (), dict(scorer="softmax", block_size=64))  # what rescale.apply reads
+    transformer = type("T", (), dict(h=[]))
+
     def forward(self, x, y, reduction="none"):
         logits = torch.zeros(*x.shape, self.vocab)
         for r, row in enumerate(x.tolist()):
@@ -170,7 +173,7 @@ def test_the_copy_gate_measures_the_second_copy_against_a_control_span_at_the_ri
     V, L, N = 256, 12, 64  # 256**3 trigrams: no chance repeat in a sequence
     tokens = np.random.default_rng(0).integers(0, V, 20_000)
     args = type("A", (), dict(distances=[0.5, 2], span=L, num_seqs=6, seed=0, rope_method="none", rope_scale=1.0,
-                              kind="text", batch_size=4))
+                              kind="text", batch_size=4, logit_scale=None, llama4_floor=8192))
     losses = eval_copy.evaluate(InductionOracle(V), tokens, N, args)
     m = eval_copy.summarize("oracle", N, losses, args)
     uniform = math.log(V)

@@ -109,9 +109,14 @@ def test_a_char_scale_trains_with_copies_and_reports_the_copy_gate_over_seeds(tm
     assert len(gate["softmax"]["gate_ratio_per_seed"]) == 2 and isinstance(gate["softmax"]["gate"], bool)
     mean, sd, lo, hi, p = gate["stickbreaking"]["minus_softmax"]["0.5"]
     assert lo <= mean <= hi and 0 < p <= 1
-    assert "### Copy gate" in (res / "tables.md").read_text()
+    assert "### Copy gate (native θ)" in (res / "tables.md").read_text()
+    for how in ("theta50", "qwen", "yarn", "llama4"):  # θ x 50: every model; a rescaling: softmax, vs native softmax
+        got = summary[f"copy_gate_{how}"]
+        assert set(got) == ({"softmax", "stickbreaking"} if how == "theta50" else {"softmax"})
+        assert "minus_softmax" in got["softmax"]  # paired with the native-θ softmax, seed by seed
     for s in (1, 2):
         assert (res / f"s{s}" / "copy" / "copy.png").stat().st_size > 0
+        assert json.load(open(res / f"s{s}" / "copy_llama4" / "summary.json"))["args"]["llama4_floor"] == 64
         assert (res / f"s{s}" / "eval_long_theta" / "summary.json").is_file()
 
 
