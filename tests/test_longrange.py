@@ -214,3 +214,11 @@ def test_eval_copy_writes_its_results_for_a_char_model_and_refuses_a_model_of_ot
                                           str(tmp_path / "c2")])
     assert "not a language model of GPT-2's 50,257 tokens" in msg
     assert not os.path.exists(tmp_path / "c2" / "summary.json")
+
+
+def test_eval_copy_rescales_only_softmax_and_refuses_another_scorer_in_one_line(char_data, tmp_path):
+    out = str(tmp_path / "run")
+    train.main([*TINY, f"data_dir={char_data}", "dataset=play", f"out_dir={out}", "max_iters=0", "scorer=ssmax"])
+    msg = one_line_error(eval_copy.main, [os.path.join(out, "ckpt.pt"), "--data", os.path.join(char_data, "play"),
+                                          "--span", "8", "--logit_scale", "qwen", "--out_dir", str(tmp_path / "c")])
+    assert "--logit_scale qwen rescales softmax models; got one with scorer='ssmax'" in msg
