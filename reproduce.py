@@ -218,15 +218,16 @@ def main(argv=None):
         S = {**S, "train": {**S["train"], "max_iters": a.max_iters}}
     if a.scale == "gpu" and not torch.cuda.is_available():
         sys.exit("error: --scale gpu needs CUDA; use --scale cpu here")
+    variants = [v for v in S.get("variants", PAPERS) if not a.variants or v in a.variants]
+    # softmax: the baseline, and where (e) and (f) start
+    if "softmax" not in variants or set(a.variants or []) - set(variants):
+        sys.exit(f"error: --variants {' '.join(a.variants)}: they must be {a.scale}'s and include softmax; "
+                 f"{a.scale}'s: {' '.join(S.get('variants', PAPERS))}")
     name, a.seeds = a.name or a.scale, a.seeds or [1337, 1338, 1339]
     root, data_dir = f"out-repro-{name}", "data"
     results = os.path.join("results" if a.commit_results else "out-results", name)
     roots = {seed: os.path.join(root, f"s{seed}") for seed in a.seeds}  # every seed's runs: its own folder
     os.makedirs(results, exist_ok=True)
-    variants = [v for v in S.get("variants", PAPERS) if not a.variants or v in a.variants]
-    if "softmax" not in variants:  # the baseline, and the start of (e) and (f)
-        sys.exit(f"error: --variants must include softmax (the baseline); {a.scale}'s: "
-                 f"{' '.join(S.get('variants', PAPERS))}")
     labels = {v: VARIANTS[v][1] for v in variants}
     if S.get("dataset", DATASET).endswith("_char") and set(CHAR_SKIPS) - set(a.skip):
         print(f"{a.scale}: no {', '.join(CHAR_SKIPS)} step: needle.py builds its prompts in GPT-2 tokens")

@@ -159,3 +159,13 @@ def test_the_cpu_char_scale_trains_what_configs_cpu_char_py_trains():
             "dataset": reproduce.SCALES["cpu_char"]["dataset"]}
     got = parse_args([f"{reproduce.REPO}/configs/cpu_char.py"])
     assert {k: got.get(k) for k in want} == want
+
+
+@pytest.mark.parametrize("chosen", [["ssmax"], ["softmax", "ssa_learn_n"]])
+def test_a_variant_subset_without_softmax_or_outside_the_scale_is_one_error_line(chosen, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--scale", "cpu_char", "--variants", *chosen])
+    assert str(e.value.code).startswith(f"error: --variants {' '.join(chosen)}: they must be cpu_char's and include "
+                                        "softmax") and "\n" not in str(e.value.code)
+    assert not (tmp_path / "out-results").exists()  # refused before anything is written
