@@ -120,7 +120,7 @@ def run(args, folder):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="The copy gate: loss on a repeated span's second copy vs its first.")
+    p = argparse.ArgumentParser(description="The copy gate: loss on a repeated span's second copy vs a control span.")
     p.error = lambda message: sys.exit(f"error: {message}")  # one line, no usage dump
     p.add_argument("ckpt", nargs="+", help="language-model checkpoints")
     p.add_argument("--data", default="data/english_char", help="prepared dataset folder (prepare_data.py)")

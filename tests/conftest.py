@@ -35,6 +35,15 @@ class WritesAFile:
         return open, (self.path, "w")
 
 
+def one_line_error(main, argv):
+    """main(argv)'s exit message: one "error: ..." line, no traceback; returned for the caller's own checks."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    msg = e.value.code
+    assert isinstance(msg, str) and msg.startswith("error: ") and "\n" not in msg, msg
+    return msg
+
+
 def code_carrying_copy(src, dst, target):
     """dst: checkpoint src with code in its run_info that would create the file `target` if it ran; returns dst."""
     import torch

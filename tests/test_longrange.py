@@ -13,6 +13,7 @@ import torch
 import eval_copy
 import sample
 import train
+from conftest import one_line_error
 from lib import corpora, dataset, longrange, vocab
 from lib.checkpoint import load_checkpoint
 from lib.dataset import DataError
@@ -30,14 +31,6 @@ def char_data(tmp_path_factory):
     (d / "play.txt").write_text(TEXT, encoding="utf-8")
     dataset.prepare(str(d / "play.txt"), out_dir=str(d), tokenizer="char")
     return str(d)
-
-
-def one_line_error(fn, argv):
-    with pytest.raises(SystemExit) as e:
-        fn(argv)
-    msg = e.value.code
-    assert isinstance(msg, str) and msg.startswith("error: ") and "\n" not in msg, msg
-    return msg
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import one_line_error
+
 import eval_long
 import eval_tasks
 import needle
@@ -73,12 +75,6 @@ def snapshot(folder):
     return {f: (folder / f).read_bytes() for f in sorted(os.listdir(folder))}
 
 
-def error_of(main, argv):
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    msg = e.value.code
-    assert isinstance(msg, str) and msg.startswith("error: ") and "\n" not in msg, msg
-    return msg
 
 
 def no_staging_beside(folder):
@@ -94,7 +90,7 @@ def test_a_second_eval_tasks_into_its_out_dir_is_refused_and_keeps_every_file(ta
     before = snapshot(ev)
     assert list(before) == ["accuracy.csv", "attention.csv", "per_prompt.csv"]
     for argv in (["--lengths", "12", "--n", "4"], ["--lengths", "1"]):  # --lengths 1 once emptied accuracy.csv
-        msg = error_of(eval_tasks.main, [task_ckpts["recall"], *argv, "--out_dir", str(ev)])
+        msg = one_line_error(eval_tasks.main, [task_ckpts["recall"], *argv, "--out_dir", str(ev)])
         assert f"--out_dir {str(ev)!r} already holds accuracy.csv, attention.csv, per_prompt.csv" in msg
         assert "another --out_dir, or remove them" in msg
         assert snapshot(ev) == before and no_staging_beside(ev)
@@ -114,7 +110,7 @@ def test_a_second_eval_long_into_its_out_dir_is_refused_and_keeps_every_file(lm_
     before = snapshot(el)
     assert {"differences.png", "fading.png", "summary.json"} <= set(before)
     for argv in ([lm_ckpt, *common], ["--fading", "--out_dir", str(el)]):  # one model once left a stale figure
-        assert f"--out_dir {str(el)!r} already holds per_position.csv" in error_of(eval_long.main, argv)
+        assert f"--out_dir {str(el)!r} already holds per_position.csv" in one_line_error(eval_long.main, argv)
         assert snapshot(el) == before and no_staging_beside(el)
 
 
@@ -125,7 +121,7 @@ def test_a_second_needle_into_its_out_dir_is_refused_and_other_modes_share_the_f
     needle.main(argv)
     before = snapshot(nd)
     assert list(before) == ["needle.csv", "needle.json", "needle.png"]
-    assert "already holds needle.csv, needle.png, needle.json" in error_of(needle.main, argv)
+    assert "already holds needle.csv, needle.png, needle.json" in one_line_error(needle.main, argv)
     assert snapshot(nd) == before and no_staging_beside(nd)
     # reproduce.py writes needle, score and passkey into one folder: each mode refuses only its own files
     needle.main(["passkey", "--ckpt", lm_ckpt, "--context_sizes", "96", "--samples", "1", "--out_dir", str(nd)])
@@ -168,31 +164,31 @@ def test_a_task_checkpoint_given_to_a_language_model_tool_is_one_error_line(task
     for main, argv in ((sample.main, ["--ckpt", task_ckpts["recall"], "--start", "a", "--max_new_tokens", "3"]),
                        (eval_long.main, [task_ckpts["recall"], "--data", data_dir, "--out_dir", str(tmp_path / "el")]),
                        (needle.main, ["passkey", "--ckpt", task_ckpts["recall"], "--out_dir", str(tmp_path / "nd")])):
-        msg = error_of(main, argv)  # sample.py once printed tokens of the task's own vocabulary, exit status 0
+        msg = one_line_error(main, argv)  # sample.py once printed tokens of the task's own vocabulary, exit status 0
         assert f"{task_ckpts['recall']!r} is a run of task 'recall' (eval_tasks.py evaluates it)" in msg, msg
     assert os.listdir(tmp_path) == []
 
 
 def test_lengths_below_the_tasks_shortest_are_one_error_line_and_write_nothing(task_ckpts, tmp_path):
     for lengths, named in ((["3"], "--lengths 3:"), (["3", "12"], "--lengths 3:"), (["2", "3", "12"], "--lengths 2 3:")):
-        msg = error_of(eval_tasks.main, [task_ckpts["recall"], "--lengths", *lengths, "--out_dir", str(tmp_path / "e")])
+        msg = one_line_error(eval_tasks.main, [task_ckpts["recall"], "--lengths", *lengths, "--out_dir", str(tmp_path / "e")])
         assert named in msg and "shorter than task 'recall' allows" in msg and "give lengths >= 4" in msg, msg
     assert os.listdir(tmp_path) == []
 
 
 def test_a_context_size_below_one_is_one_error_line(lm_ckpt, data_dir, tmp_path):
-    msg = error_of(needle.main, ["needle", "--ckpt", lm_ckpt, "--data", data_dir, "--context_sizes", "96", "-5",
+    msg = one_line_error(needle.main, ["needle", "--ckpt", lm_ckpt, "--data", data_dir, "--context_sizes", "96", "-5",
                                  "--out_dir", str(tmp_path / "nd")])
     assert "--context_sizes 96 -5: counts and sizes must be >= 1" in msg and os.listdir(tmp_path) == []
 
 
 def test_a_length_beyond_this_machines_memory_stops_before_it_starts(task_ckpts, tmp_path, monkeypatch):
     argv = [task_ckpts["recall"], "--n", "2", "--out_dir", str(tmp_path / "ev")]
-    msg = error_of(eval_tasks.main, [*argv, "--lengths", "12", "100000000"])  # was killed at 24 GB, no message
+    msg = one_line_error(eval_tasks.main, [*argv, "--lengths", "12", "100000000"])  # was killed at 24 GB, no message
     assert "--lengths 100000000: 2 sequences of 100,000,000 tokens need about" in msg and "lengths up to" in msg
     per = 2 * eval_tasks.bytes_per_token(eval_tasks.load(task_ckpts["recall"])[0].config)
     monkeypatch.setattr(tracking, "memory_available", lambda: 100 * per)
-    msg = error_of(eval_tasks.main, [*argv, "--lengths", "12", "101"])
+    msg = one_line_error(eval_tasks.main, [*argv, "--lengths", "12", "101"])
     assert "--lengths 101:" in msg and "more than the 0.0 GB available; lengths up to 100 fit" in msg
     assert os.listdir(tmp_path) == []
     eval_tasks.main([*argv, "--lengths", "12", "100"])
