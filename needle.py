@@ -8,9 +8,9 @@ paper, Gao & Spratling 2025, Fig. 3), per-head needle scores (SSMax Figs. 7-8) a
     python needle.py sft_data [--squad 'squad/*.parquet']  # SQuAD 2.0 (hub or local) -> out-needle/sft_squad.jsonl
     python needle.py sft_data --synthetic 20000 --data data/shakespeare --sft_length 1024
 
-retrieval.py holds the tasks (prompts, answer grading, the needle score, fine-tuning sets); this script runs the
-models and writes CSV, JSON, PNG. Answers are greedy over tokens other than <|endoftext|>. RoPE is extended as in
-eval_long.py: θ x 50 by default (the SSMax paper's 10,000 -> 500,000).
+retrieval.py holds the tasks (prompts in --data's codec: shorter ones for characters, answer grading, the needle score,
+fine-tuning sets); this script runs the models and writes CSV, JSON, PNG. Answers are greedy over tokens other than
+<|endoftext|>. RoPE is extended as in eval_long.py: θ x 50 by default (the SSMax paper's 10,000 -> 500,000).
 """
 import argparse, itertools, json, math, os, sys
 
@@ -42,13 +42,13 @@ BARS = [("needle, best head", "top_score", "tab:red", ""),  # the score summary:
 # The model side
 
 @torch.no_grad()
-def greedy(model, idx, max_new_tokens):
-    """The most probable token other than <|endoftext|> at each step (the SSMax paper's rule), KV-cached."""
+def greedy(model, idx, max_new_tokens, eot=EOT):
+    """The most probable token other than <|endoftext|> (eot) at each step (the SSMax paper's rule), KV-cached."""
     cache, out = [{} for _ in model.transformer.h], []
     logits = model(idx, cache=cache)[0]
     while len(out) < max_new_tokens:
         logits = logits[:, -1].float()
-        logits[:, EOT] = float("-inf")
+        logits[:, eot] = float("-inf")
         out.append(logits.argmax(-1, keepdim=True))
         logits = model(out[-1], cache=cache)[0]
     return torch.cat(out, 1)
@@ -62,7 +62,7 @@ def evaluate(model, label, prompts, args, enc, bar):
     while batch := list(itertools.islice(prompts, args.batch_size)):  # equal lengths: no padding
         idx = torch.tensor(np.stack([t.pop("ids") for t in batch]), device=args.device)
         with torch.autocast(idx.device.type, torch.bfloat16, enabled=idx.device.type == "cuda"):  # bf16 as the paper
-            out = [enc.decode(o) for o in greedy(model, idx, args.max_new_tokens).tolist()]
+            out = [enc.decode(o) for o in greedy(model, idx, args.max_new_tokens, enc.eot_token).tolist()]
             scores = score_trials(last_row_weights(model, idx).cpu(), [t["span"] for t in batch],
                                   [t["control"] for t in batch]) if args.mode == "score" else [{}] * len(batch)
         for b, t in enumerate(batch):
@@ -167,7 +167,7 @@ def outputs(args):  # a mode's files, the "finished" one last (reproduce.py)
     return [f"{stem}.{ext}" for stem in stems for ext in ("csv", "png", "json", "jsonl")]
 
 def run(args, folder):  # the results to folder; returns the wandb table
-    enc = vocab.get_tokenizer()
+    enc = vocab.codec(args.data)  # characters for a character dataset (shorter prompts: retrieval.PROMPTS)
     if args.mode == "sft_data":
         name, examples = sft_examples(args, enc)
         examples = list(tqdm(examples, desc=name, unit="ex", total=args.synthetic or None))
@@ -178,7 +178,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
     if not args.ckpt:
         raise DataError(f"mode {args.mode} needs --ckpt")
     for path in args.ckpt:  # check all checkpoints (mmap'd) before any model runs
-        vocab.language_model(path, read_checkpoint(path, mmap=True))
+        vocab.language_model(path, read_checkpoint(path, mmap=True), enc.n_vocab)
     hay = None if args.mode == "passkey" else load_hay(args.data, "val")
     contexts = [args.context] if args.mode == "score" else args.context_sizes
     prompts = lambda L: trials(args, enc, hay, L, np.random.default_rng([args.seed, L]))  # the same for every model

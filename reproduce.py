@@ -9,11 +9,11 @@ Reproduce the three papers' experiments at small scale, end to end (RESULTS.md r
 Every variant trains on the same data and token budget, once per seed (--seeds), with train.py; then eval_long.py
 (RoPE θ x 50: SSMax Fig. 5; Dynamic NTK: LSSAR Table 4), and on the first seed's models needle.py after a short
 retrieval fine-tune (Figs. 6-8) and passkey (LSSAR Fig. 3). cpu_char trains on characters whose training windows
-repeat a code (train.py's copy_frac), adds the copy gate (eval_copy.py) and the zoo, evaluates to 16 N, and has no
-needle step yet (needle.py reads GPT-2 tokens). Runs live in out-repro-<name>/s<seed>/, results in
-out-results/<name>/ (results/<name>/ with --commit-results). A step whose output exists is skipped, so an
-interrupted reproduction resumes; on a CPU, --jobs seeds run at once (one core each). report.py writes summary.json,
-the numbers RESULTS.md quotes.
+repeat a code (train.py's copy_frac), adds the copy gate (eval_copy.py) and the zoo, evaluates to 16 N, and runs
+needle, needle scores and passkey in characters on every seed's models, without a fine-tune. Runs live in
+out-repro-<name>/s<seed>/, results in out-results/<name>/ (results/<name>/ with --commit-results). A step whose
+output exists is skipped, so an interrupted reproduction resumes; on a CPU, --jobs seeds run at once (one core each).
+report.py writes summary.json, the numbers RESULTS.md quotes.
 """
 import argparse, json, os, shutil, subprocess, sys, time
 from concurrent.futures import ThreadPoolExecutor
@@ -50,7 +50,10 @@ SCALES = {
         train=dict(batch_size=32, gradient_accumulation_steps=1, max_iters=3000, learning_rate=3e-3, warmup_iters=50,
                    lr_schedule="constant", eval_interval=1000, eval_iters=8, log_interval=250, device="cpu",
                    copy_frac=1.0, copy_span=16, copy_kind="random"),
-        eval=dict(num_seqs=32, gate_seqs=256, length_x=16, copy_seqs=64),
+        # retrieval on every seed's models, without fine-tuning (the codes taught copying): characters, to 8 N
+        eval=dict(num_seqs=32, gate_seqs=256, length_x=16, copy_seqs=64, needle_contexts=[64, 128, 256, 512],
+                  samples=8, passkey_contexts=[64, 128, 256, 512], passkey_samples=40, score_context=256, trials=40,
+                  batch_size=8),
         variants=("softmax", "ssmax", "ssmax_nos", "ssmax_bias", "ssmax_e", "ssmax_f", "ssa", "lssa", "lssar",
                   "softpick", "stickbreaking", "fox")),
 }
@@ -72,7 +75,6 @@ VARIANTS = {  # name -> (overrides, paper label)
     "fox": (dict(scorer="fox", pos="nope"), "FoX, NoPE"),
 }
 PAPERS = tuple(VARIANTS)[:11]  # the cpu and gpu scales' variants: the three papers'
-CHAR_SKIPS = ("needle", "passkey", "score")  # needle.py builds its prompts in GPT-2 tokens
 # the copy gate's runs (folder -> eval_copy.py options): native θ, θ x 50, and softmax rescaled (llama4's F = N, as in
 # the synthetic suite: Llama 4's 8,192 changes nothing below 8,192 tokens)
 COPY_RUNS = {"copy": [], "copy_theta50": ["--rope_method", "theta", "--rope_scale", "50"],
@@ -178,6 +180,44 @@ def seed_steps(S, seed, runs, results, data, variants, threads, skip):
                    str(S["train"]["copy_span"]), "--num_seqs", str(E["copy_seqs"]), "--distances", *COPY_DISTANCES,
                    "--labels", *some, "--out_dir", out, *(x.format(N=N) for x in how)],
             os.path.join(out, "summary.json"))
+    if "sft" not in S:  # no fine-tuning: retrieval on every seed's models
+        retrieval_steps(E, ckpts, ckpts, variants, common, os.path.join(results, f"s{seed}", "needle"), run, skip)
+
+
+def retrieval_steps(E, ckpts, sft_ckpts, variants, common, out, run, skip):
+    """needle (SSMax Fig. 6) and needle scores (Figs. 7-8) on sft_ckpts, passkey (LSSAR Fig. 3) on ckpts, into out."""
+    nl = ["--batch_size", str(E.get("batch_size", 4)), "--max_new_tokens", "8", "--labels", *variants, *common,
+          "--out_dir", out]
+    if "needle" not in skip:
+        run("needle", ["needle.py", "needle", "--ckpt", *sft_ckpts, "--context_sizes", *map(str, E["needle_contexts"]),
+                       "--samples", str(E["samples"]), *nl], os.path.join(out, "needle.json"))
+    if "score" not in skip:
+        run("needle scores", ["needle.py", "score", "--ckpt", *sft_ckpts, "--context", str(E["score_context"]),
+                              "--trials", str(E["trials"]), *nl], os.path.join(out, "needle_score_trials.json"))
+    if "passkey" not in skip:
+        run("passkey", ["needle.py", "passkey", "--ckpt", *ckpts, "--context_sizes", *map(str, E["passkey_contexts"]),
+                        "--samples", str(E["passkey_samples"]), *nl], os.path.join(out, "passkey.json"))
+
+
+def sft_retrieval(S, runs, results, data, variants, common, skip):
+    """Retrieval on the first seed's models after a short retrieval fine-tune (synthetic SFT works offline)."""
+    E, N, sft_dir = S["eval"], S["model"]["block_size"], os.path.join(runs, "sft")
+    if "needle" not in skip or "score" not in skip:
+        step("sft data", ["needle.py", "sft_data", "--synthetic", str(S["sft"]["examples"]), "--data", data,
+                          "--sft_length", str(N), "--out_dir", sft_dir], results,
+             done=os.path.join(sft_dir, "sft_synthetic.jsonl"))
+        sft = dict(sft_data=os.path.join(sft_dir, "sft_synthetic.jsonl"), block_size=N,
+                   max_iters=S["sft"]["max_iters"], batch_size=S["sft"]["batch_size"], gradient_accumulation_steps=1,
+                   learning_rate=S["sft"]["learning_rate"], lr_schedule="cosine", lr_decay_iters=S["sft"]["max_iters"],
+                   min_lr=0.0, warmup_iters=S["sft"]["max_iters"] // 10, beta2=0.999, weight_decay=0.0,
+                   eval_interval=S["sft"]["max_iters"], eval_iters=5, log_interval=20, device=S["train"]["device"])
+        for v in variants:
+            step(f"sft {v}", ["train.py", *kv({**sft, "init_from": os.path.join(runs, v, "ckpt.pt"),
+                                               "out_dir": os.path.join(sft_dir, v), "resume": True})],
+                 results, done=trained(os.path.join(sft_dir, v, "ckpt.pt"), S["sft"]["max_iters"]))
+    ckpts, sft_ckpts = ([os.path.join(runs, *sub, v, "ckpt.pt") for v in variants] for sub in ((), ("sft",)))
+    retrieval_steps(E, ckpts, sft_ckpts, variants, common, os.path.join(results, "needle"),
+                    lambda name, cmd, done: step(name, cmd, results, done), skip)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -229,9 +269,6 @@ def main(argv=None):
     roots = {seed: os.path.join(root, f"s{seed}") for seed in a.seeds}  # every seed's runs: its own folder
     os.makedirs(results, exist_ok=True)
     labels = {v: VARIANTS[v][1] for v in variants}
-    if S.get("dataset", DATASET).endswith("_char") and set(CHAR_SKIPS) - set(a.skip):
-        print(f"{a.scale}: no {', '.join(CHAR_SKIPS)} step: needle.py builds its prompts in GPT-2 tokens")
-        a.skip = [*a.skip, *CHAR_SKIPS]
     t0 = time.time()
     from lib import dataset
     DATA = S.get("dataset", DATASET)
@@ -244,35 +281,8 @@ def main(argv=None):
                       roots.items()))
     M = S["train"]["max_iters"]
     rows = report.loss_curves(roots, results, labels, int(SWITCH_AT * M), M)
-    # retrieval on the first seed; synthetic SFT works offline
-    runs, needle_dir = roots[a.seeds[0]], os.path.join(results, "needle")
-    if "needle" not in a.skip or "score" not in a.skip:
-        step("sft data", ["needle.py", "sft_data", "--synthetic", str(S["sft"]["examples"]), "--data", data,
-                          "--sft_length", str(N), "--out_dir", os.path.join(runs, "sft")], results,
-             done=os.path.join(runs, "sft", "sft_synthetic.jsonl"))
-        sft = dict(sft_data=os.path.join(runs, "sft", "sft_synthetic.jsonl"), block_size=N,
-                   max_iters=S["sft"]["max_iters"], batch_size=S["sft"]["batch_size"], gradient_accumulation_steps=1,
-                   learning_rate=S["sft"]["learning_rate"], lr_schedule="cosine", lr_decay_iters=S["sft"]["max_iters"],
-                   min_lr=0.0, warmup_iters=S["sft"]["max_iters"] // 10, beta2=0.999, weight_decay=0.0,
-                   eval_interval=S["sft"]["max_iters"], eval_iters=5, log_interval=20, device=S["train"]["device"])
-        for v in variants:
-            step(f"sft {v}", ["train.py", *kv({**sft, "init_from": os.path.join(runs, v, "ckpt.pt"),
-                                               "out_dir": os.path.join(runs, "sft", v), "resume": True})],
-                 results, done=trained(os.path.join(runs, "sft", v, "ckpt.pt"), S["sft"]["max_iters"]))
-    ckpts, sft_ckpts = ([os.path.join(runs, *sub, v, "ckpt.pt") for v in variants] for sub in ((), ("sft",)))
-    nl = ["--batch_size", str(E.get("batch_size", 4)), "--max_new_tokens", "8", "--labels", *variants, *common,
-          "--out_dir", needle_dir]
-    if "needle" not in a.skip:
-        step("needle", ["needle.py", "needle", "--ckpt", *sft_ckpts, "--context_sizes", *map(str, E["needle_contexts"]),
-                        "--samples", str(E["samples"]), *nl], results, done=os.path.join(needle_dir, "needle.json"))
-    if "score" not in a.skip:
-        step("needle scores", ["needle.py", "score", "--ckpt", *sft_ckpts, "--context", str(E["score_context"]),
-                               "--trials", str(E["trials"]), *nl], results,
-             done=os.path.join(needle_dir, "needle_score_trials.json"))
-    if "passkey" not in a.skip:
-        step("passkey", ["needle.py", "passkey", "--ckpt", *ckpts, "--context_sizes", *map(str, E["passkey_contexts"]),
-                         "--samples", str(E["passkey_samples"]), *nl], results,
-             done=os.path.join(needle_dir, "passkey.json"))
+    if "sft" in S:  # else every seed's retrieval ran in seed_steps
+        sft_retrieval(S, roots[a.seeds[0]], results, data, variants, common, a.skip)
     if a.scale == "gpu" and "bench" not in a.skip:
         step("kernel benchmark", [os.path.join("bench", "attention.py"), "--out", os.path.join(results, "kernels")],
              results, done=os.path.join(results, "kernels.png"))

@@ -103,7 +103,7 @@ def load_data(cfg, run, explicit, ckpt):
     if cfg.task:  # endless seeded streams: offsets are sample indices
         data.size = {"train": 2 ** 62, "val": 2 ** 62}
     elif cfg.sft_data:
-        data.sft = retrieval.load_sft(cfg.sft_data, T)
+        data.sft = retrieval.load_sft(cfg.sft_data, T, vocab.checkpoint_codec(ckpt) if ckpt else None)
         data.size = {"train": len(data.sft), "val": len(data.sft)}
         cfg = sft_schedule(cfg, len(data.sft))
     else:  # checked against meta.json: never train on a truncated split

@@ -4,7 +4,8 @@ gates RESULTS.md states before its results, and summary.json, where every number
 with its sample sd and 95 % Student-t interval (compare.seed_interval).
 
 The layout it reads: <runs>/s<seed>/<variant>/log.jsonl (train.py), <results>/s<seed>/eval_long_<method>/ and
-<results>/s<seed>/gate/ (eval_long.py) and <results>/needle/ (needle.py, the first seed's models).
+<results>/s<seed>/gate/ (eval_long.py) and <results>/needle/ (needle.py, the first seed's fine-tuned models) or,
+without fine-tuning, <results>/s<seed>/needle/ (every seed's).
 """
 import json, os
 
@@ -122,6 +123,47 @@ def copy_gate(per_seed, baseline=None):
     return out
 
 
+SCORE_KEYS = ("top_score", "control_top_score", "mean_score", "control_mean_score", "uniform")
+
+
+def by_seed(values):
+    """{(model, key): one value per seed} -> {model: {key: per_seed, interval, minus_softmax (paired, sign-flip p)}}."""
+    out = {}
+    for (m, k), v in values.items():
+        cell = out.setdefault(m, {})[str(k)] = dict(per_seed=v, interval=compare.seed_interval(v))
+        if m != "softmax" and ("softmax", k) in values:
+            d = np.subtract(v, values["softmax", k])
+            cell["minus_softmax"] = [*compare.seed_interval(d), compare.sign_flip_p(d)]
+    return out
+
+
+def retrieval(results, seeds):
+    """Retrieval on every seed's models (a scale without fine-tuning, results/s<seed>/needle/): the share of exact
+    answers per model and context (the needle's pooled over depths within a seed) and the needle score with its
+    baselines (top_minus_control: the best head's weight on the needle minus on a control span), over seeds."""
+    out = {}
+    for name in ("needle", "passkey"):
+        got, acc = [read_json(results, f"s{s}", "needle", f"{name}.json") for s in seeds], {}
+        for g in got if all(got) else ():
+            pooled = {}
+            for c in g["cells"]:
+                p = pooled.setdefault((c["model"], c["context"]), [0.0, 0])
+                p[0], p[1] = p[0] + c["accuracy"] * c["n"], p[1] + c["n"]
+            for key, (a, n) in pooled.items():
+                acc.setdefault(key, []).append(a / n)
+        if acc:
+            out[name] = by_seed(acc)
+    got, scores = [read_json(results, f"s{s}", "needle", "needle_score_trials.json") for s in seeds], {}
+    for g in got if all(got) else ():
+        for r in g["scores"]:
+            for k in SCORE_KEYS:
+                scores.setdefault((r["model"], k), []).append(r[k])
+            scores.setdefault((r["model"], "top_minus_control"), []).append(r["top_score"] - r["control_top_score"])
+    if scores:
+        out["needle_scores"] = by_seed(scores)
+    return out
+
+
 def summarize(results, roots, variants, N, rows, copy_runs=("copy",), **head):
     """summary.json: what RESULTS.md quotes, read back from the steps' own outputs. head: scale, config, ..."""
     seeds = list(roots)
@@ -144,6 +186,9 @@ def summarize(results, roots, variants, N, rows, copy_runs=("copy",), **head):
         native = summary.get("copy_gate", {}).get("softmax", {}).get("ratio_per_seed")
         if all(copies) and (name == "copy" or native):
             summary["copy_gate" + name[4:]] = copy_gate(copies, None if name == "copy" else native)
+    found = retrieval(results, seeds)  # every seed's (characters), else the first seed's (below)
+    if found:
+        summary["retrieval"] = found
     for name in ("needle", "passkey", "needle_score_trials"):
         s = read_json(results, "needle", f"{name}.json")
         if s:
@@ -223,6 +268,14 @@ def tables(s):
             ["variant", "best head", "control span, best head", "mean head", "control, mean head", "uniform"],
             [[r["model"], *(f"{r[k]:.4f}" for k in ("top_score", "control_top_score", "mean_score",
                                                     "control_mean_score", "uniform"))] for r in s["needle_scores"]]))
+    for name, got in s.get("retrieval", {}).items():
+        cols = list(next(iter(got.values())))
+        out.append(f"### {name}{' (best head: needle, control span; mean head; uniform)' * (name == 'needle_scores')}"
+                   f", every seed's models ({seeds} seeds, mean ± sd)\n\n" + _table(["variant", *cols], [
+                       [v, *(_pm(c[k]["interval"]) for k in cols)] for v, c in got.items()]))
+        out.append(f"### {name} minus softmax's, paired by seed (mean [95% t interval], sign-flip p)\n\n" + _table(
+            ["variant", *cols], [[v, *(f"{_ci(c[k]['minus_softmax'])} p={c[k]['minus_softmax'][4]:.3f}" for k in cols)]
+                                 for v, c in got.items() if v != "softmax"]))
     for name in ("needle", "passkey"):
         if name in s:
             acc = {}

@@ -13,7 +13,6 @@ import torch
 
 from lib import dataset, vocab
 from lib.dataset import DataError  # bad input, shown in one line
-from lib.vocab import EOT
 
 NEEDLE_HEAD, NEEDLE_TAIL = " The special magic {city} number is:", " {number}."  # the needle score's span: the tail
 NEEDLE_QUESTION = "\nWhat is the special magic {city} number?\nThe special magic {city} number is:"
@@ -23,6 +22,16 @@ PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant t
 PASSKEY_FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 PASSKEY = " The pass key is {k}. Remember it. {k} is the pass key."
 PASSKEY_QUESTION = " What is the pass key? The pass key is"
+# per codec: GPT-2's BPE gets the papers' prompts; characters get shorter ones of the same shape, so that a needle and
+# its question fit a model trained on N = 64 characters with room for haystack (the question repeats the needle's
+# head, whose continuation is the answer); digits: of the needle's number (the passkey has 5 in both, as LSSAR's)
+PROMPTS = {
+    "bpe": dict(head=NEEDLE_HEAD, tail=NEEDLE_TAIL, question=NEEDLE_QUESTION, digits=7, intro=PASSKEY_INTRO,
+                filler=PASSKEY_FILLER, passkey=PASSKEY, passkey_question=PASSKEY_QUESTION),
+    "char": dict(head=" The {city} number is", tail=" {number}.", question=" The {city} number is", digits=5, intro="",
+                 filler=" The grass is green. The sky is blue.", passkey=" The pass key is {k}.",
+                 passkey_question=" The pass key is")}
+FIG7_NUMBER = 8106422  # the SSMax paper's Fig. 7 needle (its first `digits` digits for a shorter number)
 SQUAD_PROMPT = "{context}\n{question}\nAnswer:"  # answer: " " + the first answer text
 # train/eval: disjoint cities and parities, no leak
 EVAL_CITIES = ("Tokyo", "Paris", "Cairo", "Lima", "Oslo", "Nairobi", "Toronto", "Mumbai", "Sydney", "Berlin",
@@ -33,8 +42,11 @@ TRAIN_CITIES = ("London", "Rome", "Moscow", "Beijing", "Delhi", "Lisbon", "Athen
 # ----------------------------------------------------------------------------------------------------------------
 # Prompts and scoring
 
-def draw_number(rng, split):
-    n = int(rng.integers(10**6, 10**7))  # 7 digits
+def prompts_of(enc):
+    return PROMPTS["char" if isinstance(enc, vocab.CharCodec) else "bpe"]
+
+def draw_number(rng, split, digits=7):
+    n = int(rng.integers(10**(digits - 1), 10**digits))
     return n - n % 2 + (split == "train")  # odd for training, even for evaluation
 
 def score_answer(text, number):
@@ -52,13 +64,15 @@ def cells(rows, keys):
             for g, s in groups.items()]
 
 @functools.cache
-def sentence_ends(enc):
-    # decode every id: BPE merges "." into longer tokens
-    return np.array([enc.decode_single_token_bytes(i).endswith((b".", b"!", b"?")) for i in range(enc.n_vocab)])
+def boundaries(enc):
+    """Per id: does it end a sentence, does it start a word? Every id decoded: BPE merges "." and " " into others."""
+    text = [enc.decode_single_token_bytes(i) for i in range(enc.n_vocab)]
+    return np.array([t.endswith((b".", b"!", b"?")) for t in text]), np.array([t[:1].isspace() for t in text])
 
 def build_prompt(enc, hay, insert, question, L, depth, prefix=()):
     """prefix + hay[:pos] + insert + hay[pos:n] + question, exactly L ids; pos is the boundary right after a
-    sentence-end id nearest to depth % of the n haystack ids. Returns (ids, position of insert)."""
+    sentence-end id nearest to depth % of the n haystack ids, or where no sentence ends in it (a few dozen characters
+    may hold none), the word start nearest to it. Returns (ids, position of insert)."""
     n = L - len(prefix) - len(insert) - len(question)
     if n < 1:
         raise DataError(f"context size {L} is too short to hold the needle and the question: they take {L - n} "
@@ -66,15 +80,18 @@ def build_prompt(enc, hay, insert, question, L, depth, prefix=()):
     hay = np.asarray(hay[:n])
     if len(hay) < n:
         raise DataError(f"the haystack text has {len(hay)} tokens, fewer than the {n} that context {L} needs")
-    cuts = np.flatnonzero(sentence_ends(enc)[hay]) + 1
+    sentence_end, word_start = boundaries(enc)
+    cuts = np.flatnonzero(sentence_end[hay]) + 1
+    cuts = cuts if len(cuts) else np.flatnonzero(word_start[hay])
     if len(cuts) == 0:
-        raise DataError(f"no sentence end ('.', '!', '?') in a {n}-token haystack: nowhere to insert the needle")
+        raise DataError(f"no sentence end or word start in a {n}-token haystack: nowhere to insert the needle")
     pos = int(cuts[np.abs(cuts - depth / 100 * n).argmin()])
     return np.concatenate([prefix, hay[:pos], insert, hay[pos:], question]).astype(np.int64), len(prefix) + pos
 
 def needle_trial(enc, hay, L, depth, city, number):
-    head, tail = enc.encode(NEEDLE_HEAD.format(city=city)), enc.encode(NEEDLE_TAIL.format(number=number))
-    question = enc.encode(NEEDLE_QUESTION.format(city=city))
+    P = prompts_of(enc)
+    head, tail = enc.encode(P["head"].format(city=city)), enc.encode(P["tail"].format(number=number))
+    question = enc.encode(P["question"].format(city=city))
     ids, pos = build_prompt(enc, hay, head + tail, question, L, depth)
     return dict(context=L, depth=depth, city=city, number=number, ids=ids, pos=pos,
                 span=(pos + len(head), pos + len(head) + len(tail)), question=len(ids) - len(question))
@@ -103,21 +120,23 @@ def control_span(t, rng):
 
 def trials(args, enc, hay, L, rng):
     """The prompts of one context size, made lazily: long prompts add up."""
+    P = prompts_of(enc)
     needle = lambda depth: needle_in_window(enc, hay, L, depth, EVAL_CITIES[rng.integers(len(EVAL_CITIES))],
-                                            draw_number(rng, "eval"), rng)
+                                            draw_number(rng, "eval", P["digits"]), rng)
     if args.mode == "needle":
         yield from (dict(needle(d), trial=i) for d in args.depths for i in range(args.samples))
     elif args.mode == "passkey":
-        filler = enc.encode(PASSKEY_FILLER)
+        filler = enc.encode(P["filler"])
         for i in range(args.samples):
             k, depth = int(rng.integers(10**4, 10**5)), int(rng.integers(0, 101))
-            ids, pos = build_prompt(enc, filler * (L // len(filler) + 1), enc.encode(PASSKEY.format(k=k)),
-                                    enc.encode(PASSKEY_QUESTION), L, depth, enc.encode(PASSKEY_INTRO))
+            ids, pos = build_prompt(enc, filler * (L // len(filler) + 1), enc.encode(P["passkey"].format(k=k)),
+                                    enc.encode(P["passkey_question"]), L, depth, enc.encode(P["intro"]))
             yield dict(trial=i, context=L, depth=depth, number=k, ids=ids, pos=pos)
     else:  # score: Fig. 7's fixed needle, then Fig. 8's random ones
         # own rng: controls leave the prompts unchanged
         scored = lambda t, i: dict(t, trial=i, control=control_span(t, np.random.default_rng([args.seed, L, i])))
-        yield scored(needle_in_window(enc, hay, L, args.depth, "Tokyo", 8106422, rng), 0)  # the paper's needle
+        fig7 = int(str(FIG7_NUMBER)[:P["digits"]])  # the paper's needle
+        yield scored(needle_in_window(enc, hay, L, args.depth, "Tokyo", fig7, rng), 0)
         yield from (scored(needle(int(rng.integers(0, 101))), i) for i in range(1, args.trials + 1))
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -165,9 +184,10 @@ def squad_examples(source):
 
 def synthetic_examples(enc, hay, n, length, rng):
     """Needles in train-split text, the question at the end; prompt + answer = length tokens."""
+    P = prompts_of(enc)
     for _ in range(n):
-        city, number = TRAIN_CITIES[rng.integers(len(TRAIN_CITIES))], draw_number(rng, "train")
-        answer = NEEDLE_TAIL.format(number=number)
+        city, number = TRAIN_CITIES[rng.integers(len(TRAIN_CITIES))], draw_number(rng, "train", P["digits"])
+        answer = P["tail"].format(number=number)
         n_answer = len(enc.encode(answer))
         try:
             t = needle_in_window(enc, hay, length - n_answer, int(rng.integers(0, 101)), city, number, rng)
@@ -189,15 +209,16 @@ def sft_examples(args, enc):
 
 def load_hay(data_dir, split):
     tokens = np.asarray(dataset.load_split(data_dir, split))  # DataError if the split is missing
-    return tokens[tokens != EOT]  # one running text
+    return tokens[tokens != vocab.codec(data_dir).eot_token]  # one running text
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Reading the SFT sets back (train.py's sft_data)
 
-def load_sft(path, block_size):
+def load_sft(path, block_size, enc=None):
     """{"prompt", "answer"} lines -> [(ids, n_prompt)]: prompt + answer + <|endoftext|> in at most block_size + 1
-    tokens, the prompt cropped on the left so that the answer stays (an over-long answer keeps its beginning)."""
+    tokens of enc (default GPT-2's BPE; a character model's codec for its own), the prompt cropped on the left so
+    that the answer stays (an over-long answer keeps its beginning)."""
     if not os.path.isfile(path):
         raise DataError(f"sft_data {path!r} " + ("is a directory, expected a .jsonl file" if os.path.isdir(path) else
                         "does not exist") + " (`python needle.py sft_data` writes one)")
@@ -207,16 +228,16 @@ def load_sft(path, block_size):
         assert rows and all(isinstance(s, str) for s in prompts + answers)
     except (ValueError, KeyError, TypeError, AssertionError):
         raise DataError(f"{path}: every line must be a JSON object {{\"prompt\": str, \"answer\": str}}")
-    enc, examples = vocab.get_tokenizer(), []
+    enc, examples = enc or vocab.get_tokenizer(), []
     for p, a in zip(enc.encode_ordinary_batch(prompts), enc.encode_ordinary_batch(answers)):
-        a = (a + [EOT])[:block_size + 1]
+        a = (a + [enc.eot_token])[:block_size + 1]
         p = p[max(0, len(p) - (block_size + 1 - len(a))):]
         examples.append((np.array(p + a, dtype=np.int64), len(p)))
     return examples
 
 
 def sft_batch(examples, ix, T):
-    x = torch.full((len(ix), T), EOT, dtype=torch.long)  # padding, whose targets are -1
+    x = torch.zeros((len(ix), T), dtype=torch.long)  # padding (any id: it follows the example), targets -1
     y = torch.full((len(ix), T), -1, dtype=torch.long)
     for b, i in enumerate(ix.tolist()):
         ids, n_prompt = examples[i]

