@@ -66,7 +66,7 @@ def evaluate(model, label, prompts, args, enc, bar):
             scores = score_trials(last_row_weights(model, idx).cpu(), [t["span"] for t in batch],
                                   [t["control"] for t in batch]) if args.mode == "score" else [{}] * len(batch)
         for b, t in enumerate(batch):
-            t.update(model=label, output=out[b], score=score_answer(out[b], t["number"]), **scores[b])
+            t.update(model=label, output=out[b], score=score_answer(out[b], t["number"], enc), **scores[b])
         rows += batch
         bar.update(len(batch))
     return rows

@@ -80,6 +80,9 @@ PAPERS = tuple(VARIANTS)[:11]  # the cpu and gpu scales' variants: the three pap
 COPY_RUNS = {"copy": [], "copy_theta50": ["--rope_method", "theta", "--rope_scale", "50"],
              **{f"copy_{k}": ["--logit_scale", k] for k in ("qwen", "yarn")},
              "copy_llama4": ["--logit_scale", "llama4", "--llama4_floor", "{N}"]}
+# retrieval without fine-tuning (characters): θ x 50 (needle.py's default, the SSMax paper's) and native θ, where the
+# retrieval gate is read (θ x 50 also changes a model inside N)
+RETRIEVAL_RUNS = {"needle": [], "needle_native": ["--rope_method", "none"]}
 COPY_DISTANCES = ["0.25", "0.5", "0.75", "1", "2", "4", "8", "16"]
 # make glibc keep freed memory: no page faults per batch
 REUSE_FREED_MEMORY = dict(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**31 - 1))
@@ -180,8 +183,9 @@ def seed_steps(S, seed, runs, results, data, variants, threads, skip):
                    str(S["train"]["copy_span"]), "--num_seqs", str(E["copy_seqs"]), "--distances", *COPY_DISTANCES,
                    "--labels", *some, "--out_dir", out, *(x.format(N=N) for x in how)],
             os.path.join(out, "summary.json"))
-    if "sft" not in S:  # no fine-tuning: retrieval on every seed's models
-        retrieval_steps(E, ckpts, ckpts, variants, common, os.path.join(results, f"s{seed}", "needle"), run, skip)
+    for name, how in RETRIEVAL_RUNS.items() if "sft" not in S else ():  # no fine-tuning: every seed's models
+        retrieval_steps(E, ckpts, ckpts, variants, common + how, os.path.join(results, f"s{seed}", name),
+                        lambda step_name, cmd, done: run(step_name + name[6:].replace("_", " "), cmd, done), skip)
 
 
 def retrieval_steps(E, ckpts, sft_ckpts, variants, common, out, run, skip):

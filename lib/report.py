@@ -137,13 +137,13 @@ def by_seed(values):
     return out
 
 
-def retrieval(results, seeds):
-    """Retrieval on every seed's models (a scale without fine-tuning, results/s<seed>/needle/): the share of exact
+def retrieval(results, seeds, folder="needle"):
+    """Retrieval on every seed's models (a scale without fine-tuning, results/s<seed>/<folder>/): the share of exact
     answers per model and context (the needle's pooled over depths within a seed) and the needle score with its
     baselines (top_minus_control: the best head's weight on the needle minus on a control span), over seeds."""
     out = {}
     for name in ("needle", "passkey"):
-        got, acc = [read_json(results, f"s{s}", "needle", f"{name}.json") for s in seeds], {}
+        got, acc = [read_json(results, f"s{s}", folder, f"{name}.json") for s in seeds], {}
         for g in got if all(got) else ():
             pooled = {}
             for c in g["cells"]:
@@ -153,7 +153,7 @@ def retrieval(results, seeds):
                 acc.setdefault(key, []).append(a / n)
         if acc:
             out[name] = by_seed(acc)
-    got, scores = [read_json(results, f"s{s}", "needle", "needle_score_trials.json") for s in seeds], {}
+    got, scores = [read_json(results, f"s{s}", folder, "needle_score_trials.json") for s in seeds], {}
     for g in got if all(got) else ():
         for r in g["scores"]:
             for k in SCORE_KEYS:
@@ -186,9 +186,10 @@ def summarize(results, roots, variants, N, rows, copy_runs=("copy",), **head):
         native = summary.get("copy_gate", {}).get("softmax", {}).get("ratio_per_seed")
         if all(copies) and (name == "copy" or native):
             summary["copy_gate" + name[4:]] = copy_gate(copies, None if name == "copy" else native)
-    found = retrieval(results, seeds)  # every seed's (characters), else the first seed's (below)
-    if found:
-        summary["retrieval"] = found
+    for folder in ("needle", "needle_native"):  # every seed's (characters), else the first seed's (below)
+        found = retrieval(results, seeds, folder)
+        if found:
+            summary["retrieval" + folder[6:]] = found
     for name in ("needle", "passkey", "needle_score_trials"):
         s = read_json(results, "needle", f"{name}.json")
         if s:
@@ -268,14 +269,13 @@ def tables(s):
             ["variant", "best head", "control span, best head", "mean head", "control, mean head", "uniform"],
             [[r["model"], *(f"{r[k]:.4f}" for k in ("top_score", "control_top_score", "mean_score",
                                                     "control_mean_score", "uniform"))] for r in s["needle_scores"]]))
-    for name, got in s.get("retrieval", {}).items():
-        cols = list(next(iter(got.values())))
-        out.append(f"### {name}{' (best head: needle, control span; mean head; uniform)' * (name == 'needle_scores')}"
-                   f", every seed's models ({seeds} seeds, mean ± sd)\n\n" + _table(["variant", *cols], [
-                       [v, *(_pm(c[k]["interval"]) for k in cols)] for v, c in got.items()]))
-        out.append(f"### {name} minus softmax's, paired by seed (mean [95% t interval], sign-flip p)\n\n" + _table(
-            ["variant", *cols], [[v, *(f"{_ci(c[k]['minus_softmax'])} p={c[k]['minus_softmax'][4]:.3f}" for k in cols)]
-                                 for v, c in got.items() if v != "softmax"]))
+    for key, name, got in ((k, n, g) for k in s if k.startswith("retrieval") for n, g in s[k].items()):
+        cols, how = list(next(iter(got.values()))), "native θ" if key.endswith("native") else "θ x 50"
+        out.append(f"### {name} ({how}), every seed's models ({seeds} seeds, mean ± sd)\n\n" + _table(
+            ["variant", *cols], [[v, *(_pm(c[k]["interval"]) for k in cols)] for v, c in got.items()]))
+        out.append(f"### {name} ({how}) minus softmax's, paired by seed (mean [95% t interval], sign-flip p)\n\n"
+                   + _table(["variant", *cols], [[v, *(f"{_ci(c[k]['minus_softmax'])} p={c[k]['minus_softmax'][4]:.3f}"
+                                                      for k in cols)] for v, c in got.items() if v != "softmax"]))
     for name in ("needle", "passkey"):
         if name in s:
             acc = {}

@@ -24,13 +24,16 @@ PASSKEY = " The pass key is {k}. Remember it. {k} is the pass key."
 PASSKEY_QUESTION = " What is the pass key? The pass key is"
 # per codec: GPT-2's BPE gets the papers' prompts; characters get shorter ones of the same shape, so that a needle and
 # its question fit a model trained on N = 64 characters with room for haystack (the question repeats the needle's
-# head, whose continuation is the answer); digits: of the needle's number (the passkey has 5 in both, as LSSAR's)
+# head, whose continuation is the answer). digits: of the needle's number (the passkey has 5 in both, as LSSAR's);
+# symbols: how digits 0-9 are written. Characters write them as letters a-j: english_char's text has almost no
+# digits, so its models never copy one (RESULTS.md: probability 0.00 for a copied digit, 0.3-0.6 for a letter)
+DIGITS = "0123456789"
 PROMPTS = {
-    "bpe": dict(head=NEEDLE_HEAD, tail=NEEDLE_TAIL, question=NEEDLE_QUESTION, digits=7, intro=PASSKEY_INTRO,
-                filler=PASSKEY_FILLER, passkey=PASSKEY, passkey_question=PASSKEY_QUESTION),
-    "char": dict(head=" The {city} number is", tail=" {number}.", question=" The {city} number is", digits=5, intro="",
-                 filler=" The grass is green. The sky is blue.", passkey=" The pass key is {k}.",
-                 passkey_question=" The pass key is")}
+    "bpe": dict(head=NEEDLE_HEAD, tail=NEEDLE_TAIL, question=NEEDLE_QUESTION, digits=7, symbols=DIGITS,
+                intro=PASSKEY_INTRO, filler=PASSKEY_FILLER, passkey=PASSKEY, passkey_question=PASSKEY_QUESTION),
+    "char": dict(head=" The {city} code is", tail=" {number}.", question=" The {city} code is", digits=5,
+                 symbols="abcdefghij", intro="", filler=" The grass is green. The sky is blue.",
+                 passkey=" The pass key is {k}.", passkey_question=" The pass key is")}
 FIG7_NUMBER = 8106422  # the SSMax paper's Fig. 7 needle (its first `digits` digits for a shorter number)
 SQUAD_PROMPT = "{context}\n{question}\nAnswer:"  # answer: " " + the first answer text
 # train/eval: disjoint cities and parities, no leak
@@ -45,12 +48,20 @@ TRAIN_CITIES = ("London", "Rome", "Moscow", "Beijing", "Delhi", "Lisbon", "Athen
 def prompts_of(enc):
     return PROMPTS["char" if isinstance(enc, vocab.CharCodec) else "bpe"]
 
+def spell(number, enc):
+    """number as enc's prompts write it (characters: 48126 -> "eibcg")."""
+    return str(number).translate(str.maketrans(DIGITS, prompts_of(enc)["symbols"]))
+
 def draw_number(rng, split, digits=7):
     n = int(rng.integers(10**(digits - 1), 10**digits))
     return n - n % 2 + (split == "train")  # odd for training, even for evaluation
 
-def score_answer(text, number):
-    """The first run of digits in text (single spaces inside allowed: " 8 1 0" reads 810) against the number."""
+def score_answer(text, number, enc=None):
+    """The first run of digits in text (single spaces inside allowed: " 8 1 0" reads 810) against the number; digits
+    as enc's prompts write them (default: as digits)."""
+    symbols = prompts_of(enc)["symbols"] if enc else DIGITS
+    if symbols != DIGITS:  # read enc's symbols as digits, and a written digit as no digit
+        text = text.translate(str.maketrans(symbols + DIGITS, DIGITS + "?" * 10))
     m = re.search(r"\d(?: ?\d)*", text)
     digits = m.group().replace(" ", "") if m else ""
     return "exact" if digits == str(number) else "first_digit" if digits[:1] == str(number)[0] else "wrong"
@@ -90,7 +101,7 @@ def build_prompt(enc, hay, insert, question, L, depth, prefix=()):
 
 def needle_trial(enc, hay, L, depth, city, number):
     P = prompts_of(enc)
-    head, tail = enc.encode(P["head"].format(city=city)), enc.encode(P["tail"].format(number=number))
+    head, tail = enc.encode(P["head"].format(city=city)), enc.encode(P["tail"].format(number=spell(number, enc)))
     question = enc.encode(P["question"].format(city=city))
     ids, pos = build_prompt(enc, hay, head + tail, question, L, depth)
     return dict(context=L, depth=depth, city=city, number=number, ids=ids, pos=pos,
@@ -129,8 +140,9 @@ def trials(args, enc, hay, L, rng):
         filler = enc.encode(P["filler"])
         for i in range(args.samples):
             k, depth = int(rng.integers(10**4, 10**5)), int(rng.integers(0, 101))
-            ids, pos = build_prompt(enc, filler * (L // len(filler) + 1), enc.encode(P["passkey"].format(k=k)),
-                                    enc.encode(P["passkey_question"]), L, depth, enc.encode(P["intro"]))
+            key = enc.encode(P["passkey"].format(k=spell(k, enc)))
+            ids, pos = build_prompt(enc, filler * (L // len(filler) + 1), key, enc.encode(P["passkey_question"]), L,
+                                    depth, enc.encode(P["intro"]))
             yield dict(trial=i, context=L, depth=depth, number=k, ids=ids, pos=pos)
     else:  # score: Fig. 7's fixed needle, then Fig. 8's random ones
         # own rng: controls leave the prompts unchanged
@@ -187,7 +199,7 @@ def synthetic_examples(enc, hay, n, length, rng):
     P = prompts_of(enc)
     for _ in range(n):
         city, number = TRAIN_CITIES[rng.integers(len(TRAIN_CITIES))], draw_number(rng, "train", P["digits"])
-        answer = P["tail"].format(number=number)
+        answer = P["tail"].format(number=spell(number, enc))
         n_answer = len(enc.encode(answer))
         try:
             t = needle_in_window(enc, hay, length - n_answer, int(rng.integers(0, 101)), city, number, rng)

@@ -426,22 +426,27 @@ def test_a_character_needle_fits_64_characters_intact_with_the_question_repeatin
     for depth, city in ((0, "Tokyo"), (50, "Istanbul"), (100, "Oslo")):
         t = retrieval.needle_trial(enc, hay[500:564], 64, depth, city, 81064)
         ids, (a, e) = t["ids"].tolist(), t["span"]
-        text, needle = enc.decode(ids), f" The {city} number is 81064."
-        assert len(ids) == 64 and text.endswith(f" The {city} number is") and text.count(needle) == 1
-        assert enc.decode(ids[t["pos"]:e]) == needle and enc.decode(ids[a:e]) == " 81064."
+        text, needle = enc.decode(ids), f" The {city} code is ibage."  # 81064 in letters a-j
+        assert len(ids) == 64 and text.endswith(f" The {city} code is") and text.count(needle) == 1
+        assert enc.decode(ids[t["pos"]:e]) == needle and enc.decode(ids[a:e]) == " ibage."
         assert t["question"] - (e - t["pos"]) >= 10  # room for haystack even for the longest city
 
 
-def test_character_passkeys_and_numbers_have_five_digits_and_the_key_once(char_dir):
+def test_character_prompts_write_five_digits_as_letters_and_grade_them_back(char_dir):
     enc, rng = vocab.codec(char_dir), np.random.default_rng(0)
     assert retrieval.prompts_of(enc)["digits"] == 5 and retrieval.prompts_of(vocab.get_tokenizer())["digits"] == 7
     assert all(10000 <= retrieval.draw_number(rng, "eval", 5) <= 99998 for _ in range(200))
+    assert retrieval.spell(48126, enc) == "eibcg" and retrieval.spell(48126, vocab.get_tokenizer()) == "48126"
+    assert retrieval.score_answer(" eibcg. The", 48126, enc) == "exact"
+    assert retrieval.score_answer(" eaaaa", 48126, enc) == "first_digit"
+    assert retrieval.score_answer(" 48126", 48126, enc) == "wrong"  # digits are not how characters spell it
+    assert retrieval.score_answer(" 48126", 48126) == "exact"
 
     class Args:
         mode, samples = "passkey", 4
     for t in retrieval.trials(Args, enc, None, 64, np.random.default_rng(1)):
         text = enc.decode(t["ids"].tolist())
-        assert len(t["ids"]) == 64 and text.count(f" The pass key is {t['number']}.") == 1
+        assert len(t["ids"]) == 64 and text.count(f" The pass key is {retrieval.spell(t['number'], enc)}.") == 1
         assert text.endswith(" The pass key is") and "irrelevant" not in text  # no intro: it would not fit
 
 
@@ -470,9 +475,11 @@ def test_needle_passkey_and_score_run_a_character_model_in_characters(char_ckpt,
     assert len(rows) == 2 * 2 + 2 and all(r["model"] == "chars" for r in rows)
     # seven characters each (greedy over characters, <|endoftext|> never)
     assert all(len(r["output"]) == 7 and "<|endoftext|>" not in r["output"] for r in rows)
+    enc = vocab.codec(char_dir)  # graded in letters
+    assert all(r["score"] == retrieval.score_answer(r["output"], int(r["number"]), enc) for r in rows)
     trials = read_csv(tmp_path / "s" / "needle_score_trials.csv")
     fig7 = json.load(open(tmp_path / "s" / "needle_score_heads.json"))["fig7"][0]
-    assert (fig7["number"], int(fig7["span_tokens"])) == (81064, 7)  # " 81064." in characters
+    assert (fig7["number"], int(fig7["span_tokens"])) == (81064, 7)  # " ibage." in characters
     assert len(trials) == 2 and all(float(t["uniform"]) == pytest.approx(7 / 128) for t in trials)
 
 

@@ -102,6 +102,7 @@ def test_a_char_scale_trains_with_copies_and_reports_the_copy_gate_over_seeds(tm
     res = tmp_path / "out-results" / "toy_char"
     steps = [json.loads(line)["step"] for line in open(res / "steps.jsonl")]
     assert not any(s.startswith("sft") for s in steps) and "needle (seed 2)" in steps and "passkey (seed 1)" in steps
+    assert "needle native (seed 1)" in steps  # native θ too: where the retrieval gate is read
     ckpt = torch.load(tmp_path / "out-repro-toy_char" / "s1" / "stickbreaking" / "ckpt.pt", weights_only=True)
     assert ckpt["model_args"]["vocab_size"] == 85 and ckpt["model_args"]["pos"] == "nope"
     assert ckpt["config"]["copy_frac"] == 1.0 and ckpt["config"]["copy_kind"] == "random"
@@ -117,7 +118,9 @@ def test_a_char_scale_trains_with_copies_and_reports_the_copy_gate_over_seeds(tm
     assert score["uniform"]["interval"][0] == pytest.approx(7 / 128)  # " 81064."-long spans of 128 keys
     assert score["top_minus_control"]["per_seed"] == pytest.approx(
         [t - c for t, c in zip(score["top_score"]["per_seed"], score["control_top_score"]["per_seed"])])
-    assert "### needle_scores" in (res / "tables.md").read_text()
+    assert "### needle_scores (θ x 50)" in (res / "tables.md").read_text()
+    assert set(summary["retrieval_native"]["passkey"]) == {"softmax", "stickbreaking"}
+    assert json.load(open(res / "s1" / "needle_native" / "needle.json"))["args"]["rope_method"] == "none"
     gate = summary["copy_gate"]
     assert set(gate) == {"softmax", "stickbreaking"} and "0.5" in gate["softmax"]["ratio"]
     assert len(gate["softmax"]["gate_ratio_per_seed"]) == 2 and isinstance(gate["softmax"]["gate"], bool)
