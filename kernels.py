@@ -18,6 +18,8 @@ backward.
   reduced in PyTorch.
 - Decode (Tq <= 16): BLOCK_M = 16 and the keys split over programs (flash-decoding), merged in PyTorch.
 - lssa takes raw q, k and per-row inverse norms (cos = q.k * |q|^-1 * |k|^-1), so bf16 q, k keep their precision.
+- fox takes its forget sums c in the same per-row and per-key slots (QS: c_i, KS: c_j) and adds c_i - c_j in fp32 to
+  the softmax logits; dc_j = -sum_i dS_ij is summed in the dk/dv kernel (its row sums vanish).
 Public: attention(...) (Triton, differentiable); kernels_flex.py holds the torch FlexAttention peer.
 """
 import math
@@ -28,7 +30,7 @@ import triton
 import triton.language as tl
 
 import scorers
-from kernels_math import KERNELS, _grad_factor, _logit, _prob, _row_setup, _terms  # the scorers' math
+from kernels_math import KERNELS, _grad_factor, _keys, _logit, _prob, _row_setup, _terms  # the scorers' math
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # CPU: kernels run in Triton's interpreter
 FLAGS = ("ROW", "LOGIT", "ONLINE_MAX", "NORMALISE", "SUMS_TO_ONE")
@@ -131,9 +133,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk,
             keep = cols[None, :] <= offset + offs_m[:, None]
         else:
             kT = tl.load(k_ptrs + start_n * HEAD_DIM).to(DT)
-        ks = cols * 0.0
-        if ROW == "norm":
-            ks = tl.load(KS + cols, mask=cols < Tk, other=0.0)
+        ks = _keys(KS, cols, Tk, ROW)
         x = _logit(tl.dot(q, kT, input_precision=PREC), c, ks, n_i, sm_scale, b_h, n_h, LOGIT)
         if STAGE == 2:  # (y / y_max)^p in [0, 1]: no overflow
             P = _prob(x, m1, LOGIT, ONLINE_MAX, NORMALISE)
@@ -252,9 +252,7 @@ def _bwd_dq_inner(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, lo, hi, offs_m,
         kT = tl.load(k_ptrs + start_n * HEAD_DIM, mask=cols[None, :] < Tk, other=0.0).to(DT)
         vT = tl.load(v_ptrs + start_n * HEAD_DIM, mask=cols[None, :] < Tk, other=0.0).to(DT)
         keep = cols[None, :] <= offset + offs_m[:, None]
-        ks = cols * 0.0
-        if ROW == "norm":
-            ks = tl.load(KS + cols, mask=cols < Tk, other=0.0)
+        ks = _keys(KS, cols, Tk, ROW)
         Pf, P, dP, W, qk, g = _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h,
                                            n_h, p, LOGIT, ONLINE_MAX, NORMALISE, REWEIGHT, MASK, PREC)
         if PASS == 0:  # also sum Pf into g2 (reset after the pass)
@@ -390,6 +388,8 @@ def _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGM
         dk = tl.dot(tl.trans(dqk).to(DT), q, dk, input_precision=PREC)
         if ROW == "norm":
             gk += tl.sum(dqk * qk, 0)
+        elif ROW == "forget":  # dc_j = -sum_i dS_ij; the row sums sum_j dS_ij are 0 (softmax is shift-invariant)
+            gk -= tl.sum(dqk, 0)
     return dk, dv, gk
 
 
@@ -408,9 +408,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DK, DV,
     cols = off_hz.to(tl.int64) * Tk + offs_n
     kT = tl.load(K + cols[None, :] * HEAD_DIM + offs_d[:, None], mask=col_ok[None, :], other=0.0).to(DT)
     vT = tl.load(V + cols[None, :] * HEAD_DIM + offs_d[:, None], mask=col_ok[None, :], other=0.0).to(DT)
-    ks = offs_n * 0.0
-    if ROW == "norm":
-        ks = tl.load(KS + cols, mask=col_ok, other=0.0)
+    ks = _keys(KS + off_hz.to(tl.int64) * Tk, offs_n, Tk, ROW)
     row0 = off_hz.to(tl.int64) * Tq
     q_ptrs = Q + (row0 + offs_m[:, None]) * HEAD_DIM + offs_d[None, :]
     do_ptrs = DO + (row0 + offs_m[:, None]) * HEAD_DIM + offs_d[None, :]
@@ -535,7 +533,7 @@ def _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, flags, p, offset, sm_sc
     dk = torch.empty(B, H, Tk, D, device=q.device, dtype=k.dtype)
     dv = torch.empty(B, H, Tk, D, device=q.device, dtype=v.dtype)
     G = torch.empty(2, BH, Tq, device=q.device, dtype=torch.float32)  # per-row parameter-gradient sums
-    GK = torch.empty(BH, Tk, device=q.device, dtype=torch.float32)  # per-key sums (lssa's |k|^-1)
+    GK = torch.empty(BH, Tk, device=q.device, dtype=torch.float32)  # per-key sums (lssa's |k|^-1, fox's c_j)
     M2r = torch.empty_like(M2) if p is not None else M2  # dq's renormalised M2, for dk/dv
     params = (s, b, n, qs, ks, M1)
     scalars = (H, Tq, Tk, offset, sm_scale, p or 0.0, triton.next_power_of_2(Tk))
@@ -559,6 +557,8 @@ def _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, flags, p, offset, sm_sc
         db, dn = G[0].sum((0, 2)), G[1].sum((0, 2))
     elif flags["ROW"] == "norm":  # cos = qk * qs_i * ks_j: dqs_i = sum_j dL/dqk * qk / qs_i
         dqs, dks = G[0].view(B, H, Tq) / qs, GK.view(B, H, Tk) / ks
+    elif flags["ROW"] == "forget":  # dL/dqk = dS / sqrt(d); c_i's row sums are 0: no dqs
+        dks = GK.view(B, H, Tk) / sm_scale
     return dq, dk, dv, ds, db, dn, dqs, dks
 
 
@@ -583,14 +583,15 @@ class _Attention(torch.autograd.Function):
 
 def _prepare(q, k, v, scorer, p, offset, params):
     """scorers.prepare's checks and defaults, then the kernels' own limits; adds their compile-time flags and puts
-    the scorer's parameters in the kernels' per-head slots (S, Bp, Np), an unused slot holding zeros."""
+    the scorer's parameters in the kernels' per-head slots (S, Bp, Np), an unused slot holding zeros (fox's per-key
+    c goes to the QS, KS slots: attention)."""
     entry, p, params = scorers.prepare(q, k, v, scorer, p, offset, backend="triton", **params)
     D = q.shape[3]
     assert D in (16, 32, 64, 128), f"head dim {D} not supported (16, 32, 64, 128)"
     assert q.dtype in (torch.float32, torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype, \
         f"q, k, v must share one of fp32/fp16/bf16, got {q.dtype}, {k.dtype}, {v.dtype}"
     flags = entry.kernel_flags()
-    if tuple(flags.values())[:4] not in KERNELS or not set(params) <= set(SLOTS):  # math no kernel helper has
+    if tuple(flags.values())[:4] not in KERNELS or not set(params) <= {*SLOTS, "c"}:  # math no kernel helper has
         raise ValueError(f"kernels.py implements no kernel for {scorer!r}'s flags {flags} and parameters "
                          f"{list(params)} (known: {sorted(KERNELS)}, slots {SLOTS})")
     zeros = q.new_zeros(q.shape[1], dtype=torch.float32)
@@ -610,6 +611,10 @@ def attention(q, k, v, scorer, *, p=None, offset=0, **params):
         qs = 1.0 / torch.linalg.vector_norm(q, dim=-1, dtype=torch.float32).clamp_min(1e-12)
         ks = 1.0 / torch.linalg.vector_norm(k, dim=-1, dtype=torch.float32).clamp_min(1e-12)
         sm_scale = math.log(D)
+    elif entry.forget:  # fox: c_j of every key, c_i of the query rows, fp32
+        ks = params["c"].float().contiguous()
+        qs = ks[..., offset:].contiguous()
+        sm_scale = 1.0 / math.sqrt(D)
     else:  # unused by the kernels: any fp32 buffer
         qs = ks = s
         sm_scale = 1.0 / math.sqrt(D)

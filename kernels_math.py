@@ -1,7 +1,7 @@
 """
 The scorers' math in the fused Triton kernels (kernels.py), on a tile of dot products qk: where a new scorer adds its
 branches (SCORERS.md, "Adding a scorer"). The kernels compile each helper from the scorer's registry flags
-(kernels.FLAGS): _row_setup (ROW), _logit (LOGIT: the stage-1 score; _prob: its weights), _terms (the row
+(kernels.FLAGS): _row_setup and _keys (ROW), _logit (LOGIT: the stage-1 score; _prob: its weights), _terms (the row
 template's numerator and divisor terms) and _grad_factor (the backward's factor); KERNELS lists the flag
 combinations they implement.
 """
@@ -10,7 +10,8 @@ import triton.language as tl
 
 # by the first four flags: SUMS_TO_ONE is generic
 KERNELS = {("plain", "linear", True, True), ("logn", "linear", True, True), ("plain", "ssa", True, True),
-           ("norm", "softplus", False, True), ("bias", "sigmoid", False, False), ("plain", "softpick", True, True)}
+           ("norm", "softplus", False, True), ("bias", "sigmoid", False, False), ("plain", "softpick", True, True),
+           ("forget", "forget", True, True)}
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
@@ -26,16 +27,28 @@ def _softplus(u):
 @triton.jit
 def _row_setup(QS, rows, row_ok, t, offset, s_h, b_h, sm_scale, ROW: tl.constexpr):
     """Query rows t: n_i (keys the row attends to), the re-weighting offset o_i (0 for absolute rows i < 3) and
-    the multiplier c of q.k: the base-2 logit scale, or for lssa the exponent log(d) log(n_i) / |q_i|."""
+    the multiplier c of q.k: the base-2 logit scale, or for lssa the exponent log(d) log(n_i) / |q_i|; for fox
+    the row's forget sum c_i instead (its scale is the plain one, in _logit)."""
     n_i = (offset + t + 1).to(tl.float32)
     ln_n = tl.log(n_i)
     if ROW == "logn":  # ssmax: s log n_i + b folds into the scale: free
         c = (s_h * ln_n + b_h) * (sm_scale * LOG2E)
     elif ROW == "norm":  # lssa: sm_scale carries log(d)
         c = ln_n * sm_scale * tl.load(QS + rows, mask=row_ok, other=0.0)
+    elif ROW == "forget":  # fox: QS holds c of the query rows
+        c = tl.load(QS + rows, mask=row_ok, other=0.0)
     else:  # plain; bias subtracts log n_i in _logit
         c = ln_n * 0.0 + sm_scale * LOG2E
     return n_i, tl.where(n_i > 3.0, 1.0, 0.0), c
+
+
+@triton.jit
+def _keys(KS, cols, Tk, ROW: tl.constexpr):
+    """The row setup's per-key values (KS): lssa's inverse key norms |k_j|^-1, fox's c_j; else zeros."""
+    ks = cols * 0.0
+    if ROW == "norm" or ROW == "forget":
+        ks = tl.load(KS + cols, mask=cols < Tk, other=0.0)
+    return ks
 
 
 @triton.jit
@@ -49,6 +62,8 @@ def _logit(qk, c, ks, n_i, sm_scale, b_h, n_h, LOGIT: tl.constexpr):
         x = _softplus(qk * c[:, None] * ks[None, :])
     elif LOGIT == "sigmoid":  # exp2 overflow gives w = 0, never NaN
         x = 1.0 / (1.0 + tl.exp2(tl.log2(n_i)[:, None] - qk * c[:, None]))
+    elif LOGIT == "forget":  # fox: z + c_i - c_j, the difference in fp32 (c grows with length)
+        x = qk * (sm_scale * LOG2E) + (c[:, None] - ks[None, :]) * LOG2E
     else:  # "linear", "softpick"
         x = qk * c[:, None]
     return x
@@ -96,6 +111,8 @@ def _grad_factor(qk, x, P, dP, keep, c, ks, m1, sm_scale, b_h, n_h, LOGIT: tl.co
         W = tl.where(P > 0, E, tl.where(E < tl.exp2(-m1)[:, None], -E, 0.0)) * sm_scale
         if MASK:
             W = tl.where(keep, W, 0.0)
+    elif LOGIT == "forget":  # dlogit/dqk = 1/sqrt(d); c_i - c_j is a bias
+        W = P * sm_scale
     else:  # softmax, ssmax: dlogit/dqk = c_i / log2(e)
         W = P * (c / LOG2E)[:, None]
     return dP, W

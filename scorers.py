@@ -147,8 +147,8 @@ class Scorer:
     cosine: bool = False  # scores cos(q_i, k_j) (lssa), not z = q.k / sqrt(d)
     # the fused kernels' compile-time flags (kernels_math.py)
     stats: str = "online_max"  # or plain_sum: bounded weights, no running max
-    row: str = "plain"  # or logn (ssmax), norm (lssa), bias (sigmoid)
-    kernel_logit: str = "linear"  # or ssa, softplus, sigmoid, softpick, stickbreaking
+    row: str = "plain"  # or logn (ssmax), norm (lssa), bias (sigmoid), forget (fox: c_i, c_j)
+    kernel_logit: str = "linear"  # or ssa, softplus, sigmoid, softpick, stickbreaking, forget
     forget: bool = False  # FoX: logits + c_i - c_j, c (B, H, Tk) given as c= (the model's forget gates)
     backends: tuple = ("torch", "cpu", "triton", "flex")  # model.attention's backends that run it
 
@@ -186,7 +186,8 @@ SCORERS = {
     # a reverse cumulative sum over each row's keys: no row template, no flex logit
     "stickbreaking": Scorer(score_stickbreaking, None, row_sum=False, stats="plain_sum",
                             kernel_logit="stickbreaking", backends=("torch", "cpu")),
-    "fox": Scorer(score_fox, lambda z, ln_n, ln_d: z, forget=True, backends=("torch", "sdpa", "flex")),
+    "fox": Scorer(score_fox, lambda z, ln_n, ln_d: z, forget=True, row="forget", kernel_logit="forget",
+                  backends=("torch", "sdpa", "triton", "flex")),
 }
 
 def check_options(config):
@@ -236,6 +237,8 @@ def prepare(q, k, v, scorer, p=None, offset=0, backend=None, **params):
         f"q (B, H, Tq, D) and k, v (B, H, Tk, D) expected, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
     H, Tq = q.shape[1], q.shape[2]
     assert k.shape[2] == offset + Tq, f"k has {k.shape[2]} keys but offset + Tq = {offset} + {Tq}"
+    assert not entry.forget or params["c"].shape == k.shape[:3], \
+        f"c (B, H, Tk) = {tuple(k.shape[:3])} expected, got {tuple(params['c'].shape)}"
     fp32 = q.new_empty(0, dtype=torch.float32)
     return entry, p, {name: x if name == "c" else x.view(H).contiguous()
                       for name, x in per_head(entry, params, H, fp32).items()}

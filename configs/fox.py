@@ -1,5 +1,6 @@
 # Forgetting Transformer (Lin et al. 2025, arXiv 2503.02130): softmax plus a learned per-head forget-gate decay, no
-# RoPE as the paper. SDPA with the decay as a float mask (memory-efficient kernel): no Triton kernel yet.
+# RoPE as the paper. SDPA with the decay as a float mask (memory-efficient kernel); backend=triton runs the fused
+# kernel (checked under the interpreter only, so auto keeps SDPA until a GPU run checks bf16 and speed).
 base = "softmax.py"  # configs/softmax.py's recipe, data and arithmetic; this file sets what differs
 scorer = "fox"
 pos = "nope"

@@ -20,10 +20,11 @@ import model
 from scorers import SCORERS
 
 # Every scorer of the registry that the kernels run, with each parameter per head (H = 2) off its default, so that
-# every one matters (within its constraint: ssa's b > 0, n > 1), and re-weighting on softmax
+# every one matters (within its constraint: ssa's b > 0, n > 1), fox's c from forget gates (_param), and
+# re-weighting on softmax
 FUSED = [name for name, entry in SCORERS.items() if "triton" in entry.backends]
-CASES = [(name, {prm.name: [prm.default - 0.3, prm.default + 0.5] for prm in SCORERS[name].params})
-         for name in FUSED] + [("softmax", dict(p=3.0))]
+CASES = [(name, {**{prm.name: [prm.default - 0.3, prm.default + 0.5] for prm in SCORERS[name].params},
+                 **({"c": "gates"} if SCORERS[name].forget else {})}) for name in FUSED] + [("softmax", dict(p=3.0))]
 IDS = [*FUSED, "softmax_p3"]
 SHAPES = [  # (Tq, offset, D): odd lengths, a query block after a cache, decoding one token after a long cache
     (1, 0, 16), (15, 0, 16), (63, 0, 32), (130, 0, 16), (40, 23, 32), (1, 129, 16),
@@ -41,11 +42,20 @@ def _inputs(Tq, offset, D, B=2, H=2, dtype=torch.float32, seed=0, scale=1.0, dev
     return [x.to(device, dtype) for x in (q, k, v, do)]
 
 
+def _param(val, k, dtype=torch.float32):
+    """A case's parameter as a tensor on k's device: a list per head, or "gates": FoX's c for k's keys (B, H, Tk),
+    prefix sums of log forget gates (made in fp32: every dtype's run sees the same values)."""
+    if isinstance(val, str):
+        g = torch.Generator().manual_seed(7)
+        val = torch.nn.functional.logsigmoid(torch.randn(k.shape[:3], generator=g) + 1).cumsum(-1)  # to ~ -0.4 T
+    return torch.as_tensor(val, dtype=dtype).to(k.device)
+
+
 def _run(fn, scorer, kw, q, k, v, do, dtype, offset):
-    """Output and gradients [out, dq, dk, dv, ds/db/dn...] of fn on inputs cast to dtype."""
+    """Output and gradients [out, dq, dk, dv, ds/db/dn or dc] of fn on inputs cast to dtype."""
     xs = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
-    params = {n: torch.tensor(val, dtype=torch.float64 if dtype == torch.float64 else torch.float32,
-                              device=q.device, requires_grad=True) for n, val in kw.items() if n != "p"}
+    params = {n: _param(val, k, torch.float64 if dtype == torch.float64 else torch.float32).requires_grad_()
+              for n, val in kw.items() if n != "p"}
     out = fn(*xs, scorer, p=kw.get("p"), offset=offset, **params)
     grads = torch.autograd.grad(out, xs + list(params.values()), do.to(dtype))
     return [out.detach()] + [g.detach() for g in grads]
@@ -128,9 +138,9 @@ def test_fused_low_precision_error_bounded_by_reference_own_error(scorer, kw, dt
 def test_decode_one_token_equals_last_row_of_full_pass():
     q, k, v, _ = _inputs(77, 0, 32)
     for scorer, kw in CASES:
-        full = kernels.attention(q, k, v, scorer, **{n: torch.tensor(x) if n != "p" else x for n, x in kw.items()})
-        last = kernels.attention(q[:, :, -1:], k, v, scorer, offset=76,
-                                 **{n: torch.tensor(x) if n != "p" else x for n, x in kw.items()})
+        kw = {n: x if n == "p" else _param(x, k) for n, x in kw.items()}
+        full = kernels.attention(q, k, v, scorer, **kw)
+        last = kernels.attention(q[:, :, -1:], k, v, scorer, offset=76, **kw)
         torch.testing.assert_close(last, full[:, :, -1:], rtol=1e-5, atol=1e-6)
 
 
@@ -220,10 +230,12 @@ def test_fused_runs_a_row_template_scorer_it_has_no_branch_for(off_by_one, Tq, o
 def test_all_equal_scores_give_the_prefix_mean_and_finite_grads(scorer, kw):
     q, k, v, do = _inputs(35, 0, 16)
     q = torch.zeros_like(q)  # every score equal: uniform weights; with p, the fallback (or a uniform re-weighting)
+    if SCORERS[scorer].forget:  # fox: and no decay, c = 0
+        kw = dict(kw, c=torch.zeros(k.shape[:3]))
     fused = _run(kernels.attention, scorer, kw, q, k, v, do, torch.float32, 0)
     # P at z = 0 from the registry's logits (sigmoid: not divided)
     n, e = torch.arange(1, 36.0).view(1, 1, 35, 1), SCORERS[scorer]
-    prm = {name: torch.tensor(x).view(1, -1, 1, 1) for name, x in kw.items() if name != "p"}
+    prm = {name: torch.tensor(x).view(1, -1, 1, 1) for name, x in kw.items() if name not in ("p", "c")}
     at0 = lambda f: f(torch.zeros(()), n.log(), math.log(16), **prm).exp()  # noqa: E731
     prefix_mean = v.cumsum(2) * at0(e.logit) / (n * at0(e.den_logit or e.logit) + e.eps if e.row_sum else 1)
     torch.testing.assert_close(fused[0], prefix_mean, rtol=1e-5, atol=1e-5)
@@ -303,7 +315,7 @@ def test_shape_errors_are_clear():
 @pytest.mark.parametrize("scorer,kw", CASES, ids=IDS)
 def test_flex_forward_matches_reference(scorer, kw, Tq, offset):
     q, k, v, _ = _inputs(Tq, offset, 16)
-    params = {n: torch.tensor(x) for n, x in kw.items() if n != "p"}
+    params = {n: _param(x, k) for n, x in kw.items() if n != "p"}
     out = kernels_flex.flex_attention(q, k, v, scorer, p=kw.get("p"), offset=offset, **params)
     ref = _ref(q.double(), k.double(), v.double(), scorer, p=kw.get("p"), offset=offset,
                **{n: x.double() for n, x in params.items()})
@@ -321,20 +333,34 @@ def test_flex_runs_fox_with_its_forget_bias(Tq, offset):
     assert offset + Tq == 1 or _err(out, _ref(q, k, v, "softmax", offset=offset)) > 1e-2  # the bias ran
 
 
+def test_fox_dc_is_minus_the_column_sums_of_dS_because_its_row_sums_vanish():
+    # dc_i = sum_j dS_ij - sum_i' dS_i'i with dS = P (dP - delta): the fused backward sums only the columns, as each
+    # row of dS sums to 0 (a softmax row is shift-invariant). Checked on the float64 reference, after a cache
+    q, k, v, do = (x.double() for x in _inputs(40, 23, 16))
+    c = _param("gates", k, torch.float64).requires_grad_()
+    dc, = torch.autograd.grad(_ref(q, k, v, "fox", offset=23, c=c), c, do)
+    P = model.attention_weights(q, k, "fox", offset=23, c=c.detach())
+    dP = do @ v.transpose(-2, -1)
+    dS = P * (dP - (P * dP).sum(-1, keepdim=True))
+    assert dS.sum(-1).abs().max() < 1e-13 * dS.abs().max()  # the row-sum term: rounding only
+    torch.testing.assert_close(dc, -dS.sum(-2), rtol=1e-10, atol=1e-12)
+
+
 def test_a_scorer_without_a_kernel_on_a_backend_is_refused_there_with_one_line():
     q = torch.randn(1, 2, 8, 16)
     c = torch.zeros(1, 2, 8)
-    for scorer, kw in (("stickbreaking", {}), ("fox", dict(c=c))):
-        with pytest.raises(ValueError, match=f"scorer '{scorer}' runs on backends .*, not 'triton' .no kernel"):
-            kernels.attention(q, q, q, scorer, **kw)
-        with pytest.raises(ValueError, match=f"backend='triton' does not run scorer='{scorer}'"):
-            model.GPTConfig(scorer=scorer, backend="triton")
+    with pytest.raises(ValueError, match="scorer 'stickbreaking' runs on backends .*, not 'triton' .no kernel"):
+        kernels.attention(q, q, q, "stickbreaking")
+    with pytest.raises(ValueError, match="backend='triton' does not run scorer='stickbreaking'"):
+        model.GPTConfig(scorer="stickbreaking", backend="triton")
     with pytest.raises(ValueError, match="not 'flex'"):
         kernels_flex.flex_attention(q, q, q, "stickbreaking")
-    with pytest.raises(ValueError, match="scorer 'fox' runs on backends torch, sdpa, flex, not 'cpu'"):
+    with pytest.raises(ValueError, match="scorer 'fox' runs on backends torch, sdpa, triton, flex, not 'cpu'"):
         model.attention(q, q, q, "fox", backend="cpu", c=c)
     with pytest.raises(ValueError, match="scorer 'fox' needs c="):
         model.attention(q, q, q, "fox")
+    with pytest.raises(AssertionError, match=r"c \(B, H, Tk\) = \(1, 2, 8\) expected, got \(1, 2, 7\)"):
+        kernels.attention(q, q, q, "fox", c=c[..., 1:])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -364,7 +390,7 @@ def test_cuda_decode_after_long_cache(scorer, kw):
 def test_cuda_calls_never_synchronize_with_the_host(scorer, kw):
     # a host-to-device copy per call (say, default s, b, n made on the CPU) stalls the GPU queue in every layer
     q, k, v, do = _inputs(300, 0, 64, B=1, dtype=torch.bfloat16, device="cuda")
-    params = {n: torch.tensor(x, device="cuda", requires_grad=True) for n, x in kw.items() if n != "p"}
+    params = {n: _param(x, k).requires_grad_() for n, x in kw.items() if n != "p"}
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     full = lambda: kernels.attention(q, k, v, scorer, p=kw.get("p"), **params).backward(do)  # noqa: E731
     decode = lambda: kernels.attention(q[:, :, -1:], k, v, scorer, p=kw.get("p"), offset=299,  # noqa: E731

@@ -63,6 +63,23 @@ def test_fox_model_gate_reads_the_layer_input_and_a_gate_at_one_gives_the_softma
     torch.testing.assert_close(fox(idx, idx)[0], soft(idx, idx)[0])
 
 
+def test_fox_model_on_the_triton_kernels_matches_the_reference_and_decodes_through_the_kv_cache():
+    # the fused path (interpreted on CPU) reads the model's c (B, nh, offset + T), carried in the cache
+    torch.manual_seed(0)
+    cfg = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=32, block_size=24, pos="nope", scorer="fox")  # D = 16
+    fused, ref = GPT(GPTConfig(**cfg, backend="triton")).eval(), GPT(GPTConfig(**cfg, backend="torch")).eval()
+    ref.load_state_dict(fused.state_dict())
+    idx = torch.randint(0, 32, (2, 24))
+    _, loss = fused(idx, idx)
+    loss.backward()
+    assert all(block.attn.fgate.weight.grad.abs().sum() > 0 for block in fused.transformer.h)  # dc reaches the gate
+    with torch.no_grad():
+        torch.testing.assert_close(fused(idx, idx)[0], ref(idx, idx)[0], rtol=1e-4, atol=1e-4)
+        cache = [{} for _ in fused.transformer.h]
+        steps = [fused(idx[:, :10], cache=cache)[0]] + [fused(idx[:, t:t + 1], cache=cache)[0] for t in range(10, 24)]
+        torch.testing.assert_close(torch.cat(steps, 1), ref(idx, idx)[0][:, 9:], rtol=1e-4, atol=1e-4)
+
+
 def test_training_free_rescalings_have_the_published_factors():
     n = torch.arange(1, 4097, dtype=torch.float64)
     qwen = rescale.factors("qwen", 4096, 32)
