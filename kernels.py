@@ -20,19 +20,20 @@ backward.
 - lssa takes raw q, k and per-row inverse norms (cos = q.k * |q|^-1 * |k|^-1), so bf16 q, k keep their precision.
 - fox takes its forget sums c in the same per-row and per-key slots (QS: c_i, KS: c_j) and adds c_i - c_j in fp32 to
   the softmax logits; dc_j = -sum_i dS_ij is summed in the dk/dv kernel (its row sums vanish).
+- stickbreaking is no row template: attention() hands it to kernels_stick.py (OWN, by its kernel_logit).
 Public: attention(...) (Triton, differentiable); kernels_flex.py holds the torch FlexAttention peer.
 """
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+import kernels_stick
 import scorers
-from kernels_math import KERNELS, _grad_factor, _keys, _logit, _prob, _row_setup, _terms  # the scorers' math
+from kernels_math import INTERPRET, KERNELS, _dot_types, _grad_factor, _keys, _logit, _prob, _row_setup, _terms
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # CPU: kernels run in Triton's interpreter
+OWN = {"stickbreaking": kernels_stick.attention}  # kernel_logit -> a kernel file of its own (no row template)
 FLAGS = ("ROW", "LOGIT", "ONLINE_MAX", "NORMALISE", "SUMS_TO_ONE")
 NEG = tl.constexpr(-1.0e30)  # finite "-inf": exp2(NEG - NEG) is not NaN
 TIE = tl.constexpr(scorers.TIE * 2.0**-23)  # y = n P - o > TIE n is positive (fp32)
@@ -451,14 +452,6 @@ _attn_bwd_dkdv_tuned = triton.autotune(BWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM",
 # ----------------------------------------------------------------------------------------------------------------
 # Launchers
 
-def _dot_types(dtype):
-    # the interpreter's bf16 is wrong: dot in fp32 there
-    # fp32: tf32x3, ~fp32 accuracy on tensor cores ("ieee" spills)
-    if dtype == torch.float32 or (INTERPRET and dtype == torch.bfloat16):
-        return tl.float32, "tf32x3"
-    return (tl.float16 if dtype == torch.float16 else tl.bfloat16), "tf32"
-
-
 def _num_splits(BH, Tk, device):
     """Flash-decoding: enough programs to fill the GPU (about two per SM), each at least one key block."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
@@ -604,6 +597,8 @@ def attention(q, k, v, scorer, *, p=None, offset=0, **params):
     name, differentiable when tensors; p (float) re-weights on top of any scorer (lssar: 15 if None)."""
     if not (q.is_cuda or INTERPRET):  # else Triton fails deep inside ("0 active drivers")
         raise RuntimeError(NO_GPU)
+    if scorer in scorers.SCORERS and scorers.SCORERS[scorer].kernel_logit in OWN:
+        return OWN[scorers.SCORERS[scorer].kernel_logit](q, k, v, scorer, p=p, offset=offset, **params)
     entry, flags, s, b, n, p = _prepare(q, k, v, scorer, p, offset, params)
     q, k, v = (x.contiguous() for x in (q, k, v))  # v is a view of qkv: copy once, simpler kernels
     D = q.size(-1)

@@ -3,10 +3,15 @@ The scorers' math in the fused Triton kernels (kernels.py), on a tile of dot pro
 branches (SCORERS.md, "Adding a scorer"). The kernels compile each helper from the scorer's registry flags
 (kernels.FLAGS): _row_setup and _keys (ROW), _logit (LOGIT: the stage-1 score; _prob: its weights), _terms (the row
 template's numerator and divisor terms) and _grad_factor (the backward's factor); KERNELS lists the flag
-combinations they implement.
+combinations they implement. Also what every Triton kernel file shares: INTERPRET, _dot_types, _log1p.
 """
+import os
+
+import torch
 import triton
 import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # CPU: kernels run in Triton's interpreter
 
 # by the first four flags: SUMS_TO_ONE is generic
 KERNELS = {("plain", "linear", True, True), ("logn", "linear", True, True), ("plain", "ssa", True, True),
@@ -15,13 +20,25 @@ KERNELS = {("plain", "linear", True, True), ("logn", "linear", True, True), ("pl
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
+def _dot_types(dtype):
+    # the interpreter's bf16 is wrong: dot in fp32 there
+    # fp32: tf32x3, ~fp32 accuracy on tensor cores ("ieee" spills)
+    if dtype == torch.float32 or (INTERPRET and dtype == torch.bfloat16):
+        return tl.float32, "tf32x3"
+    return (tl.float16 if dtype == torch.float16 else tl.bfloat16), "tf32"
+
+
+@triton.jit
+def _log1p(t):
+    # no log1p in Triton: series for 0 <= t < 1/8 (6e-7 relative),
+    # so lssa rows with all u << 0 keep tiny non-zero weights
+    series = t * (1 - t * (1 / 2 - t * (1 / 3 - t * (1 / 4 - t * (1 / 5 - t * (1 / 6 - t * (1 / 7)))))))
+    return tl.where(t < 0.125, series, tl.log(1.0 + t))
+
+
 @triton.jit
 def _softplus(u):
-    # no log1p in Triton: series for t < 1/8 (6e-7 relative),
-    # so lssa rows with all u << 0 keep tiny non-zero weights
-    t = tl.exp(-tl.abs(u))
-    series = t * (1 - t * (1 / 2 - t * (1 / 3 - t * (1 / 4 - t * (1 / 5 - t * (1 / 6 - t * (1 / 7)))))))
-    return tl.maximum(u, 0.0) + tl.where(t < 0.125, series, tl.log(1.0 + t))
+    return tl.maximum(u, 0.0) + _log1p(tl.exp(-tl.abs(u)))
 
 
 @triton.jit

@@ -20,7 +20,7 @@ kernel helper.
 - softpick: Zuhri et al. 2025 "Softpick: No Attention Sink, No Massive Activations with Rectified Softmax"
   (arXiv 2504.20966, eq. 2): ReLU(e^z - 1) / (sum_j |e^z - 1| + eps): another sum, so rows sum below 1.
 - stickbreaking: Tan et al. 2024 "Scaling Stick-Breaking Attention" (arXiv 2410.17980): over the keys before i,
-  A_ij = sigmoid(z_ij) prod_{j<k<i} (1 - sigmoid(z_ik)); not a row template (torch and cpu backends only).
+  A_ij = sigmoid(z_ij) prod_{j<k<i} (1 - sigmoid(z_ik)); not a row template (torch, cpu; triton: kernels_stick.py).
 - fox: Lin et al. 2025 "Forgetting Transformer" (arXiv 2503.02130): softmax of z_ij + c_i - c_j, c the prefix sums
   of per-head log forget gates log sigmoid(f_l), which the model computes from the layer input (attention's c=).
 """
@@ -185,7 +185,7 @@ SCORERS = {
                        den_logit=lambda z, ln_n, ln_d: _log_abs_expm1(z), eps=SOFTPICK_EPS, kernel_logit="softpick"),
     # a reverse cumulative sum over each row's keys: no row template, no flex logit
     "stickbreaking": Scorer(score_stickbreaking, None, row_sum=False, stats="plain_sum",
-                            kernel_logit="stickbreaking", backends=("torch", "cpu")),
+                            kernel_logit="stickbreaking", backends=("torch", "cpu", "triton")),
     "fox": Scorer(score_fox, lambda z, ln_n, ln_d: z, forget=True, row="forget", kernel_logit="forget",
                   backends=("torch", "sdpa", "triton", "flex")),
 }

@@ -29,6 +29,7 @@ from triton.compiler import ASTSource  # noqa: E402
 import torch  # noqa: E402
 
 import kernels  # noqa: E402
+import kernels_stick  # noqa: E402
 from scorers import SCORERS  # noqa: E402
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -36,13 +37,17 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 # learned parameters need exact sigma; re-weighting runs two passes
 VARIANTS = []
 for name, entry in ((n, e) for n, e in SCORERS.items() if "triton" in e.backends):
+    if entry.kernel_logit in kernels.OWN:  # a kernel file of its own (stickbreaking): no flags
+        VARIANTS += [("stick_fwd", name, {}), ("stick_bwd", name, {})]
+        continue
     flags, rw = entry.kernel_flags(), entry.p is not None
     VARIANTS += [("fwd", f"{name}_pass1", dict(**flags, STAGE=0)),
                  ("fwd", f"{name}_pass2", dict(**flags, STAGE=2, P_INT=int(entry.p)))] if rw else \
         [("fwd", name, dict(**flags, STAGE=1))]
     VARIANTS += [("dq", name, dict(**flags, REWEIGHT=rw, EXACT_SIGMA=(rw or bool(entry.params)) and entry.row_sum)),
                  ("dkdv", name, dict(**flags, REWEIGHT=rw))]
-KERNELS = {"fwd": kernels._attn_fwd, "dq": kernels._attn_bwd_dq, "dkdv": kernels._attn_bwd_dkdv}
+KERNELS = {"fwd": kernels._attn_fwd, "dq": kernels._attn_bwd_dq, "dkdv": kernels._attn_bwd_dkdv,
+           "stick_fwd": kernels_stick._stick_fwd, "stick_bwd": kernels_stick._stick_bwd}
 INTS = {"H", "Tq", "Tk", "offset", "split_size", "T_BUCKET"}  # all but offset divisible by 16, as the JIT would see
 
 
@@ -101,6 +106,8 @@ def main(argv=None):
     fp32 = a.dtype == "fp32"  # each dtype has its own autotune lists
     fwd, bwd = (kernels.FWD_TUNE_FP32, kernels.BWD_TUNE_FP32) if fp32 else (kernels.FWD_TUNE, kernels.BWD_TUNE)
     shapes = {k: list(dict.fromkeys(tune + extra)) for k, tune in (("fwd", fwd), ("dq", bwd), ("dkdv", bwd))}
+    stick = kernels_stick.blocks(torch.float32 if fp32 else torch.bfloat16)  # fixed, as kernels_stick launches
+    shapes["stick_fwd"] = shapes["stick_bwd"] = list(dict.fromkeys([stick] + extra))
     assert a.prec is None or a.dtype == "fp32", "--prec applies to fp32 inputs only"
     jobs = [(k, name, consts, D, cfg, a.dtype, a.prec) for (k, name, consts), D in itertools.product(VARIANTS, a.D)
             if k in a.kernels and (not a.scorers or name in a.scorers) for cfg in shapes[k]]

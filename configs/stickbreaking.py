@@ -1,5 +1,5 @@
-# Stick-breaking attention (Tan et al. 2024, arXiv 2410.17980), no positional encoding as the paper. No Triton kernel
-# yet: it runs kernels_cpu's blocked torch math, on a GPU too, slower than the fused scorers.
+# Stick-breaking attention (Tan et al. 2024, arXiv 2410.17980), no positional encoding as the paper. On a GPU
+# backend=auto runs its Triton kernels (kernels_stick.py), still several times slower than the row-template ones.
 base = "softmax.py"  # configs/softmax.py's recipe, data and arithmetic; this file sets what differs
 scorer = "stickbreaking"
 pos = "nope"

@@ -150,7 +150,8 @@ def test_cpu_path_without_gradients_keeps_no_blocks(monkeypatch):
     ("softmax", None, "cpu", "sdpa"), ("ssmax", None, "cpu", "sdpa"), ("ssmax", None, "cuda", "sdpa"),
     ("softmax", 3.0, "cpu", "cpu"), ("ssmax", 3.0, "cuda", "triton"),
     ("ssa", None, "cpu", "cpu"), ("lssa", None, "cpu", "cpu"), ("lssar", 15.0, "cpu", "cpu"),
-    ("ssa", None, "cuda", "triton"), ("lssar", 15.0, "cuda", "triton")])
+    ("ssa", None, "cuda", "triton"), ("lssar", 15.0, "cuda", "triton"),
+    ("stickbreaking", None, "cpu", "cpu"), ("stickbreaking", None, "cuda", "triton")])
 def test_auto_picks_sdpa_for_softmax_and_ssmax_and_the_fused_path_for_the_others(scorer, p, device, expect):
     assert model.auto_backend(scorer, p, device) == expect
 

@@ -113,3 +113,48 @@ def test_a_rescaled_softmax_model_equals_one_whose_query_weights_carry_the_facto
     torch.testing.assert_close(m(idx, idx)[0], plain)  # None takes it off
     with pytest.raises(ValueError, match="rescales softmax models; got one with scorer='ssmax'"):
         rescale.apply(GPT(GPTConfig(**{**cfg.__dict__, "scorer": "ssmax"})), "qwen", 24)
+
+
+def test_stickbreaking_backward_is_the_derivation_in_kernels_stick_docstring():
+    # dL/dz_ik = G_ik sigmoid(-z_ik) - sigmoid(z_ik) sum_{j<k} G_ij, G = A * dP: what the fused backward computes
+    q, k, v = _qkv(T=20)
+    q.requires_grad_()
+    do = torch.randn_like(q)
+    dq, = torch.autograd.grad(attention(q, k, v, "stickbreaking"), q, do)
+    z = (q @ k.transpose(-2, -1) / math.sqrt(8)).detach()
+    A = attention_weights(q.detach(), k, "stickbreaking")
+    G = A * (do @ v.transpose(-2, -1))
+    dz = G * torch.sigmoid(-z) - torch.sigmoid(z) * (G.cumsum(-1) - G)  # G.cumsum - G: the farther keys j < k
+    dz = dz * (A > 0)  # keys j >= i: no gradient (every A_ij > 0 at these logits)
+    torch.testing.assert_close(dq, dz @ k / math.sqrt(8), rtol=1e-10, atol=1e-12)
+
+
+def test_stickbreaking_fused_first_row_is_zero_and_every_beta_one_takes_the_nearest_key():
+    import kernels
+    k = torch.rand(1, 2, 40, 16) + 0.5  # positive: every z of q = 1000 k is > 2000, beta = 1
+    for q, expect in ((torch.randn(1, 2, 40, 16), None), (k * 1000.0, k)):  # beta = 1: row i reads v_{i-1}
+        q, k_, v = (x.clone().requires_grad_() for x in (q, k, torch.randn(1, 2, 40, 16)))
+        out = kernels.attention(q, k_, v, "stickbreaking")
+        assert (out[..., 0, :] == 0).all()  # row 0 has no key
+        if expect is not None:
+            torch.testing.assert_close(out[..., 1:, :], v[..., :-1, :].detach())
+        out.backward(torch.randn_like(out))
+        assert all(torch.isfinite(x.grad).all() for x in (q, k_, v)) and (q.grad[..., 0, :] == 0).all()
+        assert (v.grad[..., -1, :] == 0).all()  # the last key: no row after it
+
+
+def test_stickbreaking_model_on_the_triton_kernels_matches_the_reference_and_decodes_through_the_kv_cache():
+    torch.manual_seed(0)
+    cfg = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=32, block_size=24, pos="nope", scorer="stickbreaking")
+    fused, ref = GPT(GPTConfig(**cfg, backend="triton")).eval(), GPT(GPTConfig(**cfg, backend="torch")).eval()
+    ref.load_state_dict(fused.state_dict())
+    idx = torch.randint(0, 32, (2, 24))
+    fused(idx, idx)[1].backward()
+    ref(idx, idx)[1].backward()
+    for (name, a), b in zip(fused.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(idx, idx)[0], ref(idx, idx)[0], rtol=1e-4, atol=1e-4)
+        cache = [{} for _ in fused.transformer.h]
+        steps = [fused(idx[:, :10], cache=cache)[0]] + [fused(idx[:, t:t + 1], cache=cache)[0] for t in range(10, 24)]
+        torch.testing.assert_close(torch.cat(steps, 1), ref(idx, idx)[0][:, 9:], rtol=1e-4, atol=1e-4)
