@@ -181,8 +181,10 @@ SCORERS = {
     "lssar": Scorer(**_lssa, p=LSSAR_DEFAULT_P),
     "sigmoid": Scorer(score_sigmoid, lambda z, ln_n, ln_d: F.logsigmoid(z - ln_n), row_sum=False,
                       stats="plain_sum", row="bias", kernel_logit="sigmoid"),
+    # no flex: its compiled CUDA pass gave NaN (H200, torch 2.11, 2026-11-26; bench/README.md), unresolved
     "softpick": Scorer(score_softpick, lambda z, ln_n, ln_d: torch.where(z > 0, _log_abs_expm1(z), -math.inf),
-                       den_logit=lambda z, ln_n, ln_d: _log_abs_expm1(z), eps=SOFTPICK_EPS, kernel_logit="softpick"),
+                       den_logit=lambda z, ln_n, ln_d: _log_abs_expm1(z), eps=SOFTPICK_EPS, kernel_logit="softpick",
+                       backends=("torch", "cpu", "triton")),
     # a reverse cumulative sum over each row's keys: no row template, no flex logit
     "stickbreaking": Scorer(score_stickbreaking, None, row_sum=False, stats="plain_sum",
                             kernel_logit="stickbreaking", backends=("torch", "cpu", "triton")),
