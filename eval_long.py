@@ -39,17 +39,6 @@ OUTPUTS = ("per_position.csv", "per_position.png", "per_sequence.csv", "differen
 # ----------------------------------------------------------------------------------------------------------------
 # Sequences and RoPE
 
-def load_tokens(data_dir, split, L):
-    path = os.path.join(data_dir, f"{split}.bin")
-    data = dataset.load_split(data_dir, split)  # DataError if it is missing
-    if len(data) < L + 1:
-        raise ValueError(f"{path} has {len(data):,} tokens, fewer than the --length + 1 = {L + 1:,} one sequence needs")
-    return data
-
-def draw_starts(n_tokens, L, num_seqs, seed):
-    """Start offsets of num_seqs windows of L+1 tokens; the same for every checkpoint of a run."""
-    return np.random.default_rng(seed).integers(0, n_tokens - L, size=num_seqs)
-
 def window_bounds(N, L):
     """{window: (first, last) position, 1-based} of every window that ends by position L."""
     out = {}
@@ -154,8 +143,8 @@ def run(args, folder):  # the results to folder; returns the wandb table
     baseline = labels[0] if args.baseline is None else args.baseline
     if baseline not in labels:
         raise ValueError(f"--baseline {baseline!r} is not one of the models: {', '.join(labels)}")
-    data = load_tokens(args.data, args.split, args.length)
-    starts = draw_starts(len(data), args.length, args.num_seqs, args.seed)  # the same sequences for every model
+    data = dataset.load_tokens(args.data, args.split, args.length)
+    starts = dataset.draw_starts(len(data), args.length, args.num_seqs, args.seed)  # the same for every model
     args.smooth = min(args.smooth or max(1, args.length // 200), args.length)
     device, settings = torch.device(args.device), rope_settings(args)
     models, curves, rows, table = [], {}, [], []

