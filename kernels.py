@@ -533,14 +533,10 @@ def _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, flags, p, offset, sm_sc
     meta = dict(**flags, REWEIGHT=p is not None, HEAD_DIM=D, DT=DT, PREC=PREC)
     dq_args = (q, k, v, do, out, *params, M2, delta, sigma, dq, G, M2r, *scalars)
     dkdv_args = (q, k, v, do, *params, M2r, delta, sigma, dk, dv, GK, *scalars)
-    if Tq <= DECODE_M:  # the fixed small config, no autotuning
-        fixed = dict(BLOCK_M=DECODE_M, BLOCK_N=DECODE_N, num_warps=4, num_stages=2)
-        _attn_bwd_dq[(1, BH)](*dq_args, **meta, EXACT_SIGMA=exact_sigma, **fixed)
-        _attn_bwd_dkdv[(triton.cdiv(Tk, DECODE_N), BH)](*dkdv_args, **meta, **fixed)
-    else:  # dq first: dk/dv read its delta', sigma, M2r
-        _attn_bwd_dq_tuned[lambda META: (triton.cdiv(Tq, META["BLOCK_M"]), BH)](*dq_args, **meta,
-                                                                                EXACT_SIGMA=exact_sigma)
-        _attn_bwd_dkdv_tuned[lambda META: (triton.cdiv(Tk, META["BLOCK_N"]), BH)](*dkdv_args, **meta)
+    # dq first: dk/dv read its delta', sigma, M2r. Decode shapes too: with the forward's fixed 16 x 64 tiles, dk came
+    # out wrong on an H100 (7 of 10 cases, differently each run; bench/README.md, 2026-11-26)
+    _attn_bwd_dq_tuned[lambda META: (triton.cdiv(Tq, META["BLOCK_M"]), BH)](*dq_args, **meta, EXACT_SIGMA=exact_sigma)
+    _attn_bwd_dkdv_tuned[lambda META: (triton.cdiv(Tk, META["BLOCK_N"]), BH)](*dkdv_args, **meta)
     G = G.view(2, B, H, Tq)
     ln_n = torch.log(torch.arange(offset + 1, offset + Tq + 1, device=q.device, dtype=torch.float32))
     ds = db = dn = dqs = dks = None

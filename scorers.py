@@ -163,8 +163,10 @@ class Scorer:
 def _ssa_logit(z, ln_n, ln_d, b, n):  # slope n b at z = 0 (see score_ssa)
     return n * torch.where(z >= 0, torch.log1p(b * z.clamp(min=0)), -torch.log1p(-b * z.clamp(max=0)))
 
-def _log_abs_expm1(z):  # log|e^z - 1| = max(z, 0) + log(1 - e^-|z|); -inf at 0
-    return z.clamp(min=0) + torch.log(-torch.expm1(-z.abs()))
+def _log_abs_expm1(z):  # log|e^z - 1| = max(z, 0) + log(1 - e^-|z|); -inf at 0, where its gradient is 0, as the
+    nz = z != 0           # kernels' sgn(0) = 0: log 0's infinite one gave 0 x inf = NaN in flex's backward (q = 0 rows)
+    z = torch.where(nz, z, torch.ones_like(z))
+    return torch.where(nz, z.clamp(min=0) + torch.log(-torch.expm1(-z.abs())), -math.inf)
 
 _lssa = dict(weights=score_lssa, cosine=True, stats="plain_sum", row="norm", kernel_logit="softplus",
              logit=lambda cos, ln_n, ln_d: torch.log(F.softplus(ln_d * ln_n * cos)))  # A / sum A = softmax(log A)
@@ -181,10 +183,8 @@ SCORERS = {
     "lssar": Scorer(**_lssa, p=LSSAR_DEFAULT_P),
     "sigmoid": Scorer(score_sigmoid, lambda z, ln_n, ln_d: F.logsigmoid(z - ln_n), row_sum=False,
                       stats="plain_sum", row="bias", kernel_logit="sigmoid"),
-    # no flex: its compiled CUDA pass gave NaN (H200, torch 2.11, 2026-11-26; bench/README.md), unresolved
     "softpick": Scorer(score_softpick, lambda z, ln_n, ln_d: torch.where(z > 0, _log_abs_expm1(z), -math.inf),
-                       den_logit=lambda z, ln_n, ln_d: _log_abs_expm1(z), eps=SOFTPICK_EPS, kernel_logit="softpick",
-                       backends=("torch", "cpu", "triton")),
+                       den_logit=lambda z, ln_n, ln_d: _log_abs_expm1(z), eps=SOFTPICK_EPS, kernel_logit="softpick"),
     # a reverse cumulative sum over each row's keys: no row template, no flex logit
     "stickbreaking": Scorer(score_stickbreaking, None, row_sum=False, stats="plain_sum",
                             kernel_logit="stickbreaking", backends=("torch", "cpu", "triton")),

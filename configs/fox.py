@@ -5,4 +5,4 @@ base = "softmax.py"  # configs/softmax.py's recipe, data and arithmetic; this fi
 scorer = "fox"
 pos = "nope"
 out_dir = "out-fox"
-compile = False  # the float mask under torch.compile is untested
+compile = False  # the float mask under torch.compile is untested (its eager run: 90,031 tokens/s on an H100, ~184 min)

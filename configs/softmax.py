@@ -4,11 +4,12 @@
 #   16 batch x 1,024 tokens x 16 accum = 262,144 tokens/iter x 3,800 iters = 996,147,200 tokens
 # Time on one H100: 1,086,137,856 FLOP/token (model.GPT.flops_per_token(1024)) x 996,147,200 tokens = 1.08e18 FLOP;
 # at an assumed 30 % MFU of 989 TFLOP/s (bf16, eager PyTorch with the fused attention kernels; llm.c's fully fused
-# GPT-2 reaches ~40 %) that is ~273,000 tokens/s = 61 min, plus ~2 min of evals and checkpoints. Not yet timed on a
-# GPU (bench/gpu.sh: a short run extrapolated). ssa, ssa_learn_n and lssa take ~1.2x as long, lssar ~1.5x: their
-# kernels are 2-3x softmax's (bench/README.md), and attention is ~15 % of a softmax step.
-# compile=True: SDPA attention compiles with the rest (softmax, ssmax and its variants); the Triton scorers keep
-# compile=False until it is timed on a GPU (their attention would run outside the compiled graph).
+# GPT-2 reaches ~40 %) that would be ~273,000 tokens/s = 61 min. Measured (bench/train_speed.py, H100, 2026-11-26,
+# 30 steps at this batch): 390,553 tokens/s compiled, 42.9 % MFU (eager 148,767) = 43 min, plus ~2 min of evals and
+# checkpoints. The Triton scorers take 2-3.5x as long: their kernels run outside the compiled graph and are slower
+# than cuDNN's (bench/README.md).
+# compile=True: SDPA attention compiles with the rest; the Triton scorers compile around their attention (1.3-1.4x
+# their eager tokens/s on the H100).
 # Data: dataset=fineweb_edu, the first 1B tokens of HuggingFaceFW/fineweb-edu sample-10BT, streamed on first use
 # (prepare_data.py; ~3 GB): one pass, no repeats. Offline: dataset=english (2.4M tokens: it overfits long before
 # 3,800 iters; lower max_iters). With torchrun, run `python prepare_data.py fineweb_edu` first.

@@ -360,3 +360,17 @@ def test_softpick_rows_sum_below_one_are_zero_without_a_positive_score_and_refus
         attention_weights(q, k, "softpick", p=3.0)
     with pytest.raises(ValueError, match="needs normalised rows"):
         model.GPTConfig(scorer="softpick", reweight_p=3.0)
+
+
+def test_softpick_flex_logits_have_finite_gradients_at_a_zero_score():
+    # a zero score (every score of a q = 0 padding row) is log 0 = -inf; its weight's gradient, 0 there, must not be
+    # 0 x inf = NaN, which flex's backward turned into NaN everywhere on CUDA
+    z = torch.tensor([-2.0, -1e-3, 0.0, 1e-3, 2.0], dtype=torch.float64, requires_grad=True)
+    entry = SCORERS["softpick"]
+    for logit in (entry.logit, entry.den_logit):
+        x = logit(z, None, None)
+        assert x[2] == -math.inf
+        (g,) = torch.autograd.grad(torch.exp(x).sum(), z)  # d|e^z - 1|/dz (numerator: d ReLU(e^z - 1)/dz)
+        assert torch.isfinite(g).all() and g[2] == 0
+        want = torch.exp(z.detach()) * torch.sign(z.detach()) * (1 if logit is entry.den_logit else (z > 0))
+        assert torch.allclose(g, want.double())
