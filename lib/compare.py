@@ -73,6 +73,11 @@ def horizon(lengths, accuracies, threshold=0.95):
         h = length
     return h
 
+def paired(values, base):
+    """values minus base, one pair per training seed (same order): [mean, sd, lo, hi] (seed_interval), sign-flip p."""
+    d = np.subtract(values, base)
+    return [*seed_interval(d), sign_flip_p(d)]
+
 def paired_by_seed(a, b):
     """a, b: {seed: value}, e.g. a setting's and the baseline's accuracy per training seed. The differences a - b over
     the seeds both have, their mean, sd and t interval (seed_interval) and sign-flip p-value."""

@@ -118,9 +118,19 @@ def copy_gate(per_seed, baseline=None):
                    gate=longrange.gate([g["gate_ratio"] for g in by[v]])) for v, rs in ratios.items()}
     for v, rs in ratios.items():
         if base is not None and (baseline is not None or v != "softmax"):
-            diff = {k: np.subtract(r, base[k]) for k, r in rs.items() if k in base}
-            out[v]["minus_softmax"] = {k: [*compare.seed_interval(d), compare.sign_flip_p(d)] for k, d in diff.items()}
+            out[v]["minus_softmax"] = {k: compare.paired(r, base[k]) for k, r in rs.items() if k in base}
     return out
+
+
+def pool_cells(cells, *keys):
+    """needle.py's cells (one per model, context, depth) pooled by (model, context): each key's mean weighted by n."""
+    sums = {}
+    for c in cells:
+        p = sums.setdefault((c["model"], c["context"]), [0.0] * (len(keys) + 1))
+        for i, k in enumerate(keys):
+            p[i] += c[k] * c["n"]
+        p[-1] += c["n"]
+    return {mc: [x / p[-1] for x in p[:-1]] for mc, p in sums.items()}
 
 
 SCORE_KEYS = ("top_score", "control_top_score", "mean_score", "control_mean_score", "uniform")
@@ -132,8 +142,7 @@ def by_seed(values):
     for (m, k), v in values.items():
         cell = out.setdefault(m, {})[str(k)] = dict(per_seed=v, interval=compare.seed_interval(v))
         if m != "softmax" and ("softmax", k) in values:
-            d = np.subtract(v, values["softmax", k])
-            cell["minus_softmax"] = [*compare.seed_interval(d), compare.sign_flip_p(d)]
+            cell["minus_softmax"] = compare.paired(v, values["softmax", k])
     return out
 
 
@@ -145,12 +154,8 @@ def retrieval(results, seeds, folder="needle"):
     for name in ("needle", "passkey"):
         got, acc = [read_json(results, f"s{s}", folder, f"{name}.json") for s in seeds], {}
         for g in got if all(got) else ():
-            pooled = {}
-            for c in g["cells"]:
-                p = pooled.setdefault((c["model"], c["context"]), [0.0, 0])
-                p[0], p[1] = p[0] + c["accuracy"] * c["n"], p[1] + c["n"]
-            for key, (a, n) in pooled.items():
-                acc.setdefault(key, []).append(a / n)
+            for key, (a,) in pool_cells(g["cells"], "accuracy").items():
+                acc.setdefault(key, []).append(a)
         if acc:
             out[name] = by_seed(acc)
     got, scores = [read_json(results, f"s{s}", folder, "needle_score_trials.json") for s in seeds], {}
@@ -278,14 +283,10 @@ def tables(s):
                                                       for k in cols)] for v, c in got.items() if v != "softmax"]))
     for name in ("needle", "passkey"):
         if name in s:
-            acc = {}
-            for c in s[name]:
-                a = acc.setdefault((c["model"], c["context"]), [0, 0, 0])
-                a[0], a[1], a[2] = a[0] + c["accuracy"] * c["n"], a[1] + c["first_digit"] * c["n"], a[2] + c["n"]
+            acc = pool_cells(s[name], "accuracy", "first_digit")
             ctx = sorted({k[1] for k in acc})
-            rate = lambda m, c, i: acc[m, c][i] / acc[m, c][2]
             out.append(f"### {name}: exact / first-digit accuracy per context (first seed)\n\n" + _table(
-                ["variant", *map(str, ctx)], [[m, *(f"{rate(m, c, 0):.2f} / {rate(m, c, 1):.2f}" for c in ctx)]
+                ["variant", *map(str, ctx)], [[m, *(f"{acc[m, c][0]:.2f} / {acc[m, c][1]:.2f}" for c in ctx)]
                                               for m in dict.fromkeys(k[0] for k in acc)]))
     return "\n".join(out)
 

@@ -1,0 +1,167 @@
+"""Issue #32: the pre-registered claims of RESULTS.md ("The full run's claims", 06:12 UTC, and "retrieval", 07:06 UTC)
+decided from results/cpu_char/summary.json by the rule written there, and nothing else: the training seed is the
+unit, each difference paired by seed; a cell is **reproduced** when its 95 % t interval excludes 0 on the paper's
+side and the sign-flip p < 0.05, **contradicted** when both hold on the other side, **inconclusive** otherwise, and
+gets no verdict under 10 seeds; a claim whose gate fails is **not testable**. A claim with several cells (windows,
+distances, models) is reproduced when every cell is, contradicted when one is and none is reproduced, else
+inconclusive (this aggregation was written on 2026-11-26 at 10:50 UTC, with 2 of the 10 seeds done).
+
+    .venv/bin/python results/cpu_char/verdicts.py [--summary results/cpu_char/summary.json]   # -> verdicts.md, .json
+"""
+import argparse, json, os, sys
+
+import numpy as np
+
+sys.path.insert(0, os.getcwd())  # run from the repo root
+from lib import compare  # noqa: E402
+
+MIN_SEEDS, ALPHA = 10, 0.05
+CONTEXT_GATE, RETRIEVAL_GATE = 0.3, 0.2
+
+
+def cell(d, side):
+    """d: one paired difference per seed; side: +1 or -1, the paper's expected sign."""
+    mean, sd, lo, hi = compare.seed_interval(d)
+    p = compare.sign_flip_p(d)
+    if len(d) < MIN_SEEDS:
+        verdict = f"no verdict ({len(d)} seeds)"
+    elif p < ALPHA and side * lo > 0 and side * hi > 0:
+        verdict = "reproduced"
+    elif p < ALPHA and side * lo < 0 and side * hi < 0:
+        verdict = "contradicted"
+    else:
+        verdict = "inconclusive"
+    return dict(mean=mean, lo=lo, hi=hi, p=p, n=len(d), verdict=verdict, per_seed=[float(x) for x in d])
+
+
+def aggregate(cells):
+    v = [c["verdict"] for c in cells]
+    if any(x.startswith("no verdict") for x in v):
+        return v[0]
+    if all(x == "reproduced" for x in v):
+        return "reproduced"
+    if "contradicted" in v and "reproduced" not in v:
+        return "contradicted"
+    return "inconclusive"
+
+
+def long_diffs(s, method, rope, model, window, base="softmax"):
+    """eval_long's per-seed mean difference model - softmax (per_seed: [mean, lo, hi] of each seed's sequences);
+    another base: the difference of the two models' differences to softmax, on the same sequences."""
+    rows = {(d["model"], d["rope"], d["window"]): [x[0] for x in d["per_seed"]]
+            for d in s[f"eval_long_{method}"]["differences"]}
+    d = np.array(rows[model, rope, window])
+    return d if base == "softmax" else d - np.array(rows[base, rope, window])
+
+
+def claims(s):
+    """[(claim, gate name, gate passed, [(label, d, side)])]: the pre-registered claims, their gates and cells."""
+    softmax_ctx = s["gates"]["softmax"]["context_gain"][0]
+    copies = s["copy_gate"]["softmax"]["gate"]
+    needle_1n = s["retrieval_native"]["needle"]["softmax"]["64"]["interval"][0]
+    passkey_1n = s["retrieval_native"]["passkey"]["softmax"]["64"]["interval"][0]
+    gates = {"context gate (softmax loss(1) - mean(N/2+1..N) >= 0.3)": softmax_ctx >= CONTEXT_GATE,
+             "copy gate (softmax ratio at N/2 <= 0.5)": copies,
+             "needle gate (softmax exact needle accuracy at 1 N, native θ, >= 0.2)": needle_1n >= RETRIEVAL_GATE,
+             "passkey gate (softmax exact passkey accuracy at 1 N, native θ, >= 0.2)": passkey_1n >= RETRIEVAL_GATE}
+    ctx, cp, nd, pk = gates
+    far, far2 = ("4x", "8x", "16x"), ("2x", "4x", "8x", "16x")
+    ratio = lambda key, m, k: np.array(s[key][m]["ratio_per_seed"][k])
+    acc = lambda key, m, c: np.array(s["retrieval"][key][m][c]["per_seed"])
+    score = lambda m, k: np.array(s["retrieval"]["needle_scores"][m][k]["per_seed"])
+    out = [
+        ("SSMax Fig. 5: after θ × 50, (b) and (c) keep their loss beyond N where (a) degrades: (b), (c) − (a), "
+         "eval_long windows 4 N-16 N", ctx,
+         [(f"{m} − softmax, {w}", long_diffs(s, "theta", "extended", m, w), -1) for m in ("ssmax", "ssmax_nos")
+          for w in far]),
+        ("SSMax Fig. 5: (d) between (b) and (a): (d) − (a) < 0 and (d) − (b) > 0 at 4 N-16 N", ctx,
+         [(f"ssmax_bias − softmax, {w}", long_diffs(s, "theta", "extended", "ssmax_bias", w), -1) for w in far]
+         + [(f"ssmax_bias − ssmax, {w}", long_diffs(s, "theta", "extended", "ssmax_bias", w, "ssmax"), +1)
+            for w in far]),
+        ("SSMax Fig. 5: (e) worse than (a) at short context: (e) − (a) at 1 N after θ × 50", ctx,
+         [("ssmax_e − softmax, 1x", long_diffs(s, "theta", "extended", "ssmax_e", "1x"), +1)]),
+        ("SSMax Fig. 5: (f) close to (b): (f) − (b) at 4 N-16 N (no equivalence margin was stated: reported, "
+         "inconclusive by the rule)", ctx,
+         [(f"ssmax_f − ssmax, {w}", long_diffs(s, "theta", "extended", "ssmax_f", w, "ssmax"), 0) for w in far]),
+        ("LSSAR Table 4: under Dynamic NTK, LSSA and LSSAR keep a lower loss than softmax at long prefixes "
+         "(prefix 4 N-16 N)", ctx,
+         [(f"{m} − softmax, prefix_{w}", long_diffs(s, "dynamic_ntk", "extended", m, f"prefix_{w}"), -1)
+          for m in ("lssa", "lssar") for w in far]),
+        ("SSMax Figs. 6-8 as copying: (b) copies past N under θ × 50 where (a) does not: ratio (b) − (a) at "
+         "2 N-16 N", cp,
+         [(f"ssmax − softmax, θ × 50, {k} N", ratio("copy_gate_theta50", "ssmax", k)
+           - ratio("copy_gate_theta50", "softmax", k), -1) for k in ("2", "4", "8", "16")]),
+        ("SSA: lower loss than softmax (val loss, SSA − softmax)", None,
+         [("ssa − softmax, val loss", np.array([x["val_loss"] for x in s["losses"]["ssa"]["per_seed"].values()])
+           - np.array([x["val_loss"] for x in s["losses"]["softmax"]["per_seed"].values()]), -1)]),
+        ("Stick-breaking: better length extrapolation without positions: copy ratio and loss windows past N, − "
+         "softmax (native θ)", cp,
+         [(f"stickbreaking − softmax, copy ratio {k} N", ratio("copy_gate", "stickbreaking", k)
+           - ratio("copy_gate", "softmax", k), -1) for k in ("2", "4", "8", "16")]
+         + [(f"stickbreaking − softmax, loss {w}", long_diffs(s, "theta", "native", "stickbreaking", w), -1)
+            for w in far2]),
+        ("FoX: better length extrapolation than a RoPE transformer: loss windows past N (native θ), − softmax", ctx,
+         [(f"fox − softmax, loss {w}", long_diffs(s, "theta", "native", "fox", w), -1) for w in far2]),
+        ("Rescalings (Qwen log-n, YaRN, Llama 4 with F = N) make a trained softmax copy past N: ratio, rescaled − "
+         "native softmax, 1 N-4 N", cp,
+         [(f"{r} − softmax, {k} N", ratio(f"copy_gate_{r}", "softmax", k) - ratio("copy_gate", "softmax", k), -1)
+          for r in ("qwen", "yarn", "llama4") for k in ("1", "2", "4")]),
+        ("SSMax Fig. 6: (b) retrieves the needle past N where (a) fails: exact accuracy (b) − (a), θ × 50, "
+         "2 N-8 N", nd,
+         [(f"ssmax − softmax, needle at {c}", acc("needle", "ssmax", c) - acc("needle", "softmax", c), +1)
+          for c in ("128", "256", "512")]),
+        ("SSMax Figs. 7-8: (b)'s best head puts more weight on the needle: score at 4 N, θ × 50, (b) − (a); "
+         "(b)'s needle − control span", nd,
+         [("ssmax − softmax, best-head needle score", score("ssmax", "top_score") - score("softmax", "top_score"),
+           +1), ("ssmax, needle − control span (best head)", score("ssmax", "top_minus_control"), +1)]),
+        ("LSSAR Fig. 3: LSSA and LSSAR keep retrieving the passkey past N: exact accuracy − softmax, θ × 50, "
+         "2 N-8 N", pk,
+         [(f"{m} − softmax, passkey at {c}", acc("passkey", m, c) - acc("passkey", "softmax", c), +1)
+          for m in ("lssa", "lssar") for c in ("128", "256", "512")]),
+    ]
+    values = dict(softmax_context_gain=softmax_ctx, softmax_copy_ratio=s["copy_gate"]["softmax"]["ratio"]["0.5"][0],
+                  softmax_needle_1n=needle_1n, softmax_passkey_1n=passkey_1n)
+    return out, gates, values
+
+
+def decide(s):
+    out, gates, values = claims(s)
+    rows = []
+    for claim, gate, cells in out:
+        got = [dict(label=label, side=side, **cell(d, side if side else 1)) for label, d, side in cells]
+        for c in got:
+            if c["side"] == 0 and not c["verdict"].startswith("no verdict"):
+                c["verdict"] = "inconclusive"  # "close to": no margin, no verdict either way
+        ok = True if gate is None else gates[gate]
+        rows.append(dict(claim=claim, gate=gate or "none (a loss within N)", gate_passed=ok, cells=got,
+                         verdict=aggregate(got) if ok else "not testable"))
+    return dict(seeds=s["seeds"], gate_values=values, gates=gates, claims=rows)
+
+
+def markdown(v):
+    g = v["gate_values"]
+    out = [f"Seeds: {len(v['seeds'])} ({', '.join(map(str, v['seeds']))}). Gate values (mean over seeds): softmax "
+           f"context gain {g['softmax_context_gain']:.3f}, copy ratio at N/2 {g['softmax_copy_ratio']:.2f}, needle "
+           f"accuracy at 1 N {g['softmax_needle_1n']:.2f}, passkey accuracy at 1 N {g['softmax_passkey_1n']:.2f}.\n",
+           "| claim | gate | cell: mean [95 % t interval], sign-flip p, verdict | claim's verdict |", "|---|---|---|---|"]
+    for r in v["claims"]:
+        cells = "<br>".join(f"{c['label']}: {c['mean']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}], p = {c['p']:.3f}, "
+                            f"{c['verdict']}" for c in r["cells"])
+        out.append(f"| {r['claim']} | {r['gate']}: {'passed' if r['gate_passed'] else '**failed**'} | {cells} | "
+                   f"**{r['verdict']}** |")
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    ap.add_argument("--summary", default=os.path.join("results", "cpu_char", "summary.json"))
+    ap.add_argument("--out", default=None, help="folder for verdicts.md/.json (default: the summary's)")
+    a = ap.parse_args()
+    with open(a.summary) as f:
+        v = decide(json.load(f))
+    out = a.out or os.path.dirname(a.summary)
+    with open(os.path.join(out, "verdicts.json"), "w") as f:
+        json.dump(v, f, indent=1)
+    with open(os.path.join(out, "verdicts.md"), "w") as f:
+        f.write(markdown(v))
+    print(markdown(v))
