@@ -6,7 +6,7 @@ gets no verdict under 10 seeds; a claim whose gate fails is **not testable**. A 
 distances, models) is reproduced when every cell is, contradicted when one is and none is reproduced, else
 inconclusive (this aggregation was written on 2026-11-26 at 10:50 UTC, with 2 of the 10 seeds done).
 
-    .venv/bin/python results/cpu_char/verdicts.py [--summary results/cpu_char/summary.json]   # -> verdicts.md, .json
+    .venv/bin/python results/cpu_char/verdicts.py [--summary results/cpu_char/summary.json]   # -> verdicts.md/.json/.png
 """
 import argparse, json, os, sys
 
@@ -152,6 +152,33 @@ def markdown(v):
     return "\n".join(out) + "\n"
 
 
+def figure(v, path):
+    """Every cell: each seed's paired difference (dots), the mean and its 95 % t interval (bar), signed so that the
+    paper's side is right of 0; one panel a claim."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    claims = v["claims"]
+    sizes = [len(r["cells"]) for r in claims]
+    fig, axes = plt.subplots(len(claims), 1, figsize=(9, 0.32 * sum(sizes) + 0.9 * len(claims)),
+                             gridspec_kw=dict(height_ratios=sizes))
+    for ax, r in zip(axes, claims):
+        for y, c in enumerate(r["cells"]):
+            sign = c["side"] or 1
+            ax.scatter(sign * np.array(c["per_seed"]), np.full(len(c["per_seed"]), y), s=8, color="grey", alpha=0.6)
+            lo, hi = sorted((sign * c["lo"], sign * c["hi"]))
+            color = {"reproduced": "tab:green", "contradicted": "tab:red"}.get(c["verdict"], "tab:blue")
+            ax.plot([lo, hi], [y, y], color=color, lw=2)
+            ax.plot(sign * c["mean"], y, "o", color=color)
+        ax.axvline(0, color="k", lw=0.5)
+        ax.set_yticks(range(len(r["cells"])), [c["label"] for c in r["cells"]], fontsize=6)
+        ax.set_title(f"{r['claim'][:110]} ({r['verdict']})", fontsize=7, loc="left")
+        ax.tick_params(axis="x", labelsize=6)
+    axes[-1].set_xlabel("paired difference, signed so that the paper's expected side is > 0 (dots: seeds)", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     ap.add_argument("--summary", default=os.path.join("results", "cpu_char", "summary.json"))
@@ -164,4 +191,5 @@ if __name__ == "__main__":
         json.dump(v, f, indent=1)
     with open(os.path.join(out, "verdicts.md"), "w") as f:
         f.write(markdown(v))
+    figure(v, os.path.join(out, "verdicts.png"))
     print(markdown(v))
