@@ -19,8 +19,8 @@ TOY = dict(
     train=dict(batch_size=2, gradient_accumulation_steps=1, max_iters=8, learning_rate=1e-3, warmup_iters=2,
                lr_schedule="constant", eval_interval=4, eval_iters=1, log_interval=4, device="cpu"),
     sft=dict(examples=6, max_iters=2, batch_size=2, learning_rate=1e-3),
-    eval=dict(num_seqs=2, gate_seqs=3, needle_contexts=[96], samples=1, passkey_contexts=[96], passkey_samples=1, score_context=96,
-              trials=2, batch_size=2))
+    eval=dict(num_seqs=2, gate_seqs=3, length_x=4, needle_contexts=[96], samples=1, passkey_contexts=[96],
+              passkey_samples=1, score_context=96, trials=2, batch_size=2))
 SUBSET = ("softmax", "ssmax", "ssmax_e", "ssmax_f", "lssar")  # softmax, (e) and (f) branch off it; the slowest scorer
 TOY["variants"] = SUBSET
 
