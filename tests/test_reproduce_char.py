@@ -6,12 +6,11 @@ import pytest
 import torch
 
 import reproduce
+from test_reproduce import TOY  # the GPT-2-token toy's model and training, shortened
 
 # characters with copies in every window, the copy gate, a zoo scorer; retrieval on every seed's models, no SFT
-TOY_CHAR = dict(dataset="english_char", model=dict(n_layer=1, n_head=2, n_embd=32, ffn_hidden=64, block_size=64),
-                train=dict(batch_size=2, gradient_accumulation_steps=1, max_iters=4, learning_rate=1e-3, warmup_iters=2,
-                           lr_schedule="constant", eval_interval=4, eval_iters=1, log_interval=4, device="cpu",
-                           copy_frac=1.0, copy_span=8, copy_kind="random"),
+TOY_CHAR = dict(dataset="english_char", model=TOY["model"],
+                train=dict(TOY["train"], max_iters=4, copy_frac=1.0, copy_span=8, copy_kind="random"),
                 eval=dict(num_seqs=1, gate_seqs=2, length_x=2, copy_seqs=2, needle_contexts=[64, 128], samples=1,
                           passkey_contexts=[64], passkey_samples=2, score_context=128, trials=2, batch_size=2),
                 variants=("softmax", "stickbreaking"))

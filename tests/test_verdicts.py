@@ -17,6 +17,7 @@ def test_a_cell_is_decided_by_its_interval_and_sign_flip_p_on_the_papers_side_an
     assert verdicts.cell(up - 0.2, +1)["verdict"] == "inconclusive"  # straddles 0
     assert verdicts.cell(np.zeros(10), +1)["verdict"] == "inconclusive"  # no difference: p = 1
     assert verdicts.cell(up[:9], +1)["verdict"] == "no verdict (9 seeds)"
+    assert verdicts.cell(up, 0)["verdict"] == "inconclusive"  # "close to": no margin was stated
     c = verdicts.cell(up, +1)
     assert c["lo"] < c["mean"] < c["hi"] and c["p"] == 2 / 1024 and c["n"] == 10
 

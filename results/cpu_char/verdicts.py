@@ -20,11 +20,14 @@ CONTEXT_GATE, RETRIEVAL_GATE = 0.3, 0.2
 
 
 def cell(d, side):
-    """d: one paired difference per seed; side: +1 or -1, the paper's expected sign."""
+    """d: one paired difference per seed; side: +1 or -1, the paper's expected sign; 0: "close to", which had no
+    margin, so no verdict either way."""
     mean, sd, lo, hi = compare.seed_interval(d)
     p = compare.sign_flip_p(d)
     if len(d) < MIN_SEEDS:
         verdict = f"no verdict ({len(d)} seeds)"
+    elif side == 0:
+        verdict = "inconclusive"
     elif p < ALPHA and side * lo > 0 and side * hi > 0:
         verdict = "reproduced"
     elif p < ALPHA and side * lo < 0 and side * hi < 0:
@@ -45,17 +48,16 @@ def aggregate(cells):
     return "inconclusive"
 
 
-def long_diffs(s, method, rope, model, window, base="softmax"):
-    """eval_long's per-seed mean difference model - softmax (per_seed: [mean, lo, hi] of each seed's sequences);
-    another base: the difference of the two models' differences to softmax, on the same sequences."""
-    rows = {(d["model"], d["rope"], d["window"]): [x[0] for x in d["per_seed"]]
-            for d in s[f"eval_long_{method}"]["differences"]}
-    d = np.array(rows[model, rope, window])
-    return d if base == "softmax" else d - np.array(rows[base, rope, window])
-
-
 def claims(s):
     """[(claim, gate name, gate passed, [(label, d, side)])]: the pre-registered claims, their gates and cells."""
+    # eval_long's per-seed mean difference to softmax (per_seed: [mean, lo, hi] of each seed's sequences)
+    to_softmax = {(method, d["model"], d["rope"], d["window"]): np.array([x[0] for x in d["per_seed"]])
+                  for method in ("theta", "dynamic_ntk") for d in s[f"eval_long_{method}"]["differences"]}
+
+    def long_diffs(method, rope, model, window, base="softmax"):  # another base: difference of the differences
+        d = to_softmax[method, model, rope, window]
+        return d if base == "softmax" else d - to_softmax[method, base, rope, window]
+
     softmax_ctx = s["gates"]["softmax"]["context_gain"][0]
     copies = s["copy_gate"]["softmax"]["gate"]
     needle_1n = s["retrieval_native"]["needle"]["softmax"]["64"]["interval"][0]
@@ -72,20 +74,20 @@ def claims(s):
     out = [
         ("SSMax Fig. 5: after θ × 50, (b) and (c) keep their loss beyond N where (a) degrades: (b), (c) − (a), "
          "eval_long windows 4 N-16 N", ctx,
-         [(f"{m} − softmax, {w}", long_diffs(s, "theta", "extended", m, w), -1) for m in ("ssmax", "ssmax_nos")
+         [(f"{m} − softmax, {w}", long_diffs("theta", "extended", m, w), -1) for m in ("ssmax", "ssmax_nos")
           for w in far]),
         ("SSMax Fig. 5: (d) between (b) and (a): (d) − (a) < 0 and (d) − (b) > 0 at 4 N-16 N", ctx,
-         [(f"ssmax_bias − softmax, {w}", long_diffs(s, "theta", "extended", "ssmax_bias", w), -1) for w in far]
-         + [(f"ssmax_bias − ssmax, {w}", long_diffs(s, "theta", "extended", "ssmax_bias", w, "ssmax"), +1)
+         [(f"ssmax_bias − softmax, {w}", long_diffs("theta", "extended", "ssmax_bias", w), -1) for w in far]
+         + [(f"ssmax_bias − ssmax, {w}", long_diffs("theta", "extended", "ssmax_bias", w, "ssmax"), +1)
             for w in far]),
         ("SSMax Fig. 5: (e) worse than (a) at short context: (e) − (a) at 1 N after θ × 50", ctx,
-         [("ssmax_e − softmax, 1x", long_diffs(s, "theta", "extended", "ssmax_e", "1x"), +1)]),
+         [("ssmax_e − softmax, 1x", long_diffs("theta", "extended", "ssmax_e", "1x"), +1)]),
         ("SSMax Fig. 5: (f) close to (b): (f) − (b) at 4 N-16 N (no equivalence margin was stated: reported, "
          "inconclusive by the rule)", ctx,
-         [(f"ssmax_f − ssmax, {w}", long_diffs(s, "theta", "extended", "ssmax_f", w, "ssmax"), 0) for w in far]),
+         [(f"ssmax_f − ssmax, {w}", long_diffs("theta", "extended", "ssmax_f", w, "ssmax"), 0) for w in far]),
         ("LSSAR Table 4: under Dynamic NTK, LSSA and LSSAR keep a lower loss than softmax at long prefixes "
          "(prefix 4 N-16 N)", ctx,
-         [(f"{m} − softmax, prefix_{w}", long_diffs(s, "dynamic_ntk", "extended", m, f"prefix_{w}"), -1)
+         [(f"{m} − softmax, prefix_{w}", long_diffs("dynamic_ntk", "extended", m, f"prefix_{w}"), -1)
           for m in ("lssa", "lssar") for w in far]),
         ("SSMax Figs. 6-8 as copying: (b) copies past N under θ × 50 where (a) does not: ratio (b) − (a) at "
          "2 N-16 N", cp,
@@ -98,10 +100,10 @@ def claims(s):
          "softmax (native θ)", cp,
          [(f"stickbreaking − softmax, copy ratio {k} N", ratio("copy_gate", "stickbreaking", k)
            - ratio("copy_gate", "softmax", k), -1) for k in ("2", "4", "8", "16")]
-         + [(f"stickbreaking − softmax, loss {w}", long_diffs(s, "theta", "native", "stickbreaking", w), -1)
+         + [(f"stickbreaking − softmax, loss {w}", long_diffs("theta", "native", "stickbreaking", w), -1)
             for w in far2]),
         ("FoX: better length extrapolation than a RoPE transformer: loss windows past N (native θ), − softmax", ctx,
-         [(f"fox − softmax, loss {w}", long_diffs(s, "theta", "native", "fox", w), -1) for w in far2]),
+         [(f"fox − softmax, loss {w}", long_diffs("theta", "native", "fox", w), -1) for w in far2]),
         ("Rescalings (Qwen log-n, YaRN, Llama 4 with F = N) make a trained softmax copy past N: ratio, rescaled − "
          "native softmax, 1 N-4 N", cp,
          [(f"{r} − softmax, {k} N", ratio(f"copy_gate_{r}", "softmax", k) - ratio("copy_gate", "softmax", k), -1)
@@ -128,10 +130,7 @@ def decide(s):
     out, gates, values = claims(s)
     rows = []
     for claim, gate, cells in out:
-        got = [dict(label=label, side=side, **cell(d, side if side else 1)) for label, d, side in cells]
-        for c in got:
-            if c["side"] == 0 and not c["verdict"].startswith("no verdict"):
-                c["verdict"] = "inconclusive"  # "close to": no margin, no verdict either way
+        got = [dict(label=label, side=side, **cell(d, side)) for label, d, side in cells]
         ok = True if gate is None else gates[gate]
         rows.append(dict(claim=claim, gate=gate or "none (a loss within N)", gate_passed=ok, cells=got,
                          verdict=aggregate(got) if ok else "not testable"))
