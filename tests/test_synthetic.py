@@ -108,6 +108,8 @@ def test_the_suite_trains_evaluates_reports_and_skips_finished_runs(tmp_path, mo
     summary = json.load(open(res / "summary.json"))
     first = summary["tasks_summary"]["first"]
     assert first["gate"]["rule"] and summary["tasks"]["first"]["seeds"] == [0, 1]
+    assert summary["command"] == ("python reproduce.py --suite synthetic --tasks first --settings softmax softmax-logN "
+                                  "softmax-qwen --seeds 0 1")  # the subset as run: how to rerun it
     assert first["contrasts"][0]["a"] == "softmax-logN" and first["contrasts"][0]["b"] == "softmax"
     for f in ("horizons.png", "accuracy.png", "attention.png", "tables.md"):
         assert (res / f).stat().st_size > 0
