@@ -77,6 +77,9 @@ SUITE = {
     # qwen and the constant log N added after softmax itself held longer at 4x (RESULTS.md): is it the budget?
     "recall-long": Entry("recall", ("max_iters=3200", "lr_decay_iters=3200", "eval_interval=1600"), LONG, seeds=10,
                          settings=("softmax", "stickbreaking", "fox", "ssmax", "softmax-qwen", "softmax-logN")),
+    # FIRST with 4x the iterations: is its verdict the budget too? (--tasks first-long; RESULTS.md)
+    "first-long": Entry("first", ("max_iters=6000", "lr_decay_iters=6000", "eval_interval=3000"), LONG, seeds=10,
+                        settings=("softmax", "ssmax", "softmax-logN")),
 }
 DEFAULT_TASKS = ["first", "recall", "recall-rope", "every", "some", "linear"]
 QUICK = dict(tasks=["first"], settings=["softmax", "ssmax", "softmax-logN"], seeds=6)  # 6: a sign-flip p < 0.05

@@ -28,6 +28,7 @@ CLAIMS = {"ssmax": "SSMax paper (logits x s log n)", "ssmax-fixed-s": "Chiang & 
           "softmax-llama4": "Llama 4's temperature tuning (training-free, F = N)"}
 # verdict endpoints: (condition, rope, multiple; None = longest)
 PRIMARY = {"first": [("", "nope", None)], "recall": [("", "nope", None)], "recall-long": [("", "nope", None)],
+           "first-long": [("", "nope", None)],
            "recall-rope": [("", r, None) for r in ("plain", "theta", "dynamic_ntk")],
            "every": [("sigma=10", "nope", None)], "some": [("sigma=10", "nope", None)],
            "linear": [("sigma=4", "plain", 1)]}
