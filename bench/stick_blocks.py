@@ -18,22 +18,13 @@ import sys
 from unittest import mock
 
 import torch
-import triton
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(BENCH), BENCH]
 import kernels_stick  # noqa: E402
+from attention import _measure  # noqa: E402  (bench/attention.py's timing: warm-up outside, do_bench median, MiB)
 
 MS, NS, WARPS, STAGES = (16, 32, 64, 128), (16, 32, 64), (4, 8), (1, 2)  # 48: ~5 s each on an H100 (compiles)
-
-
-def _time(fn, cuda):
-    """ms: Triton's do_bench median on CUDA (it compiles in its warm-up); one timed call under the interpreter."""
-    if not cuda:
-        import time
-        t0 = time.perf_counter()
-        fn()
-        return 1e3 * (time.perf_counter() - t0)
-    return triton.testing.do_bench(fn, return_mode="median")
 
 
 def _run(q, k, v, do):
@@ -45,7 +36,7 @@ def _run(q, k, v, do):
 
 
 def sweep(shapes, candidates, dtype=torch.bfloat16, device="cuda", out=None):
-    """Rows (B, H, T, D, candidate, fwd_ms, fwdbwd_ms, bwd_ms, max_err, status) for every shape x candidate."""
+    """Rows (B, H, T, D, candidate, fwd_ms, fwdbwd_ms, bwd_ms, max_err, peak_mib, status), every shape x candidate."""
     cuda, rows = device != "cpu", []
     print(f"{'B':>3}{'H':>4}{'T':>7}{'D':>5} {'M':>4}{'N':>4}{'w':>3}{'s':>3}",
           *(f"{c:>10}" for c in ("fwd ms", "f+b ms", "bwd ms", "max err")))
@@ -56,7 +47,7 @@ def sweep(shapes, candidates, dtype=torch.bfloat16, device="cuda", out=None):
         scale = max(t.float().abs().max().item() for t in base)
         for M, N, w, s in candidates:
             row = dict(B=B, H=H, T=T, D=D, BLOCK_M=M, BLOCK_N=N, warps=w, stages=s, fwd_ms=None, fwdbwd_ms=None,
-                       bwd_ms=None, max_err=None, status="ok", device=torch.cuda.get_device_name() if cuda else "cpu",
+                       bwd_ms=None, max_err=None, peak_mib=None, status="ok", device=torch.cuda.get_device_name() if cuda else "cpu",
                        dtype=str(dtype)[6:])
             tiles = lambda dtype, Tq=None: (M, N, w, s)  # noqa: E731 (every candidate's M >= 16: decoding fits)
             try:
@@ -64,8 +55,8 @@ def sweep(shapes, candidates, dtype=torch.bfloat16, device="cuda", out=None):
                     got = _run(q, k, v, do)
                     row["max_err"] = max((a.float() - b.float()).abs().max().item() for a, b in zip(got, base)) / scale
                     with torch.no_grad():
-                        row["fwd_ms"] = _time(lambda: kernels_stick.attention(q, k, v), cuda)
-                    row["fwdbwd_ms"] = _time(lambda: _run(q, k, v, do), cuda)
+                        row["fwd_ms"], _ = _measure(lambda: kernels_stick.attention(q, k, v), [], cuda)
+                    row["fwdbwd_ms"], row["peak_mib"] = _measure(lambda: _run(q, k, v, do), [], cuda)
                     row["bwd_ms"] = row["fwdbwd_ms"] - row["fwd_ms"]
                 if row["max_err"] > 2e-2:  # bf16 sums in another order differ by ~1e-3 of the largest value
                     row["status"] = "wrong"
