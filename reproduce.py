@@ -13,14 +13,18 @@ repeat a code (train.py's copy_frac), adds the copy gate (eval_copy.py) and the 
 needle, needle scores and passkey in characters on every seed's models, without a fine-tune. Runs live in
 out-repro-<name>/s<seed>/, results in out-results/<name>/ (results/<name>/ with --commit-results). A step whose
 output exists is skipped, so an interrupted reproduction resumes; on a CPU, --jobs seeds run at once (one core each).
+The runs are scratch: training runs only when an evaluation is missing, and what the report needs of it is kept in
+the results (lib/runs.py), so results/<name>/ alone resumes on a new machine (--commit-results gzips its CSVs).
 report.py writes summary.json, the numbers RESULTS.md quotes.
 """
-import argparse, json, os, shutil, subprocess, sys, time
+import argparse, os, shutil, sys, time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from lib import report
+from lib.runs import (REPO, complete, done, iter_of, keep_train_log, kv, pack, read_train_logs, step,
+                      trained)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Scales: model = GPTConfig, train = TrainConfig
@@ -84,46 +88,7 @@ COPY_RUNS = {"copy": [], "copy_theta50": ["--rope_method", "theta", "--rope_scal
 # retrieval gate is read (θ x 50 also changes a model inside N)
 RETRIEVAL_RUNS = {"needle": [], "needle_native": ["--rope_method", "none"]}
 COPY_DISTANCES = ["0.25", "0.5", "0.75", "1", "2", "4", "8", "16"]
-# make glibc keep freed memory: no page faults per batch
-REUSE_FREED_MEMORY = dict(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**31 - 1))
-REPO = os.path.dirname(os.path.abspath(__file__))
 DATASET = "english"  # prepare_data.py: Shakespeare + King James Bible
-
-
-def kv(d):
-    return [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in d.items()]
-
-
-def step(name, cmd, results, done=None, threads=None):
-    """Run one command unless `done` (a path) exists; log its command line and wall time. threads: its cores."""
-    if done and os.path.exists(done):
-        print(f"[skip] {name}: {done} exists")
-        return
-    print(f"[run] {name}: {' '.join(cmd)}", flush=True)
-    t0 = time.time()
-    subprocess.run([sys.executable, os.path.join(REPO, cmd[0]), *cmd[1:]], check=True,  # outputs under the cwd
-                   env={**os.environ, **REUSE_FREED_MEMORY, **({"OMP_NUM_THREADS": str(threads)} if threads else {})})
-    with open(os.path.join(results, "steps.jsonl"), "a") as f:
-        f.write(json.dumps(dict(step=name, command=" ".join(cmd), wall_s=round(time.time() - t0, 1))) + "\n")
-
-
-def complete(out_dir, variants):
-    """eval_long.py's summary.json if it holds every variant, else None: it is rewritten after each model, so a
-    partial one must not pass for done."""
-    path = os.path.join(out_dir, "summary.json")
-    summary = report.read_json(path)
-    return path if summary and {m["label"] for m in summary["models"]} >= set(variants) else None
-
-
-def iter_of(path):
-    from lib.checkpoint import read_checkpoint  # mmap: reads the pickle, not the tensors
-    return read_checkpoint(path, mmap=True)["iter_num"] if os.path.isfile(path) else None
-
-
-def trained(path, iters):
-    """path if its checkpoint reached iteration `iters`, else None: train.py checkpoints at every evaluation,
-    iteration 0 included, so a run cut short leaves a ckpt.pt that must not pass for done."""
-    return path if iter_of(path) == iters else None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -134,7 +99,7 @@ def train_all(S, runs, results, data_dir, seed, variants, threads):
     base = ["train.py", *kv(S["model"]), *kv(S["train"]), f"dataset={S.get('dataset', DATASET)}",
             f"data_dir={data_dir}", f"seed={seed}"]
     ckpt = lambda v: os.path.join(runs, v, "ckpt.pt")
-    run = lambda name, cmd, done=None: step(name + f" (seed {seed})", cmd, results, done, threads)
+    run = lambda name, cmd, out=None: step(name + f" (seed {seed})", cmd, results, out, threads)
     # softmax in two legs: (f) branches off at the switch
     k = int(SWITCH_AT * M)
     if iter_of(ckpt("softmax")) != M:
@@ -160,11 +125,12 @@ def train_all(S, runs, results, data_dir, seed, variants, threads):
 
 
 def seed_steps(S, seed, runs, results, data, variants, threads, skip):
-    """One seed: its training, then the gates, eval_long under θ x 50 and Dynamic NTK, and the copy gate."""
-    train_all(S, runs, results, os.path.dirname(data), seed, variants, threads)
+    """One seed: the gates, eval_long under θ x 50 and Dynamic NTK, the copy gate and retrieval, after its training
+    (kept as s<seed>/train_log.csv.gz), which runs only when one of them is missing: results resume anywhere."""
     E, N = S["eval"], S["model"]["block_size"]
     ckpts, common = [os.path.join(runs, v, "ckpt.pt") for v in variants], ["--data", data, "--seed", "0"]
-    run = lambda name, cmd, done: step(name + f" (seed {seed})", cmd, results, done, threads)
+    todo = []  # (name, command, output): run after training
+    run = lambda name, cmd, out: todo.append((name + f" (seed {seed})", cmd, out))
     # gates (RESULTS.md): loss by position at trained θ; many: position 1 has one token per sequence
     gate = os.path.join(results, f"s{seed}", "gate")
     run("gate", ["eval_long.py", *ckpts, *common, "--length", str(N), "--rope_method", "none", "--num_seqs",
@@ -185,7 +151,12 @@ def seed_steps(S, seed, runs, results, data, variants, threads, skip):
             os.path.join(out, "summary.json"))
     for name, how in RETRIEVAL_RUNS.items() if "sft" not in S else ():  # no fine-tuning: every seed's models
         retrieval_steps(E, ckpts, ckpts, variants, common + how, os.path.join(results, f"s{seed}", name),
-                        lambda step_name, cmd, done: run(step_name + name[6:].replace("_", " "), cmd, done), skip)
+                        lambda step_name, cmd, out: run(step_name + name[6:].replace("_", " "), cmd, out), skip)
+    if not all(done(out) for *_, out in todo):
+        train_all(S, runs, results, os.path.dirname(data), seed, variants, threads)
+        keep_train_log(runs, variants, os.path.join(results, f"s{seed}", "train_log.csv.gz"))
+    for name, cmd, out in todo:
+        step(name, cmd, results, out, threads)
 
 
 def retrieval_steps(E, ckpts, sft_ckpts, variants, common, out, run, skip):
@@ -203,13 +174,21 @@ def retrieval_steps(E, ckpts, sft_ckpts, variants, common, out, run, skip):
                         "--samples", str(E["passkey_samples"]), *nl], os.path.join(out, "passkey.json"))
 
 
-def sft_retrieval(S, runs, results, data, variants, common, skip):
-    """Retrieval on the first seed's models after a short retrieval fine-tune (synthetic SFT works offline)."""
+def sft_retrieval(S, seed, runs, results, data, variants, common, skip):
+    """Retrieval on the first seed's models after a short retrieval fine-tune (synthetic SFT works offline); the
+    models train again (train_all: a no-op when they exist) only when a retrieval output is missing."""
     E, N, sft_dir = S["eval"], S["model"]["block_size"], os.path.join(runs, "sft")
+    ckpts, sft_ckpts = ([os.path.join(runs, *sub, v, "ckpt.pt") for v in variants] for sub in ((), ("sft",)))
+    todo = []
+    retrieval_steps(E, ckpts, sft_ckpts, variants, common, os.path.join(results, "needle"),
+                    lambda name, cmd, out: todo.append((name, cmd, out)), skip)
+    if all(done(out) for *_, out in todo):
+        return
+    train_all(S, runs, results, os.path.dirname(data), seed, variants, None)
     if "needle" not in skip or "score" not in skip:
         step("sft data", ["needle.py", "sft_data", "--synthetic", str(S["sft"]["examples"]), "--data", data,
                           "--sft_length", str(N), "--out_dir", sft_dir], results,
-             done=os.path.join(sft_dir, "sft_synthetic.jsonl"))
+             os.path.join(sft_dir, "sft_synthetic.jsonl"))
         sft = dict(sft_data=os.path.join(sft_dir, "sft_synthetic.jsonl"), block_size=N,
                    max_iters=S["sft"]["max_iters"], batch_size=S["sft"]["batch_size"], gradient_accumulation_steps=1,
                    learning_rate=S["sft"]["learning_rate"], lr_schedule="cosine", lr_decay_iters=S["sft"]["max_iters"],
@@ -218,10 +197,9 @@ def sft_retrieval(S, runs, results, data, variants, common, skip):
         for v in variants:
             step(f"sft {v}", ["train.py", *kv({**sft, "init_from": os.path.join(runs, v, "ckpt.pt"),
                                                "out_dir": os.path.join(sft_dir, v), "resume": True})],
-                 results, done=trained(os.path.join(sft_dir, v, "ckpt.pt"), S["sft"]["max_iters"]))
-    ckpts, sft_ckpts = ([os.path.join(runs, *sub, v, "ckpt.pt") for v in variants] for sub in ((), ("sft",)))
-    retrieval_steps(E, ckpts, sft_ckpts, variants, common, os.path.join(results, "needle"),
-                    lambda name, cmd, done: step(name, cmd, results, done), skip)
+                 results, trained(os.path.join(sft_dir, v, "ckpt.pt"), S["sft"]["max_iters"]))
+    for name, cmd, out in todo:
+        step(name, cmd, results, out)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -284,15 +262,17 @@ def main(argv=None):
         list(pool.map(lambda sr: seed_steps(S, *sr, results, data, variants, 1 if jobs > 1 else None, a.skip),
                       roots.items()))
     M = S["train"]["max_iters"]
-    rows = report.loss_curves(roots, results, labels, int(SWITCH_AT * M), M)
+    rows = report.loss_curves(read_train_logs(results, a.seeds), results, labels, int(SWITCH_AT * M), M)
     if "sft" in S:  # else every seed's retrieval ran in seed_steps
-        sft_retrieval(S, roots[a.seeds[0]], results, data, variants, common, a.skip)
+        sft_retrieval(S, a.seeds[0], roots[a.seeds[0]], results, data, variants, common, a.skip)
     if a.scale == "gpu" and "bench" not in a.skip:
         step("kernel benchmark", [os.path.join("bench", "attention.py"), "--out", os.path.join(results, "kernels")],
-             results, done=os.path.join(results, "kernels.png"))
+             results, os.path.join(results, "kernels.png"))
     report.summarize(results, roots, labels, N, rows, list(COPY_RUNS), scale=a.scale, dataset=DATA, config=S,
                      tokens_per_variant=S["train"]["batch_size"] * N * M
                      * S["train"]["gradient_accumulation_steps"], wall_s=round(time.time() - t0, 1))
+    if a.commit_results:
+        pack(results, a.seeds)
     print(f"done: {results}/summary.json")
 
 if __name__ == "__main__":

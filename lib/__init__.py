@@ -11,6 +11,7 @@ What the scripts share; nothing here is run directly.
     tracking.py           log.jsonl, loss.png, progress lines, MFU, wandb, an evaluation's results folder
     rescale.py            training-free rescalings of a softmax model's logits (qwen, yarn, llama4) for the evals
     compare.py            the statistics: paired bootstrap and seed-level t intervals, sign-flip p, horizons, CSVs
+    runs.py               a reproduction's steps: skip what is done, keep what the report needs beyond the runs
     report.py             a language-model reproduction read back: summary.json, gates, tables.md
     synthetic.py          the synthetic suite: its tasks, settings and seeds, the runs in two worker processes
     synthetic_report.py   the suite's statistics with the seed as the unit, verdicts, summary.json, tables.md

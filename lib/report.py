@@ -3,7 +3,7 @@ Reading a reproduction back (reproduce.py writes, this reads): the training-loss
 gates RESULTS.md states before its results, and summary.json, where every number is a mean over the training seeds
 with its sample sd and 95 % Student-t interval (compare.seed_interval).
 
-The layout it reads: <runs>/s<seed>/<variant>/log.jsonl (train.py), <results>/s<seed>/eval_long_<method>/ and
+The layout it reads: <results>/s<seed>/train_log.csv.gz (lib/runs.py), <results>/s<seed>/eval_long_<method>/ and
 <results>/s<seed>/gate/ (eval_long.py) and <results>/needle/ (needle.py, the first seed's fine-tuned models) or,
 without fine-tuning, <results>/s<seed>/needle/ (every seed's).
 """
@@ -23,18 +23,18 @@ def read_log(path):
     return [json.loads(line) for line in open(path)]
 
 
-def loss_curves(roots, results, variants, switch_iter, max_iters):
+def loss_curves(logs, results, variants, switch_iter, max_iters):
     """SSMax Fig. 4: every variant's training loss (moving average), the mean over seeds with their range as a band;
-    train_loss.csv: every eval of every seed. roots: {seed: runs folder}; variants: {name: legend}. Returns the CSV's
-    rows. The (f) variant's log starts at the switch: the softmax run's steps before it are its first part."""
+    train_loss.csv: every eval of every seed. logs: {seed: {variant: records}} (runs.read_train_logs); variants:
+    {name: legend}. Returns the CSV's rows. The (f) variant's log starts at the switch: the softmax run's steps before
+    it are its first part. A seed whose log kept only the evaluations adds rows, not a curve."""
     rows, curves = [], {}
     for v in variants:
-        for seed, runs in roots.items():
-            log = read_log(os.path.join(runs, v, "log.jsonl"))
-            if v == "ssmax_f":
-                soft = read_log(os.path.join(runs, "softmax", "log.jsonl"))
-                log = [r for r in soft if r.get("iter", switch_iter) < switch_iter] + log  # not the header
-            curves.setdefault(v, []).append(dict(sorted((r["iter"], r["loss"]) for r in log if "loss" in r)))
+        for seed, by in logs.items():
+            log = by.get(v, []) if v != "ssmax_f" else [r for r in by["softmax"] if r["iter"] < switch_iter] + by[v]
+            curve = dict(sorted((r["iter"], r["loss"]) for r in log if "loss" in r))
+            if curve:
+                curves.setdefault(v, []).append(curve)
             rows += [dict(variant=v, seed=seed, iter=r["iter"], train_loss=r["train_loss"], val_loss=r["val_loss"])
                      for r in log if "val_loss" in r]
     w = max(1, max_iters // 20)
@@ -49,7 +49,8 @@ def loss_curves(roots, results, variants, switch_iter, max_iters):
             ax.fill_between(x[w - 1:], y.min(0), y.max(0), color=f"C{c % 10}", alpha=0.15, lw=0)
     ax.axvline(switch_iter, color="gray", ls=":", lw=0.8)
     ax.set(xlabel="iteration", ylabel=f"training loss (moving average of {w} steps)",
-           title=f"Training loss (SSMax paper Fig. 4): mean of {len(roots)} seeds, band = their range; dotted: the "
+           title=f"Training loss (SSMax paper Fig. 4): mean of {max(map(len, curves.values()), default=0)} seeds, "
+                 "band = their range; dotted: the "
                  "(f) switch")
     ax.title.set_fontsize(9)
     ax.legend(fontsize=7)
@@ -71,11 +72,12 @@ def loss_table(rows, variants, seeds, baseline="softmax"):
     """Each variant's last eval: train and val loss over seeds, and its val loss minus the baseline's, paired by
     seed (the same data order and initial draw)."""
     last = {(r["variant"], r["seed"]): r for r in rows}  # iteration order: the last eval wins
-    return {v: dict(per_seed={s: last[v, s] for s in seeds},
-                    train=compare.seed_interval([last[v, s]["train_loss"] for s in seeds]),
-                    val=compare.seed_interval([last[v, s]["val_loss"] for s in seeds]),
+    have = lambda *vs: [s for s in seeds if all((v, s) in last for v in vs)]  # a lost training log: no rows
+    return {v: dict(per_seed={s: last[v, s] for s in have(v)},
+                    train=compare.seed_interval([last[v, s]["train_loss"] for s in have(v)]),
+                    val=compare.seed_interval([last[v, s]["val_loss"] for s in have(v)]),
                     val_minus_baseline=compare.seed_interval([last[v, s]["val_loss"] - last[baseline, s]["val_loss"]
-                                                              for s in seeds])) for v in variants}
+                                                              for s in have(v, baseline)])) for v in variants}
 
 
 def long_context(results, seeds, variants, method):
@@ -236,9 +238,9 @@ def tables(s):
     out.append("### The same minus softmax's, paired by seed (mean [95% t interval])\n\n" + _table(
         ["variant", "context use − softmax's", "distant context − softmax's"],
         [[v, _ci(g["context_gain"]), _ci(g["distant_gain"])] for v, g in s.get("gates_minus_softmax", {}).items()]))
-    out.append(f"### Final losses ({seeds} seeds: mean ± sd; val − softmax paired by seed, 95% t interval)\n\n"
-               + _table(["variant", "train loss", "val loss", "val − softmax"],
-        [[s["variants"][v], _pm(x["train"], 4), _pm(x["val"], 4), _ci(x["val_minus_baseline"], 4)]
+    out.append("### Final losses (mean ± sd over the seeds whose training log was kept; val − softmax paired by "
+               "seed, 95% t interval)\n\n" + _table(["variant", "seeds", "train loss", "val loss", "val − softmax"],
+        [[s["variants"][v], len(x["per_seed"]), _pm(x["train"], 4), _pm(x["val"], 4), _ci(x["val_minus_baseline"], 4)]
          for v, x in s["losses"].items()]))
     for method in ("theta", "dynamic_ntk"):
         got = s.get(f"eval_long_{method}")

@@ -3,12 +3,13 @@ variant's settings are checked to build a model), every evaluation writes its ou
 seeds with intervals, and a rerun skips every finished step. CPU, tiny models (the GPT-2 vocabulary of `english`)."""
 import json
 import math
+import shutil
 
 import pytest
 import torch
 
 from lib import compare
-from lib import report
+from lib import report, runs
 import reproduce
 from lib.config import TrainConfig, model_config, parse_args
 from lib.checkpoint import save_checkpoint
@@ -28,7 +29,7 @@ TOY["variants"] = SUBSET
 @pytest.mark.parametrize("variant", [v for v, (over, _) in reproduce.VARIANTS.items() if over is not None])
 def test_every_variant_trained_from_scratch_has_settings_that_build_a_model(variant):
     over = reproduce.VARIANTS[variant][0]
-    explicit = parse_args(reproduce.kv({**reproduce.SCALES["cpu"]["model"], **over}))
+    explicit = parse_args(runs.kv({**reproduce.SCALES["cpu"]["model"], **over}))
     args, _ = model_config(TrainConfig(**explicit), explicit, None, False)
     assert args["scorer"] == over["scorer"]
 
@@ -88,6 +89,13 @@ def test_two_seeds_every_evaluation_and_a_rerun_that_skips_finished_steps(tmp_pa
     reproduce.main(["--scale", "toy", "--seeds", "1", "2"])  # everything is done: nothing runs again
     assert len(open(res / "steps.jsonl").readlines()) == len(steps)
 
+    # the runs folder is scratch (a new machine): the results alone resume, with no training and the same report
+    shutil.rmtree(tmp_path / "out-repro-toy")
+    reproduce.main(["--scale", "toy", "--seeds", "1", "2"])
+    assert len(open(res / "steps.jsonl").readlines()) == len(steps) and not (tmp_path / "out-repro-toy").exists()
+    assert open(res / "train_loss.csv").read().splitlines() == rows
+    assert json.load(open(res / "summary.json"))["losses"] == losses
+
 
 def test_context_gates_on_a_hand_made_curve():
     # N = 32: position 1 at 4, positions 2-16 at 3, the second half (17-32) at 2.5; positions beyond N are not read
@@ -107,19 +115,19 @@ def test_an_interrupted_evaluation_is_not_taken_for_done(tmp_path):
     out.mkdir()
     write = lambda labels: (out / "summary.json").write_text(json.dumps({"models": [{"label": v} for v in labels]}))
     write(list(reproduce.VARIANTS)[:2])
-    assert reproduce.complete(str(out), reproduce.PAPERS) is None
+    assert runs.complete(str(out), reproduce.PAPERS) is None
     write(list(reproduce.VARIANTS))
-    assert reproduce.complete(str(out), reproduce.PAPERS) == str(out / "summary.json")
+    assert runs.complete(str(out), reproduce.PAPERS) == str(out / "summary.json")
 
 
 def test_a_run_cut_short_is_not_taken_for_trained(tmp_path):
     # train.py checkpoints at every evaluation, iteration 0 included: a ckpt.pt alone does not mean the run finished
     path = str(tmp_path / "ckpt.pt")
-    assert reproduce.trained(path, 40) is None
+    assert runs.trained(path, 40) is None
     save_checkpoint({"model": {}, "model_args": {}, "iter_num": 0}, path)
-    assert reproduce.trained(path, 40) is None
+    assert runs.trained(path, 40) is None
     save_checkpoint({"model": {}, "model_args": {}, "iter_num": 40}, path)
-    assert reproduce.trained(path, 40) == path
+    assert runs.trained(path, 40) == path
 
 
 def test_the_cpu_char_scale_trains_what_configs_cpu_char_py_trains():
@@ -138,3 +146,35 @@ def test_a_variant_subset_without_softmax_or_outside_the_scale_is_one_error_line
     assert str(e.value.code).startswith(f"error: --variants {' '.join(chosen)}: they must be cpu_char's and include "
                                         "softmax") and "\n" not in str(e.value.code)
     assert not (tmp_path / "out-results").exists()  # refused before anything is written
+
+
+def test_the_kept_training_log_reads_back_what_train_py_logged(tmp_path):
+    # the runs folder is scratch: the report's curves and loss table come from this copy
+    (tmp_path / "runs" / "softmax").mkdir(parents=True)
+    log = [{"config": {"seed": 1}}, {"iter": 0, "train_loss": 4.5, "val_loss": 4.25}, {"iter": 0, "loss": 4.123456},
+           {"iter": 1, "loss": 3.5, "lr": 1e-3}]
+    (tmp_path / "runs" / "softmax" / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    runs.keep_train_log(str(tmp_path / "runs"), ["softmax"], str(tmp_path / "res" / "s7" / "train_log.csv.gz"))
+    got = runs.read_train_logs(str(tmp_path / "res"), [7, 8])  # seed 8 kept nothing: left out
+    assert got == {7: {"softmax": [{"iter": 0, "train_loss": 4.5, "val_loss": 4.25}, {"iter": 0, "loss": 4.1235},
+                                   {"iter": 1, "loss": 3.5}]}}
+
+
+def test_packing_gzips_each_seeds_csvs_but_what_the_report_reads(tmp_path):
+    import gzip
+    for sub in ("gate/per_position.csv", "copy/per_sequence.csv"):
+        (tmp_path / "s1" / sub).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "s1" / sub).write_text("a,b\n1,2\n")
+    runs.pack(str(tmp_path), [1])
+    runs.pack(str(tmp_path), [1])  # a rerun changes nothing
+    assert (tmp_path / "s1" / "gate" / "per_position.csv").read_text() == "a,b\n1,2\n"
+    assert sorted(p.name for p in (tmp_path / "s1" / "copy").iterdir()) == ["per_sequence.csv.gz"]
+    assert gzip.open(tmp_path / "s1" / "copy" / "per_sequence.csv.gz", "rt").read() == "a,b\n1,2\n"
+
+
+def test_a_seed_whose_training_log_was_lost_drops_out_of_the_loss_table_only_where_it_lacks_rows():
+    row = lambda v, s, val: dict(variant=v, seed=s, iter=8, train_loss=val, val_loss=val)
+    rows = [row("softmax", 1, 2.0), row("ssmax", 1, 1.5), row("softmax", 2, 3.0), row("ssmax", 3, 1.0)]
+    t = report.loss_table(rows, ["softmax", "ssmax"], [1, 2, 3])
+    assert list(t["softmax"]["per_seed"]) == [1, 2] and list(t["ssmax"]["per_seed"]) == [1, 3]
+    assert t["ssmax"]["val_minus_baseline"][0] == -0.5  # paired on seed 1 alone

@@ -48,6 +48,12 @@ def aggregate(cells):
     return "inconclusive"
 
 
+def val_diff(s, model):
+    """model's final val loss minus softmax's, paired by seed: only seeds with both (a seed's lost training log)."""
+    a, b = s["losses"][model]["per_seed"], s["losses"]["softmax"]["per_seed"]
+    return np.array([a[k]["val_loss"] - b[k]["val_loss"] for k in a if k in b])
+
+
 def claims(s):
     """[(claim, gate name, gate passed, [(label, d, side)])]: the pre-registered claims, their gates and cells."""
     # eval_long's per-seed mean difference to softmax (per_seed: [mean, lo, hi] of each seed's sequences)
@@ -94,8 +100,7 @@ def claims(s):
          [(f"ssmax − softmax, θ × 50, {k} N", ratio("copy_gate_theta50", "ssmax", k)
            - ratio("copy_gate_theta50", "softmax", k), -1) for k in ("2", "4", "8", "16")]),
         ("SSA: lower loss than softmax (val loss, SSA − softmax)", None,
-         [("ssa − softmax, val loss", np.array([x["val_loss"] for x in s["losses"]["ssa"]["per_seed"].values()])
-           - np.array([x["val_loss"] for x in s["losses"]["softmax"]["per_seed"].values()]), -1)]),
+         [("ssa − softmax, val loss", val_diff(s, "ssa"), -1)]),
         ("Stick-breaking: better length extrapolation without positions: copy ratio and loss windows past N, − "
          "softmax (native θ)", cp,
          [(f"stickbreaking − softmax, copy ratio {k} N", ratio("copy_gate", "stickbreaking", k)
