@@ -185,6 +185,7 @@ def sft_retrieval(S, seed, runs, results, data, variants, common, skip):
     if all(done(out) for *_, out in todo):
         return
     train_all(S, runs, results, os.path.dirname(data), seed, variants, None)
+    keep_train_log(runs, variants, os.path.join(results, f"s{seed}", "train_log.csv.gz"))
     if "needle" not in skip or "score" not in skip:
         step("sft data", ["needle.py", "sft_data", "--synthetic", str(S["sft"]["examples"]), "--data", data,
                           "--sft_length", str(N), "--out_dir", sft_dir], results,
