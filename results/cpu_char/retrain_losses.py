@@ -1,0 +1,36 @@
+"""Seeds whose training logs were lost with a machine (RESULTS.md, status at 17:05 and 17:35 UTC on 2026-11-26):
+train their softmax (both legs, as reproduce.py) and their SSA again by the commands steps.jsonl recorded, one seed
+per core, and keep the logs the report reads. Only the "SSA: lower loss than softmax" claim reads them: a seed's
+pair is trained on one machine, as every seed's variants are (train.py is bit-identical on one machine, not across
+machines). Then rerun reproduce.py (it trains nothing) and verdicts.py.
+
+    .venv/bin/python results/cpu_char/retrain_losses.py [--seeds 1339 1340]   # ~25 min on 2 cores
+"""
+import argparse, json, os, sys
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.getcwd())  # run from the repo root
+from lib.runs import keep_train_log, step  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEPS = ("train softmax to the switch", "train softmax", "train ssa")  # the order reproduce.train_all ran them
+
+
+def retrain(seed):
+    recorded = {}
+    for line in open(os.path.join(HERE, "steps.jsonl")):
+        r = json.loads(line)
+        recorded.setdefault(r["step"], r["command"].split(" "))  # the first run of a step (reruns resumed it)
+    for name in STEPS:
+        cmd = recorded[f"{name} (seed {seed})"]
+        step(f"re{name} (seed {seed}, its log was lost)", cmd, HERE, threads=1)
+    runs = next(a.split("=", 1)[1].strip("'") for a in recorded[f"train ssa (seed {seed})"] if a.startswith("out_dir="))
+    keep_train_log(os.path.dirname(runs), ["softmax", "ssa"], os.path.join(HERE, f"s{seed}", "train_log.csv.gz"))
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[1339, 1340])
+    a = p.parse_args()
+    with ThreadPoolExecutor(len(a.seeds)) as pool:
+        list(pool.map(retrain, a.seeds))
