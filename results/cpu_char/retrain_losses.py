@@ -1,8 +1,8 @@
 """Seeds whose training logs were lost with a machine (RESULTS.md: status at 17:05 UTC on 2026-11-26, revised at
 17:25): train their softmax (both legs, as reproduce.py) and their SSA again by the commands steps.jsonl recorded,
-one seed per core, and keep the logs the report reads. Only the "SSA: lower loss than softmax" claim reads them: a seed's
-pair is trained on one machine, as every seed's variants are (train.py is bit-identical on one machine, not across
-machines). Then rerun reproduce.py (it trains nothing) and verdicts.py.
+one seed per core, and keep the logs the report reads. Only the "SSA: lower loss than softmax" claim reads them: a
+seed's pair is trained on one machine, as every seed's variants are (train.py is bit-identical on one machine, not
+across machines). Then rerun reproduce.py (it trains nothing) and verdicts.py.
 
     .venv/bin/python results/cpu_char/retrain_losses.py [--seeds 1339 1340]   # ~25 min on 2 cores
 """
