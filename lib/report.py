@@ -31,7 +31,9 @@ def loss_curves(logs, results, variants, switch_iter, max_iters):
     rows, curves = [], {}
     for v in variants:
         for seed, by in logs.items():
-            log = by.get(v, []) if v != "ssmax_f" else [r for r in by["softmax"] if r["iter"] < switch_iter] + by[v]
+            log = by.get(v, [])
+            if v == "ssmax_f" and log:
+                log = [r for r in by["softmax"] if r["iter"] < switch_iter] + log
             curve = dict(sorted((r["iter"], r["loss"]) for r in log if "loss" in r))
             if curve:
                 curves.setdefault(v, []).append(curve)

@@ -178,3 +178,14 @@ def test_a_seed_whose_training_log_was_lost_drops_out_of_the_loss_table_only_whe
     t = report.loss_table(rows, ["softmax", "ssmax"], [1, 2, 3])
     assert list(t["softmax"]["per_seed"]) == [1, 2] and list(t["ssmax"]["per_seed"]) == [1, 3]
     assert t["ssmax"]["val_minus_baseline"][0] == -0.5  # paired on seed 1 alone
+
+
+def test_loss_curves_take_a_seed_that_kept_only_some_variants(tmp_path):
+    # seeds 1339/1340 of cpu_char: softmax and SSA retrained, the rest of their training logs lost
+    rec = lambda i, x: [{"iter": i, "loss": x}, {"iter": i, "train_loss": x, "val_loss": x}]
+    logs = {1: {"softmax": rec(0, 3.0) + rec(7, 2.0), "ssmax_f": rec(7, 1.5)},
+            2: {"softmax": rec(0, 3.0) + rec(7, 2.5)}}
+    rows = report.loss_curves(logs, str(tmp_path), {"softmax": "a", "ssmax_f": "f"}, 7, 8)
+    got = [(r["variant"], r["seed"], r["iter"]) for r in rows]  # (f): softmax's steps before the switch, then its own
+    assert got == [("softmax", 1, 0), ("softmax", 1, 7), ("softmax", 2, 0), ("softmax", 2, 7), ("ssmax_f", 1, 0),
+                   ("ssmax_f", 1, 7)]
