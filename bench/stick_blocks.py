@@ -47,8 +47,8 @@ def sweep(shapes, candidates, dtype=torch.bfloat16, device="cuda", out=None):
         scale = max(t.float().abs().max().item() for t in base)
         for M, N, w, s in candidates:
             row = dict(B=B, H=H, T=T, D=D, BLOCK_M=M, BLOCK_N=N, warps=w, stages=s, fwd_ms=None, fwdbwd_ms=None,
-                       bwd_ms=None, max_err=None, peak_mib=None, status="ok", device=torch.cuda.get_device_name() if cuda else "cpu",
-                       dtype=str(dtype)[6:])
+                       bwd_ms=None, max_err=None, peak_mib=None, status="ok",
+                       device=torch.cuda.get_device_name() if cuda else "cpu", dtype=str(dtype)[6:])
             tiles = lambda dtype, Tq=None: (M, N, w, s)  # noqa: E731 (every candidate's M >= 16: decoding fits)
             try:
                 with mock.patch.object(kernels_stick, "blocks", tiles):

@@ -19,10 +19,6 @@ def read_json(*path):
     return json.load(open(path)) if os.path.isfile(path) else None
 
 
-def read_log(path):
-    return [json.loads(line) for line in open(path)]
-
-
 def loss_curves(logs, results, variants, switch_iter, max_iters):
     """SSMax Fig. 4: every variant's training loss (moving average), the mean over seeds with their range as a band;
     train_loss.csv: every eval of every seed. logs: {seed: {variant: records}} (runs.read_train_logs); variants:

@@ -6,6 +6,8 @@ training runs again only when an evaluation that needs its checkpoints is missin
 """
 import csv, gzip, json, os, subprocess, sys, time
 
+from lib.report import read_json
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # make glibc keep freed memory: no page faults per batch
 REUSE_FREED_MEMORY = dict(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**31 - 1))
@@ -37,7 +39,7 @@ def complete(out_dir, variants):
     """eval_long.py's summary.json if it holds every variant, else None: it is rewritten after each model, so a
     partial one must not pass for done."""
     path = os.path.join(out_dir, "summary.json")
-    summary = json.load(open(path)) if os.path.isfile(path) else None
+    summary = read_json(path)
     return path if summary and {m["label"] for m in summary["models"]} >= set(variants) else None
 
 
