@@ -29,3 +29,15 @@ def test_a_claim_is_reproduced_only_when_every_cell_is_and_contradicted_when_one
     assert verdicts.aggregate(cells("contradicted", "inconclusive")) == "contradicted"
     assert verdicts.aggregate(cells("contradicted", "reproduced")) == "inconclusive"
     assert verdicts.aggregate(cells("no verdict (5 seeds)", "no verdict (5 seeds)")) == "no verdict (5 seeds)"
+
+
+def test_every_claim_of_the_committed_summary_shows_the_papers_result_beside_its_gate_and_cells():
+    import json
+    with open(os.path.join(REPO, "results", "cpu_char", "summary.json")) as f:
+        v = verdicts.decide(json.load(f))
+    assert len(v["claims"]) == 13
+    for r in v["claims"]:
+        assert r["paper"] and r["cells"] and r["gate"]
+    table = verdicts.markdown(v).splitlines()
+    rows = [x for x in table if x.startswith("| ") and not x.startswith("| claim")]
+    assert len(rows) == 13 and all(x.count(" | ") == 4 for x in rows)
