@@ -3,7 +3,7 @@ Reproduce the three papers' experiments at small scale, end to end (RESULTS.md r
 
     python reproduce.py --scale cpu     # 2 CPU cores, ~2 hours: 4 x 64 model, N = 128, 3 seeds, evaluation to 10 N
     python reproduce.py --scale gpu     # one H100/H200, ~1 GPU hour: 6 x 384, N = 256, 3 seeds, evaluation to 10 N
-    python reproduce.py --scale cpu_char --seeds 1337 1338 1339 1340 1341   # characters with copies (#32), ~6 h
+    python reproduce.py --scale cpu_char --seeds 1337 1338 1339 1340 1341   # characters with copies (#32), ~3 h
     python reproduce.py --suite synthetic [--quick]   # synthetic.py: tasks x scorers x 5-10 seeds on 2 CPU cores
 
 Every variant trains on the same data and token budget, once per seed (--seeds), with train.py; then eval_long.py

@@ -41,3 +41,33 @@ def test_every_claim_of_the_committed_summary_shows_the_papers_result_beside_its
     table = verdicts.markdown(v).splitlines()
     rows = [x for x in table if x.startswith("| ") and not x.startswith("| claim")]
     assert len(rows) == 13 and all(x.count(" | ") == 4 for x in rows)
+
+
+def _explore():
+    spec = importlib.util.spec_from_file_location("explore", os.path.join(REPO, "results", "cpu_char", "explore.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_explore_averages_each_seeds_sequences_before_pairing_by_seed(tmp_path):
+    import csv, gzip
+    explore = _explore()
+    for seed, shift in ((1, 0.0), (2, 0.5)):  # seed 2: every loss 0.5 higher; its paired differences stay the same
+        os.makedirs(tmp_path / f"s{seed}" / "eval_long_theta")
+        with gzip.open(tmp_path / f"s{seed}" / "eval_long_theta" / "per_sequence.csv.gz", "wt", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["model", "rope", "window", "loss"])
+            for seq_loss in (1.0, 2.0):  # two sequences: the seed's mean is 1.5 (+ shift)
+                w.writerow(["softmax", "extended", "1x", seq_loss + shift])
+                w.writerow(["softmax", "extended", "4x", seq_loss + shift + 0.25])
+                w.writerow(["fox", "native", "4x", seq_loss + shift - 1.0])
+            if seed == 1:
+                w.writerow(["fox", "native", "8x", 9.0])  # only one seed has it: left out
+    W = explore.seed_windows(str(tmp_path), [1, 2], "theta")
+    assert set(W) == {("softmax", "extended", "1x"), ("softmax", "extended", "4x"), ("fox", "native", "4x")}
+    np.testing.assert_allclose(W["softmax", "extended", "1x"], [1.5, 2.0])
+    c = explore.contrast("rise", W["softmax", "extended", "4x"] - W["softmax", "extended", "1x"])
+    assert c["per_seed"] == [0.25, 0.25] and abs(c["mean"] - 0.25) < 1e-12 and c["verdict"] == "exploratory"
+    d = explore.contrast("fox", W["fox", "native", "4x"] - W["softmax", "extended", "4x"])
+    np.testing.assert_allclose(d["per_seed"], [-1.25, -1.25])

@@ -171,7 +171,7 @@ def markdown(v):
     return "\n".join(out) + "\n"
 
 
-def figure(v, path):
+def figure(v, path, xlabel="paired difference, signed so that the paper's expected side is > 0 (dots: seeds)"):
     """Every cell: each seed's paired difference (dots), the mean and its 95 % t interval (bar), signed so that the
     paper's side is right of 0; one panel a claim."""
     import matplotlib
@@ -193,7 +193,7 @@ def figure(v, path):
         ax.set_yticks(range(len(r["cells"])), [c["label"] for c in r["cells"]], fontsize=6)
         ax.set_title(f"{r['claim'][:110]} ({r['verdict']})", fontsize=7, loc="left")
         ax.tick_params(axis="x", labelsize=6)
-    axes[-1].set_xlabel("paired difference, signed so that the paper's expected side is > 0 (dots: seeds)", fontsize=7)
+    axes[-1].set_xlabel(xlabel, fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
 

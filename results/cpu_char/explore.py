@@ -1,0 +1,91 @@
+"""Issue #32, exploratory (not pre-registered: written on 2026-11-27 at 03:45 UTC with 8 of the 10 seeds read, before
+the verdicts): contrasts the pre-registered claims do not make, read from each seed's eval_long per-sequence losses,
+with the same statistics (the seed as the unit, paired by seed, 95 % t interval, sign-flip p) and no verdict.
+
+1. The premise of SSMax Fig. 5: does softmax's loss rise past N after θ × 50 (window k N minus window 1 N)?
+   And SSMax's? If neither rises, "(b) keeps its loss where (a) degrades" has nothing to keep.
+2. Does θ × 50 help at all: each model's loss under θ × 50 minus native θ, same sequences.
+3. The zoo against softmax's extension: stick-breaking and FoX (NoPE, nothing to extend) minus softmax under θ × 50
+   and under Dynamic NTK, the fairer baseline than the native θ the pre-registered claims used.
+
+    .venv/bin/python results/cpu_char/explore.py     # -> explore.md / explore.json / explore.png beside summary.json
+"""
+import csv, gzip, json, os, sys
+from collections import defaultdict
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root: lib
+import verdicts  # noqa: E402
+from lib import compare  # noqa: E402
+
+FAR = ("2x", "4x", "8x", "16x")
+
+
+def seed_windows(results, seeds, method):
+    """{(model, rope, window): one mean loss per seed (over that seed's sequences)}, rope 'extended' or 'native',
+    from s<seed>/eval_long_<method>/per_sequence.csv.gz; a key missing from any seed is left out."""
+    per_seed = []
+    for seed in seeds:
+        acc = defaultdict(list)
+        with gzip.open(os.path.join(results, f"s{seed}", f"eval_long_{method}", "per_sequence.csv.gz"), "rt") as f:
+            for row in csv.DictReader(f):
+                acc[row["model"], row["rope"], row["window"]].append(float(row["loss"]))
+        per_seed.append({k: float(np.mean(v)) for k, v in acc.items()})
+    keys = set.intersection(*(set(d) for d in per_seed))
+    return {k: np.array([d[k] for d in per_seed]) for k in keys}
+
+
+def contrast(label, d):
+    mean, _, lo, hi = compare.seed_interval(d)
+    return dict(label=label, side=0, mean=mean, lo=lo, hi=hi, p=compare.sign_flip_p(d), n=len(d),
+                verdict="exploratory", per_seed=[float(x) for x in d])
+
+
+def contrasts(theta, ntk):
+    """[(question, [cells])] from seed_windows of the θ × 50 and the Dynamic NTK runs."""
+    t = lambda m, rope, w: theta[m, rope, w]
+    rows = [("(1) the loss past N minus the loss within N, θ × 50: does it rise? (SSMax Fig. 5: softmax's does)",
+             [contrast(f"{m}, {w} − 1x", t(m, "extended", w) - t(m, "extended", "1x"))
+              for m in ("softmax", "ssmax") for w in FAR]),
+            ("(2) θ × 50 minus native θ, same model and sequences (< 0: the extension helps)",
+             [contrast(f"{m}, {w}", t(m, "extended", w) - t(m, "native", w))
+              for m in ("softmax", "ssmax") for w in ("1x",) + FAR])]
+    zoo = []
+    for m in ("stickbreaking", "fox"):
+        zoo += [contrast(f"{m} − softmax θ × 50, {w}", t(m, "native", w) - t("softmax", "extended", w))
+                for w in FAR]
+        zoo += [contrast(f"{m} − softmax Dynamic NTK, {w}", ntk[m, "native", w] - ntk["softmax", "extended", w])
+                for w in FAR]
+    rows.append(("(3) the zoo (NoPE) minus softmax with its RoPE extended (< 0: the zoo is better)", zoo))
+    return rows
+
+
+def markdown(seeds, rows):
+    out = [f"Exploratory, not pre-registered: no verdict. Seeds: {len(seeds)} ({', '.join(map(str, seeds))}); "
+           "each cell: mean over seeds of the paired difference [95 % t interval], sign-flip p.\n",
+           "| question | cell | mean [95 % t] | p |", "|---|---|---|---|"]
+    for question, cells in rows:
+        for i, c in enumerate(cells):
+            out.append(f"| {question if i == 0 else ''} | {c['label']} | {c['mean']:+.3f} [{c['lo']:+.3f}, "
+                       f"{c['hi']:+.3f}] | {c['p']:.3f} |")
+    return "\n".join(out) + "\n"
+
+
+def main(results=HERE):
+    with open(os.path.join(results, "summary.json")) as f:
+        seeds = json.load(f)["seeds"]
+    rows = contrasts(seed_windows(results, seeds, "theta"), seed_windows(results, seeds, "dynamic_ntk"))
+    v = dict(seeds=seeds, claims=[dict(claim=q, verdict="exploratory", cells=c) for q, c in rows])
+    with open(os.path.join(results, "explore.json"), "w") as f:
+        json.dump(v, f, indent=1)
+    with open(os.path.join(results, "explore.md"), "w") as f:
+        f.write(markdown(seeds, rows))
+    verdicts.figure(v, os.path.join(results, "explore.png"), "paired difference, as labelled (dots: seeds)")
+    return markdown(seeds, rows)
+
+
+if __name__ == "__main__":
+    print(main())
