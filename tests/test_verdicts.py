@@ -5,9 +5,16 @@ import os
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-spec = importlib.util.spec_from_file_location("verdicts", os.path.join(REPO, "results", "cpu_char", "verdicts.py"))
-verdicts = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(verdicts)
+
+
+def load(name):  # results/cpu_char's scripts are not a package
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "results", "cpu_char", f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+verdicts = load("verdicts")
 
 
 def test_a_cell_is_decided_by_its_interval_and_sign_flip_p_on_the_papers_side_and_needs_ten_seeds():
@@ -43,16 +50,9 @@ def test_every_claim_of_the_committed_summary_shows_the_papers_result_beside_its
     assert len(rows) == 13 and all(x.count(" | ") == 4 for x in rows)
 
 
-def _explore():
-    spec = importlib.util.spec_from_file_location("explore", os.path.join(REPO, "results", "cpu_char", "explore.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_explore_averages_each_seeds_sequences_before_pairing_by_seed(tmp_path):
     import csv, gzip
-    explore = _explore()
+    explore = load("explore")
     for seed, shift in ((1, 0.0), (2, 0.5)):  # seed 2: every loss 0.5 higher; its paired differences stay the same
         os.makedirs(tmp_path / f"s{seed}" / "eval_long_theta")
         with gzip.open(tmp_path / f"s{seed}" / "eval_long_theta" / "per_sequence.csv.gz", "wt", newline="") as f:

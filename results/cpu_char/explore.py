@@ -17,9 +17,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root: lib
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root, for verdicts' lib from any folder
 import verdicts  # noqa: E402
-from lib import compare  # noqa: E402
 
 FAR = ("2x", "4x", "8x", "16x")
 
@@ -39,9 +38,8 @@ def seed_windows(results, seeds, method):
 
 
 def contrast(label, d):
-    mean, _, lo, hi = compare.seed_interval(d)
-    return dict(label=label, side=0, mean=mean, lo=lo, hi=hi, p=compare.sign_flip_p(d), n=len(d),
-                verdict="exploratory", per_seed=[float(x) for x in d])
+    """verdicts.cell's statistics for one paired difference per seed, without its verdict (nothing was registered)."""
+    return {**verdicts.cell(d, 0), "label": label, "side": 0, "verdict": "exploratory"}
 
 
 def contrasts(theta, ntk):
@@ -81,10 +79,11 @@ def main(results=HERE):
     v = dict(seeds=seeds, claims=[dict(claim=q, verdict="exploratory", cells=c) for q, c in rows])
     with open(os.path.join(results, "explore.json"), "w") as f:
         json.dump(v, f, indent=1)
+    table = markdown(seeds, rows)
     with open(os.path.join(results, "explore.md"), "w") as f:
-        f.write(markdown(seeds, rows))
+        f.write(table)
     verdicts.figure(v, os.path.join(results, "explore.png"), "paired difference, as labelled (dots: seeds)")
-    return markdown(seeds, rows)
+    return table
 
 
 if __name__ == "__main__":
