@@ -14,16 +14,16 @@ distance. The gate (longrange.py): at d = 0.5 N, second / control <= 0.5. Every 
 sequences per distance (drawn with --seed). Outputs: per_sequence.csv, copy.png (ratio by distance; loss
 by offset), summary.json last; written to --out_dir only whole.
 """
-import argparse, json, math, sys
+import argparse, json, math, os, sys
 
 import torch
 
-from lib import compare, dataset, longrange, rescale, tracking, vocab
+from lib import compare, dataset, folders, longrange, rescale, tracking, vocab
 from lib.checkpoint import CheckpointError, load_checkpoint, pick_device, read_checkpoint, run_info
 from model import BACKENDS, ROPE_METHODS
 
 OUTPUTS = ("per_sequence.csv", "copy.png", "summary.json")  # summary.json last: it marks the results whole
-COLUMNS = ("model", "distance_x", "distance", "seq", "first", "second", "control")
+COLUMNS = ("model", "checkpoint", "iter", "distance_x", "distance", "seq", "first", "second", "control")
 
 
 @torch.no_grad()
@@ -87,24 +87,27 @@ def plot(path, models, args):
 
 
 def run(args, folder):
-    size = vocab.vocab_size(args.data) or vocab.VOCAB_SIZE  # each model must read the data's tokens
-    model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), size)["model_args"] for p in args.ckpt]
+    # every checkpoint must read the data's vocabulary (by content), checked before any model runs
+    model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)["model_args"] for p in args.ckpt]
     rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale)
     tokens = dataset.load_split(args.data, args.split)
+    dataset.check_ids(args.data, args.split, min(a["vocab_size"] for a in model_args))  # a damaged file: one line
     if longrange.GATE_DISTANCE not in args.distances:  # the gate is always measured
         args.distances = sorted({*args.distances, longrange.GATE_DISTANCE})
     models, rows = [], []
-    for i, (path, a) in enumerate(zip(args.ckpt, model_args)):
+    labels = compare.unique_labels(args.labels or [f"{a.get('scorer', 'softmax')} #{i + 1}"
+                                                   for i, a in enumerate(model_args)], args.ckpt)
+    for path, a, label in zip(args.ckpt, model_args, labels):
         N = a["block_size"]
         if 2 * args.span + longrange.LEAD > N:
             raise ValueError(f"--span {args.span}: two copies and the lead of {longrange.LEAD} tokens must fit in the "
                              f"training length {N} of {path!r}")
-        label = args.labels[i] if args.labels else f"{a.get('scorer', 'softmax')} #{i + 1}"
-        model, _ = load_checkpoint(path, args.device, backend=args.backend)
+        model, ckpt = load_checkpoint(path, args.device, backend=args.backend)
         losses = evaluate(model.eval(), tokens, N, args)
         del model
-        models.append(summarize(label, N, losses, args))
-        rows += [dict(model=label, distance_x=k, distance=d, seq=j, first=f[j].mean(), second=s[j].mean(),
+        which = dict(checkpoint=os.path.abspath(path), iter=ckpt.get("iter_num"))  # every row names its model
+        models.append(dict(summarize(label, N, losses, args), **which))
+        rows += [dict(model=label, **which, distance_x=k, distance=d, seq=j, first=f[j].mean(), second=s[j].mean(),
                       control=c[j].mean()) for k, (d, f, s, c) in losses.items() for j in range(args.num_seqs)]
         print(f"{label}: " + ", ".join(f"{k} N {r['second']:.3f}/{r['control']:.3f} ({r['ratio']:.2f})"
                                        for k, r in models[-1]["by_distance"].items())
@@ -153,10 +156,10 @@ def main(argv=None):
         p.error(f"--labels has {len(args.labels)} names for {len(args.ckpt)} checkpoints")
     try:
         args.device = str(pick_device(args.device))
-        with tracking.results_dir(args.out_dir, OUTPUTS) as folder:
+        with folders.results_dir(args.out_dir, OUTPUTS) as folder:
             run(args, folder)
-    except (ValueError, CheckpointError, dataset.DataError, tracking.TrackingError) as e:
-        sys.exit(f"error: {e}")
+    except (ValueError, OSError, CheckpointError, dataset.DataError, tracking.TrackingError, folders.FolderError) as e:
+        sys.exit(f"error: {tracking.error_text(e)}")  # OSError: a full disk, an unwritable folder
     print(f"done: {args.out_dir}/summary.json")
 
 

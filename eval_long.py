@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from lib import compare, dataset, rescale, tracking, vocab
+from lib import compare, dataset, folders, rescale, tracking, vocab
 from lib.checkpoint import load_checkpoint, pick_device, read_checkpoint, run_info
 from model import BACKENDS, ROPE_METHODS
 
@@ -125,25 +125,19 @@ def run(args, folder):  # the results to folder; returns the wandb table
         compare.fading(folder)
     if not args.ckpt:
         return []
-    # check all checkpoints (mmap'd, each against the data's vocabulary) before any model runs
-    size = vocab.vocab_size(args.data) or vocab.VOCAB_SIZE
-    model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), size)["model_args"] for p in args.ckpt]
+    # check all checkpoints (mmap'd, each against the data's vocabulary, by content) before any model runs
+    model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)["model_args"] for p in args.ckpt]
     rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale)
     args.length = args.length or 10 * model_args[0]["block_size"]  # the first checkpoint fixes L
     N, path = max((a["block_size"], path) for a, path in zip(model_args, args.ckpt))
     if args.length < N:
         raise ValueError(f"--length {args.length} is shorter than the training length {N} of {path!r}: "
                          f"no window to report; use --length >= {N}")
-    labels = []
-    for i, (a, path) in enumerate(zip(model_args, args.ckpt)):
-        label = args.labels[i] if args.labels else a.get("scorer", "softmax")
-        if label in labels:  # one scorer twice: tell apart by folder
-            label = f"{label} #{i + 1} ({os.path.basename(os.path.dirname(os.path.abspath(path)))})"
-        labels.append(label)
+    labels = compare.unique_labels(args.labels or [a.get("scorer", "softmax") for a in model_args], args.ckpt)
     baseline = labels[0] if args.baseline is None else args.baseline
     if baseline not in labels:
         raise ValueError(f"--baseline {baseline!r} is not one of the models: {', '.join(labels)}")
-    data = dataset.load_tokens(args.data, args.split, args.length)
+    data = dataset.load_tokens(args.data, args.split, args.length, min(a["vocab_size"] for a in model_args))
     starts = dataset.draw_starts(len(data), args.length, args.num_seqs, args.seed)  # the same for every model
     args.smooth = min(args.smooth or max(1, args.length // 200), args.length)
     device, settings = torch.device(args.device), rope_settings(args)
@@ -226,13 +220,13 @@ def main(argv=None):
     except ValueError as e:
         p.error(str(e))
     try:
-        with tracking.results_dir(args.out_dir, OUTPUTS) as folder:
+        with folders.results_dir(args.out_dir, OUTPUTS) as folder:
             table = run(args, folder)
         if args.wandb and table:  # into --out_dir, beside the results
             tracking.log_table(args.wandb_project, f"eval_long {args.rope_method} x{args.rope_scale:g}", table,
                                args.out_dir)
-    except (ValueError, FileNotFoundError, dataset.DataError, tracking.TrackingError) as e:
-        sys.exit(f"error: {e}")
+    except (ValueError, OSError, dataset.DataError, tracking.TrackingError, folders.FolderError) as e:  # OSError:
+        sys.exit(f"error: {tracking.error_text(e)}")  # a missing file, a full disk, an unwritable folder
 
 if __name__ == "__main__":
     main()

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lib import compare, dataset, tracking, vocab
+from lib import compare, dataset, folders, tracking, vocab
 from lib.checkpoint import load_checkpoint, pick_device, read_checkpoint, run_info
 from model import BACKENDS
 
@@ -161,16 +161,13 @@ def plot(path, results, args, L):
     fig.savefig(path, dpi=130)
 
 def run(args, folder):
-    size = vocab.vocab_size(args.data) or vocab.VOCAB_SIZE  # every checkpoint checked before any model runs
-    model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), size)["model_args"] for p in args.ckpt]
+    # every checkpoint must read the data's vocabulary (by content), checked before any model runs
+    model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)["model_args"] for p in args.ckpt]
     L = args.length or model_args[0]["block_size"]
     if any(c >= L for c in args.context):
         raise ValueError(f"--context {max(args.context)} must be shorter than the length {L}")
-    labels = []
-    for i, (a, path) in enumerate(zip(model_args, args.ckpt)):
-        label = args.labels[i] if args.labels else a.get("scorer", "softmax")
-        labels.append(label if label not in labels else f"{label} #{i + 1}")
-    data = dataset.load_tokens(args.data, args.split, L)
+    labels = compare.unique_labels(args.labels or [a.get("scorer", "softmax") for a in model_args], args.ckpt)
+    data = dataset.load_tokens(args.data, args.split, L, min(a["vocab_size"] for a in model_args))
     starts = dataset.draw_starts(len(data), L, args.num_seqs, args.seed)  # the same windows for every model
     results, per_seq, models = {}, {}, []
     for label, path in zip(labels, args.ckpt):
@@ -211,10 +208,10 @@ def main(argv=None):
     args.context = sorted(set(args.context))
     try:
         args.device = str(pick_device(args.device))
-        with tracking.results_dir(args.out_dir, OUTPUTS) as folder:
+        with folders.results_dir(args.out_dir, OUTPUTS) as folder:
             run(args, folder)
-    except (ValueError, FileNotFoundError, dataset.DataError, tracking.TrackingError) as e:
-        sys.exit(f"error: {e}")
+    except (ValueError, OSError, dataset.DataError, folders.FolderError) as e:  # OSError: a full disk...
+        sys.exit(f"error: {tracking.error_text(e)}")
 
 if __name__ == "__main__":
     main()

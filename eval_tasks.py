@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from kernels_cpu import CHUNK
-from lib import rescale, tracking
+from lib import folders, rescale, tracking
 from lib.checkpoint import build_model, read_checkpoint
-from lib.compare import wilson, write_csv
+from lib.compare import unique_labels, wilson, write_csv
 from model import SCORERS, GPTConfig, auto_backend
 from tasks import TASKS, get_batch, min_length, target_positions
 
@@ -104,12 +104,12 @@ def diagnose(model, c, L, n, stream):
 # ----------------------------------------------------------------------------------------------------------------
 # Evaluation, written as each checkpoint finishes
 
-ACC_COLUMNS = ("task", "model", "scorer", "seed", "length", "accuracy", "ci_low", "ci_high", "n", "mse", "loss",
-               "condition", "rope", "train_length")
+ACC_COLUMNS = ("task", "model", "checkpoint", "iter", "scorer", "seed", "length", "accuracy", "ci_low", "ci_high", "n",
+               "mse", "loss", "condition", "rope", "train_length")
 # prompt_id: one seed's settings see the same prompts
 # linear: correct is empty, answer_loss is the MSE
-PROMPT_COLUMNS = ("run", "task", "setting", "seed", "length", "condition", "rope", "prompt_id", "correct",
-                  "answer_loss")
+PROMPT_COLUMNS = ("run", "checkpoint", "iter", "task", "setting", "seed", "length", "condition", "rope", "prompt_id",
+                  "correct", "answer_loss")
 
 
 OUTPUTS = ("accuracy.csv", "attention.csv", "per_prompt.csv")  # per_prompt.csv last: it means "finished"
@@ -143,10 +143,11 @@ def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0, logit_scale
     rescale.check([model.config.scorer for _, model, _ in runs], logit_scale)
     os.makedirs(out_dir, exist_ok=True)
     acc, att, prompts = [], [], []
-    for path, model, ckpt in runs:
+    labels = unique_labels([os.path.basename(os.path.dirname(os.path.abspath(p))) for p in paths], paths)
+    for (path, model, ckpt), label in zip(runs, labels):
         c = SimpleNamespace(**ckpt["config"])
         N, task = c.block_size, TASKS[c.task]
-        label = os.path.basename(os.path.dirname(os.path.abspath(path)))
+        which = dict(checkpoint=os.path.abspath(path), iter=ckpt.get("iter_num"))  # every row names its model
         name = setting(ckpt["config"]) + (f"-{logit_scale}" if logit_scale else "")
         for rope in (["nope"] if c.pos == "nope" else ropes):
             for L in lengths:
@@ -159,15 +160,15 @@ def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0, logit_scale
                     mse = task.loss == "mse"
                     half = 1.96 * r.std(ddof=1) / math.sqrt(n)  # the mse's normal 95% interval
                     lo, hi = (r.mean() - half, r.mean() + half) if mse else wilson(r[:, 0].sum(), n)
-                    acc.append(dict(task=c.task, model=label, scorer=name, seed=c.seed, length=L,
+                    acc.append(dict(task=c.task, model=label, **which, scorer=name, seed=c.seed, length=L,
                                     accuracy="" if mse else r[:, 0].mean(), ci_low=lo, ci_high=hi, n=n,
                                     mse=r.mean() if mse else "", loss="" if mse else r[:, 1].mean(), condition=cond,
                                     rope=rope, train_length=N))
-                    prompts += [dict(run=label, task=c.task, setting=name, seed=c.seed, length=L,
+                    prompts += [dict(run=label, **which, task=c.task, setting=name, seed=c.seed, length=L,
                                      condition=cond, rope=rope, prompt_id=i, correct="" if mse else int(x[0]),
                                      answer_loss=x if mse else x[1]) for i, x in enumerate(r.tolist())]
                     if diag_n and ci == 0 and rope in ("nope", "plain"):
-                        att += [dict(task=c.task, model=label, scorer=name, seed=c.seed,
+                        att += [dict(task=c.task, model=label, **which, scorer=name, seed=c.seed,
                                      length=L, **d) for d in diagnose(model, cc, L, diag_n, stream=2)]
         write_csv(os.path.join(out_dir, "accuracy.csv"), acc, list(acc[0]))
         if att:
@@ -197,13 +198,13 @@ def main(argv=None):
         sys.exit(f"error: need --n >= 2, --diagnose >= 0, lengths >= 1 and --llama4_floor >= 1; got {a.n}, "
                  f"{a.diagnose}, {a.lengths}, {a.llama4_floor}")
     try:
-        with tracking.results_dir(a.out_dir, OUTPUTS) as out:
+        with folders.results_dir(a.out_dir, OUTPUTS) as out:
             acc, _ = evaluate(a.ckpt, sorted(set(a.lengths)), a.n, out, a.rope, a.diagnose, a.logit_scale,
                               a.llama4_floor)
         if a.wandb:
             tracking.log_table(a.wandb_project, f"tasks {os.path.basename(os.path.abspath(a.out_dir))}", acc, a.out_dir)
-    except (ValueError, tracking.TrackingError) as e:  # CheckpointError is a ValueError
-        sys.exit(f"error: {e}")
+    except (ValueError, OSError, tracking.TrackingError, folders.FolderError) as e:  # CheckpointError is a ValueError
+        sys.exit(f"error: {tracking.error_text(e)}")  # OSError: a full disk, an unwritable folder
 
 
 if __name__ == "__main__":

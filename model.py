@@ -338,12 +338,13 @@ class GPT(nn.Module):
         return 6 * self.get_num_params() + 12 * cfg.n_layer * cfg.n_embd * T
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
-        """Sample continuations; with the KV cache each step feeds one token (greedy when temperature == 0)."""
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, vocab=None):
+        """Sample continuations; with the KV cache each step feeds one token (greedy when temperature == 0). vocab:
+        sample only ids below it (a padded vocabulary's extra ids decode to nothing)."""
         cache = [{} for _ in self.transformer.h] if use_cache else None
         logits, _ = self(idx, cache=cache)
         for _ in range(max_new_tokens):
-            logits = logits[:, -1, :]
+            logits = logits[:, -1, :vocab]
             if temperature == 0:
                 idx_next = logits.argmax(-1, keepdim=True)
             else:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from lib import compare, tracking, vocab
+from lib import compare, folders, tracking, vocab
 from lib.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, run_info
 from lib.dataset import DataError  # bad input, printed by main as one line
 from lib.retrieval import cells, load_hay, score_answer, score_trials, sft_examples, trials
@@ -177,9 +177,9 @@ def run(args, folder):  # the results to folder; returns the wandb table
         return print(f"{os.path.join(args.out_dir, name)}.jsonl: {len(examples):,} examples")
     if not args.ckpt:
         raise DataError(f"mode {args.mode} needs --ckpt")
-    for path in args.ckpt:  # check all checkpoints (mmap'd) before any model runs
-        vocab.language_model(path, read_checkpoint(path, mmap=True), enc.n_vocab)
-    hay = None if args.mode == "passkey" else load_hay(args.data, "val")
+    vocabs = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)["model_args"]["vocab_size"]
+              for p in args.ckpt]  # every checkpoint checked (mmap'd) before any model runs
+    hay = None if args.mode == "passkey" else load_hay(args.data, "val", min(vocabs))
     contexts = [args.context] if args.mode == "score" else args.context_sizes
     prompts = lambda L: trials(args, enc, hay, L, np.random.default_rng([args.seed, L]))  # the same for every model
     for L in contexts:
@@ -239,12 +239,12 @@ def main(argv=None):
     if args.labels and (len(args.labels) != len(args.ckpt) or len(set(args.labels)) < len(args.labels)):
         p.error(f"--labels {' '.join(args.labels)}: give one distinct name per --ckpt ({len(args.ckpt)} checkpoints)")
     try:
-        with tracking.results_dir(args.out_dir, outputs(args)) as folder:
+        with folders.results_dir(args.out_dir, outputs(args)) as folder:
             table = run(args, folder)
         if args.wandb and table:
             tracking.log_table(args.wandb_project, f"needle {args.mode}", table, args.out_dir)
-    except (DataError, CheckpointError, FileNotFoundError, tracking.TrackingError) as e:
-        sys.exit(f"error: {e}")
+    except (DataError, CheckpointError, OSError, tracking.TrackingError, folders.FolderError) as e:  # OSError: a
+        sys.exit(f"error: {tracking.error_text(e)}")  # missing file, a full disk, an unwritable folder
 
 if __name__ == "__main__":
     main()

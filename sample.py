@@ -61,8 +61,7 @@ def main(argv=None):
             p.error(f"cannot read the prompt file {start[5:]!r}: {e.strerror if isinstance(e, OSError) else e}")
     try:
         model, ckpt = load_checkpoint(args.ckpt, device, backend=args.backend)
-        enc = vocab.checkpoint_codec(vocab.language_model(args.ckpt, ckpt, ckpt["model_args"]["vocab_size"]),
-                                       args.data)  # a task run is refused: its vocabulary is its own
+        enc = vocab.checkpoint_codec(vocab.language_model(args.ckpt, ckpt), args.data)  # a task run is refused
         # a written <|endoftext|> is the trained separator
         ids = enc.encode(start, allowed_special={"<|endoftext|>"}) or [enc.eot_token]
     except (CheckpointError, dataset.DataError) as e:  # missing, corrupt, foreign or unsafe, a task run, a bad char
@@ -80,7 +79,8 @@ def main(argv=None):
     skip = 0 if start else 1  # empty prompt: hide the starting <|endoftext|>
     with torch.no_grad(), ctx:
         for _ in range(args.num_samples):
-            y = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k)
+            y = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                               vocab=enc.n_vocab)  # a padded vocabulary: only ids the codec knows
             print(enc.decode(y[0, skip:].tolist()), SEP, sep="\n", flush=True)
 
 

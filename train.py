@@ -28,15 +28,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import kernels_cpu
 import tasks
-from lib import dataset, longrange, retrieval, tracking, vocab
-from lib.checkpoint import CheckpointError, build_model, read_checkpoint, run_info, save_checkpoint
-from lib.config import (TrainConfig, TrainError, cpu_cost_check, data_vocab, model_config, parse_args, resolve,
-                        sft_schedule, usage)
+from lib import dataset, folders, longrange, retrieval, tracking, vocab
+from lib.checkpoint import (CheckpointError, build_model, check_out_dir, clear_out_dir, read_checkpoint, run_info,
+                            save_checkpoint)
+from lib.config import (TrainConfig, TrainError, cpu_cost_check, model_config, parse_args, resolve, sft_schedule,
+                        usage)
 from lib.corpora import EMBEDDED
 from model import GPTConfig, auto_backend, convert_scorer
 
-RUN_FILES = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run leaves in its out_dir
-BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "eval", "run_info")  # no optimizer state
+BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "eval", "run_info", "codec")  # no optimizer
+RESUME_KEYS = ("optimizer", "rng", "data_state")  # what a resume needs beyond the weights
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -72,21 +73,17 @@ def setup(explicit):
     path = run.ckpt_path if run.resuming else cfg.init_from
     if path != "scratch" and not os.path.isfile(path):
         raise TrainError(f"init_from={cfg.init_from!r}: checkpoint {path!r} does not exist")
-    if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
-        raise TrainError(f"out_dir={cfg.out_dir!r} is a file, not a folder")
-    old = [f for f in RUN_FILES if os.path.exists(os.path.join(cfg.out_dir, f))]
-    if old and not (run.resuming or cfg.resume or cfg.overwrite):  # a new run never destroys an old one unasked
-        raise TrainError(f"out_dir={cfg.out_dir!r} already holds a run ({', '.join(old)}): continue it with "
-                         f"resume=True, choose another out_dir=..., or replace it with overwrite=True")
-    try:  # weights_only: a shared checkpoint cannot run code
-        ckpt = None if path == "scratch" else read_checkpoint(path)
+    try:  # a new run never destroys an old one unasked; weights_only: a shared checkpoint cannot run code
+        check_out_dir(cfg.out_dir, run.resuming, cfg.resume, cfg.overwrite)
+        ckpt = None if path == "scratch" else read_checkpoint(path, need=RESUME_KEYS * run.resuming)
     except CheckpointError as e:
         raise TrainError(str(e))
+    run.source = path
     cfg = resolve(cfg, explicit, ckpt, run.resuming, world)
     if not (cfg.task or cfg.sft_data):  # the dataset's vocabulary sizes the model; an embedded one is made here (local)
         if run.master and cfg.dataset in EMBEDDED:
             dataset.fetch(cfg.dataset, cfg.data_dir)
-        cfg = data_vocab(cfg, explicit, ckpt, vocab.vocab_size(os.path.join(cfg.data_dir, cfg.dataset)))
+        cfg = vocab.data_vocab(cfg, explicit, ckpt, vocab.vocab_size(os.path.join(cfg.data_dir, cfg.dataset)))
     cpu_cost_check(cfg, device_type, ckpt["iter_num"] if run.resuming else 0)  # before any download or model
     torch.manual_seed(cfg.seed)  # same on every rank: one saved RNG state fits all
     return cfg, ckpt, run
@@ -98,22 +95,28 @@ def setup(explicit):
 def load_data(cfg, run, explicit, ckpt):
     """-> cfg (SFT in epochs sets its schedule; a dataset's vocabulary), data: what get_batch reads and the generator
     whose state is the data position."""
-    T, data = cfg.block_size, types.SimpleNamespace(sft=None, dir=None, unigram=None)
+    T, data = cfg.block_size, types.SimpleNamespace(sft=None, dir=None, unigram=None, codec=None)
     data.g = torch.Generator().manual_seed(cfg.seed)  # same on every rank: each slices one global batch
     if cfg.task:  # endless seeded streams: offsets are sample indices
         data.size = {"train": 2 ** 62, "val": 2 ** 62}
     elif cfg.sft_data:
-        data.sft = retrieval.load_sft(cfg.sft_data, T, vocab.checkpoint_codec(ckpt) if ckpt else None)
+        enc = vocab.checkpoint_codec(ckpt) if ckpt else None
+        data.sft, data.codec = retrieval.load_sft(cfg.sft_data, T, enc), vocab.record(enc) if enc else None
         data.size = {"train": len(data.sft), "val": len(data.sft)}
         cfg = sft_schedule(cfg, len(data.sft))
     else:  # checked against meta.json: never train on a truncated split
         data.dir = dataset.fetch(cfg.dataset, cfg.data_dir, make=run.master)  # embedded or hub: made on first use
         if run.ddp:  # the other ranks wait for it
             dist.barrier()
-        cfg = data_vocab(cfg, explicit, ckpt, vocab.vocab_size(data.dir))  # made now, if setup could not
+        cfg = vocab.data_vocab(cfg, explicit, ckpt, vocab.vocab_size(data.dir))  # made now, if setup could not
+        data.codec = vocab.data_record(data.dir)
+        if ckpt is not None:  # the same symbols, not only as many
+            vocab.language_model(run.source, ckpt, data.dir)
         data.size = {s: len(dataset.load_split(data.dir, s)) - T for s in dataset.SPLITS}
         if min(data.size.values()) < 1:
             raise TrainError(f"{data.dir}: a split has fewer than block_size + 1 = {T + 1} tokens")
+        for s in dataset.SPLITS:  # an id past the embedding would fail deep inside, mid-run
+            dataset.check_ids(data.dir, s, cfg.vocab_size)
         data.unigram = dataset.unigram_entropy(data.dir)
     return cfg, data
 
@@ -223,14 +226,13 @@ def train(explicit):
         model = DDP(model, device_ids=[torch.cuda.current_device()] if run.device_type == "cuda" else None)
     info, tokens_per_iter = run_info(cfg.seed), cfg.gradient_accumulation_steps * cfg.batch_size * T
     if master:
-        tracking.announce(cfg, raw_model, run, tokens_per_iter, data.unigram,  # may fail: before out_dir is touched
-                          len(data.sft) / (tokens_per_iter / T) if cfg.sft_data else None, info)
+        tracking.announce(cfg, raw_model, run, tokens_per_iter, data, info)  # may fail: before out_dir is touched
 
     def save(path, state):
         try:
             save_checkpoint(state, path)
         except OSError as e:  # e.g. a full disk: the old file is intact
-            raise TrainError(f"cannot write {path}: {e.strerror or e}; {diverged('stops')}")
+            raise TrainError(f"{e}; {diverged('stops')}")
 
     def diverged(what="diverged and stops"):
         return f"the run {what}; " + (f"the last good checkpoint {run.ckpt_path} is kept"
@@ -242,10 +244,7 @@ def train(explicit):
 
     losses = None
     if master:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        for f in os.listdir(cfg.out_dir):  # a killed write's .tmp, an overwritten run's files
-            if f.endswith(".tmp") or (not resuming and f in RUN_FILES):
-                os.remove(os.path.join(cfg.out_dir, f))
+        clear_out_dir(cfg.out_dir, resuming)
         done = resuming and not switch and any(r.get("iter") == iter_num and "val_loss" in r
                                                for r in tracking.read_log(os.path.join(cfg.out_dir, "log.jsonl")))
         if resuming and not done and pending_eval is not None:
@@ -273,6 +272,7 @@ def train(explicit):
                 state = {"model": raw_model.state_dict(), "model_args": asdict(raw_model.config), "config": asdict(cfg),
                          "optimizer": optimizer.state_dict(), "iter_num": iter_num, "best_val_loss": best_val_loss,
                          "rng": rng, "data_state": {"generator": data.g.get_state()}, "run_info": info,
+                         "codec": data.codec,
                          "eval": {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
                                   "elapsed": time.time() - t_start, "is_best": is_best}}
                 save(run.ckpt_path, state)
@@ -316,10 +316,11 @@ def train(explicit):
     if master and losses is not None:
         print(f"done: val loss {losses['val']:.4f}, best {best_val_loss:.4f}"
               + (f"; unigram baseline {data.unigram:.4f} nats" if data.unigram else ""))
-    enc = vocab.codec(data.dir) if master and data.dir else None  # a language model: a sample in its codec
-    if enc is not None and enc.n_vocab == raw_model.config.vocab_size:  # a padded vocabulary may sample past it
+    enc = vocab.from_record(data.codec) if master and data.dir else None  # a language model: a sample in its codec
+    if enc is not None and vocab.fits(raw_model.config.vocab_size, enc.n_vocab):  # padded: sample the codec's ids
         with run.ctx:
-            idx = raw_model.eval().generate(torch.tensor([[enc.eot_token]], device=run.device), 100, 0.8, top_k=200)
+            idx = raw_model.eval().generate(torch.tensor([[enc.eot_token]], device=run.device), 100, 0.8, top_k=200,
+                                            vocab=enc.n_vocab)
         print("sample:\n" + enc.decode(idx[0, 1:].tolist()))
     if run.ddp:
         dist.destroy_process_group()
@@ -332,10 +333,13 @@ def main(argv=None):
     try:
         if argv[:1] == ["--compare"]:  # runs' curves in one PNG, no wandb (tracking.py)
             return tracking.compare_main(argv[1:])
-        train(parse_args(argv))
+        explicit = parse_args(argv)
+        with folders.held(explicit.get("out_dir", TrainConfig.out_dir), "a training run",  # rank 0 writes
+                       active=int(os.environ.get("RANK", 0)) == 0):
+            train(explicit)
         tracking.finish()  # an in-process caller's next run is a new wandb run
-    except (TrainError, dataset.DataError, tracking.TrackingError) as e:
-        sys.exit(f"error: {e}")
+    except (TrainError, dataset.DataError, tracking.TrackingError, folders.FolderError, OSError) as e:  # OSError:
+        sys.exit(f"error: {tracking.error_text(e)}")  # a full disk or an unwritable folder, wherever it is written
     finally:  # on error, an open wandb run ends as failed
         tracking.finish(failed=True)
 

@@ -2,16 +2,19 @@
 What the scripts share; nothing here is run directly.
 
     config.py             TrainConfig, config files and key=value overrides, their checks, a run's CPU cost
-    checkpoint.py         run_info (provenance), atomic save, safe read (weights_only), the model a checkpoint builds
+    checkpoint.py         run_info (provenance), atomic save, safe read (weights_only), the model a checkpoint builds,
+                          what a run's out_dir may hold before it writes
     dataset.py            a corpus -> data/<name>/{train,val}.bin, a dataset fetched on first use, its readers
-    vocab.py              GPT-2's BPE offline, the character vocabulary, which a dataset or checkpoint reads
+    vocab.py              GPT-2's BPE offline, the character vocabulary; which a dataset or checkpoint reads, by content
     longrange.py          long-range structure in text: train.py's repeated spans (copy_frac), the copy gate's sequences
     corpora.py            the sources dataset.py reads: embedded corpora, Hugging Face datasets, local files
     retrieval.py          needle and passkey prompts, answer grading, the needle score, the fine-tuning sets
-    tracking.py           log.jsonl, loss.png, progress lines, MFU, wandb, an evaluation's results folder
+    tracking.py           log.jsonl, loss.png, progress lines, MFU, wandb
+    folders.py            who writes where: one writer per folder (a lock), an evaluation's results folder
     rescale.py            training-free rescalings of a softmax model's logits (qwen, yarn, llama4) for the evals
     compare.py            the statistics: paired bootstrap and seed-level t intervals, sign-flip p, horizons, CSVs
-    runs.py               a reproduction's steps: skip what is done, keep what the report needs beyond the runs
+    runs.py               a reproduction's steps: reuse what was done as asked, keep what the report needs of the runs
+    lm_suite.py           the language-model suite of reproduce.py: scales, variants, each seed's steps
     report.py             a language-model reproduction read back: summary.json, gates, tables.md
     synthetic.py          the synthetic suite: its tasks, settings and seeds, the runs in two worker processes
     synthetic_report.py   the suite's statistics with the seed as the unit, verdicts, summary.json, tables.md

@@ -1,14 +1,17 @@
 """
 Checkpoints and their provenance: what every checkpoint and result file records (run_info), the atomic save, the
 safe read (weights_only=True: a file that carries code is refused, never run), the model a checkpoint or a task run
-builds (load_checkpoint, build_model).
+builds (load_checkpoint, build_model), and what a run's out_dir may hold before a run writes there (check_out_dir).
 """
-import hashlib, importlib.metadata, importlib.util, os, subprocess, zipfile
+import hashlib, importlib.metadata, importlib.util, os, re, subprocess, zipfile
 
 import torch
 
 import tasks
+from lib import tracking
 from model import GPT, GPTConfig, RealGPT
+
+RUN_FILES = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run leaves in its out_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,22 +46,59 @@ def run_info(seed=None, repo=REPO):
                 torch=str(torch.__version__), triton=triton or None, device=device, seed=seed)
 
 def save_checkpoint(obj, path):
-    """Atomic (temp file + rename): a crash mid-write leaves the previous checkpoint intact."""
-    tmp = f"{path}.tmp"
+    """Atomic (a temp file of this process's + rename): a crash mid-write leaves the previous checkpoint intact. A
+    full disk or an unwritable folder is an OSError naming the path (torch.save raises RuntimeError for some)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
     try:
         torch.save(obj, tmp)
-    except BaseException:  # disk full or Ctrl-C: leave no partial file
+        os.replace(tmp, path)
+    except BaseException as e:  # disk full or Ctrl-C: leave no partial file
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(e, (OSError, RuntimeError)):
+            why = getattr(e, "strerror", None) or (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise OSError(f"cannot write {path}: {why}") from None
         raise
-    os.replace(tmp, path)
 
 class CheckpointError(ValueError):
     """A file that is not a checkpoint this code loads safely; the message is one line naming the file."""
 
-def read_checkpoint(path, device="cpu", mmap=False):
+def finished_part(out_dir):
+    """What of a run's results out_dir holds (best.pt, evaluations in log.jsonl), in words; "" if none: a run killed
+    before its first checkpoint may start afresh."""
+    evals = sum("val_loss" in r for r in tracking.read_log(os.path.join(out_dir, "log.jsonl")))
+    return ", ".join(["best.pt"] * os.path.isfile(os.path.join(out_dir, "best.pt"))
+                     + [f"log.jsonl with {evals} evaluation(s)"] * (evals > 0))
+
+def check_out_dir(out_dir, resuming, resume, overwrite):
+    """CheckpointError unless a run may write in out_dir: a new run never replaces an old one unasked (overwrite),
+    and resume=True resumes or refuses: results without the ckpt.pt to continue them are never deleted."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise CheckpointError(f"out_dir={out_dir!r} is a file, not a folder")
+    old = [f for f in RUN_FILES if os.path.exists(os.path.join(out_dir, f))]
+    results = finished_part(out_dir) if old and not (resuming or overwrite) else ""
+    if resume and results:
+        raise CheckpointError(f"resume=True, but out_dir={out_dir!r} holds a run's results ({results}) and no ckpt.pt "
+                              f"to resume from; nothing was deleted: restore its ckpt.pt, choose another out_dir=..., "
+                              f"or replace the run with overwrite=True")
+    if old and not (resuming or resume or overwrite):
+        raise CheckpointError(f"out_dir={out_dir!r} already holds a run ({', '.join(old)}): continue it with "
+                              f"resume=True, choose another out_dir=..., or replace it with overwrite=True")
+
+def clear_out_dir(out_dir, resuming):
+    """Before a run writes: a killed write's temp files (no other writer: the folder is locked), a resumed log's cut
+    last line (a kill or a full disk mid-write) and, unless it resumes, the replaced run's files."""
+    os.makedirs(out_dir, exist_ok=True)
+    for f in os.listdir(out_dir):
+        if re.search(r"\.tmp(-\d+)?$", f) or (not resuming and f in RUN_FILES):
+            os.remove(os.path.join(out_dir, f))
+    if resuming:
+        tracking.repair_log(os.path.join(out_dir, "log.jsonl"))
+
+def read_checkpoint(path, device="cpu", mmap=False, need=()):
     """The dict train.py saved, read with weights_only=True (tensors and plain containers: a file that carries code
-    is refused, never run); mmap=True maps the tensors instead of reading them, a cheap check of a file."""
+    is refused, never run); mmap=True maps the tensors instead of reading them, a cheap check of a file. need: the
+    keys a caller needs beyond the model (a resume's optimizer, RNG and data state)."""
     if not os.path.isfile(path):
         raise CheckpointError(f"{path!r} is a directory, expected a checkpoint file" if os.path.isdir(path)
                               else f"checkpoint {path!r} does not exist")
@@ -75,6 +115,9 @@ def read_checkpoint(path, device="cpu", mmap=False):
         raise CheckpointError(f"checkpoint {path!r} cannot be loaded safely: {why}") from None
     if not isinstance(ckpt, dict) or not {"model", "model_args"} <= ckpt.keys():
         raise CheckpointError(f"{path!r} is not a nanoscorer checkpoint (no model or model_args)")
+    if not set(need) <= ckpt.keys():  # e.g. a best.pt copied over ckpt.pt
+        raise CheckpointError(f"{path} holds no {' or '.join(k for k in need if k not in ckpt)} state, which a resume "
+                              f"needs (a best.pt?): start a new run from its weights with init_from={path}")
     return ckpt
 
 def load_checkpoint(path, device="cpu", **overrides):

@@ -130,6 +130,17 @@ def wilson(k, n, z=1.96):
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
     return (p + z * z / (2 * n)) / d - half, (p + z * z / (2 * n)) / d + half
 
+def unique_labels(labels, paths):
+    """Each checkpoint's label, a repeated one told apart by its place, run folder and file (one scorer twice, or a
+    run's ckpt.pt beside its best.pt): rows that cannot be told apart are never written."""
+    out = []
+    for i, (label, path) in enumerate(zip(labels, paths)):
+        if label in out:
+            run, file = os.path.split(os.path.abspath(path))
+            label = f"{label} #{i + 1} ({os.path.basename(run)}{'' if file == 'ckpt.pt' else '/' + file})"
+        out.append(label)
+    return out
+
 def write_csv(path, rows, columns):
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, columns, extrasaction="ignore")

@@ -15,7 +15,7 @@ from typing import get_args
 import torch
 
 import tasks
-from lib import longrange, vocab
+from lib import longrange
 from lib.checkpoint import build_model
 from model import GPTConfig, ssmax_s_for_switch
 from scorers import SCORERS
@@ -71,8 +71,12 @@ LR_SCHEDULES = ("constant", "cosine")
 RANGES = {**dict.fromkeys(("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval",
                            "n_layer", "n_head", "n_embd", "ffn_hidden", "vocab_size", "block_size", "rope_theta",
                            "ssa_b_init", "copy_span"), ("> 0", lambda v: v > 0)),
-          **dict.fromkeys(("max_iters", "warmup_iters", "lr_decay_iters", "learning_rate", "min_lr", "weight_decay",
-                           "grad_clip", "sft_epochs"), (">= 0", lambda v: v >= 0)),
+          **dict.fromkeys(("max_iters", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip", "sft_epochs"),
+                          (">= 0", lambda v: v >= 0)),
+          **dict.fromkeys(("learning_rate", "min_lr"), (">= 0 and <= 1e30 (more overflows AdamW's float32 step)",
+                                                        lambda v: 0 <= v <= 1e30)),
+          "seed": ("in [0, 2**63)", lambda v: 0 <= v < 2 ** 63),  # torch's and numpy's generators both take it
+          "out_dir": ("a folder name, not empty", lambda v: v.strip() != ""),
           **dict.fromkeys(("dropout", "beta1", "beta2"), ("in [0, 1)", lambda v: 0 <= v < 1)),
           "copy_frac": ("in [0, 1]", lambda v: 0 <= v <= 1)}
 
@@ -93,7 +97,7 @@ def coerce(key, value, where, raw=None):
     if value is None and typ is not base:
         return None
     if base is str and raw is not None:
-        return value if isinstance(value, str) else raw  # dataset=kjv, out_dir=123
+        value = value if isinstance(value, str) else raw  # dataset=kjv, out_dir=123
     if base is float and type(value) in (int, float):
         value = float(value)
     if base is int and type(value) is float and value.is_integer():
@@ -156,8 +160,9 @@ def parse_args(argv):
 def resolve(cfg, explicit, ckpt, resuming, world):
     """A resume: the run's stored config, then what this command sets; init_from: the checkpoint's model fields unless
     this command sets them; then the checks across fields, and a task's vocabulary (tasks.py) as the model's."""
-    if resuming:
-        cfg = TrainConfig(**{**{k: v for k, v in ckpt["config"].items() if hasattr(cfg, k)}, **explicit})
+    if resuming:  # in the folder it resumes from, wherever the run was first written
+        cfg = TrainConfig(**{**{k: v for k, v in ckpt["config"].items() if hasattr(cfg, k)}, **explicit,
+                             "out_dir": cfg.out_dir})
     elif ckpt is not None:  # block_size too
         cfg = replace(cfg, **{k: v for k, v in ckpt["model_args"].items() if k in MODEL_FIELDS and k not in explicit})
     if cfg.lr_schedule not in LR_SCHEDULES or cfg.gradient_accumulation_steps % world:
@@ -179,19 +184,6 @@ def resolve(cfg, explicit, ckpt, resuming, world):
             raise TrainError(f"block_size={cfg.block_size} is too short for task {cfg.task!r}: at least "
                              f"{tasks.min_length(cfg)}")
     return cfg
-
-
-def data_vocab(cfg, explicit, ckpt, size):
-    """cfg with the model's vocabulary the dataset's (`size`, meta.json's; None: not made yet, cfg as is), or one
-    TrainError: a checkpoint or a vocab_size= that cannot read the dataset's ids, or would mean other symbols."""
-    if size is None or cfg.task or cfg.sft_data:
-        return cfg
-    have, where = ((ckpt["model_args"]["vocab_size"], "the checkpoint's") if ckpt is not None else
-                   (explicit["vocab_size"], "vocab_size=") if "vocab_size" in explicit else (size, ""))
-    if not vocab.fits(have, size):
-        raise TrainError(f"{where} vocabulary of {have:,} tokens does not match dataset={cfg.dataset!r}, whose "
-                         f"meta.json has {size:,}" + ("" if ckpt is not None else "; leave vocab_size unset"))
-    return replace(cfg, vocab_size=have)
 
 
 def model_config(cfg, explicit, ckpt, resuming):

@@ -3,12 +3,13 @@ The datasets' library: a corpus tokenized (GPT-2's BPE or characters: lib/vocab.
 data/<name>/{train,val}.bin + meta.json (prepare), a dataset made on first use (fetch), and its readers (load_split,
 check_prepared, unigram_entropy). prepare_data.py is its command line; the sources are corpora.py's.
 """
-import glob, hashlib, itertools, json, os, random, shlex, sys, time
+import contextlib, glob, hashlib, itertools, json, os, random, shlex, sys, time
 
 import numpy as np
 
 from lib.corpora import CHAR, EMBEDDED, FILE_BUILDERS, NAMED, SOURCES_HELP, DataError, default_name, stream_docs
-from lib.vocab import EOT_TEXT, TOKENIZERS, CharCodec, get_tokenizer
+from lib.folders import held
+from lib.vocab import EOT_TEXT, TOKENIZERS, CharCodec, data_record, get_tokenizer
 
 SPLITS = ("train", "val")
 # -----------------------------------------------------------------------------
@@ -26,13 +27,28 @@ def load_split(data_dir, split):
     # reads only the pages a batch touches
     return np.memmap(path, dtype=np.uint16, mode="r")
 
-def load_tokens(data_dir, split, L):
-    """A split that holds at least one evaluation window of L+1 tokens (eval_long.py, eval_rows.py)."""
+def load_tokens(data_dir, split, L, vocab_size):
+    """A split that holds at least one evaluation window of L+1 tokens (eval_long.py, eval_rows.py), each id below
+    vocab_size (the models' smallest vocabulary)."""
     data = load_split(data_dir, split)  # DataError if it is missing
     if len(data) < L + 1:
         raise ValueError(f"{os.path.join(data_dir, f'{split}.bin')} has {len(data):,} tokens, fewer than the "
                          f"--length + 1 = {L + 1:,} one sequence needs")
+    check_ids(data_dir, split, vocab_size)
     return data
+
+
+def check_ids(data_dir, split, vocab_size, chunk=1 << 24):
+    """DataError if a split holds an id >= vocab_size (a damaged .bin, another tokenizer's, an edited meta.json), which
+    the model's embedding would meet deep inside, mid-run. Reads the split once, a chunk at a time."""
+    tokens = load_split(data_dir, split)
+    for i in range(0, len(tokens), chunk):
+        part = tokens[i:i + chunk]
+        if len(part) and int(part.max()) >= vocab_size:
+            at = i + int(np.argmax(part >= vocab_size))
+            raise DataError(f"{os.path.join(data_dir, f'{split}.bin')} holds id {int(tokens[at]):,} at token {at:,}, "
+                            f"not below the model's vocabulary of {vocab_size:,}: a damaged file or another "
+                            f"tokenizer's; re-prepare the dataset")
 
 
 def draw_starts(n_tokens, L, num_seqs, seed):
@@ -107,10 +123,21 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
                 max_tokens=max_tokens, files=[[os.path.abspath(f), os.path.getsize(f), os.path.getmtime(f)]
                                               for f in files or []],
                 **({"tokenizer": "char"} if tokenizer == "char" else {}))  # absent for gpt2: older datasets stay valid
-    if not force and is_up_to_date(data_dir, args):
-        print(f"{data_dir} is up to date")
-        return data_dir
+    with held(data_dir, "a dataset", wait=True):  # a second process waits, then finds it up to date
+        if not force and is_up_to_date(data_dir, args):
+            print(f"{data_dir} is up to date")
+            return data_dir
+        try:
+            return _build(data_dir, args, source, files, tokenizer, text_field, hf_split, val_frac, seed, max_tokens)
+        except OSError as e:  # a full disk or an unwritable folder: no .tmp is left behind
+            for f in ("train.bin.tmp", "val.bin.tmp", "meta.json.tmp"):
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(data_dir, f))
+            raise DataError(f"cannot write {e.filename or data_dir}: {e.strerror or e}") from None
 
+
+def _build(data_dir, args, source, files, tokenizer, text_field, hf_split, val_frac, seed, max_tokens):
+    """prepare's work, in temp files until each is whole: the documents tokenized, split, written; meta.json last."""
     from tqdm import tqdm  # lazy: .bin readers need not have it
     t0, rng = time.time(), random.Random(seed)
     if source in EMBEDDED:
@@ -210,7 +237,9 @@ def fetch(name, out_dir="data", make=True):
                             f"{name} --out_dir {out_dir}`")
         elif os.path.exists(os.path.join(data_dir, "meta.json")) or not all(
                 os.path.isfile(os.path.join(data_dir, f"{s}.bin")) for s in SPLITS):
-            raise  # else: another tool's .bin files, unchecked
+            raise
+        else:  # another tool's .bin files, unchecked (nanoGPT's meta.pkl is refused)
+            data_record(data_dir)
     return data_dir
 
 def unigram_entropy(data_dir, max_tokens=10_000_000):

@@ -19,6 +19,8 @@ LLAMA4_FLOOR = 8192
 def factors(kind, L, N, floor=LLAMA4_FLOOR):
     """The (L,) factors of rows 0..L-1 for sequences of L tokens from a model trained at length N."""
     n = torch.arange(1, L + 1, dtype=torch.float64)
+    if kind == "qwen" and N < 2:  # log N = 0
+        raise ValueError(f"--logit_scale qwen divides by log N: it needs a model trained at N >= 2, this one at {N}")
     if kind == "qwen":
         f = (n.log() / math.log(N)).clamp(min=1.0)
     elif kind == "yarn":

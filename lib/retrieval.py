@@ -219,8 +219,11 @@ def sft_examples(args, enc):
     rng = np.random.default_rng(args.seed)
     return "sft_synthetic", synthetic_examples(enc, load_hay(args.data, "train"), args.synthetic, args.sft_length, rng)
 
-def load_hay(data_dir, split):
+def load_hay(data_dir, split, vocab_size=None):
+    """The split as one running text; vocab_size: each id below it (a model's), else DataError."""
     tokens = np.asarray(dataset.load_split(data_dir, split))  # DataError if the split is missing
+    if vocab_size is not None:
+        dataset.check_ids(data_dir, split, vocab_size)
     return tokens[tokens != vocab.codec(data_dir).eot_token]  # one running text
 
 

@@ -1,10 +1,13 @@
 """
 Running a reproduction's steps (reproduce.py): one step = one script's command line, skipped when its output
-exists, logged with its wall time. The runs folder (out-repro-<name>/: checkpoints, train.py's logs) is scratch: it
-does not outlive the machine, so what the report needs from it is kept beside the results (train_log.csv.gz), and
-training runs again only when an evaluation that needs its checkpoints is missing.
+exists and was made with the settings asked for now, logged with its wall time and those settings (steps.jsonl). The
+runs folder (out-repro-<name>/: checkpoints, train.py's logs) is scratch: it does not outlive the machine, so what
+the report needs from it is kept beside the results (train_log.csv.gz), and training runs again only when an
+evaluation that needs its checkpoints is missing; each seed's runs record the training they hold (settings.json).
+A reproduction reads the same way as the synthetic suite: settings that differ from a step's record refuse in one
+line (StepError) unless redo is asked; steps recorded before settings were take their record as it is, with a warning.
 """
-import csv, gzip, json, os, subprocess, sys, time
+import csv, gzip, json, os, shutil, subprocess, sys, threading, time
 
 from lib.report import read_json
 
@@ -12,6 +15,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # make glibc keep freed memory: no page faults per batch
 REUSE_FREED_MEMORY = dict(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**31 - 1))
 TRAIN_LOG = ("variant", "iter", "loss", "train_loss", "val_loss")
+
+
+class StepError(Exception):
+    """A step done with other settings than asked, or one that failed: reproduce.py prints it as one line."""
 
 
 def kv(d):
@@ -22,17 +29,130 @@ def done(path):
     return bool(path) and os.path.exists(path)
 
 
-def step(name, cmd, results, out=None, threads=None):
-    """Run one command unless `out` (a path) exists; log its command line and wall time. threads: its cores."""
-    if done(out):
-        print(f"[skip] {name}: {out} exists")
-        return
-    print(f"[run] {name}: {' '.join(cmd)}", flush=True)
-    t0 = time.time()
-    subprocess.run([sys.executable, os.path.join(REPO, cmd[0]), *cmd[1:]], check=True,  # outputs under the cwd
-                   env={**os.environ, **REUSE_FREED_MEMORY, **({"OMP_NUM_THREADS": str(threads)} if threads else {})})
-    with open(os.path.join(results, "steps.jsonl"), "a") as f:
-        f.write(json.dumps(dict(step=name, command=" ".join(cmd), wall_s=round(time.time() - t0, 1))) + "\n")
+def plain(x):
+    """x as JSON reads it back (tuples as lists): what a record compares equal to."""
+    return json.loads(json.dumps(x))
+
+
+def differences(old, new, prefix=""):
+    """The fields where two settings differ, in words (`train.max_iters 20 -> 40`, `overrides.4 "a" -> "b"`)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in dict.fromkeys([*old, *new]) for d in differences(old.get(k), new.get(k), f"{prefix}{k}.")]
+    if isinstance(old, list) and isinstance(new, list) and old != new:
+        if len(old) == len(new):
+            return [d for i, (a, b) in enumerate(zip(old, new)) for d in differences(a, b, f"{prefix}{i}.")]
+        gone, added = [x for x in old if x not in new], [x for x in new if x not in old]
+        return [f"{prefix[:-1]}" + f" without {json.dumps(gone)[:80]}" * bool(gone) + f" with {json.dumps(added)[:80]}"
+                * bool(added)]
+    return [] if old == new else [f"{prefix[:-1]} {json.dumps(old)[:60]} -> {json.dumps(new)[:60]}"]
+
+
+def refuse(what, diff, redo_hint="--redo runs it again with these (its output is replaced)"):
+    return StepError(f"{what} was made with other settings than asked now ({'; '.join(diff[:3])}"
+                     f"{'; ...' if len(diff) > 3 else ''}): {redo_hint}, or use another --name")
+
+
+def remove(*paths):
+    for p in paths:
+        if os.path.isdir(p):
+            shutil.rmtree(p)
+        elif os.path.exists(p):
+            os.remove(p)
+
+
+class Steps:
+    """One reproduction's step runner over its results folder: what each done step was made with (steps.jsonl), the
+    wall time of every call up to its last finished step (wall.json, so an interrupted call counts), and redo."""
+
+    def __init__(self, results, redo=False):
+        self.results, self.redo, self.lock, self.t0 = results, redo, threading.Lock(), time.time()
+        self.recorded = {}  # step name -> its last settings; None where it ran before settings were recorded
+        if os.path.isfile(os.path.join(results, "steps.jsonl")):
+            for line in open(os.path.join(results, "steps.jsonl")):
+                if line.strip():
+                    r = json.loads(line)
+                    self.recorded[r["step"]] = r.get("settings")
+        self.wall0 = (read_json(results, "wall.json") or {}).get("wall_s", 0.0)
+
+    def reuse(self, name, settings, clear=(), whole=True):
+        """True if step `name`, whose output exists, was made with `settings` (or, whole, before settings were
+        recorded: a warning); with other settings: StepError, or with redo its `clear` paths are removed and False."""
+        old = self.recorded.get(name)
+        if old is None and whole:
+            print(f"warning: {name}: its output was made before settings were recorded; taken as it is")
+            return True
+        diff = ["an output made before settings were recorded, without all that is asked now"] if old is None else \
+            differences(old, plain(settings))
+        if not diff:
+            return True
+        if not self.redo:
+            raise refuse(f"step {name!r} in {self.results}", diff)
+        print(f"[redo] {name}: " + "; ".join(diff))
+        remove(*clear)
+        return False
+
+    def run(self, name, cmd, out=None, threads=None, settings=None, clear=(), whole=True):
+        """Run one command unless `out` (a path) exists and was made with `settings` (default: the command line);
+        log its command line, wall time and settings. threads: its cores. clear: what --redo removes first. whole:
+        False where `out` lacks part of what is asked (an unrecorded older output then counts as other settings)."""
+        settings = plain(settings or {"command": cmd})
+        if done(out) and self.reuse(name, settings, clear or [out], whole):
+            print(f"[skip] {name}: {out} exists")
+            return
+        print(f"[run] {name}: {' '.join(cmd)}", flush=True)
+        t0 = time.time()
+        rc = subprocess.run([sys.executable, os.path.join(REPO, cmd[0]), *cmd[1:]],  # outputs under the cwd
+                            env={**os.environ, **REUSE_FREED_MEMORY,
+                                 **({"OMP_NUM_THREADS": str(threads)} if threads else {})}).returncode
+        if rc:
+            raise StepError(f"step {name!r} failed (exit status {rc}; its output is above); rerun the same command "
+                            f"to resume: finished steps are kept")
+        with self.lock, open(os.path.join(self.results, "steps.jsonl"), "a") as f:
+            f.write(json.dumps(dict(step=name, command=" ".join(cmd), wall_s=round(time.time() - t0, 1),
+                                    settings=settings)) + "\n")
+            self.recorded[name] = settings
+            self.tick()
+
+    def tick(self):
+        """wall.json: the calls before this one, and this one up to now."""
+        with open(os.path.join(self.results, "wall.json.tmp"), "w") as f:
+            json.dump({"wall_s": round(self.wall_s(), 1)}, f)
+        os.replace(os.path.join(self.results, "wall.json.tmp"), os.path.join(self.results, "wall.json"))
+
+    def wall_s(self):
+        return self.wall0 + time.time() - self.t0
+
+    def ran(self, key):
+        """The one value of settings[key] that every recorded step holding it was made with (e.g. "train"), or None
+        where none records it (steps recorded before settings were)."""
+        got = [s[key] for s in self.recorded.values() if s and key in s]
+        return got[0] if got and all(g == got[0] for g in got) else None
+
+
+def check_runs(root, want, redo):
+    """A seed's runs folder (scratch) holds the training `want` describes ({"train": ..., "variants": {v: overrides}}):
+    the same training settings, and the same overrides for every variant both name (one may add variants). Else
+    StepError, or with redo the folder is removed (it trains again). Records what it will hold (settings.json)."""
+    path = os.path.join(root, "settings.json")
+    have = read_json(path)
+    if have is not None:
+        shared = set(have["variants"]) & set(want["variants"])
+        diff = differences({"train": have["train"], "variants": {v: have["variants"][v] for v in shared}},
+                           plain({"train": want["train"], "variants": {v: want["variants"][v] for v in shared}}))
+        if diff and not redo:
+            raise refuse(f"the training in {root}", diff, "--redo trains its variants again")
+        if diff:
+            print(f"[redo] the training in {root}: " + "; ".join(diff))
+            remove(root)
+            have = None
+    elif os.path.isdir(root) and os.listdir(root):  # left unrecorded: what it holds is not known
+        return print(f"warning: {root} was trained before settings were recorded; its checkpoints are taken as they "
+                     f"are")
+    os.makedirs(root, exist_ok=True)
+    variants = {**(have or {}).get("variants", {}), **plain(want["variants"])}
+    with open(path + ".tmp", "w") as f:
+        json.dump({"train": plain(want["train"]), "variants": variants}, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def complete(out_dir, variants):

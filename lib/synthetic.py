@@ -4,13 +4,17 @@ eval_tasks.py on CPU (`python reproduce.py --suite synthetic [--quick]`); synthe
 seed-level statistics (the training seed is the unit), verdicts, tables and figures.
 
 Runs live in out-synthetic[-quick]/<task>-<setting>-s<seed>/, results in out-results/<name>/ (the committed
-results/<name>/ with commit=True). A finished step is skipped, so an interrupted suite resumes.
+results/<name>/ with commit=True). A finished step is skipped when it was made with the settings asked now (each run
+records its training in its `done` marker and its evaluation in eval_settings.json), so an interrupted suite
+resumes; other settings refuse in one line unless redo=True (the run is made again).
 """
-import contextlib, json, math, multiprocessing, os, runpy, sys, time
+import contextlib, json, math, multiprocessing, os, runpy, shutil, sys, time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from lib import config
+from lib.folders import held
+from lib.runs import StepError, differences, plain, refuse
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_OUT = REPO  # output root; tests point it elsewhere
@@ -100,7 +104,7 @@ def _one_core():  # one core per worker, `jobs` workers at once
 
 def _run(script, argv, log):
     """`python <script> argv` in this worker via runpy (torch stays imported); its output to log, its one-line error
-    as an exception."""
+    as a StepError (reproduce.py prints it as one line)."""
     path = os.path.join(REPO, script)
     with open(log, "a") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
         saved, sys.argv = sys.argv, [path, *argv]
@@ -108,32 +112,59 @@ def _run(script, argv, log):
             runpy.run_path(path, run_name="__main__")
         except SystemExit as e:
             if e.code:
-                raise RuntimeError(f"{e.code} (log: {log})") from None
+                raise StepError(f"{e.code} (log: {log})") from None
         finally:
             sys.argv = saved
 
 
-def run_one(task, setting, seed, runs, n_eval, e, over):
+def reuse(path, want, what, redo, clear):
+    """True if the record at `path` (a run's done marker, an evaluation's settings) says it was made as `want` asks;
+    an empty marker (written before settings were recorded) is taken as it is, with a warning. Other settings:
+    StepError, or with redo `clear` is removed and False."""
+    text = open(path).read() if os.path.isfile(path) else ""
+    if not text.strip():
+        print(f"warning: {what} was made before settings were recorded; taken as it is", flush=True)
+        return True
+    diff = differences(json.loads(text), plain(want))
+    if diff and not redo:
+        raise refuse(what, diff)
+    if diff:
+        shutil.rmtree(clear)
+    return not diff
+
+
+def record(path, settings):
+    with open(path + ".tmp", "w") as f:
+        json.dump(plain(settings), f)
+    os.replace(path + ".tmp", path)
+
+
+def run_one(task, setting, seed, runs, n_eval, e, over, redo=False):
     """Train (resumable) and evaluate one run in this worker process; e: its SUITE entry, over: its train.py
-    overrides. A RESCALED setting evaluates the seed's softmax run (trained before, main's second round). Returns
-    its wall times."""
+    overrides. A RESCALED setting evaluates the seed's softmax run (trained before, main's second round). Each step
+    is reused only when made with these settings (redo: made again). Returns its wall times."""
     out = os.path.join(runs, f"{task}-{setting}-s{seed}")
     trained = os.path.join(runs, f"{task}-softmax-s{seed}") if setting in RESCALED else out
     log = os.path.join(runs, f"{os.path.basename(out)}.train.log")
     t0, ran = time.time(), False
-    if not os.path.isfile(os.path.join(trained, "done")):
+    train = dict(config=e.config, overrides=[*over, f"seed={seed}"])  # what decides the trained model
+    marker = os.path.join(trained, "done")
+    if not (os.path.isfile(marker) and reuse(marker, train, f"the run {trained}", redo, trained)):
         ran = True
-        _run("train.py", [os.path.join(REPO, "configs", "tasks", f"{e.config}.py"), *over, f"seed={seed}",
+        _run("train.py", [os.path.join(REPO, "configs", "tasks", f"{e.config}.py"), *train["overrides"],
                            f"out_dir={trained}", "resume=True"], log)
-        open(os.path.join(trained, "done"), "w").close()
+        record(marker, train)
     t1 = time.time()
-    if not os.path.isfile(os.path.join(out, "eval", "per_prompt.csv")):
-        ran, N = True, _block_size(trained)
+    N = _block_size(trained)
+    args = ["--lengths", *[str(m * N) for m in e.multiples], "--n", str(n_eval), "--rope", *e.ropes,
+            "--diagnose", str(32 if e.diagnose else 0), *(x.format(N=N) for x in RESCALED.get(setting, []))]
+    settings, evaluated = os.path.join(out, "eval_settings.json"), os.path.join(out, "eval", "per_prompt.csv")
+    if not (os.path.isfile(evaluated) and reuse(settings, dict(train=train, eval=args), f"the evaluation {out}/eval",
+                                                redo, os.path.join(out, "eval"))):
+        ran = True
         os.makedirs(out, exist_ok=True)
-        _run("eval_tasks.py", [os.path.join(trained, "ckpt.pt"), "--lengths", *[str(m * N) for m in e.multiples],
-                                "--n", str(n_eval), "--out_dir", os.path.join(out, "eval"), "--rope", *e.ropes,
-                                "--diagnose", str(32 if e.diagnose else 0),
-                                *(x.format(N=N) for x in RESCALED.get(setting, []))], log)
+        _run("eval_tasks.py", [os.path.join(trained, "ckpt.pt"), *args, "--out_dir", os.path.join(out, "eval")], log)
+        record(settings, dict(train=train, eval=args))
     return dict(task=task, setting=setting, seed=seed, train_s=round(t1 - t0, 1), eval_s=round(time.time() - t1, 1),
                 ran=ran)
 
@@ -149,7 +180,20 @@ def plan(task_names, settings=None, seeds=None):
             for seed in (seeds if seeds is not None else range(SUITE[t].seeds))]
 
 
-def main(quick=False, jobs=2, n_eval=N_EVAL, settings=None, task_names=None, name=None, seeds=None, commit=False):
+def recorded(runs, todo):
+    """{"task/setting": the train.py overrides its runs' done markers record}: what was run, not what was asked (the
+    same, but where a marker predates the records: such a setting is left out)."""
+    out = {}
+    for t, s, seed in todo:
+        path = os.path.join(runs, f"{t}-{'softmax' if s in RESCALED else s}-s{seed}", "done")
+        text = open(path).read().strip() if os.path.isfile(path) else ""
+        if text:
+            out.setdefault(f"{t}/{s}", [o for o in json.loads(text)["overrides"] if not o.startswith("seed=")])
+    return out
+
+
+def main(quick=False, jobs=2, n_eval=N_EVAL, settings=None, task_names=None, name=None, seeds=None, commit=False,
+         redo=False):
     from lib import synthetic_report  # heavy imports, needed only to report
     # the command as given, subsets and name included, so the report says how to rerun it
     command = " ".join(["python reproduce.py --suite synthetic", *["--quick"] * quick, *(
@@ -162,30 +206,36 @@ def main(quick=False, jobs=2, n_eval=N_EVAL, settings=None, task_names=None, nam
     seeds = seeds if seeds is not None else range(QUICK["seeds"]) if quick else None
     runs = os.path.join(REPO_OUT, f"out-{name}")
     results = os.path.join(REPO_OUT, "results" if commit else "out-results", name)
-    os.makedirs(runs, exist_ok=True)
-    os.makedirs(results, exist_ok=True)
-    todo = plan(task_names, settings, seeds)
-    t0, ran = time.time(), False
+    with held(runs, "a synthetic suite's runs"), held(results, "a synthetic suite's results"):  # one writer each
+        os.makedirs(runs, exist_ok=True)
+        os.makedirs(results, exist_ok=True)
+        suite(runs, results, plan(task_names, settings, seeds), jobs, n_eval, command, task_names, redo,
+              synthetic_report)
+
+
+def suite(runs, results, todo, jobs, n_eval, command, task_names, redo, synthetic_report):
+    """Every run of todo (trained and evaluated unless reused), then the report. wall.json: every call's time up to
+    its last run that trained or evaluated (an interrupted call counts too; a re-report adds nothing)."""
+    path = os.path.join(runs, "wall.json")
+    wall, t0, last = (json.load(open(path))["wall_s"] if os.path.isfile(path) else 0), time.time(), time.time()
     spawn = multiprocessing.get_context("spawn")  # fork would inherit torch's threads
     with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=_one_core) as pool:
         done = 0  # the rescalings read the softmax runs: a second round, once the first has finished
         for round_ in ([x for x in todo if x[1] not in RESCALED], [x for x in todo if x[1] in RESCALED]):
-            futures = [pool.submit(run_one, t, s, seed, runs, n_eval, SUITE[t], overrides(t, s))
+            futures = [pool.submit(run_one, t, s, seed, runs, n_eval, SUITE[t], overrides(t, s), redo)
                        for t, s, seed in round_]
             for f in futures:
                 r, done = f.result(), done + 1
-                ran |= r["ran"]
                 print(f"[{done}/{len(todo)}] {r['task']} {r['setting']} seed {r['seed']}: train {r['train_s']} s, "
                       f"eval {r['eval_s']} s ({time.time() - t0:.0f} s so far)", flush=True)
                 with open(os.path.join(results, "steps.jsonl"), "a") as log:
                     log.write(json.dumps(r) + "\n")
-    # sum over calls that trained; re-reports add nothing
-    path = os.path.join(runs, "wall.json")
-    wall = (json.load(open(path))["wall_s"] if os.path.isfile(path) else 0) + (time.time() - t0) * ran
-    with open(path, "w") as f:
-        json.dump({"wall_s": round(wall)}, f)
+                if r["ran"]:
+                    wall, last = wall + time.time() - last, time.time()
+                    with open(path, "w") as f:
+                        json.dump({"wall_s": round(wall)}, f)
     setup = dict(command=command, wall_s=round(wall), jobs=jobs, n_eval=n_eval,
-                 settings={s: SETTINGS[s] for s in dict.fromkeys(s for _, s, _ in todo)},
+                 settings={s: SETTINGS[s] for s in dict.fromkeys(s for _, s, _ in todo)}, ran=recorded(runs, todo),
                  tasks={t: dict(config=SUITE[t].config, extra=SUITE[t].extra, multiples=SUITE[t].multiples,
                                 seeds=sorted({seed for tt, _, seed in todo if tt == t})) for t in task_names})
     synthetic_report.report(runs, results, todo, setup)

@@ -50,6 +50,8 @@ def gather(runs, todo):
             if os.path.isfile(path):
                 rows += [{**r, "task": task, "setting": setting, "base": r["task"]}  # base: tasks.py's name
                          for r in csv.DictReader(open(path))]
+    for r in (r for rows in out.values() for r in rows if r.get("checkpoint")):  # as the runs folder names it
+        r["checkpoint"] = os.path.relpath(r["checkpoint"], os.path.dirname(os.path.abspath(runs)))
     return out["accuracy.csv"], out["attention.csv"], out["per_prompt.csv"]
 
 
@@ -167,7 +169,7 @@ def report(runs, results, todo, setup):
         compare.write_csv(os.path.join(results, "attention.csv"), att, list(att[0]))
     path = os.path.join(results, "per_prompt.csv.gz")
     with gzip.GzipFile(path, "wb", mtime=0) as gz, io.TextIOWrapper(gz, newline="") as f:  # mtime 0: same bytes
-        w = csv.DictWriter(f, fieldnames=list(prompts[0]))
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in prompts for k in r)))  # old runs: fewer
         w.writeheader()
         w.writerows(prompts)
     summary = summarize(acc)

@@ -1,7 +1,6 @@
 """
 Experiment tracking, what a run records and reports: its log.jsonl and loss.png, its cost on a CPU before it starts,
-optional Weights & Biases logging, a local figure that overlays several runs, and the folder an evaluation writes
-its results into (never over an earlier evaluation's, never partial).
+optional Weights & Biases logging, a local figure that overlays several runs.
 
     WANDB_MODE=offline python train.py configs/cpu_quick.py wandb_log=True   # no network; `wandb sync` uploads later
     python train.py --compare out-softmax out-ssmax [--out compare.png]       # no wandb: runs' log.jsonl in one PNG
@@ -9,12 +8,18 @@ its results into (never over an earlier evaluation's, never partial).
 wandb is imported only when asked (wandb_log=True, log_table): a run without it never pays for it. A run's wandb
 folder is in its out_dir: `wandb sync out-quick/wandb/offline-run-*` uploads an offline one.
 """
-import argparse, contextlib, glob, json, math, os, shutil, textwrap
+import argparse, contextlib, json, math, os, sys, textwrap
 from dataclasses import asdict
 from datetime import timedelta
 
 class TrackingError(Exception):
     """Bad input to tracking (no wandb package, a folder without log.jsonl): train.main prints it as one line."""
+
+def error_text(e):
+    """An exception as the one line after "error: "; an OSError (a full disk, an unwritable folder) with its path."""
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+    return str(e)
 
 def import_wandb():
     try:
@@ -29,48 +34,6 @@ def add_args(parser):
     parser.add_argument("--wandb", action="store_true", help="also log the results to Weights & Biases")
     parser.add_argument("--wandb_project", default="nanoscorer")
 
-@contextlib.contextmanager
-def results_dir(out_dir, names):
-    """The folder an evaluation writes in: out_dir is refused if it already holds one of `names` (the result files,
-    the one that marks it finished last). The results go to a fresh folder beside it, moved into out_dir only when
-    the evaluation finished: out_dir never holds a partial or mixed set of results."""
-    refuse_results(out_dir, names)
-    stem = os.path.normpath(out_dir) + ".tmp-"
-    tmp = stem + str(os.getpid())
-    for old in glob.glob(glob.escape(stem) + "*"):  # a dead process's, or this one's
-        if old == tmp or old[len(stem):].isdigit() and not pid_alive(int(old[len(stem):])):
-            shutil.rmtree(old, ignore_errors=True)
-    os.makedirs(tmp)
-    try:
-        yield tmp
-        refuse_results(out_dir, names)  # another evaluation may have finished meanwhile
-        try:
-            os.replace(tmp, out_dir)  # one rename where out_dir is absent or empty
-        except OSError:  # shared folder: file by file, marker last
-            for name in sorted(os.listdir(tmp), key=lambda n: names.index(n) if n in names else -1):
-                os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-def refuse_results(out_dir, names):
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise TrackingError(f"--out_dir {out_dir!r} is a file, expected a folder for the results")
-    held = [n for n in names if os.path.exists(os.path.join(out_dir, n))]
-    if held:
-        raise TrackingError(f"--out_dir {out_dir!r} already holds {', '.join(held)} of an earlier run: give another "
-                            f"--out_dir, or remove {'it' if len(held) == 1 else 'them'} to run it again")
-
-def pid_alive(pid):
-    if os.name != "posix":  # on Windows os.kill(pid, 0) would kill it
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's: alive
-        pass
-    return True
-
 def start(**kwargs):
     """wandb.init(**kwargs) as a new run; its failure is one line."""
     wandb = import_wandb()
@@ -84,9 +47,47 @@ def start(**kwargs):
 # ----------------------------------------------------------------------------------------------------------------
 # A run's own records: log.jsonl, and loss.png from it
 
-def read_log(path):
-    """log.jsonl's records ([] before the first)."""
-    return [json.loads(line) for line in open(path)] if os.path.isfile(path) else []
+def _records(path):
+    """[(line number, record or None where the line is not a JSON object)] of log.jsonl, blank lines left out."""
+    out = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for i, line in enumerate(f, 1):
+            try:
+                r = json.loads(line) if line.strip() else {}
+            except ValueError:
+                r = None
+            if r != {}:
+                out.append((i, r if isinstance(r, dict) else None))
+    return out
+
+def read_log(path, warn=False):
+    """log.jsonl's records ([] before the first). A cut or junk line (a kill or a full disk mid-write) is left out,
+    with a warning if warn; a resume removes it (repair_log)."""
+    if not os.path.isfile(path):
+        return []
+    records = _records(path)
+    bad = [i for i, r in records if r is None]
+    if bad and warn:
+        print(f"warning: {path}: line(s) {', '.join(map(str, bad))} are not JSON records (cut by a kill or a full "
+              f"disk?), left out", file=sys.stderr)
+    return [r for _, r in records if r is not None]
+
+def repair_log(path):
+    """Before a resume appends: log.jsonl without its cut or junk lines (a cut last line would swallow the next
+    record), rewritten whole; each line dropped is named once."""
+    if not os.path.isfile(path):
+        return
+    records = _records(path)
+    bad = [i for i, r in records if r is None]
+    with open(path, "rb") as f:
+        ends_clean = f.seek(0, 2) == 0 or (f.seek(-1, 2), f.read(1))[1] == b"\n"
+    if not bad and ends_clean:
+        return
+    print(f"warning: {path}: dropped line(s) {', '.join(map(str, bad))}, not JSON records (cut by a kill or a full "
+          f"disk?)" if bad else f"warning: {path}: its last line ended without a newline; one added")
+    with open(path + ".tmp", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for _, r in records if r is not None)
+    os.replace(path + ".tmp", path)
 
 def log(record, cfg, info, model):
     """One record to out_dir/log.jsonl and, with wandb_log, to Weights & Biases."""
@@ -95,15 +96,20 @@ def log(record, cfg, info, model):
     with open(os.path.join(cfg.out_dir, "log.jsonl"), "a") as f:
         f.write(json.dumps(record) + "\n")
 
-def announce(cfg, model, run, tokens_per_iter, unigram=None, sft_epoch_iters=None, info=None):
-    """A run's first lines: its resolved config, then its size, processes, tokens per iteration and device; then the
-    wandb run starts (wandb_log), before train.py touches out_dir: a failed login never costs an old run's files."""
+def announce(cfg, model, run, tokens_per_iter, data, info=None):
+    """A run's first lines: its resolved config, then its size, processes, tokens per iteration and device (data:
+    train.py's, for the unigram entropy, an SFT epoch, a dataset without meta.json); then the wandb run starts
+    (wandb_log), before train.py touches out_dir: a failed login never costs an old run's files."""
     # break between fields only: each copies back whole
     print("config: " + textwrap.fill(", ".join(f"{k}={v!r}" for k, v in asdict(cfg).items()), 116,
                                      subsequent_indent="  ", break_long_words=False, break_on_hyphens=False))
+    epoch = len(data.sft) / (tokens_per_iter / cfg.block_size) if data.sft else None
     print(f"{model.get_num_params() / 1e6:.2f}M parameters, {run.world} process(es), {tokens_per_iter:,} tokens per "
-          f"iteration, device {run.device}" + (f"; unigram entropy of train {unigram:.4f} nats" if unigram else "")
-          + (f"; {sft_epoch_iters:.1f} iterations per epoch" if sft_epoch_iters is not None else ""))
+          f"iteration, device {run.device}" + (f"; unigram entropy of train {data.unigram:.4f} nats" if data.unigram
+                                               else "") + (f"; {epoch:.1f} iterations per epoch" if epoch else ""))
+    if data.dir and not os.path.isfile(os.path.join(data.dir, "meta.json")):  # another tool's .bin files
+        print(f"warning: {data.dir} has no meta.json: its ids are taken as GPT-2's (a character dataset needs the "
+              f"meta.json that prepare_data.py writes)", file=sys.stderr)
     if cfg.wandb_log:
         wandb_log({}, cfg, info, model)
 
@@ -226,7 +232,7 @@ def read_run(out_dir):
     path = os.path.join(out_dir, "log.jsonl")
     if not os.path.isfile(path):
         raise TrackingError(f"{out_dir!r} has no log.jsonl: not a train.py out_dir (or no step was logged yet)")
-    rows = [json.loads(line) for line in open(path) if line.strip()]
+    rows = read_log(path, warn=True)
     scorer = next((r["config"].get("scorer") for r in reversed(rows) if "config" in r), None)
     label = os.path.basename(os.path.abspath(out_dir)) + (f" ({scorer})" if scorer else "")
     return (label, {r["iter"]: r["loss"] for r in rows if "loss" in r},

@@ -1,9 +1,11 @@
 """
 The codecs a model reads: GPT-2's BPE built offline (get_tokenizer, EOT) and a character vocabulary (CharCodec), the
 one a prepared dataset uses (codec, vocab_size: its meta.json) and the one a checkpoint reads (checkpoint_codec), and
-whether a model reads a dataset's tokens (fits, language_model). lib/dataset.py writes the datasets; train.py, sample.py and the evaluations read them.
+whether a model reads a dataset's tokens (fits, language_model). A checkpoint stores its codec as a record (record:
+kind, size, a sha256 of its content, a character list), so vocabularies are matched by content, not by size.
+lib/dataset.py writes the datasets; train.py, sample.py and the evaluations read them.
 """
-import functools, json, os
+import dataclasses, functools, hashlib, json, os, sys
 
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
@@ -65,6 +67,30 @@ class CharCodec:
     def decode_single_token_bytes(self, i):
         return self.itos[i].encode()
 
+def _sha(*parts):
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+GPT2_SHA256 = _sha(VOCAB_BPE_SHA256, ENCODER_JSON_SHA256)  # GPT-2's BPE is its two files
+
+def record(enc):
+    """A codec as a checkpoint stores it (the format other tokenizers share): its kind, size, end-of-text id and the
+    sha256 of its content; a character vocabulary also its characters, so a checkpoint alone decodes."""
+    if isinstance(enc, CharCodec):
+        return dict(kind="char", n_vocab=enc.n_vocab, eot=enc.eot_token, sha256=_sha(*enc.itos), itos=enc.itos)
+    return dict(kind="gpt2", n_vocab=VOCAB_SIZE, eot=EOT, sha256=GPT2_SHA256)
+
+def from_record(rec):
+    """The codec a record names, or DataError."""
+    if rec.get("kind") == "char":
+        return CharCodec(rec["itos"])
+    if rec.get("kind") == "gpt2":
+        return get_tokenizer()
+    raise DataError(f"a tokenizer of kind {rec.get('kind')!r}, which this code does not read (char, gpt2)")
+
+def describe(rec):
+    what = f"{rec['n_vocab'] - 1} characters" if rec["kind"] == "char" else f"{rec['kind']} ({rec['n_vocab']:,} ids)"
+    return f"{what}, sha256 {rec['sha256'][:12]}"
+
 def read_meta(data_dir):
     """data_dir's meta.json, or None where there is none (another tool's .bin files: GPT-2's, as nanoGPT's)."""
     path = os.path.join(data_dir, "meta.json")
@@ -78,8 +104,18 @@ def read_meta(data_dir):
 
 def codec(data_dir):
     """The codec of a prepared dataset: its characters (meta.json's itos), else GPT-2's BPE."""
-    meta = read_meta(data_dir) or {}
-    return CharCodec(meta["itos"]) if meta.get("tokenizer") == "char" else get_tokenizer()
+    return from_record(data_record(data_dir))
+
+def data_record(data_dir):
+    """record() of a prepared dataset's codec, without building GPT-2's BPE; a folder without meta.json holds GPT-2's
+    ids (nanoGPT's layout), unless it holds nanoGPT's character meta.pkl, which is refused (a pickle can run code)."""
+    meta = read_meta(data_dir)
+    if meta is None and os.path.isfile(os.path.join(data_dir, "meta.pkl")):
+        raise DataError(f"{data_dir} has nanoGPT's meta.pkl (a character vocabulary) and no meta.json: this code "
+                        f"never unpickles; prepare the text with `python prepare_data.py FILE --tokenizer char`")
+    if (meta or {}).get("tokenizer") == "char":
+        return record(CharCodec(meta["itos"]))
+    return record(None)
 
 def vocab_size(data_dir):
     """The vocabulary a model of this dataset reads: meta.json's; None without one (not made yet, or another tool's
@@ -91,20 +127,51 @@ def fits(model_vocab, data_vocab):
     """A model reads a dataset's ids and means its symbols: the same vocabulary, or GPT-2's padded (e.g. 50,304)."""
     return model_vocab == data_vocab or (data_vocab == VOCAB_SIZE and model_vocab >= VOCAB_SIZE)
 
-def language_model(path, ckpt, data_vocab=VOCAB_SIZE):
-    """ckpt (read from path) if its model reads these tokens (data_vocab: the dataset's vocabulary), else DataError:
-    a task run's own small vocabulary (tasks.py), or a character model given BPE (or the reverse), would fail on the
-    first token past it, or answer in the wrong symbols."""
+def data_vocab(cfg, explicit, ckpt, size):
+    """cfg with the model's vocabulary the dataset's (`size`, meta.json's; None: not made yet, cfg as is), or one
+    DataError: a checkpoint or a vocab_size= that cannot read the dataset's ids (train.py)."""
+    if size is None or cfg.task or cfg.sft_data:
+        return cfg
+    have, where = ((ckpt["model_args"]["vocab_size"], "the checkpoint's") if ckpt is not None else
+                   (explicit["vocab_size"], "vocab_size=") if "vocab_size" in explicit else (size, ""))
+    if not fits(have, size):
+        raise DataError(f"{where} vocabulary of {have:,} tokens does not match dataset={cfg.dataset!r}, whose "
+                        f"meta.json has {size:,}" + ("" if ckpt is not None else "; leave vocab_size unset"))
+    return dataclasses.replace(cfg, vocab_size=have)
+
+def language_model(path, ckpt, data_dir=None):
+    """ckpt (read from path) if its model reads data_dir's tokens (None: any language model), else DataError: a task
+    run's own small vocabulary (tasks.py), a character model given BPE (or the reverse), or another character list
+    of the same size, would fail on the first token past it, or answer in the wrong symbols. A checkpoint without a
+    stored codec (written before they were) is matched by size, with a warning."""
     task, vocab = (ckpt.get("config") or {}).get("task"), ckpt["model_args"].get("vocab_size", VOCAB_SIZE)
-    if task or not fits(vocab, data_vocab):
-        what = "GPT-2's" if data_vocab == VOCAB_SIZE else "this dataset's"
-        raise DataError(f"{path!r} is " + (f"a run of task {task!r} (eval_tasks.py evaluates it)" if task else
-                        f"a model of {vocab:,} tokens") + f", not a language model of {what} {data_vocab:,} tokens")
+    if task:
+        raise DataError(f"{path!r} is a run of task {task!r} (eval_tasks.py evaluates it), not a language model")
+    if data_dir is None:
+        return ckpt
+    data = data_record(data_dir)
+    if ckpt.get("codec") is None:
+        if not fits(vocab, data["n_vocab"]):
+            what = "GPT-2's" if data["kind"] == "gpt2" else "this dataset's"
+            raise DataError(f"{path!r} is a model of {vocab:,} tokens, not a language model of {what} "
+                            f"{data['n_vocab']:,} tokens")
+        print(f"warning: {path} stores no vocabulary (an older checkpoint): matched to {data_dir} by its size only",
+              file=sys.stderr)
+    elif ckpt["codec"]["sha256"] != data["sha256"]:
+        raise DataError(f"{path!r} reads another vocabulary than {data_dir}: the checkpoint's is "
+                        f"{describe(ckpt['codec'])}, the data's {describe(data)}")
     return ckpt
 
 def checkpoint_codec(ckpt, data_dir=None):
-    """The codec a language-model checkpoint reads: data_dir's, else that of the dataset it was trained on
-    (config's data_dir/dataset, nanoGPT's rule), else GPT-2's for a model of GPT-2's vocabulary; else DataError."""
+    """The codec a language-model checkpoint reads: its own stored one (data_dir, if given, must hold the same);
+    an older checkpoint's: data_dir's, else that of the dataset it was trained on (config's data_dir/dataset,
+    nanoGPT's rule), else GPT-2's for a model of GPT-2's vocabulary; else DataError."""
+    if ckpt.get("codec") is not None:
+        data = data_record(data_dir) if data_dir is not None else ckpt["codec"]
+        if data["sha256"] != ckpt["codec"]["sha256"]:
+            raise DataError(f"{data_dir} holds another vocabulary ({describe(data)}) than the checkpoint's "
+                            f"({describe(ckpt['codec'])})")
+        return from_record(ckpt["codec"])
     cfg, vocab = ckpt.get("config") or {}, ckpt["model_args"].get("vocab_size", VOCAB_SIZE)
     data_dir = data_dir or (os.path.join(cfg.get("data_dir", "data"), cfg["dataset"]) if cfg.get("dataset") else None)
     if data_dir and vocab_size(data_dir) is not None and fits(vocab, vocab_size(data_dir)):

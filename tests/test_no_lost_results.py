@@ -22,7 +22,7 @@ import eval_tasks
 import needle
 from lib import vocab
 import sample
-from lib import tracking
+from lib import folders, tracking
 import train
 from lib.checkpoint import run_info, save_checkpoint
 from model import GPT, GPTConfig
@@ -133,7 +133,7 @@ def test_results_reach_out_dir_only_whole_and_a_killed_runs_folder_is_cleared_by
     out, names = tmp_path / "res", ["a.csv", "b.png", "done.json"]
     for stop in (RuntimeError("a model failed"), KeyboardInterrupt()):  # a failure, and Ctrl-C
         with pytest.raises(type(stop)):
-            with tracking.results_dir(str(out), names) as folder:
+            with folders.results_dir(str(out), names) as folder:
                 (Path(folder) / "a.csv").write_text("half")
                 raise stop
         assert not out.exists() and no_staging_beside(out)
@@ -141,7 +141,7 @@ def test_results_reach_out_dir_only_whole_and_a_killed_runs_folder_is_cleared_by
     dead.wait()
     (tmp_path / f"res.tmp-{dead.pid}").mkdir()  # a killed evaluation's folder: its process is gone
     (tmp_path / f"res.tmp-{os.getppid()}").mkdir()  # one whose process still runs is left alone
-    with tracking.results_dir(str(out), names) as folder:
+    with folders.results_dir(str(out), names) as folder:
         (Path(folder) / "a.csv").write_text("whole")
     assert snapshot(out) == {"a.csv": b"whole"} and not (tmp_path / f"res.tmp-{dead.pid}").exists()
     assert (tmp_path / f"res.tmp-{os.getppid()}").is_dir()
@@ -151,7 +151,7 @@ def test_results_reach_out_dir_only_whole_and_a_killed_runs_folder_is_cleared_by
         replace(src, dst)
         moved.append(os.path.basename(dst))
     monkeypatch.setattr(os, "replace", replace_and_record)
-    with tracking.results_dir(str(out), names[1:]) as folder:  # a.csv is another evaluation's
+    with folders.results_dir(str(out), names[1:]) as folder:  # a.csv is another evaluation's
         for name in ("done.json", "b.png"):
             (Path(folder) / name).write_text(name)
     assert moved == ["b.png", "done.json"] and set(snapshot(out)) == set(names)

@@ -13,7 +13,7 @@ import torch
 
 import eval_tasks
 import reproduce
-from lib import compare, config, synthetic, synthetic_report
+from lib import compare, config, runs, synthetic, synthetic_report
 from model import GPT, GPTConfig, attention
 
 
@@ -118,10 +118,28 @@ def test_the_suite_trains_evaluates_reports_and_skips_finished_runs(tmp_path, mo
     again = [json.loads(line) for line in (tmp_path / "results" / "synthetic" / "steps.jsonl").read_text().splitlines()]
     assert len(again) == 6 and not any(r["ran"] for r in again)  # every run was done: nothing trains again
     assert (res / "steps.jsonl").read_text().splitlines() == steps
+    summary = json.load(open(tmp_path / "results" / "synthetic" / "summary.json"))
+    assert summary["ran"]["first/softmax-qwen"] == [*tiny, "scorer=softmax"]  # what the runs recorded
+    # other settings for a finished run: refused in one line before it trains, or made again with redo
+    monkeypatch.setitem(synthetic.SUITE, "first", dataclasses.replace(synthetic.SUITE["first"], extra=(
+        *tiny[:-1], "batch_size=2"), multiples=(1, 2)))
+    with pytest.raises(runs.StepError, match=r"overrides.4 \"batch_size=4\" -> \"batch_size=2\".*--redo"):
+        synthetic.main(jobs=1, n_eval=4, settings=["softmax"], task_names=["first"], seeds=[0])
+    synthetic.main(jobs=1, n_eval=4, settings=["softmax"], task_names=["first"], seeds=[0], redo=True)
+    ckpt = torch.load(tmp_path / "out-synthetic" / "first-softmax-s0" / "ckpt.pt", weights_only=True)
+    assert ckpt["config"]["batch_size"] == 2
+    last = json.loads((res / "steps.jsonl").read_text().splitlines()[-1])
+    assert last["ran"] and json.load(open(res / "summary.json"))["ran"]["first/softmax"][-2] == "batch_size=2"
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["--quick"], "--quick, --tasks and --settings need --suite synthetic"),
+    (["--quick"], "--quick does nothing with --suite lm"),
+    (["--suite", "synthetic", "--variants", "ssa", "--scale", "cpu_char"],
+     "--scale, --variants do nothing with --suite synthetic"),  # once silently ignored
+    (["--suite", "synthetic", "--max_iters", "5", "--skip", "needle"], "--max_iters, --skip do nothing"),
+    (["--suite", "synthetic", "--tasks", "first", "first"], "--tasks first: given twice"),
+    (["--seeds", "1", "-2"], "--seeds -2: seeds must be in [0, 2**63)"),
+    (["--seeds", "3", "3"], "--seeds 3: given twice"),  # two runs of one seed would write one folder at once
     (["--suite", "synthetic", "--tasks", "nosuch"], "--tasks nosuch: unknown"),
     (["--suite", "synthetic", "--settings", "first", "--jobs", "2"], "--settings first: unknown"),
     (["--suite", "synthetic", "--jobs", "0"], "--jobs 0: must be >= 1"),

@@ -1,0 +1,124 @@
+"""
+Who writes where. One writer per folder: an exclusive OS lock (flock) on <folder>.lock, beside the folder, held while
+a process writes there (train.py's out_dir, an evaluation's --out_dir, a reproduction's results, a dataset being
+prepared). The OS releases it when the process dies; a `with` releases it when an in-process run returns. flock also
+excludes a second open in the same process (the synthetic suite's workers run train.py in-process), which POSIX
+record locks do not. And the folder an evaluation writes its results into (results_dir): never over an earlier
+evaluation's, never partial.
+"""
+import contextlib, errno, glob, os, shutil
+
+try:
+    import fcntl
+except ImportError:  # not POSIX (Windows): no lock, as before
+    fcntl = None
+
+
+class FolderError(Exception):
+    """A folder another process writes (the message names its pid), or that holds earlier results: one line."""
+
+
+def path_of(folder):
+    return os.path.normpath(os.path.abspath(folder)) + ".lock"
+
+
+@contextlib.contextmanager
+def held(folder, what="this folder", wait=False, active=True):
+    """Hold <folder>.lock for the block, or FolderError (wait=True: block until the holder is done; active=False: no
+    lock, e.g. a DDP rank that does not write). The file is removed on release; a lock whose file was removed
+    meanwhile is taken again, so two holders never overlap."""
+    if fcntl is None or not active:
+        yield
+        return
+    path = path_of(folder)
+    made, d = [], os.path.dirname(path)  # folders made for the lock, removed after it if still empty
+    while d and not os.path.isdir(d):
+        made, d = made + [d], os.path.dirname(d)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except OSError as e:
+            holder = _holder(fd)
+            os.close(fd)
+            _remove_empty(made)
+            if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise
+            raise FolderError(f"{folder!r} is in use: {what} is being written by process {holder} (its lock: "
+                              f"{path}); wait for it to finish, or stop it") from None
+        try:  # the holder before us may have removed the file: ours must be the one at `path`
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        with contextlib.suppress(OSError):  # the pid is for the message only (a full disk may refuse it)
+            os.ftruncate(fd, 0)  # a killed holder's pid may be longer
+            os.write(fd, str(os.getpid()).encode())
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(path)  # while held: a waiter then sees a removed file and opens a new one
+        os.close(fd)  # releases the lock
+        _remove_empty(made)
+
+
+def _remove_empty(folders):
+    for d in folders:  # deepest first
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
+
+
+def _holder(fd):
+    try:
+        return os.pread(fd, 32, 0).decode().strip() or "(pid not yet written)"
+    except OSError:
+        return "(unknown pid)"
+
+
+@contextlib.contextmanager
+def results_dir(out_dir, names):
+    """The folder an evaluation writes in, locked while it runs: out_dir is refused if it already holds one of
+    `names` (the result files, the one that marks it finished last). The results go to a fresh folder of this
+    process's beside it, moved into out_dir only when the evaluation finished: out_dir never holds a partial or mixed
+    set of results."""
+    with held(out_dir, "an evaluation"):
+        refuse_results(out_dir, names)
+        stem = os.path.normpath(out_dir) + ".tmp-"
+        tmp = stem + str(os.getpid())
+        for old in glob.glob(glob.escape(stem) + "*"):  # a dead process's, or this one's
+            if old == tmp or old[len(stem):].isdigit() and not pid_alive(int(old[len(stem):])):
+                shutil.rmtree(old, ignore_errors=True)
+        os.makedirs(tmp)
+        try:
+            yield tmp
+            try:
+                os.replace(tmp, out_dir)  # one rename where out_dir is absent or empty
+            except OSError:  # shared folder: file by file, marker last
+                for name in sorted(os.listdir(tmp), key=lambda n: names.index(n) if n in names else -1):
+                    os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def refuse_results(out_dir, names):
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise FolderError(f"--out_dir {out_dir!r} is a file, expected a folder for the results")
+    held = [n for n in names if os.path.exists(os.path.join(out_dir, n))]
+    if held:
+        raise FolderError(f"--out_dir {out_dir!r} already holds {', '.join(held)} of an earlier run: give another "
+                            f"--out_dir, or remove {'it' if len(held) == 1 else 'them'} to run it again")
+
+def pid_alive(pid):
+    if os.name != "posix":  # on Windows os.kill(pid, 0) would kill it
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive
+        pass
+    return True

@@ -1,0 +1,279 @@
+"""
+The language-model suite of reproduce.py (`python reproduce.py --scale cpu|gpu|cpu_char`): its scales and variants,
+each seed's steps (training, then eval_long, the copy gate and retrieval) run with lib/runs.py's Steps, and
+report.py's summary. reproduce.py's docstring says what it reproduces; lib/synthetic.py is the other suite.
+"""
+import os, shutil, sys
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from lib import dataset, report
+from lib.folders import held
+from lib.runs import (Steps, check_runs, complete, done, iter_of, keep_train_log, kv, pack, read_train_logs,
+                      trained)
+
+# ----------------------------------------------------------------------------------------------------------------
+# Scales: model = GPTConfig, train = TrainConfig
+
+SCALES = {
+    "cpu": dict(
+        # narrow: the vocabulary head dominates the cost
+        model=dict(n_layer=4, n_head=2, n_embd=64, ffn_hidden=176, block_size=128),
+        train=dict(batch_size=8, gradient_accumulation_steps=1, max_iters=250, learning_rate=3e-3, warmup_iters=25,
+                   lr_schedule="constant", eval_interval=125, eval_iters=8, log_interval=50, device="cpu"),
+        sft=dict(examples=400, max_iters=40, batch_size=8, learning_rate=5e-4),
+        eval=dict(num_seqs=16, gate_seqs=256, needle_contexts=[128, 256, 640, 1280], samples=4,
+                  passkey_contexts=[128, 256, 640, 1280], passkey_samples=10, score_context=1024, trials=16,
+                  batch_size=4)),
+    "gpu": dict(
+        model=dict(n_layer=6, n_head=6, n_embd=384, ffn_hidden=1024, block_size=256),
+        train=dict(batch_size=64, gradient_accumulation_steps=1, max_iters=1200, learning_rate=1e-3, warmup_iters=100,
+                   lr_schedule="constant", eval_interval=200, eval_iters=20, log_interval=100, device="cuda"),
+        sft=dict(examples=4000, max_iters=200, batch_size=32, learning_rate=3e-4),
+        eval=dict(num_seqs=64, gate_seqs=1024, needle_contexts=[256, 512, 1280, 2560], samples=20,
+                  passkey_contexts=[256, 512, 1280, 2560], passkey_samples=50, score_context=2048, trials=100,
+                  batch_size=16)),
+    "cpu_char": dict(
+        # copies in every window: at 0.25 or 0.5 no model learnt to copy within 3,000 iterations (RESULTS.md)
+        dataset="english_char",
+        model=dict(n_layer=2, n_head=4, n_embd=128, ffn_hidden=352, block_size=64),
+        train=dict(batch_size=32, gradient_accumulation_steps=1, max_iters=3000, learning_rate=3e-3, warmup_iters=50,
+                   lr_schedule="constant", eval_interval=1000, eval_iters=8, log_interval=250, device="cpu",
+                   copy_frac=1.0, copy_span=16, copy_kind="random"),
+        # retrieval on every seed's models, without fine-tuning (the codes taught copying): characters, to 8 N
+        eval=dict(num_seqs=32, gate_seqs=256, length_x=16, copy_seqs=64, needle_contexts=[64, 128, 256, 512],
+                  samples=8, passkey_contexts=[64, 128, 256, 512], passkey_samples=40, score_context=256, trials=40,
+                  batch_size=8),
+        variants=("softmax", "ssmax", "ssmax_nos", "ssmax_bias", "ssmax_e", "ssmax_f", "ssa", "lssa", "lssar",
+                  "softpick", "stickbreaking", "fox")),
+}
+SWITCH_AT = 0.875  # (f): the SSMax paper switches at 175k of 200k
+VARIANTS = {  # name -> (overrides, paper label)
+    "softmax": (dict(scorer="softmax"), "(a) softmax"),
+    "ssmax": (dict(scorer="ssmax"), "(b) SSMax, learnable s"),
+    "ssmax_nos": (dict(scorer="ssmax", ssmax_learn_s=False), "(c) SSMax without s"),
+    "ssmax_bias": (dict(scorer="ssmax", ssmax_bias=True), "(d) SSMax with bias"),
+    "ssmax_e": (None, "(e) softmax -> SSMax after pretraining"),
+    "ssmax_f": (None, "(f) softmax -> SSMax for the last 12.5 %"),
+    "ssa": (dict(scorer="ssa"), "SSA, n = 1.5"),
+    "ssa_learn_n": (dict(scorer="ssa", ssa_learn_n=True), "SSA, learnable n"),
+    "lssa": (dict(scorer="lssa"), "LSSA"),
+    "lssar": (dict(scorer="lssar"), "LSSAR, p = 15"),
+    "softmax_p3": (dict(scorer="softmax", reweight_p=3.0), "softmax re-weighted, p = 3"),
+    "softpick": (dict(scorer="softpick"), "softpick"),
+    "stickbreaking": (dict(scorer="stickbreaking", pos="nope"), "stick-breaking, NoPE"),
+    "fox": (dict(scorer="fox", pos="nope"), "FoX, NoPE"),
+}
+PAPERS = tuple(VARIANTS)[:11]  # the cpu and gpu scales' variants: the three papers'
+# the copy gate's runs (folder -> eval_copy.py options): native θ, θ x 50, and softmax rescaled (llama4's F = N, as in
+# the synthetic suite: Llama 4's 8,192 changes nothing below 8,192 tokens)
+COPY_RUNS = {"copy": [], "copy_theta50": ["--rope_method", "theta", "--rope_scale", "50"],
+             **{f"copy_{k}": ["--logit_scale", k] for k in ("qwen", "yarn")},
+             "copy_llama4": ["--logit_scale", "llama4", "--llama4_floor", "{N}"]}
+# retrieval without fine-tuning (characters): θ x 50 (needle.py's default, the SSMax paper's) and native θ, where the
+# retrieval gate is read (θ x 50 also changes a model inside N)
+RETRIEVAL_RUNS = {"needle": [], "needle_native": ["--rope_method", "none"]}
+COPY_DISTANCES = ["0.25", "0.5", "0.75", "1", "2", "4", "8", "16"]
+DATASET = "english"  # prepare_data.py: Shakespeare + King James Bible
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Training: (e) and (f) start from the softmax run
+
+def trained_with(S):
+    """What every variant's training shares (its record: a step reading a checkpoint names the training behind it)."""
+    return dict(model=S["model"], train=S["train"], dataset=S.get("dataset", DATASET), switch_at=SWITCH_AT)
+
+
+def train_all(S, runs, steps, data_dir, seed, variants, threads):
+    check_runs(runs, dict(train=trained_with(S), variants={v: VARIANTS[v][0] for v in variants}), steps.redo)
+    M = S["train"]["max_iters"]
+    base = ["train.py", *kv(S["model"]), *kv(S["train"]), f"dataset={S.get('dataset', DATASET)}",
+            f"data_dir={data_dir}", f"seed={seed}"]
+    ckpt = lambda v: os.path.join(runs, v, "ckpt.pt")
+    run = lambda name, cmd, out=None: steps.run(name + f" (seed {seed})", cmd, out, threads,
+                                                clear=[os.path.dirname(out)] if out else ())  # a variant's folder
+    # softmax in two legs: (f) branches off at the switch
+    k = int(SWITCH_AT * M)
+    if iter_of(ckpt("softmax")) != M:
+        run("train softmax to the switch", base + kv(dict(scorer="softmax", out_dir=f"{runs}/softmax", max_iters=k,
+                                                          resume=True)))
+        if iter_of(ckpt("softmax")) == k and not os.path.isfile(ckpt("softmax_at_switch")):
+            os.makedirs(os.path.join(runs, "softmax_at_switch"), exist_ok=True)
+            shutil.copy(ckpt("softmax"), ckpt("softmax_at_switch"))
+        run("train softmax", base + kv(dict(scorer="softmax", out_dir=f"{runs}/softmax", resume=True)))
+    for v in variants:
+        over = VARIANTS[v][0]
+        if over is not None and v != "softmax":
+            run(f"train {v}", base + kv({**over, "out_dir": f"{runs}/{v}", "resume": True}), trained(ckpt(v), M))
+    if "ssmax_e" in variants:  # (e): convert only (max_iters=0 evaluates and saves)
+        run("convert softmax -> ssmax (e)", base + kv(dict(init_from=ckpt("softmax"), scorer="ssmax", max_iters=0,
+                                                           out_dir=f"{runs}/ssmax_e")), ckpt("ssmax_e"))
+    if "ssmax_f" in variants:  # (f): SSMax resumes softmax's data and AdamW state
+        if not os.path.isfile(ckpt("ssmax_f")):
+            os.makedirs(os.path.join(runs, "ssmax_f"), exist_ok=True)
+            shutil.copy(ckpt("softmax_at_switch"), ckpt("ssmax_f"))
+        run("train (f) after the switch", base + kv(dict(init_from="resume", scorer="ssmax", overwrite=True,
+                                                         out_dir=f"{runs}/ssmax_f")), trained(ckpt("ssmax_f"), M))
+
+
+
+def eval_settings(cmd, S, seed, reads, **extra):
+    """A step's settings: its command and the training of the checkpoints it reads (their variants' overrides)."""
+    return dict(command=cmd, train=trained_with(S), seed=seed, variants={v: VARIANTS[v][0] for v in reads}, **extra)
+
+
+def pending(steps, todo):
+    """The steps of todo to run: not done, or (redo) done with other settings; StepError for one done with other
+    settings without redo, before anything trains."""
+    return [t for t in todo if not (done(t["out"]) and steps.reuse(t["name"], t["settings"], t["clear"], t["whole"]))]
+
+
+def seed_steps(S, seed, runs, steps, data, variants, threads, skip):
+    """One seed: the gates, eval_long under θ x 50 and Dynamic NTK, the copy gate and retrieval, after its training
+    (kept as s<seed>/train_log.csv.gz), which runs only when one of them is missing: results resume anywhere."""
+    E, N, results = S["eval"], S["model"]["block_size"], steps.results
+    ckpts, common = [os.path.join(runs, v, "ckpt.pt") for v in variants], ["--data", data, "--seed", "0"]
+    todo = []  # run after training
+
+    def run(name, cmd, out, reads=variants, clear=None, whole=True):
+        todo.append(dict(name=name + f" (seed {seed})", cmd=cmd, out=out, settings=eval_settings(cmd, S, seed, reads),
+                         clear=clear or [os.path.dirname(out)], whole=whole))
+    # gates (RESULTS.md): loss by position at trained θ; many: position 1 has one token per sequence
+    gate = os.path.join(results, f"s{seed}", "gate")
+    run("gate", ["eval_long.py", *ckpts, *common, "--length", str(N), "--rope_method", "none", "--num_seqs",
+                 str(E["gate_seqs"]), "--batch_size", "32", "--labels", *variants, "--baseline", "softmax",
+                 "--out_dir", gate], os.path.join(gate, "summary.json"), whole=bool(complete(gate, variants)))
+    for method, scale in (("theta", 50), ("dynamic_ntk", 1)) * ("eval_long" not in skip):  # Fig. 5; Table 4
+        out = os.path.join(results, f"s{seed}", f"eval_long_{method}")
+        run(f"eval_long {method}", ["eval_long.py", *ckpts, *common, "--length", str(E.get("length_x", 10) * N),
+                                    "--rope_method", method, "--rope_scale", str(scale), "--num_seqs",
+                                    str(E["num_seqs"]), "--batch_size", "4", "--labels", *variants, "--baseline",
+                                    "softmax", "--out_dir", out] + (["--fading"] if method == "theta" else []),
+            os.path.join(out, "summary.json"), whole=bool(complete(out, variants)))
+    for name, how in COPY_RUNS.items() if "copy_seqs" in E else ():  # the copy gate (eval_copy.py)
+        out, some = os.path.join(results, f"s{seed}", name), ["softmax"] if "--logit_scale" in how else variants
+        run(name, ["eval_copy.py", *[os.path.join(runs, v, "ckpt.pt") for v in some], *common, "--span",
+                   str(S["train"]["copy_span"]), "--num_seqs", str(E["copy_seqs"]), "--distances", *COPY_DISTANCES,
+                   "--labels", *some, "--out_dir", out, *(x.format(N=N) for x in how)],
+            os.path.join(out, "summary.json"), some)
+    for name, how in RETRIEVAL_RUNS.items() if "sft" not in S else ():  # no fine-tuning: every seed's models
+        retrieval_steps(E, ckpts, ckpts, variants, common + how, os.path.join(results, f"s{seed}", name),
+                        lambda step_name, cmd, out, clear: run(step_name + name[6:].replace("_", " "), cmd, out,
+                                                               clear=clear), skip)
+    todo = pending(steps, todo)
+    if todo:
+        train_all(S, runs, steps, os.path.dirname(data), seed, variants, threads)
+        keep_train_log(runs, variants, os.path.join(results, f"s{seed}", "train_log.csv.gz"))
+    for t in todo:
+        steps.run(t["name"], t["cmd"], t["out"], threads, t["settings"])
+
+
+# each needle.py mode's files, what --redo clears (needle.py's outputs())
+NEEDLE_FILES = {"needle": ["needle"], "needle scores": ["needle_score_heads", "needle_score_trials"],
+                "passkey": ["passkey"]}
+
+
+def retrieval_steps(E, ckpts, sft_ckpts, variants, common, out, run, skip):
+    """needle (SSMax Fig. 6) and needle scores (Figs. 7-8) on sft_ckpts, passkey (LSSAR Fig. 3) on ckpts, into out."""
+    nl = ["--batch_size", str(E.get("batch_size", 4)), "--max_new_tokens", "8", "--labels", *variants, *common,
+          "--out_dir", out]
+    files = lambda name: [os.path.join(out, f"{stem}.{ext}") for stem in NEEDLE_FILES[name]
+                          for ext in ("csv", "png", "json", "jsonl")]
+    if "needle" not in skip:
+        run("needle", ["needle.py", "needle", "--ckpt", *sft_ckpts, "--context_sizes", *map(str, E["needle_contexts"]),
+                       "--samples", str(E["samples"]), *nl], os.path.join(out, "needle.json"), files("needle"))
+    if "score" not in skip:
+        run("needle scores", ["needle.py", "score", "--ckpt", *sft_ckpts, "--context", str(E["score_context"]),
+                              "--trials", str(E["trials"]), *nl], os.path.join(out, "needle_score_trials.json"),
+            files("needle scores"))
+    if "passkey" not in skip:
+        run("passkey", ["needle.py", "passkey", "--ckpt", *ckpts, "--context_sizes", *map(str, E["passkey_contexts"]),
+                        "--samples", str(E["passkey_samples"]), *nl], os.path.join(out, "passkey.json"),
+            files("passkey"))
+
+
+def sft_retrieval(S, seed, runs, steps, data, variants, common, skip):
+    """Retrieval on the first seed's models after a short retrieval fine-tune (synthetic SFT works offline); the
+    models train again (train_all: a no-op when they exist) only when a retrieval output is missing."""
+    E, N, sft_dir = S["eval"], S["model"]["block_size"], os.path.join(runs, "sft")
+    ckpts, sft_ckpts = ([os.path.join(runs, *sub, v, "ckpt.pt") for v in variants] for sub in ((), ("sft",)))
+    todo = []
+    retrieval_steps(E, ckpts, sft_ckpts, variants, common, os.path.join(steps.results, "needle"),
+                    lambda name, cmd, out, clear: todo.append(dict(
+                        name=name, cmd=cmd, out=out, clear=clear, whole=True,
+                        settings=eval_settings(cmd, S, seed, variants, sft=S["sft"]))), skip)
+    todo = pending(steps, todo)
+    if not todo:
+        return
+    train_all(S, runs, steps, os.path.dirname(data), seed, variants, None)
+    keep_train_log(runs, variants, os.path.join(steps.results, f"s{seed}", "train_log.csv.gz"))
+    if "needle" not in skip or "score" not in skip:
+        steps.run("sft data", ["needle.py", "sft_data", "--synthetic", str(S["sft"]["examples"]), "--data", data,
+                               "--sft_length", str(N), "--out_dir", sft_dir],
+                  os.path.join(sft_dir, "sft_synthetic.jsonl"), clear=[sft_dir])  # its models too: they read it
+        sft = dict(sft_data=os.path.join(sft_dir, "sft_synthetic.jsonl"), block_size=N,
+                   max_iters=S["sft"]["max_iters"], batch_size=S["sft"]["batch_size"], gradient_accumulation_steps=1,
+                   learning_rate=S["sft"]["learning_rate"], lr_schedule="cosine", lr_decay_iters=S["sft"]["max_iters"],
+                   min_lr=0.0, warmup_iters=S["sft"]["max_iters"] // 10, beta2=0.999, weight_decay=0.0,
+                   eval_interval=S["sft"]["max_iters"], eval_iters=5, log_interval=20, device=S["train"]["device"])
+        for v in variants:
+            steps.run(f"sft {v}", ["train.py", *kv({**sft, "init_from": os.path.join(runs, v, "ckpt.pt"),
+                                                    "out_dir": os.path.join(sft_dir, v), "resume": True})],
+                      trained(os.path.join(sft_dir, v, "ckpt.pt"), S["sft"]["max_iters"]),
+                      clear=[os.path.join(sft_dir, v)])
+    for t in todo:
+        steps.run(t["name"], t["cmd"], t["out"], None, t["settings"])
+
+
+def main(a):
+    a.scale, a.skip = a.scale or "cpu", a.skip or []
+    S = SCALES[a.scale]
+    if a.max_iters:  # a copy: SCALES stays what the docs say
+        S = {**S, "train": {**S["train"], "max_iters": a.max_iters}}
+    if a.scale == "gpu" and not torch.cuda.is_available():
+        sys.exit("error: --scale gpu needs CUDA; use --scale cpu here")
+    variants = [v for v in S.get("variants", PAPERS) if not a.variants or v in a.variants]
+    # softmax: the baseline, and where (e) and (f) start
+    if "softmax" not in variants or set(a.variants or []) - set(variants):
+        sys.exit(f"error: --variants {' '.join(a.variants)}: they must be {a.scale}'s and include softmax; "
+                 f"{a.scale}'s: {' '.join(S.get('variants', PAPERS))}")
+    name, a.seeds = a.name or a.scale, a.seeds or [1337, 1338, 1339]
+    root, data_dir = f"out-repro-{name}", "data"
+    results = os.path.join("results" if a.commit_results else "out-results", name)
+    with held(root, "a reproduction's runs"), held(results, "a reproduction's results"):  # one writer each
+        os.makedirs(results, exist_ok=True)
+        run_steps(a, S, root, data_dir, Steps(results, a.redo), variants)
+
+
+def run_steps(a, S, root, data_dir, steps, variants):
+    """Every seed's steps, then the first seed's retrieval after fine-tuning, then summary.json from the steps'
+    records: what they ran, not what this command asked (the same, unless recorded before settings were)."""
+    results = steps.results
+    roots = {seed: os.path.join(root, f"s{seed}") for seed in a.seeds}  # every seed's runs: its own folder
+    labels = {v: VARIANTS[v][1] for v in variants}
+    DATA = S.get("dataset", DATASET)
+    dataset.prepare(DATA, out_dir=data_dir)  # a no-op when up to date
+    N, data = S["model"]["block_size"], os.path.join(data_dir, DATA)
+    common = ["--data", data, "--seed", "0"]  # the same test sequences for every model and seed
+    jobs = 1 if S["train"]["device"] != "cpu" else max(1, min(a.jobs, len(roots)))  # one GPU: one at a time
+    with ThreadPoolExecutor(jobs) as pool:  # each seed's steps in order; seeds side by side, a core each
+        list(pool.map(lambda sr: seed_steps(S, *sr, steps, data, variants, 1 if jobs > 1 else None, a.skip),
+                      roots.items()))
+    M = S["train"]["max_iters"]
+    rows = report.loss_curves(read_train_logs(results, a.seeds), results, labels, int(SWITCH_AT * M), M)
+    if "sft" in S:  # else every seed's retrieval ran in seed_steps
+        sft_retrieval(S, a.seeds[0], roots[a.seeds[0]], steps, data, variants, common, a.skip)
+    if a.scale == "gpu" and "bench" not in a.skip:
+        steps.run("kernel benchmark", [os.path.join("bench", "attention.py"), "--out", os.path.join(results,
+                                                                                                     "kernels")],
+                  os.path.join(results, "kernels.png"))
+    ran = steps.ran("train") or dict(trained_with(S), recorded=False)
+    report.summarize(results, roots, labels, N, rows, list(COPY_RUNS), scale=a.scale, dataset=ran["dataset"],
+                     config=ran, tokens_per_variant=ran["train"]["batch_size"] * ran["model"]["block_size"]
+                     * ran["train"]["max_iters"] * ran["train"]["gradient_accumulation_steps"],
+                     wall_s=round(steps.wall_s(), 1))
+    if a.commit_results:
+        pack(results, a.seeds)
+    print(f"done: {results}/summary.json")
