@@ -2,8 +2,8 @@
 nanoscorer model: one Llama-style GPT (RoPE, RMSNorm, SwiGLU, no biases, untied head) whose attention has a
 `scorer` switch. The scorers are one registry in scorers.py (SCORERS, each with its paper), with the
 reference path that reads like the papers' equations (definitions: SCORERS.md); attention() below dispatches to it
-or to a fused path (kernels.py on a GPU, kernels_cpu.py, kernels_flex.py). Beside the GPT: RealGPT (the synthetic
-tasks' real-valued inputs) and the softmax -> SSMax switch (convert_scorer). Checkpoints are lib/checkpoint.py's.
+or to a fused path (kernels.py on a GPU, kernels_cpu.py, kernels_flex.py). Beside the GPT: the softmax -> SSMax
+switch (convert_scorer). Checkpoints are lib/checkpoint.py's; the synthetic tasks' real-valued model is tasks.RealGPT.
 """
 import math
 from dataclasses import asdict, dataclass
@@ -68,10 +68,13 @@ class GPTConfig:
     vocab_size: int = 50257  # GPT-2 tokenizer
     n_layer: int = 12
     n_head: int = 12
+    n_kv_head: Optional[int] = None  # fewer: grouped-query attention (Ainslie et al. 2023); None: n_head
     n_embd: int = 768
     ffn_hidden: int = 2048  # SwiGLU width (the SSMax paper's 162M model)
     dropout: float = 0.0
     rope_theta: float = 10000.0
+    norm_eps: float = 1e-6  # RMSNorm's (Llama: 1e-5 or 1e-6, as its config says)
+    tie_embeddings: bool = False  # lm_head shares wte's weight (SmolLM2); the SSMax paper's is untied
     pos: str = "rope"  # or nope: no positions (Kazemnejad et al. 2023)
     scorer: str = "softmax"
     ssmax_s_init: float = 1.0
@@ -93,6 +96,8 @@ class GPTConfig:
                              f"{', '.join(POS)}")
         if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
             raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} heads of even size (RoPE)")
+        if self.n_kv_head is not None and not (0 < self.n_kv_head <= self.n_head and self.n_head % self.n_kv_head == 0):
+            raise ValueError(f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head} (or be None: n_head)")
         scorers.check_options(self)
         if self.backend not in ("auto", *SCORERS[self.scorer].backends):
             raise ValueError(f"backend={self.backend!r} does not run scorer={self.scorer!r}; its backends: "
@@ -153,7 +158,7 @@ def apply_rope(x, cos, sin):
 # The model
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim, eps=1e-6):
+    def __init__(self, dim, eps):
         super().__init__()
         self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
 
@@ -167,11 +172,12 @@ def param_name(scorer, prm):  # checkpoint names: ssmax_s, ssa_b_raw, ...
 class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
-        C, H = config.n_embd, config.n_head
+        C, H, self.n_kv_head = config.n_embd, config.n_head, config.n_kv_head or config.n_head
         self.n_head, self.scorer, self.p, self.backend = H, config.scorer, config.p, config.backend
         self.rope = config.pos == "rope"
         self.q_scale = None  # (L,) factors on row i's logits: lib/rescale.py's, evaluation only (not saved)
-        self.c_attn, self.c_proj = nn.Linear(C, 3 * C, bias=False), nn.Linear(C, C, bias=False)
+        self.kv_size = C // H * self.n_kv_head  # each of k and v: n_kv_head heads
+        self.c_attn, self.c_proj = nn.Linear(C, C + 2 * self.kv_size, bias=False), nn.Linear(C, C, bias=False)
         if SCORERS[config.scorer].forget:  # FoX: f = w_f x + b_f per head (b_f starts at 0: sigmoid 1/2)
             self.fgate = nn.Linear(C, H, bias=True)
             nn.init.zeros_(self.fgate.bias)
@@ -196,8 +202,8 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, cos, sin, cache=None, capture=None):
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        q, k, v = self.c_attn(x).split([C, self.kv_size, self.kv_size], dim=2)
+        q, k, v = (t.view(B, T, -1, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh or n_kv, T, hs)
         offset = 0 if cache is None or "k" not in cache else cache["k"].size(2)
         if self.rope:  # nope: the causal mask alone carries the order
             cos, sin = cos[offset:offset + T], sin[offset:offset + T]
@@ -215,8 +221,12 @@ class CausalSelfAttention(nn.Module):
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
             cache["k"], cache["v"] = k, v
         backend = auto_backend(self.scorer, self.p, x.device) if self.backend == "auto" else self.backend
-        y = attention(q, k, v, self.scorer, p=self.p, offset=offset, backend=backend, **params)
+        groups = self.n_head // self.n_kv_head  # each KV head serves `groups` query heads (the cache keeps n_kv)
+        repeat = lambda t: t.repeat_interleave(groups, dim=1) if groups > 1 else t
+        y = attention(q, *((k, v) if backend == "sdpa" else map(repeat, (k, v))), self.scorer, p=self.p,
+                      offset=offset, backend=backend, **params)  # SDPA: its own GQA
         if capture is not None:  # chosen rows only: never a T x T matrix
+            k = repeat(k)
             rows = [r % (offset + T) - offset for r in capture["rows"]]
             capture["weights"].append(torch.cat([F.pad(attention_weights(
                 q[:, :, t:t + 1], k[:, :, :offset + t + 1], self.scorer, p=self.p, offset=offset + t,
@@ -239,8 +249,8 @@ class MLP(nn.Module):  # SwiGLU
 class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.ln_1, self.attn = RMSNorm(config.n_embd), CausalSelfAttention(config)
-        self.ln_2, self.mlp = RMSNorm(config.n_embd), MLP(config)
+        self.ln_1, self.attn = RMSNorm(config.n_embd, config.norm_eps), CausalSelfAttention(config)
+        self.ln_2, self.mlp = RMSNorm(config.n_embd, config.norm_eps), MLP(config)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, cos, sin, cache=None, capture=None):
@@ -255,9 +265,11 @@ class GPT(nn.Module):
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=RMSNorm(config.n_embd),
+            ln_f=RMSNorm(config.n_embd, config.norm_eps),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)  # untied, as the SSMax paper
+        if config.tie_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight
         self.set_rope(config.rope_theta)
         self.apply(self._init_weights)
         for pn, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
@@ -356,25 +368,6 @@ class GPT(nn.Module):
             idx = torch.cat((idx, idx_next), dim=1)
             logits, _ = self(idx_next if use_cache else idx, cache=cache)
         return idx
-
-class RealGPT(GPT):
-    """The GPT with the SSA paper's linear input embedding x W and a scalar head; its loss is MSE or a logistic loss
-    on the positions whose target is not NaN."""
-
-    def __init__(self, config, n_in, loss):
-        super().__init__(config)  # vocab_size = 1: lm_head is the scalar head
-        self.transformer.wte = nn.Linear(n_in, config.n_embd, bias=False)
-        nn.init.normal_(self.transformer.wte.weight, mean=0.0, std=0.02)
-        self.loss_kind = loss
-
-    def loss(self, logits, targets, reduction="mean"):
-        pred, scored = logits.float().squeeze(-1), ~torch.isnan(targets)
-        t = torch.where(scored, targets, 0.0)
-        per = ((pred - t) ** 2 if self.loss_kind == "mse" else F.binary_cross_entropy_with_logits(
-            pred, t, reduction="none")) * scored
-        if reduction == "none":
-            return per
-        return per.sum() / (scored.sum() if reduction == "mean" else 1)
 
 def convert_scorer(model, **changes):
     """A new GPT with changed config fields (e.g. scorer="ssmax") and every shared weight kept: the softmax->SSMax

@@ -1,6 +1,6 @@
 """
-Text -> GPT-2 BPE ids (or characters) -> data/<name>/{train,val}.bin (uint16, <|endoftext|> after every document)
-+ meta.json.
+Text -> GPT-2 BPE ids (or characters, or an imported model's own tokens) -> data/<name>/{train,val}.bin (uint16;
+uint32 past 65,535 ids; the tokenizer's end of text after every document) + meta.json.
 
     python prepare_data.py                        # the embedded default: Shakespeare -> data/shakespeare
     python prepare_data.py kjv                    # King James Bible, one document per book -> data/kjv
@@ -39,7 +39,8 @@ def main(argv=None):
                                                   "embedded or one .txt file, 0.005 else)")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--max_tokens", type=float, help="stop after this many tokens, <|endoftext|> included (e.g. 1e9)")
-    p.add_argument("--tokenizer", choices=["gpt2", "char"], help="default: char for NAME_char, else gpt2")
+    p.add_argument("--tokenizer", help="gpt2, char (the default for NAME_char, else gpt2), or an imported model's "
+                   "tokenizer: a tokenizer.json, its Hugging Face folder or its checkpoint (convert_hf.py)")
     p.add_argument("--force", action="store_true", help="rebuild even when up to date")
     args = p.parse_args(argv)
     try:

@@ -286,7 +286,9 @@ def sdpa_attention(q, k, v, scorer, *, p=None, offset=0, **params):
     elif offset and Tq > 1:  # a chunk after a cache: bottom-right causal
         from torch.nn.attention.bias import causal_lower_right  # torch >= 2.2
         mask = causal_lower_right(Tq, Tk)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and offset == 0 and Tq > 1)
+    gqa = {"enable_gqa": True} if k.size(1) != q.size(1) else {}  # fewer KV heads (torch >= 2.5)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and offset == 0 and Tq > 1,
+                                          **gqa)
 
 def ssmax_s_for_switch(N):
     """s0 = 1 / mean_{n=1..N} log n: keeps the average logit scale at a softmax->SSMax switch (0.168 at N=1024)."""

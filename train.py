@@ -83,7 +83,7 @@ def setup(explicit):
     if not (cfg.task or cfg.sft_data):  # the dataset's vocabulary sizes the model; an embedded one is made here (local)
         if run.master and cfg.dataset in EMBEDDED:
             dataset.fetch(cfg.dataset, cfg.data_dir)
-        cfg = vocab.data_vocab(cfg, explicit, ckpt, vocab.vocab_size(os.path.join(cfg.data_dir, cfg.dataset)))
+        cfg = vocab.data_vocab(cfg, explicit, ckpt, os.path.join(cfg.data_dir, cfg.dataset))
     cpu_cost_check(cfg, device_type, ckpt["iter_num"] if run.resuming else 0)  # before any download or model
     torch.manual_seed(cfg.seed)  # same on every rank: one saved RNG state fits all
     return cfg, ckpt, run
@@ -108,7 +108,7 @@ def load_data(cfg, run, explicit, ckpt):
         data.dir = dataset.fetch(cfg.dataset, cfg.data_dir, make=run.master)  # embedded or hub: made on first use
         if run.ddp:  # the other ranks wait for it
             dist.barrier()
-        cfg = vocab.data_vocab(cfg, explicit, ckpt, vocab.vocab_size(data.dir))  # made now, if setup could not
+        cfg = vocab.data_vocab(cfg, explicit, ckpt, data.dir)  # made now, if setup could not
         data.codec = vocab.data_record(data.dir)
         if ckpt is not None:  # the same symbols, not only as many
             vocab.language_model(run.source, ckpt, data.dir)
@@ -317,7 +317,7 @@ def train(explicit):
         print(f"done: val loss {losses['val']:.4f}, best {best_val_loss:.4f}"
               + (f"; unigram baseline {data.unigram:.4f} nats" if data.unigram else ""))
     enc = vocab.from_record(data.codec) if master and data.dir else None  # a language model: a sample in its codec
-    if enc is not None and vocab.fits(raw_model.config.vocab_size, enc.n_vocab):  # padded: sample the codec's ids
+    if enc is not None and vocab.fits(raw_model.config.vocab_size, enc.n_vocab, True):  # padded: the codec's ids
         with run.ctx:
             idx = raw_model.eval().generate(torch.tensor([[enc.eot_token]], device=run.device), 100, 0.8, top_k=200,
                                             vocab=enc.n_vocab)

@@ -3,13 +3,13 @@ Checkpoints and their provenance: what every checkpoint and result file records 
 safe read (weights_only=True: a file that carries code is refused, never run), the model a checkpoint or a task run
 builds (load_checkpoint, build_model), and what a run's out_dir may hold before a run writes there (check_out_dir).
 """
-import hashlib, importlib.metadata, importlib.util, os, re, subprocess, zipfile
+import dataclasses, hashlib, importlib.metadata, importlib.util, os, re, subprocess, zipfile
 
 import torch
 
 import tasks
 from lib import tracking
-from model import GPT, GPTConfig, RealGPT
+from model import GPT, GPTConfig
 
 RUN_FILES = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run leaves in its out_dir
 
@@ -115,6 +115,8 @@ def read_checkpoint(path, device="cpu", mmap=False, need=()):
         raise CheckpointError(f"checkpoint {path!r} cannot be loaded safely: {why}") from None
     if not isinstance(ckpt, dict) or not {"model", "model_args"} <= ckpt.keys():
         raise CheckpointError(f"{path!r} is not a nanoscorer checkpoint (no model or model_args)")
+    # an older checkpoint lacks the newer model fields: their defaults are its model
+    ckpt["model_args"] = {**{f.name: f.default for f in dataclasses.fields(GPTConfig)}, **ckpt["model_args"]}
     if not set(need) <= ckpt.keys():  # e.g. a best.pt copied over ckpt.pt
         raise CheckpointError(f"{path} holds no {' or '.join(k for k in need if k not in ckpt)} state, which a resume "
                               f"needs (a best.pt?): start a new run from its weights with init_from={path}")
@@ -134,4 +136,4 @@ def load_checkpoint(path, device="cpu", **overrides):
 def build_model(config, task=""):
     """The model a run of `task` trains: GPT for tokens, RealGPT for reals."""
     t = tasks.TASKS.get(task)
-    return RealGPT(config, t.n_in, t.loss) if t and t.n_in else GPT(config)
+    return tasks.RealGPT(config, t.n_in, t.loss) if t and t.n_in else GPT(config)

@@ -64,7 +64,8 @@ TrainConfig = make_dataclass("TrainConfig", [(f.name, f.type, field(default=f.de
                                              for f in fields(GPTConfig) + fields(tasks.TaskConfig)],
                              bases=(_TrainFields,))
 MODEL_FIELDS = [f.name for f in fields(GPTConfig)]
-ARCH_FIELDS = ("vocab_size", "n_layer", "n_head", "n_embd", "ffn_hidden")  # a checkpoint's shapes cannot change
+# a checkpoint's architecture cannot change
+ARCH_FIELDS = ("vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "norm_eps", "tie_embeddings")
 SCORER_OPTIONS = list(dict.fromkeys(f for e in SCORERS.values() for prm in e.params for f in prm.fields()))
 LR_SCHEDULES = ("constant", "cosine")
 # checked in coerce(): a bad value is one error line

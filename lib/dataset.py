@@ -9,7 +9,8 @@ import numpy as np
 
 from lib.corpora import CHAR, EMBEDDED, FILE_BUILDERS, NAMED, SOURCES_HELP, DataError, default_name, stream_docs
 from lib.folders import held
-from lib.vocab import EOT_TEXT, TOKENIZERS, CharCodec, data_record, get_tokenizer
+from lib.vocab import (EOT_TEXT, TOKENIZERS, CharCodec, HFCodec, data_record, get_tokenizer, hf_codec, read_meta,
+                       record)
 
 SPLITS = ("train", "val")
 # -----------------------------------------------------------------------------
@@ -19,13 +20,17 @@ def sha256(path):
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
+def dtype_of(data_dir):
+    """The ids' type on disk: meta.json's (uint32 for a vocabulary past 65,535 ids), else uint16 (nanoGPT's)."""
+    return np.dtype((read_meta(data_dir) or {}).get("dtype", "uint16"))
+
 def load_split(data_dir, split):
     assert split in SPLITS, f"split must be one of {SPLITS}, got {split!r}"
     path = os.path.join(data_dir, f"{split}.bin")
     if not os.path.isfile(path):
         raise DataError(f"dataset {data_dir!r} has no {split}.bin: prepare one (python prepare_data.py shakespeare)")
     # reads only the pages a batch touches
-    return np.memmap(path, dtype=np.uint16, mode="r")
+    return np.memmap(path, dtype=dtype_of(data_dir), mode="r")
 
 def load_tokens(data_dir, split, L, vocab_size):
     """A split that holds at least one evaluation window of L+1 tokens (eval_long.py, eval_rows.py), each id below
@@ -75,12 +80,13 @@ def check_prepared(data_dir):
     except (OSError, ValueError, KeyError, TypeError) as e:
         meta = {}
         fail(f"{os.path.join(data_dir, 'meta.json')} is unreadable ({type(e).__name__})")
+    width = np.dtype(meta.get("dtype", "uint16")).itemsize
     for s in SPLITS:
         path = os.path.join(data_dir, f"{s}.bin")
-        size = os.path.getsize(path)  # 2 bytes a token; odd: a half-written one
-        if size != 2 * tokens[s]:
-            fail(f"{path} is {'truncated' if size < 2 * tokens[s] else 'too long'}: {size // 2:,} tokens on disk "
-                 f"vs {tokens[s]:,} in meta.json")
+        size = os.path.getsize(path)  # `width` bytes a token; else a half-written one
+        if size != width * tokens[s]:
+            fail(f"{path} is {'truncated' if size < width * tokens[s] else 'too long'}: {size // width:,} tokens on "
+                 f"disk vs {tokens[s]:,} in meta.json")
 
 def is_up_to_date(data_dir, args):
     try:
@@ -98,8 +104,10 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
     char (the default for an embedded NAME_char): every character of the corpus is one id, plus <|endoftext|>."""
     files = None  # local files only
     tokenizer = tokenizer or ("char" if source.endswith(CHAR) and source in EMBEDDED else "gpt2")
-    if tokenizer not in TOKENIZERS:
-        raise DataError(f"unknown tokenizer {tokenizer!r}: use one of {', '.join(TOKENIZERS)}")
+    if tokenizer not in TOKENIZERS and not os.path.exists(tokenizer):
+        raise DataError(f"unknown tokenizer {tokenizer!r}: use one of {', '.join(TOKENIZERS)}, or the path of a "
+                        f"tokenizer.json, a Hugging Face folder or a checkpoint (convert_hf.py) that holds one")
+    hf = None if tokenizer in TOKENIZERS else hf_codec(tokenizer)
     if tokenizer == "char" and (source in NAMED or source.startswith("hf:")):  # its vocabulary needs all the text
         raise DataError(f"tokenizer char reads the whole corpus into memory first: use an embedded corpus or local "
                         f"files, not {source!r}")
@@ -122,13 +130,15 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
     args = dict(source=source, text_field=text_field, hf_split=hf_split, val_frac=val_frac, seed=seed,
                 max_tokens=max_tokens, files=[[os.path.abspath(f), os.path.getsize(f), os.path.getmtime(f)]
                                               for f in files or []],
-                **({"tokenizer": "char"} if tokenizer == "char" else {}))  # absent for gpt2: older datasets stay valid
+                **({"tokenizer": "char"} if tokenizer == "char" else {}),  # absent for gpt2: older datasets stay valid
+                **({"tokenizer": "hf", "tokenizer_sha256": record(hf)["sha256"]} if hf else {}))
     with held(data_dir, "a dataset", wait=True):  # a second process waits, then finds it up to date
         if not force and is_up_to_date(data_dir, args):
             print(f"{data_dir} is up to date")
             return data_dir
         try:
-            return _build(data_dir, args, source, files, tokenizer, text_field, hf_split, val_frac, seed, max_tokens)
+            return _build(data_dir, args, source, files, hf or tokenizer, text_field, hf_split, val_frac, seed,
+                          max_tokens)
         except OSError as e:  # a full disk or an unwritable folder: no .tmp is left behind
             for f in ("train.bin.tmp", "val.bin.tmp", "meta.json.tmp"):
                 with contextlib.suppress(OSError):
@@ -149,10 +159,11 @@ def _build(data_dir, args, source, files, tokenizer, text_field, hf_split, val_f
         docs, field = stream_docs(source, files, text_field, hf_split)
         docs = (d for d in docs if d.strip())
         is_val, rule = (lambda i: rng.random() < val_frac), "each document to val with probability val_frac"
-    enc = get_tokenizer()
+    enc = tokenizer if isinstance(tokenizer, HFCodec) else get_tokenizer()  # an imported model's, or GPT-2's
     if tokenizer == "char":  # the corpus's characters, sorted (nanoGPT), then <|endoftext|>
         docs = list(docs)
         enc = CharCodec(sorted(set().union(*map(set, docs))) + [EOT_TEXT])
+    dtype = np.uint16 if enc.n_vocab <= 1 << 16 else np.uint32  # Llama 3's 128,256 ids need 4 bytes
 
     made, d = [], data_dir  # folders made here, removed if no document
     while d and not os.path.isdir(d):
@@ -165,7 +176,7 @@ def _build(data_dir, args, source, files, tokenizer, text_field, hf_split, val_f
     with (open(paths["train"] + ".tmp", "wb") as f_train, open(paths["val"] + ".tmp", "wb") as f_val,
           tqdm(total=max_tokens, unit="tok", unit_scale=True, desc=f"tokenizing {source}", disable=None) as bar):
         def write(split, ids):
-            np.asarray(ids, dtype=np.uint16).tofile(f_train if split == "train" else f_val)
+            np.asarray(ids, dtype=dtype).tofile(f_train if split == "train" else f_val)
             tokens[split] += len(ids)
             n_docs[split] += 1
         docs = iter(docs)
@@ -207,10 +218,14 @@ def _build(data_dir, args, source, files, tokenizer, text_field, hf_split, val_f
     for p in paths.values():
         os.replace(p + ".tmp", p)
     vocab = dict(itos=enc.itos, stoi=enc.stoi) if tokenizer == "char" else {}
-    meta = dict(tokenizer=tokenizer, vocab_size=enc.n_vocab, eot_token=enc.eot_token, dtype="uint16", source=source,
-                text_field=field, split_rule=rule, seed=seed, val_frac=val_frac, tokens=tokens, documents=n_docs,
-                sha256={s: sha256(p) for s, p in paths.items()}, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                command=" ".join(sys.argv), args=args, **vocab)
+    if isinstance(enc, HFCodec):  # beside the data: its meta.json stays small
+        with open(os.path.join(data_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+            f.write(enc.text)
+    kind = "hf" if isinstance(enc, HFCodec) else tokenizer
+    meta = dict(tokenizer=kind, vocab_size=enc.n_vocab, eot_token=enc.eot_token, dtype=np.dtype(dtype).name,
+                source=source, text_field=field, split_rule=rule, seed=seed, val_frac=val_frac, tokens=tokens,
+                documents=n_docs, sha256={s: sha256(p) for s, p in paths.items()},
+                created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), command=" ".join(sys.argv), args=args, **vocab)
     with open(os.path.join(data_dir, "meta.json.tmp"), "w") as f:  # meta.json last: it vouches for the .bin files
         json.dump(meta, f, indent=1)
     os.replace(os.path.join(data_dir, "meta.json.tmp"), os.path.join(data_dir, "meta.json"))

@@ -67,6 +67,53 @@ class CharCodec:
     def decode_single_token_bytes(self, i):
         return self.itos[i].encode()
 
+class HFCodec:
+    """A Hugging Face tokenizer (its tokenizer.json, through the `tokenizers` package: an imported model's own), with
+    tiktoken's methods; eot: its end-of-text id, which separates documents."""
+    def __init__(self, text, eot):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise DataError("a Hugging Face tokenizer needs the tokenizers package: pip install -r requirements-hf.txt")
+        self.text, self.tok = text, Tokenizer.from_str(text)
+        self.eot_token, self.n_vocab = eot, self.tok.get_vocab_size(with_added_tokens=True)
+
+    def encode_ordinary(self, text):
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def encode_ordinary_batch(self, texts):
+        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+
+    def encode(self, text, allowed_special=()):  # its own special tokens are parsed in the text
+        return self.encode_ordinary(text)
+
+    def decode(self, ids):
+        return self.tok.decode(ids, skip_special_tokens=False)
+
+    def decode_single_token_bytes(self, i):
+        return self.decode([i]).encode()
+
+def hf_codec(path, eot=None):
+    """The HFCodec of a tokenizer.json, of the folder that holds it (a Hugging Face model's: its config.json's
+    eos_token_id is the end of text unless eot is given), or of a checkpoint that stores one; else DataError."""
+    if path.endswith(".pt"):  # an imported model's checkpoint (convert_hf.py)
+        from lib.checkpoint import read_checkpoint
+        rec = read_checkpoint(path, mmap=True).get("codec") or {}
+        if rec.get("kind") != "hf":
+            raise DataError(f"{path} stores no Hugging Face tokenizer")
+        return from_record(rec)
+    file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise DataError(f"no tokenizer at {path!r}: give a tokenizer.json or the Hugging Face folder holding one")
+    if eot is None:
+        cfg = os.path.join(os.path.dirname(file), "config.json")
+        eos = json.load(open(cfg)).get("eos_token_id") if os.path.isfile(cfg) else None
+        eot = eos[0] if isinstance(eos, list) else eos
+    if eot is None:
+        raise DataError(f"{file}: no end-of-text id (its config.json's eos_token_id) to separate documents with")
+    with open(file, encoding="utf-8") as f:
+        return HFCodec(f.read(), int(eot))
+
 def _sha(*parts):
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
@@ -77,6 +124,8 @@ def record(enc):
     sha256 of its content; a character vocabulary also its characters, so a checkpoint alone decodes."""
     if isinstance(enc, CharCodec):
         return dict(kind="char", n_vocab=enc.n_vocab, eot=enc.eot_token, sha256=_sha(*enc.itos), itos=enc.itos)
+    if isinstance(enc, HFCodec):  # its tokenizer.json whole: the checkpoint alone encodes and decodes
+        return dict(kind="hf", n_vocab=enc.n_vocab, eot=enc.eot_token, sha256=_sha(enc.text), json=enc.text)
     return dict(kind="gpt2", n_vocab=VOCAB_SIZE, eot=EOT, sha256=GPT2_SHA256)
 
 def from_record(rec):
@@ -85,7 +134,9 @@ def from_record(rec):
         return CharCodec(rec["itos"])
     if rec.get("kind") == "gpt2":
         return get_tokenizer()
-    raise DataError(f"a tokenizer of kind {rec.get('kind')!r}, which this code does not read (char, gpt2)")
+    if rec.get("kind") == "hf":
+        return HFCodec(rec["json"], rec["eot"])
+    raise DataError(f"a tokenizer of kind {rec.get('kind')!r}, which this code does not read (char, gpt2, hf)")
 
 def describe(rec):
     what = f"{rec['n_vocab'] - 1} characters" if rec["kind"] == "char" else f"{rec['kind']} ({rec['n_vocab']:,} ids)"
@@ -115,6 +166,10 @@ def data_record(data_dir):
                         f"never unpickles; prepare the text with `python prepare_data.py FILE --tokenizer char`")
     if (meta or {}).get("tokenizer") == "char":
         return record(CharCodec(meta["itos"]))
+    if (meta or {}).get("tokenizer") == "hf":  # its tokenizer.json beside the data, not built just to compare
+        with open(os.path.join(data_dir, "tokenizer.json"), encoding="utf-8") as f:
+            text = f.read()
+        return dict(kind="hf", n_vocab=meta["vocab_size"], eot=meta["eot_token"], sha256=_sha(text), json=text)
     return record(None)
 
 def vocab_size(data_dir):
@@ -123,18 +178,20 @@ def vocab_size(data_dir):
     vocab = (read_meta(data_dir) or {}).get("vocab_size")
     return None if vocab is None else int(vocab)
 
-def fits(model_vocab, data_vocab):
-    """A model reads a dataset's ids and means its symbols: the same vocabulary, or GPT-2's padded (e.g. 50,304)."""
-    return model_vocab == data_vocab or (data_vocab == VOCAB_SIZE and model_vocab >= VOCAB_SIZE)
+def fits(model_vocab, data_vocab, padded=False):
+    """A model reads a dataset's ids and means its symbols: the same vocabulary, or a padded one (GPT-2's 50,304, a
+    Hugging Face model's embedding rounded up past its tokenizer)."""
+    return model_vocab == data_vocab or ((padded or data_vocab == VOCAB_SIZE) and model_vocab >= data_vocab)
 
-def data_vocab(cfg, explicit, ckpt, size):
-    """cfg with the model's vocabulary the dataset's (`size`, meta.json's; None: not made yet, cfg as is), or one
-    DataError: a checkpoint or a vocab_size= that cannot read the dataset's ids (train.py)."""
+def data_vocab(cfg, explicit, ckpt, data_dir):
+    """cfg with the model's vocabulary data_dir's (meta.json's; none yet: cfg as is), or one DataError: a checkpoint
+    or a vocab_size= that cannot read the dataset's ids (train.py)."""
+    size = vocab_size(data_dir)
     if size is None or cfg.task or cfg.sft_data:
         return cfg
     have, where = ((ckpt["model_args"]["vocab_size"], "the checkpoint's") if ckpt is not None else
                    (explicit["vocab_size"], "vocab_size=") if "vocab_size" in explicit else (size, ""))
-    if not fits(have, size):
+    if not fits(have, size, read_meta(data_dir).get("tokenizer") == "hf"):
         raise DataError(f"{where} vocabulary of {have:,} tokens does not match dataset={cfg.dataset!r}, whose "
                         f"meta.json has {size:,}" + ("" if ckpt is not None else "; leave vocab_size unset"))
     return dataclasses.replace(cfg, vocab_size=have)
@@ -151,7 +208,7 @@ def language_model(path, ckpt, data_dir=None):
         return ckpt
     data = data_record(data_dir)
     if ckpt.get("codec") is None:
-        if not fits(vocab, data["n_vocab"]):
+        if not fits(vocab, data["n_vocab"], data["kind"] == "hf"):
             what = "GPT-2's" if data["kind"] == "gpt2" else "this dataset's"
             raise DataError(f"{path!r} is a model of {vocab:,} tokens, not a language model of {what} "
                             f"{data['n_vocab']:,} tokens")

@@ -16,7 +16,8 @@ import tasks
 import train
 from lib import compare
 from lib.checkpoint import build_model
-from model import GPT, GPTConfig, RealGPT
+from model import GPT, GPTConfig
+from tasks import RealGPT
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,0 +1,160 @@
+"""Pretrained models in and out (issue #46): tiny random Llama models that transformers builds from a config (no
+download) imported with convert_hf.py (GQA, RMSNorm eps 1e-5, tied and untied embeddings: logits and greedy
+generation as transformers'), exported back, an imported model's own tokenizer as a codec (text round trip,
+sample.py with --ckpt alone, data prepared with it, uint32 ids past 65,535), a scorer swap of an imported model that
+trains and resumes exactly, and each bad input as one error line. Skipped without requirements-hf.txt."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+import convert_hf  # noqa: E402
+import sample  # noqa: E402
+import train  # noqa: E402
+from conftest import one_line_error  # noqa: E402
+from lib import dataset, vocab  # noqa: E402
+from lib.checkpoint import load_checkpoint  # noqa: E402
+
+TEXT = "To be, or not to be: that is the question. Whether 'tis nobler in the mind to suffer\n" * 60
+V = 320  # the model's vocabulary: the tokenizer's 300 ids, padded
+
+
+def tokenizer_json(path, vocab_size=300):
+    """A byte-level BPE trained on TEXT, <|endoftext|> its id 0, saved as tokenizer.json."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok.train_from_iterator([TEXT], trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(path))
+    return str(path)
+
+
+def llama(folder, tie, **kw):
+    """A random tiny Llama (4 query heads, 2 KV heads, eps 1e-5) saved by transformers, with a tokenizer."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**{**dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+                                tie_word_embeddings=tie, max_position_embeddings=64, eos_token_id=0), **kw})
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(folder)
+    tokenizer_json(os.path.join(folder, "tokenizer.json"))
+    return model
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """{tie: (the transformers model, the imported checkpoint's path)}."""
+    root, out = tmp_path_factory.mktemp("hf"), {}
+    for tie in (False, True):
+        hf = llama(str(root / f"hf-{tie}"), tie)
+        convert_hf.main(["import", str(root / f"hf-{tie}"), "--out", str(root / f"run-{tie}")])
+        out[tie] = hf, str(root / f"run-{tie}" / "ckpt.pt")
+    return out
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_an_imported_llama_gives_transformers_logits_and_greedy_tokens(imported, tie):
+    hf, path = imported[tie]
+    model, ckpt = load_checkpoint(path)
+    assert ckpt["model_args"]["n_kv_head"] == 2 and ckpt["model_args"]["norm_eps"] == 1e-5
+    assert ckpt["model_args"]["tie_embeddings"] == tie and (model.lm_head.weight is model.transformer.wte.weight) == tie
+    x = torch.randint(0, V, (2, 40))
+    with torch.no_grad():
+        assert (model.eval()(x, x)[0] - hf(x).logits).abs().max() < 1e-5
+    want = hf.generate(x[:1, :5], max_new_tokens=12, do_sample=False)
+    assert torch.equal(model.generate(x[:1, :5], 12, temperature=0), want)  # with the KV cache
+
+
+def test_an_exported_model_loads_as_a_plain_llama_left_padded_batch_included(imported, tmp_path):
+    _, path = imported[False]
+    model, _ = load_checkpoint(path)
+    convert_hf.main(["export", path, "--out", str(tmp_path / "out")])
+    assert sorted(os.listdir(tmp_path / "out")) == ["config.json", "model.safetensors", "tokenizer.json"]
+    back = LlamaForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
+    x = torch.randint(0, V, (2, 12))
+    mask = torch.ones_like(x)
+    mask[1, :4] = 0  # the second row left-padded by 4
+    with torch.no_grad():
+        got = back(x, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+        assert (got[0] - model.eval()(x[:1], x[:1])[0][0]).abs().max() < 1e-5
+        assert (got[1, 4:] - model(x[1:, 4:], x[1:, 4:])[0][0]).abs().max() < 1e-5
+
+
+def test_the_imported_tokenizer_is_the_checkpoints_codec(imported, capsys):
+    _, path = imported[False]
+    codec = torch.load(path, weights_only=True)["codec"]
+    assert codec["kind"] == "hf" and codec["eot"] == 0 and codec["n_vocab"] == 300
+    enc = vocab.from_record(codec)
+    assert enc.decode(enc.encode_ordinary("Whether 'tis nobler")) == "Whether 'tis nobler"
+    sample.main(["--ckpt", path, "--start", "To be", "--max_new_tokens", "5", "--num_samples", "1"])
+    assert capsys.readouterr().out.startswith("To be")  # --ckpt alone: no dataset, no GPT-2
+
+
+def test_data_prepared_with_the_models_tokenizer_trains_a_scorer_swap_that_resumes_exactly(imported, tmp_path):
+    _, path = imported[False]
+    (tmp_path / "play.txt").write_text(TEXT)
+    dataset.prepare(str(tmp_path / "play.txt"), out_dir=str(tmp_path / "data"), tokenizer=path)
+    meta = json.load(open(tmp_path / "data" / "play" / "meta.json"))
+    assert meta["tokenizer"] == "hf" and meta["dtype"] == "uint16" and meta["eot_token"] == 0
+    common = ["device=cpu", f"data_dir={tmp_path / 'data'}", "dataset=play", f"init_from={path}", "scorer=ssmax",
+              "block_size=32", "batch_size=2", "gradient_accumulation_steps=1", "eval_iters=1", "log_interval=1",
+              "warmup_iters=1", "eval_interval=2"]
+    train.main([*common, "max_iters=4", f"out_dir={tmp_path / 'whole'}"])  # variant (e)'s swap, fine-tuned
+    train.main([*common, "max_iters=2", f"out_dir={tmp_path / 'cut'}"])
+    train.main([*common, "max_iters=4", f"out_dir={tmp_path / 'cut'}", "resume=True"])
+    losses = lambda d: [r["loss"] for r in map(json.loads, open(tmp_path / d / "log.jsonl")) if "loss" in r]
+    assert losses("cut") == losses("whole") and len(losses("whole")) == 4
+    ckpt = torch.load(tmp_path / "whole" / "ckpt.pt", weights_only=True)
+    assert ckpt["model_args"]["scorer"] == "ssmax" and ckpt["model_args"]["n_kv_head"] == 2
+    assert ckpt["codec"]["sha256"] == torch.load(path, weights_only=True)["codec"]["sha256"]
+    os.makedirs(tmp_path / "imported")
+    shutil.copy(path, tmp_path / "imported" / "ckpt.pt")  # an import holds no optimizer state
+    msg = one_line_error(train.main, [*common[:3], f"out_dir={tmp_path / 'imported'}", "resume=True"])
+    assert "holds no optimizer or rng or data_state state" in msg
+
+
+def test_ids_past_65535_are_written_as_uint32_and_read_back(tmp_path):
+    big = {f"w{i}": i for i in range(70_000)}  # a word-level vocabulary of 70,000 ids
+    tok = Tokenizer(models.WordLevel(big, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 69_999}))
+    (tmp_path / "t.txt").write_text(" ".join(f"w{i}" for i in range(65_530, 65_560)) + "\n")
+    dataset.prepare(str(tmp_path / "t.txt"), out_dir=str(tmp_path / "data"), tokenizer=str(tmp_path), val_frac=0.5)
+    d = str(tmp_path / "data" / "t")
+    assert dataset.dtype_of(d) == np.uint32 and dataset.check_prepared(d) is None
+    ids = np.concatenate([dataset.load_split(d, s) for s in dataset.SPLITS]).tolist()
+    assert ids == list(range(65_530, 65_545)) + [69_999] + list(range(65_545, 65_560)) + [69_999]
+
+
+def test_bad_inputs_are_one_error_line(imported, tmp_path):
+    llama(str(tmp_path / "biased"), False, attention_bias=True)
+    msg = one_line_error(convert_hf.main, ["import", str(tmp_path / "biased"), "--out", str(tmp_path / "o")])
+    assert "unsupported architecture: attention_bias=true" in msg
+    cfg = json.load(open(tmp_path / "biased" / "config.json"))
+    json.dump({**cfg, "model_type": "gpt2"}, open(tmp_path / "biased" / "config.json", "w"))
+    assert "model_type 'gpt2' (supported: llama, mistral)" in one_line_error(
+        convert_hf.main, ["import", str(tmp_path / "biased"), "--out", str(tmp_path / "o")])
+    os.remove(tmp_path / "biased" / "config.json")
+    assert "has no config.json" in one_line_error(convert_hf.main, ["import", str(tmp_path / "biased"), "--out",
+                                                                   str(tmp_path / "o")])
+    llama(str(tmp_path / "small"), False, vocab_size=200)  # a tokenizer of 300 ids over 200 embeddings
+    assert "its tokenizer has 300 ids, more than the model's 200" in one_line_error(
+        convert_hf.main, ["import", str(tmp_path / "small"), "--out", str(tmp_path / "o")])
+    assert "neither a Hugging Face folder" in one_line_error(convert_hf.main, ["import", "no/such/x", "--out", "o"])
+    _, path = imported[False]
+    gpt2 = tmp_path / "gpt2data"  # data in another tokenizer's ids: refused by content
+    (tmp_path / "p.txt").write_text(TEXT)
+    dataset.prepare(str(tmp_path / "p.txt"), name="gpt2data", out_dir=str(tmp_path))
+    msg = one_line_error(train.main, ["device=cpu", f"data_dir={tmp_path}", "dataset=gpt2data", f"init_from={path}",
+                                      "max_iters=1", f"out_dir={tmp_path / 'r'}", "block_size=32"])
+    assert "another vocabulary" in msg or "does not match" in msg, msg
+    assert not gpt2.joinpath("nothing").exists()
