@@ -3,7 +3,7 @@ nanoscorer model: one Llama-style GPT (RoPE, RMSNorm, SwiGLU, no biases, untied 
 `scorer` switch. The scorers are one registry in scorers.py (SCORERS, each with its paper), with the
 reference path that reads like the papers' equations (definitions: SCORERS.md); attention() below dispatches to it
 or to a fused path (kernels.py on a GPU, kernels_cpu.py, kernels_flex.py). Beside the GPT: the softmax -> SSMax
-switch (convert_scorer). Checkpoints are lib/checkpoint.py's; the synthetic tasks' real-valued model is tasks.RealGPT.
+switch (convert_scorer). Checkpoints, and the synthetic tasks' real-valued model RealGPT, are lib/checkpoint.py's.
 """
 import math
 from dataclasses import asdict, dataclass

@@ -19,16 +19,12 @@ Tasks (each with its own small vocabulary; targets are -1, or NaN for real-value
 - linear: in-context linear functions y = a x + b (Garg et al. 2022; SSA paper): x1, y1, x2, y2, ..., predict each y
   from its x for the 3rd point on; a, b ~ N(0, task_sigma) (tested at larger sigma), x ~ N(0, 1); eq. 2's MSE.
 Reals enter through a linear embedding x W (features: the value, and for linear which slot it is) and leave through
-a scalar head (RealGPT). A batch is a pure function of (seed, stream, sample index), so resume and DDP stay exact.
+a scalar head (lib/checkpoint.py's RealGPT). A batch is a pure function of (seed, stream, sample index), so resume and DDP stay exact.
 """
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-from model import GPT
 
 
 
@@ -193,26 +189,3 @@ def target_positions(c, x):
     else:
         return torch.full((len(x),), -1)
     return torch.where(hit.any(1), hit.float().argmax(1), -1)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The model of the real-valued tasks
-
-class RealGPT(GPT):
-    """The GPT with the SSA paper's linear input embedding x W and a scalar head; its loss is MSE or a logistic loss
-    on the positions whose target is not NaN."""
-
-    def __init__(self, config, n_in, loss):
-        super().__init__(config)  # vocab_size = 1: lm_head is the scalar head
-        self.transformer.wte = nn.Linear(n_in, config.n_embd, bias=False)
-        nn.init.normal_(self.transformer.wte.weight, mean=0.0, std=0.02)
-        self.loss_kind = loss
-
-    def loss(self, logits, targets, reduction="mean"):
-        pred, scored = logits.float().squeeze(-1), ~torch.isnan(targets)
-        t = torch.where(scored, targets, 0.0)
-        per = ((pred - t) ** 2 if self.loss_kind == "mse" else F.binary_cross_entropy_with_logits(
-            pred, t, reduction="none")) * scored
-        if reduction == "none":
-            return per
-        return per.sum() / (scored.sum() if reduction == "mean" else 1)

@@ -12,9 +12,11 @@ What the scripts share; nothing here is run directly.
     tracking.py           log.jsonl, loss.png, progress lines, MFU, wandb
     folders.py            who writes where: one writer per folder (a lock), an evaluation's results folder
     rescale.py            training-free rescalings of a softmax model's logits (qwen, yarn, llama4) for the evals
-    compare.py            the statistics: paired bootstrap and seed-level t intervals, sign-flip p, horizons, CSVs
+    compare.py            the statistics: paired bootstrap and seed-level t intervals, sign-flip p, Holm, horizons, CSVs
     runs.py               a reproduction's steps: reuse what was done as asked, keep what the report needs of the runs
+    plans.py              pre-registration git can check: --commit-results needs results/<name>/plan.md committed first
     lm_suite.py           the language-model suite of reproduce.py: scales, variants, each seed's steps
+    hf.py                 Hugging Face Llama-family checkpoints in and out (convert_hf.py, eval_harness.py)
     report.py             a language-model reproduction read back: summary.json, gates, tables.md
     synthetic.py          the synthetic suite: its tasks, settings and seeds, the runs in two worker processes
     synthetic_report.py   the suite's statistics with the seed as the unit, verdicts, summary.json, tables.md

@@ -1,11 +1,14 @@
 """
 Checkpoints and their provenance: what every checkpoint and result file records (run_info), the atomic save, the
 safe read (weights_only=True: a file that carries code is refused, never run), the model a checkpoint or a task run
-builds (load_checkpoint, build_model), and what a run's out_dir may hold before a run writes there (check_out_dir).
+builds (load_checkpoint, build_model; RealGPT for the real-valued tasks), and what a run's out_dir may hold before a
+run writes there (check_out_dir).
 """
 import dataclasses, hashlib, importlib.metadata, importlib.util, os, re, subprocess, zipfile
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 import tasks
 from lib import tracking
@@ -133,7 +136,26 @@ def load_checkpoint(path, device="cpu", **overrides):
         raise CheckpointError(f"{path!r} does not fit this model: {type(e).__name__}: {why}") from None
     return model.to(device), ckpt
 
+class RealGPT(GPT):
+    """The GPT with the SSA paper's linear input embedding x W and a scalar head; its loss is MSE or a logistic loss
+    on the positions whose target is not NaN."""
+
+    def __init__(self, config, n_in, loss):
+        super().__init__(config)  # vocab_size = 1: lm_head is the scalar head
+        self.transformer.wte = nn.Linear(n_in, config.n_embd, bias=False)
+        nn.init.normal_(self.transformer.wte.weight, mean=0.0, std=0.02)
+        self.loss_kind = loss
+
+    def loss(self, logits, targets, reduction="mean"):
+        pred, scored = logits.float().squeeze(-1), ~torch.isnan(targets)
+        t = torch.where(scored, targets, 0.0)
+        per = ((pred - t) ** 2 if self.loss_kind == "mse" else F.binary_cross_entropy_with_logits(
+            pred, t, reduction="none")) * scored
+        if reduction == "none":
+            return per
+        return per.sum() / (scored.sum() if reduction == "mean" else 1)
+
 def build_model(config, task=""):
     """The model a run of `task` trains: GPT for tokens, RealGPT for reals."""
     t = tasks.TASKS.get(task)
-    return tasks.RealGPT(config, t.n_in, t.loss) if t and t.n_in else GPT(config)
+    return RealGPT(config, t.n_in, t.loss) if t and t.n_in else GPT(config)

