@@ -3,7 +3,7 @@ Reproduce the three papers' experiments at small scale, end to end (RESULTS.md r
 
     python reproduce.py --scale cpu     # 2 CPU cores, ~2 hours: 4 x 64 model, N = 128, 3 seeds, evaluation to 10 N
     python reproduce.py --scale gpu     # one H100/H200, ~1 GPU hour: 6 x 384, N = 256, 3 seeds, evaluation to 10 N
-    python reproduce.py --scale cpu_char --seeds 1337 1338 1339 1340 1341   # characters with copies (#32), ~3 h
+    python reproduce.py --scale cpu_char --seeds 1337 ... 1346   # characters with copies (#32), 10 seeds: ~5 h
     python reproduce.py --suite synthetic [--quick]   # synthetic.py: tasks x scorers x 5-10 seeds on 2 CPU cores
 
 The language-model suite (lib/lm_suite.py: its scales and variants) trains every variant on the same data and
@@ -19,6 +19,8 @@ now (steps.jsonl records them), so an interrupted reproduction resumes; a step m
 seeds run at once (one core each).
 The runs are scratch: training runs only when an evaluation is missing, and what the report needs of it is kept in
 the results (lib/runs.py), so results/<name>/ alone resumes on a new machine (--commit-results gzips its CSVs).
+--commit-results (either suite) runs only under a plan committed before it starts, results/<name>/plan.md, and
+refuses to write summary.json if the plan changed since the run began (lib/plans.py); summary.json records its commit.
 report.py writes summary.json, the numbers RESULTS.md quotes.
 """
 import argparse, importlib, sys
@@ -60,7 +62,8 @@ def main(argv=None):
                    "first seed's models; synthetic: each task's own count, 0, 1, ...)")
     p.add_argument("--name", help="folders out-repro-<name>/ and out-results/<name>/ (default: the scale)")
     p.add_argument("--commit-results", action="store_true",
-                   help="write the committed results/<name>/ (RESULTS.md's numbers) instead of out-results/<name>/")
+                   help="write the committed results/<name>/ (RESULTS.md's numbers) instead of out-results/<name>/; "
+                   "needs the run's rule in results/<name>/plan.md, committed before the run starts (lib/plans.py)")
     p.add_argument("--redo", action="store_true", help="run again each step made with other settings than asked "
                    "now (its output is replaced); without it such a step refuses")
     p.add_argument("--skip", nargs="*", choices=["eval_long", "needle", "passkey", "score", "bench"])

@@ -1,8 +1,9 @@
 """
 Comparing models scored on the same sequences: per-sequence losses (eval_long.py's per_sequence.csv), each model's
 paired difference to a baseline model with a percentile bootstrap CI over sequences (Efron & Tibshirani 1993,
-ch. 13), seed-level statistics, and the figures: differences by window length, per-position curves, and the SSMax
-paper's closed-form Figs. 1 and 3 (eval_long.py --fading).
+ch. 13), seed-level statistics (exact t intervals, sign-flip p, Holm's step-down correction, ceilings), and the
+figures: differences by window length, per-position curves, and the SSMax paper's closed-form Figs. 1 and 3
+(eval_long.py --fading).
 
 Paired: the difference is taken sequence by sequence, so text that is hard for every model cancels out.
 """
@@ -33,9 +34,28 @@ def bootstrap_ci(d, n_boot=2000, level=LEVEL, seed=0):
     lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
     return float(d.mean()), float(lo), float(hi)
 
-# Student-t 97.5 % quantiles by df = seeds - 1
-# beyond 10: 1.96 + 2.4 / df, within 0.002 of exact
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+def t975(df):
+    """The exact Student-t 97.5 % quantile with df degrees of freedom (seeds - 1): scipy.stats.t.ppf, or where scipy
+    is missing (the lent GPU's image) _t975, which agrees with it to 1e-11."""
+    try:
+        from scipy import stats  # imported when first needed: ~1 s
+    except ImportError:
+        return _t975(df)
+    return float(stats.t.ppf(0.975, df))
+
+def _t975(df, p=0.975):
+    """Newton's method on the t CDF, 1/2 + the density's integral from 0 (200-point Gauss-Legendre). From t = 1 the
+    iterates rise to the root: the CDF is concave for t > 0."""
+    x, w = np.polynomial.legendre.leggauss(200)
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - math.log(df * math.pi) / 2
+    pdf = lambda u: np.exp(log_c - (df + 1) / 2 * np.log1p(u * u / df))
+    t = 1.0
+    for _ in range(200):
+        step = (p - 0.5 - t / 2 * np.dot(w, pdf(t / 2 * (x + 1)))) / pdf(t)
+        t += step
+        if step < 1e-13 * t:
+            break
+    return float(t)
 
 def seed_interval(values):
     """(mean, sd, lo, hi) of one value per training seed: the mean, the sample sd and the 95 % Student-t interval of
@@ -44,8 +64,25 @@ def seed_interval(values):
     if len(v) < 2:
         return float(v.mean()), math.nan, math.nan, math.nan
     sd = float(v.std(ddof=1))
-    half = T975.get(len(v) - 1, 1.96 + 2.4 / (len(v) - 1)) * sd / math.sqrt(len(v))
+    half = t975(len(v) - 1) * sd / math.sqrt(len(v))
     return float(v.mean()), sd, float(v.mean() - half), float(v.mean() + half)
+
+def holm(pvalues):
+    """Holm's step-down adjusted p-values, in the order given: sort the m p-values, the k-th smallest times
+    (m - k + 1), a running maximum, capped at 1. H_(k) is rejected at level a iff every p_(j), j <= k, is below
+    a / (m - j + 1), that is iff its adjusted p is below a (Holm 1979). A nan p stays nan and is not in the family."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    out, idx = np.full(len(p), math.nan), np.flatnonzero(~np.isnan(p))
+    order = idx[np.argsort(p[idx], kind="stable")]
+    m = len(order)
+    out[order] = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
+    return [float(x) for x in out]
+
+def at_bound(a, b, bounds):
+    """The bound (accuracy 1.0 or 0.0, a horizon at the longest length tested) where both settings sit on every seed,
+    else None: their difference is then 0 by construction, which shows no equivalence, only the test's ceiling."""
+    v = {float(x) for x in (*a, *b)}
+    return v.pop() if len(v) == 1 and v <= {float(x) for x in bounds} and len(a) and len(b) else None
 
 def sign_flip_p(d, draws=2**16):
     """Two-sided sign-flip (paired permutation) p-value of the mean of d, one paired difference per training seed:
@@ -78,13 +115,15 @@ def paired(values, base):
     d = np.subtract(values, base)
     return [*seed_interval(d), sign_flip_p(d)]
 
-def paired_by_seed(a, b):
+def paired_by_seed(a, b, bounds=()):
     """a, b: {seed: value}, e.g. a setting's and the baseline's accuracy per training seed. The differences a - b over
-    the seeds both have, their mean, sd and t interval (seed_interval) and sign-flip p-value."""
+    the seeds both have, their mean, sd and t interval (seed_interval) and sign-flip p-value; at_bound: the bound of
+    `bounds` where both sit on every seed (at_bound), else None."""
     seeds = sorted(a.keys() & b.keys())
     d = [float(a[s] - b[s]) for s in seeds]
     mean, sd, lo, hi = seed_interval(d) if d else (math.nan,) * 4
-    return dict(seeds=seeds, diffs=d, n=len(d), mean_diff=mean, sd=sd, ci_lo=lo, ci_hi=hi, sign_flip_p=sign_flip_p(d))
+    return dict(seeds=seeds, diffs=d, n=len(d), mean_diff=mean, sd=sd, ci_lo=lo, ci_hi=hi, sign_flip_p=sign_flip_p(d),
+                at_bound=at_bound([a[s] for s in seeds], [b[s] for s in seeds], bounds))
 
 def across_seeds(per_seed):
     """Each seed's paired_differences (a list per seed) -> one row per (model, rope, window): the mean over seeds of

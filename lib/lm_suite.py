@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from lib import dataset, report
+from lib import dataset, plans, report
 from lib.folders import held
 from lib.runs import (Steps, check_runs, complete, done, iter_of, keep_train_log, kv, pack, read_train_logs,
                       trained)
@@ -243,13 +243,15 @@ def main(a):
     root, data_dir = f"out-repro-{name}", "data"
     results = os.path.join("results" if a.commit_results else "out-results", name)
     with held(root, "a reproduction's runs"), held(results, "a reproduction's results"):  # one writer each
+        began = plans.begin(results) if a.commit_results else None  # the rule, committed before the run
         os.makedirs(results, exist_ok=True)
-        run_steps(a, S, root, data_dir, Steps(results, a.redo), variants)
+        run_steps(a, S, root, data_dir, Steps(results, a.redo), variants, began)
 
 
-def run_steps(a, S, root, data_dir, steps, variants):
+def run_steps(a, S, root, data_dir, steps, variants, began=None):
     """Every seed's steps, then the first seed's retrieval after fine-tuning, then summary.json from the steps'
-    records: what they ran, not what this command asked (the same, unless recorded before settings were)."""
+    records: what they ran, not what this command asked (the same, unless recorded before settings were). began: the
+    plan a --commit-results run began with (lib/plans.py), checked again before summary.json."""
     results = steps.results
     roots = {seed: os.path.join(root, f"s{seed}") for seed in a.seeds}  # every seed's runs: its own folder
     labels = {v: VARIANTS[v][1] for v in variants}
@@ -270,10 +272,11 @@ def run_steps(a, S, root, data_dir, steps, variants):
                                                                                                      "kernels")],
                   os.path.join(results, "kernels.png"))
     ran = steps.ran("train") or dict(trained_with(S), recorded=False)
+    plan = {"plan": plans.finish(results, began)} if began else {}
     report.summarize(results, roots, labels, N, rows, list(COPY_RUNS), scale=a.scale, dataset=ran["dataset"],
                      config=ran, tokens_per_variant=ran["train"]["batch_size"] * ran["model"]["block_size"]
                      * ran["train"]["max_iters"] * ran["train"]["gradient_accumulation_steps"],
-                     wall_s=round(steps.wall_s(), 1))
+                     wall_s=round(steps.wall_s(), 1), **plan)
     if a.commit_results:
         pack(results, a.seeds)
     print(f"done: {results}/summary.json")

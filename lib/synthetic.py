@@ -12,7 +12,7 @@ import contextlib, json, math, multiprocessing, os, runpy, shutil, sys, time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-from lib import config
+from lib import config, plans
 from lib.folders import held
 from lib.runs import StepError, differences, plain, refuse
 
@@ -207,15 +207,17 @@ def main(quick=False, jobs=2, n_eval=N_EVAL, settings=None, task_names=None, nam
     runs = os.path.join(REPO_OUT, f"out-{name}")
     results = os.path.join(REPO_OUT, "results" if commit else "out-results", name)
     with held(runs, "a synthetic suite's runs"), held(results, "a synthetic suite's results"):  # one writer each
+        began = plans.begin(results) if commit else None  # the rule, committed before the run
         os.makedirs(runs, exist_ok=True)
         os.makedirs(results, exist_ok=True)
         suite(runs, results, plan(task_names, settings, seeds), jobs, n_eval, command, task_names, redo,
-              synthetic_report)
+              synthetic_report, began)
 
 
-def suite(runs, results, todo, jobs, n_eval, command, task_names, redo, synthetic_report):
+def suite(runs, results, todo, jobs, n_eval, command, task_names, redo, synthetic_report, began=None):
     """Every run of todo (trained and evaluated unless reused), then the report. wall.json: every call's time up to
-    its last run that trained or evaluated (an interrupted call counts too; a re-report adds nothing)."""
+    its last run that trained or evaluated (an interrupted call counts too; a re-report adds nothing). began: the
+    plan a --commit-results run began with (lib/plans.py), checked again before summary.json."""
     path = os.path.join(runs, "wall.json")
     wall, t0, last = (json.load(open(path))["wall_s"] if os.path.isfile(path) else 0), time.time(), time.time()
     spawn = multiprocessing.get_context("spawn")  # fork would inherit torch's threads
@@ -238,5 +240,7 @@ def suite(runs, results, todo, jobs, n_eval, command, task_names, redo, syntheti
                  settings={s: SETTINGS[s] for s in dict.fromkeys(s for _, s, _ in todo)}, ran=recorded(runs, todo),
                  tasks={t: dict(config=SUITE[t].config, extra=SUITE[t].extra, multiples=SUITE[t].multiples,
                                 seeds=sorted({seed for tt, _, seed in todo if tt == t})) for t in task_names})
+    if began:
+        setup["plan"] = plans.finish(results, began)
     synthetic_report.report(runs, results, todo, setup)
     print(f"done in {wall / 60:.1f} min: {results}/summary.json, tables.md, horizons.png, accuracy.png")

@@ -5,7 +5,10 @@ seed as the unit, the verdicts by the rule RESULTS.md states before the results,
 Per task, setting, condition, RoPE evaluation and length: each seed's accuracy (MSE for linear), their mean, sd and
 95 % Student-t interval over seeds; against softmax, the per-seed paired difference with its t interval and exact
 sign-flip p (compare.py); each run's horizon (the longest length solved at accuracy >= 0.95, in units of N). Prompts
-are never pooled over seeds: they describe one model, not a scorer.
+are never pooled over seeds: they describe one model, not a scorer. The rule applies no correction for multiple
+comparisons; each verdict and control table reports Holm's adjusted p over its own rows beside it, and a pair whose
+settings both sit at a bound on every seed (accuracy 1.000, a horizon at the longest length) is "at ceiling": no
+interval, and no equivalence read from it.
 """
 import csv, gzip, io, json, math, os
 
@@ -19,6 +22,7 @@ SOLVED = 0.95  # a horizon's accuracy
 BELOW_N = 0.5  # log-axis spot for a run failing at N
 ALPHA, MIN_SEEDS = 0.05, 6  # a verdict needs p < ALPHA, which needs 6 seeds
 EQUIVALENT = 0.05  # "same": the whole 95 % interval within ±this
+ACCURACY_BOUNDS = (0.0, 1.0)  # both settings at one of these on every seed: "at ceiling", not "the same"
 # each paper's claim: beats softmax at the primary endpoint
 CLAIMS = {"ssmax": "SSMax paper (logits x s log n)", "ssmax-fixed-s": "Chiang & Cholak 2022 (logits x log n)",
           "ssa": "SSA paper (Naim et al. 2025)", "lssa": "LSSA paper (Gao & Spratling 2025)",
@@ -72,7 +76,8 @@ def summarize(acc):
         c["loss_per_seed"] = [c["loss_by_seed"][s] for s in c["seeds"] if s in c["loss_by_seed"]]
         base = cells.get((c["task"], "softmax", c["condition"], c["rope"], c["multiple"]))
         if base and c["setting"] != "softmax":
-            c["vs_softmax"] = compare.paired_by_seed(c["by_seed"], base["by_seed"])
+            c["vs_softmax"] = compare.paired_by_seed(c["by_seed"], base["by_seed"],
+                                                     ACCURACY_BOUNDS if c["metric"] == "accuracy" else ())
     out = {}
     for c in cells.values():
         out.setdefault(c["task"], {"cells": []})["cells"].append(c)
@@ -82,6 +87,9 @@ def summarize(acc):
         t["verdicts"] = [verdict(t, task, *p) for p in PRIMARY.get(task, [])]
         t["contrasts"] = [contrast(t, a, b, *p) for p in PRIMARY.get(task, [])[:1] for a, b in CONTRASTS
                           if {a, b} <= {c["setting"] for c in t["cells"]}]
+        for rows, p in (([v for vs in t["verdicts"] for v in vs], "sign_flip_p"), (t["contrasts"], None)):
+            for r, h in zip(rows, compare.holm([r[p] if p else r["accuracy"]["sign_flip_p"] for r in rows])):
+                r["holm_p"] = h  # the table's rows are the family
         for c in t["cells"]:  # per_seed has them; JSON would stringify keys
             del c["by_seed"], c["loss_by_seed"]
     return out
@@ -147,16 +155,20 @@ def verdict(t, task, cond, rope, mult):
 
 
 def contrast(t, a, b, cond, rope, mult):
-    """a - b by seed at the primary endpoint and in log2 horizon; 'same' if the interval lies within ±EQUIVALENT."""
+    """a - b by seed at the primary endpoint and in log2 horizon; 'same' if the interval lies within ±EQUIVALENT,
+    'at ceiling' if both sit at a bound on every seed (a difference of 0 that shows no equivalence)."""
     ca, cb = _cell(t, a, cond, rope, mult), _cell(t, b, cond, rope, mult)
-    d = compare.paired_by_seed(dict(zip(ca["seeds"], ca["per_seed"])), dict(zip(cb["seeds"], cb["per_seed"])))
+    d = compare.paired_by_seed(dict(zip(ca["seeds"], ca["per_seed"])), dict(zip(cb["seeds"], cb["per_seed"])),
+                               ACCURACY_BOUNDS if ca["metric"] == "accuracy" else ())
     hz = t["horizons"].get(f"{cond}|{rope}", {})
-    h = compare.paired_by_seed(*({s: math.log2(x) for s, x in hz.get(k, {}).items()} for k in (a, b)))
+    top = max(c["multiple"] for c in t["cells"] if (c["condition"], c["rope"]) == (cond, rope))
+    h = compare.paired_by_seed(*({s: math.log2(x) for s, x in hz.get(k, {}).items()} for k in (a, b)),
+                               bounds=(math.log2(top), math.log2(BELOW_N)))
     same = -EQUIVALENT <= d["ci_lo"] and d["ci_hi"] <= EQUIVALENT
     differ = d["n"] >= MIN_SEEDS and d["sign_flip_p"] < ALPHA and (d["ci_lo"] > 0 or d["ci_hi"] < 0)
     return dict(a=a, b=b, multiple=ca["multiple"], accuracy=d, log2_horizon=h,
                 reading="a > b" if differ and d["ci_lo"] > 0 else "a < b" if differ else
-                "the same within ±0.05" if same else "undecided")
+                "at ceiling" if d["at_bound"] is not None else "the same within ±0.05" if same else "undecided")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -172,21 +184,48 @@ def report(runs, results, todo, setup):
         w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in prompts for k in r)))  # old runs: fewer
         w.writeheader()
         w.writerows(prompts)
-    summary = summarize(acc)
     from lib.checkpoint import run_info
-    with open(os.path.join(results, "summary.json"), "w") as f:
-        json.dump({**setup, "run_info": run_info(), "rule": dict(gate=GATE, solved=SOLVED, alpha=ALPHA,
-                   min_seeds=MIN_SEEDS, equivalent=EQUIVALENT), "tasks_summary": summary}, f, indent=1,
-                  default=float)
-    with open(os.path.join(results, "tables.md"), "w") as f:
-        f.write(tables(summary))
+    summary = write(results, acc, {**setup, "run_info": run_info()})
     synthetic_figures.draw(summary, att, results, PRIMARY, BELOW_N)
     for task, t in summary.items():
         print(f"{task}: gate {'passed' if t['gate']['passed'] else 'FAILED: ' + ', '.join(t['gate']['failed'])}")
 
 
+def write(results, acc, head):
+    """summary.json (head, the rule, the statistics of acc) and tables.md; the summary."""
+    summary = summarize(acc)
+    rule = dict(gate=GATE, solved=SOLVED, alpha=ALPHA, min_seeds=MIN_SEEDS, equivalent=EQUIVALENT,
+                correction="none (the rule as committed); holm_p: Holm's adjusted p over each table's rows, reported",
+                ceiling=f"both settings at one of {ACCURACY_BOUNDS} (accuracy) or the tested horizon's bounds on every "
+                        "seed: at_bound, no interval, no equivalence")
+    with open(os.path.join(results, "summary.json"), "w") as f:
+        json.dump({**head, "rule": rule, "tasks_summary": summary}, f, indent=1, default=float)
+    with open(os.path.join(results, "tables.md"), "w") as f:
+        f.write(tables(summary))
+    return summary
+
+
+def rereport(results):
+    """summary.json and tables.md again from a results folder's own accuracy.csv, with this code's statistics (when
+    the runs folder is gone); its run's head (command, run_info, ...) is kept, the figures are left as they are."""
+    from lib.checkpoint import run_info
+    with open(os.path.join(results, "summary.json")) as f:
+        head = {k: v for k, v in json.load(f).items() if k not in ("rule", "tasks_summary")}
+    write(results, compare.read_csv(os.path.join(results, "accuracy.csv")), {**head, "rereport_run_info": run_info()})
+
+
 def _f(x, d=3):
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.{d}f}"
+
+
+def _ci(v, d=3, horizon=False):
+    """A paired difference's mean [95 % t CI], or "at ceiling" where both settings sit at a bound on every seed."""
+    b = v.get("at_bound")
+    if b is None:
+        return f"{_f(v['mean_diff'], d)} [{_f(v['ci_lo'], d)}, {_f(v['ci_hi'], d)}]"
+    if horizon:
+        return "at floor (both fail at N on every seed)" if b < 0 else f"at ceiling (both {2 ** b:g} N on every seed)"
+    return f"at {'floor' if b == 0 else 'ceiling'} (both {b:.3f} on every seed)"
 
 
 def tables(summary):
@@ -198,10 +237,13 @@ def tables(summary):
         out.append(f"\n## {task}: gate {'passed' if g['passed'] else 'missed by ' + ', '.join(g['failed'])}\n")
         rows = [v for vs in t["verdicts"] for v in vs]
         if rows:
-            out += ["| claim | at | mean − softmax [95% t CI] | sign-flip p | seeds | verdict |", "|---" * 6 + "|"]
+            out += ["| claim | at | mean − softmax [95% t CI] | sign-flip p | Holm p | seeds | verdict |",
+                    "|---" * 7 + "|"]
             out += [f"| {v['setting']} > softmax ({v['source']}) | {v['condition'] or 'test'} {v['rope']}, "
-                    f"{v['multiple']} N | {_f(v['mean_diff'])} [{_f(v['ci_lo'])}, {_f(v['ci_hi'])}] | "
-                    f"{v['sign_flip_p']:.4f} | {v['n']} | **{v['verdict']}** ({v['why']}) |" for v in rows]
+                    f"{v['multiple']} N | {_ci(v)} | {v['sign_flip_p']:.4f} | {v['holm_p']:.4f} | {v['n']} | "
+                    f"**{v['verdict']}** ({v['why']}) |" for v in rows]
+            out.append(f"\nHolm p: Holm's adjusted p over this table's {len(rows)} row{'s' * (len(rows) > 1)} (the "
+                       "rule, as committed, applies no correction; a verdict survives Holm where its Holm p < 0.05)")
         for cond, rope in sorted({(c["condition"], c["rope"]) for c in t["cells"]}):
             cs = {(c["setting"], c["multiple"]): c for c in t["cells"] if (c["condition"], c["rope"]) == (cond, rope)}
             ms, metric = sorted({m for _, m in cs}), next(iter(cs.values()))["metric"]
@@ -216,15 +258,15 @@ def tables(summary):
                 v = last.get("vs_softmax")
                 out.append(f"| {s} | {last.get('seeds') and len(last['seeds'])} | " + " | ".join(
                     f"{cs[s, m]['mean']:.3f} ± {cs[s, m]['sd']:.3f}" if (s, m) in cs else "" for m in ms)
-                    + (f" | {_f(v['mean_diff'])} [{_f(v['ci_lo'])}, {_f(v['ci_hi'])}] ({v['sign_flip_p']:.3g})"
-                       if v else " | ") + (f" | {np.median(h):g} [{min(h):g}, {max(h):g}] |" if h else " | |"))
+                    + (f" | {_ci(v)} ({v['sign_flip_p']:.3g})" if v else " | ")
+                    + (f" | {np.median(h):g} [{min(h):g}, {max(h):g}] |" if h else " | |"))
         if t["contrasts"]:
             out += [f"\n{task}: controls, a − b by seed at {t['contrasts'][0]['multiple']} N (accuracy) and in "
-                    "log2 horizon\n", "| a − b | accuracy [95% t CI] (p) | log2 horizon [95% t CI] (p) | reading |",
-                    "|---" * 4 + "|"]
+                    "log2 horizon; Holm p: over this table's rows, from the accuracy p\n",
+                    "| a − b | accuracy [95% t CI] (p) | Holm p | log2 horizon [95% t CI] (p) | reading |",
+                    "|---" * 5 + "|"]
             for k in t["contrasts"]:
                 d, h = k["accuracy"], k["log2_horizon"]
-                out.append(f"| {k['a']} − {k['b']} | {_f(d['mean_diff'])} [{_f(d['ci_lo'])}, {_f(d['ci_hi'])}] "
-                           f"({d['sign_flip_p']:.3g}) | {_f(h['mean_diff'], 2)} [{_f(h['ci_lo'], 2)}, "
-                           f"{_f(h['ci_hi'], 2)}] ({h['sign_flip_p']:.3g}) | {k['reading']} |")
+                out.append(f"| {k['a']} − {k['b']} | {_ci(d)} ({d['sign_flip_p']:.3g}) | {k['holm_p']:.3g} | "
+                           f"{_ci(h, 2, horizon=True)} ({h['sign_flip_p']:.3g}) | {k['reading']} |")
     return "\n".join(out) + "\n"

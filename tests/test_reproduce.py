@@ -105,7 +105,7 @@ def test_context_gates_on_a_hand_made_curve():
 
 def test_seed_interval_is_the_student_t_interval_of_the_mean():
     mean, sd, lo, hi = compare.seed_interval([1.0, 2.0, 3.0])
-    assert (mean, sd) == (2.0, 1.0) and hi - mean == pytest.approx(4.303 / math.sqrt(3)) and lo == 4 - hi
+    assert (mean, sd) == (2.0, 1.0) and hi - mean == pytest.approx(4.30265272975 / math.sqrt(3)) and lo == 4 - hi
     assert all(math.isnan(x) for x in compare.seed_interval([1.0])[1:])
 
 

@@ -1,4 +1,5 @@
-"""compare.py's statistics over training seeds: sign_flip_p, horizon and paired_by_seed."""
+"""compare.py's statistics over training seeds: sign_flip_p, horizon, paired_by_seed, exact t quantiles, Holm's
+correction and ceilings."""
 import itertools
 import math
 
@@ -70,3 +71,34 @@ def test_paired_by_seed_with_no_common_seed_is_empty():
     r = compare.paired_by_seed({1: 0.5}, {2: 0.4})
     assert r["n"] == 0 and r["seeds"] == [] and r["diffs"] == []
     assert all(math.isnan(r[k]) for k in ("mean_diff", "sd", "ci_lo", "ci_hi", "sign_flip_p"))
+
+
+@pytest.mark.parametrize("df,exact", [
+    (1, 12.7062047361747),  # tan(0.475 pi): the Cauchy quantile
+    (5, 2.57058183563632), (11, 2.20098516009164), (12, 2.17881282966723), (15, 2.13144954555978),
+    (29, 2.04522964213270), (100, 1.98397151852355)])  # solved from the t CDF (incomplete beta) with mpmath, 30 digits
+def test_t_quantiles_are_exact_for_every_df(df, exact):
+    assert compare.t975(df) == pytest.approx(exact, abs=1e-12)  # scipy's
+    assert compare._t975(df) == pytest.approx(exact, abs=1e-10)  # without scipy (the lent GPU's image)
+    mean, sd, lo, hi = compare.seed_interval(np.arange(df + 1.0))
+    assert hi - mean == pytest.approx(exact * sd / math.sqrt(df + 1), rel=1e-12)
+
+
+def test_holm_on_a_hand_computed_family():
+    # sorted 0.01, 0.02, 0.03, 0.04 (m = 4): x 4, 3, 2, 1 = 0.04, 0.06, 0.06, 0.04 -> running max 0.04, 0.06, 0.06, 0.06
+    assert compare.holm([0.03, 0.01, 0.04, 0.02]) == pytest.approx([0.06, 0.04, 0.06, 0.06])
+    # step-down: 0.01 < 0.05 / 4 rejects; 0.02 > 0.05 / 3 stops it, so the 0.04s are kept though 0.04 < 0.05 / 2
+    assert [h < 0.05 for h in compare.holm([0.01, 0.02, 0.04, 0.04])] == [True, False, False, False]
+    assert compare.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
+    h = compare.holm([0.002, math.nan, 0.03])  # nan: not in the family (m = 2)
+    assert h[0] == pytest.approx(0.004) and math.isnan(h[1]) and h[2] == pytest.approx(0.03)
+    assert compare.holm([]) == []
+
+
+def test_both_settings_at_a_bound_on_every_seed_is_a_ceiling_not_an_equivalence():
+    r = compare.paired_by_seed({0: 1.0, 1: 1.0, 2: 1.0}, {0: 1.0, 1: 1.0, 2: 1.0, 3: 0.5}, bounds=(0.0, 1.0))
+    assert r["at_bound"] == 1.0 and r["ci_lo"] == r["ci_hi"] == 0.0  # the interval is [0, 0] by construction
+    assert compare.paired_by_seed({0: 0.0, 1: 0.0}, {0: 0.0, 1: 0.0}, bounds=(0.0, 1.0))["at_bound"] == 0.0
+    assert compare.paired_by_seed({0: 1.0, 1: 1.0}, {0: 1.0, 1: 0.98}, bounds=(0.0, 1.0))["at_bound"] is None
+    assert compare.paired_by_seed({0: 0.7, 1: 0.7}, {0: 0.7, 1: 0.7}, bounds=(0.0, 1.0))["at_bound"] is None
+    assert compare.paired_by_seed({0: 1.0}, {0: 1.0})["at_bound"] is None  # no bounds given: never

@@ -7,6 +7,8 @@ import dataclasses
 import gzip
 import json
 import math
+import os
+import subprocess
 
 import pytest
 import torch
@@ -83,6 +85,38 @@ def test_every_and_some_are_never_contradicted_they_do_not_test_length():
     assert v["verdict"] == "not reproduced at this scale" and "not length" in v["why"]
 
 
+def test_verdict_and_control_tables_report_holm_over_their_rows_and_say_at_ceiling_instead_of_an_interval():
+    acc = [r for seed in range(6) for s, accs in (("softmax", (1.0, 0.9, 0.5)), ("ssmax", (1.0, 1.0, 1.0)),
+                                                  ("lssa", (1.0, 1.0, 0.9 if seed else 0.4)),
+                                                  ("ssmax-s2", (1.0, 1.0, 1.0)), ("ssmax-fixed-s", (1.0, 1.0, 1.0)))
+           for r in _rows(s, seed, accs)]
+    t = synthetic_report.summarize(acc)["first"]
+    ssmax, fixed, lssa = (next(v for v in t["verdicts"][0] if v["setting"] == s) for s in ("ssmax", "ssmax-fixed-s",
+                                                                                          "lssa"))
+    # p: 2/64, 2/64 and 4/64 (lssa's seed 0 is worse): Holm over 3 rows 3 x 2/64, 3 x 2/64, max(that, 1 x 4/64)
+    assert (ssmax["holm_p"], fixed["holm_p"], lssa["holm_p"]) == pytest.approx((6 / 64, 6 / 64, 6 / 64))
+    assert ssmax["verdict"] == "reproduced"  # the rule, uncorrected, stands as ruled; Holm is reported beside it
+    same = next(k for k in t["contrasts"] if (k["a"], k["b"]) == ("ssmax-s2", "ssmax-fixed-s"))
+    assert same["accuracy"]["at_bound"] == 1.0 and same["reading"] == "at ceiling"  # not "the same within ±0.05"
+    assert same["log2_horizon"]["at_bound"] == 2  # both at the longest length tested, 4 N
+    table = synthetic_report.tables({"first": t})
+    assert "| ssmax-s2 − ssmax-fixed-s | at ceiling (both 1.000 on every seed) (1) | 1 | at ceiling (both 4 N on " \
+           "every seed) (1) | at ceiling |" in table
+    assert "| Holm p |" in table and f"| {ssmax['sign_flip_p']:.4f} | 0.0938 | 6 |" in table
+
+
+def test_a_results_folder_re_reports_from_its_own_accuracy_csv(tmp_path):
+    import shutil
+    shutil.copytree(os.path.join(synthetic.REPO, "results", "synthetic-first-long"), tmp_path / "r")
+    before = json.load(open(tmp_path / "r" / "summary.json"))
+    synthetic_report.rereport(str(tmp_path / "r"))
+    after = json.load(open(tmp_path / "r" / "summary.json"))
+    assert after["tasks_summary"] == before["tasks_summary"] and after["run_info"] == before["run_info"]
+    committed = os.path.join(synthetic.REPO, "results", "synthetic-first-long", "tables.md")
+    assert (tmp_path / "r" / "tables.md").read_text() == open(committed).read()  # the committed tables: this code's
+    assert after["rereport_run_info"]["git_sha"]
+
+
 def test_the_suite_trains_evaluates_reports_and_skips_finished_runs(tmp_path, monkeypatch):
     tiny = ("max_iters=2", "eval_interval=2", "n_embd=16", "ffn_hidden=32", "batch_size=4")
     monkeypatch.setattr(synthetic, "REPO_OUT", str(tmp_path))
@@ -114,12 +148,21 @@ def test_the_suite_trains_evaluates_reports_and_skips_finished_runs(tmp_path, mo
     for f in ("horizons.png", "accuracy.png", "attention.png", "tables.md"):
         assert (res / f).stat().st_size > 0
     steps = (res / "steps.jsonl").read_text().splitlines()
+    with pytest.raises(runs.StepError, match="results/synthetic/plan.md is missing"):  # the committed results
+        synthetic.main(jobs=2, n_eval=4, settings=settings, task_names=["first"], seeds=[0, 1], commit=True)
+    plan = tmp_path / "results" / "synthetic" / "plan.md"  # their rule, committed before the run (a repo of its own)
+    plan.parent.mkdir(parents=True)
+    plan.write_text("rule\n")
+    for cmd in (["init", "-q"], ["add", str(plan)], ["commit", "-q", "-m", "plan"]):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *cmd], check=True)
     synthetic.main(jobs=2, n_eval=4, settings=settings, task_names=["first"], seeds=[0, 1], commit=True)
     again = [json.loads(line) for line in (tmp_path / "results" / "synthetic" / "steps.jsonl").read_text().splitlines()]
     assert len(again) == 6 and not any(r["ran"] for r in again)  # every run was done: nothing trains again
     assert (res / "steps.jsonl").read_text().splitlines() == steps
     summary = json.load(open(tmp_path / "results" / "synthetic" / "summary.json"))
     assert summary["ran"]["first/softmax-qwen"] == [*tiny, "scorer=softmax"]  # what the runs recorded
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert summary["plan"]["commit"] == head.strip() and summary["plan"]["run_started"]
     # other settings for a finished run: refused in one line before it trains, or made again with redo
     monkeypatch.setitem(synthetic.SUITE, "first", dataclasses.replace(synthetic.SUITE["first"], extra=(
         *tiny[:-1], "batch_size=2"), multiples=(1, 2)))

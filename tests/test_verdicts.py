@@ -3,6 +3,7 @@ import importlib.util
 import os
 
 import numpy as np
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,7 +48,15 @@ def test_every_claim_of_the_committed_summary_shows_the_papers_result_beside_its
         assert r["paper"] and r["cells"] and r["gate"]
     table = verdicts.markdown(v).splitlines()
     rows = [x for x in table if x.startswith("| ") and not x.startswith("| claim")]
-    assert len(rows) == 13 and all(x.count(" | ") == 4 for x in rows)
+    assert len(rows) == 13 and all(x.count(" | ") == 5 for x in rows)
+    # Holm beside the rule (issue #47): no cell of 59 survives (the least p, 2/1024, times 59 is 0.115); over the 13
+    # claims FoX's reproduction (its cells' largest p, 2/1024) and SSA's contradiction (4/1024) do, (e)'s does not
+    claims = {r["claim"].split(":")[0]: r for r in v["claims"]}
+    assert sum(len(r["cells"]) for r in v["claims"]) == 59
+    assert min(c["holm_p"] for r in v["claims"] for c in r["cells"]) == pytest.approx(59 * 2 / 1024)
+    assert claims["FoX"]["holm_p"] == pytest.approx(13 * 2 / 1024) and claims["FoX"]["verdict"] == "reproduced"
+    assert claims["SSA"]["holm_p"] == pytest.approx(12 * 4 / 1024) and 12 * 4 / 1024 < 0.05
+    assert next(r for r in v["claims"] if r["verdict"] == "contradicted" and r is not claims["SSA"])["holm_p"] > 0.05
 
 
 def test_explore_averages_each_seeds_sequences_before_pairing_by_seed(tmp_path):
@@ -71,3 +80,19 @@ def test_explore_averages_each_seeds_sequences_before_pairing_by_seed(tmp_path):
     assert c["per_seed"] == [0.25, 0.25] and abs(c["mean"] - 0.25) < 1e-12 and c["verdict"] == "exploratory"
     d = explore.contrast("fox", W["fox", "native", "4x"] - W["softmax", "extended", "4x"])
     np.testing.assert_allclose(d["per_seed"], [-1.25, -1.25])
+
+
+def test_explore_texts_as_the_unit_average_each_text_over_the_seeds(tmp_path):
+    import csv, gzip
+    explore = load("explore")
+    for seed, shift in ((1, 0.0), (2, 0.4)):  # every seed reads the same two texts (sequence id and start)
+        os.makedirs(tmp_path / f"s{seed}" / "eval_long_theta")
+        with gzip.open(tmp_path / f"s{seed}" / "eval_long_theta" / "per_sequence.csv.gz", "wt", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["model", "rope", "window", "sequence", "start", "loss"])
+            w.writerow(["fox", "native", "2x", 0, 100, 1.0 + shift])
+            w.writerow(["fox", "native", "2x", 1, 900, 3.0 + shift])
+            if seed == 1:
+                w.writerow(["fox", "native", "2x", 2, 500, 9.0])  # a text only one seed read: left out
+    T = explore.text_windows(str(tmp_path), [1, 2], "theta")
+    np.testing.assert_allclose(T["fox", "native", "2x"], [1.2, 3.2])  # per text, the mean of its two seeds

@@ -7,6 +7,10 @@ with the same statistics (the seed as the unit, paired by seed, 95 % t interval,
 2. Does θ × 50 help at all: each model's loss under θ × 50 minus native θ, same sequences.
 3. The zoo against softmax's extension: stick-breaking and FoX (NoPE, nothing to extend) minus softmax under θ × 50
    and under Dynamic NTK, the fairer baseline than the native θ the pre-registered claims used.
+4. (Added for issue #47, after the results.) Texts as the unit: every seed is scored on the same 32 texts, so seeds
+   that agree are partly texts that agree. Each text's difference is averaged over the 10 seeds, and the t interval
+   and sign-flip p (Monte Carlo beyond 20) are taken over the texts: does FoX's loss keep falling past N, and does
+   FoX - softmax hold, with the texts' spread counted?
 
     .venv/bin/python results/cpu_char/explore.py     # -> explore.md / explore.json / explore.png beside summary.json
 """
@@ -37,6 +41,21 @@ def seed_windows(results, seeds, method):
     return {k: np.array([d[k] for d in per_seed]) for k in keys}
 
 
+def text_windows(results, seeds, method):
+    """{(model, rope, window): one loss per text (sequence id and start), its mean over the seeds}: the texts every
+    seed read; a text missing from any seed is left out."""
+    per_seed = []
+    for seed in seeds:
+        acc = defaultdict(dict)
+        with gzip.open(os.path.join(results, f"s{seed}", f"eval_long_{method}", "per_sequence.csv.gz"), "rt") as f:
+            for row in csv.DictReader(f):
+                acc[row["model"], row["rope"], row["window"]][row["sequence"], row["start"]] = float(row["loss"])
+        per_seed.append(acc)
+    keys = set.intersection(*(set(d) for d in per_seed))
+    texts = {k: sorted(set.intersection(*(set(d[k]) for d in per_seed))) for k in keys}
+    return {k: np.array([np.mean([d[k][t] for d in per_seed]) for t in texts[k]]) for k in keys}
+
+
 def contrast(label, d):
     """verdicts.cell's statistics for one paired difference per seed, without its verdict (nothing was registered)."""
     return {**verdicts.cell(d, 0), "label": label, "side": 0, "verdict": "exploratory"}
@@ -61,28 +80,44 @@ def contrasts(theta, ntk):
     return rows
 
 
+def by_text(theta, texts):
+    """(4): FoX's loss past N against its own at 1 N and 2 N, and FoX − softmax (the pre-registered cells), with the
+    texts as the unit; FoX 16x − 2x with the seeds as the unit beside them."""
+    f = lambda T, w: T["fox", "native", w]
+    cells = [contrast(f"fox, {w} − {w0} (texts)", f(texts, w) - f(texts, w0))
+             for w0, w in (("1x", "2x"), ("2x", "4x"), ("2x", "16x"), ("1x", "16x"))]
+    cells.append(contrast("fox, 16x − 2x (seeds)", f(theta, "16x") - f(theta, "2x")))
+    cells += [contrast(f"fox − softmax, {w} (texts)", f(texts, w) - texts["softmax", "native", w]) for w in FAR]
+    return [("(4) texts as the unit (each text's mean over the seeds; t and sign-flip p over the texts)", cells)]
+
+
 def markdown(seeds, rows):
     out = [f"Exploratory, not pre-registered: no verdict. Seeds: {len(seeds)} ({', '.join(map(str, seeds))}); "
-           "each cell: mean over seeds of the paired difference [95 % t interval], sign-flip p.\n",
+           "each cell: mean over seeds of the paired difference [95 % t interval], sign-flip p; in (4) cells marked "
+           "(texts): over the texts, each text's difference averaged over the seeds.\n",
            "| question | cell | mean [95 % t] | p |", "|---|---|---|---|"]
     for question, cells in rows:
         for i, c in enumerate(cells):
+            p = f"{c['p']:.3f}" if c["p"] >= 0.001 else "< 0.001"  # (4): Monte Carlo over 32 texts
             out.append(f"| {question if i == 0 else ''} | {c['label']} | {c['mean']:+.3f} [{c['lo']:+.3f}, "
-                       f"{c['hi']:+.3f}] | {c['p']:.3f} |")
+                       f"{c['hi']:+.3f}] | {p} |")
     return "\n".join(out) + "\n"
 
 
 def main(results=HERE):
     with open(os.path.join(results, "summary.json")) as f:
         seeds = json.load(f)["seeds"]
-    rows = contrasts(seed_windows(results, seeds, "theta"), seed_windows(results, seeds, "dynamic_ntk"))
+    theta = seed_windows(results, seeds, "theta")
+    rows = contrasts(theta, seed_windows(results, seeds, "dynamic_ntk"))
+    rows += by_text(theta, text_windows(results, seeds, "theta"))
     v = dict(seeds=seeds, claims=[dict(claim=q, verdict="exploratory", cells=c) for q, c in rows])
     with open(os.path.join(results, "explore.json"), "w") as f:
         json.dump(v, f, indent=1)
     table = markdown(seeds, rows)
     with open(os.path.join(results, "explore.md"), "w") as f:
         f.write(table)
-    verdicts.figure(v, os.path.join(results, "explore.png"), "paired difference, as labelled (dots: seeds)")
+    verdicts.figure(v, os.path.join(results, "explore.png"),
+                    "paired difference, as labelled (dots: seeds; in (4) texts where so labelled)")
     return table
 
 

@@ -6,6 +6,11 @@ gets no verdict under 10 seeds; a claim whose gate fails is **not testable**. A 
 distances, models) is reproduced when every cell is, contradicted when one is and none is reproduced, else
 inconclusive (this aggregation was written on 2026-11-26 at 10:50 UTC, with 2 of the 10 seeds done).
 
+The rule applies no correction for multiple comparisons, and its verdicts stand as ruled. Reported beside them
+(issue #47, after the results): Holm's adjusted p over the table's 59 cells, and over its 13 claims, a claim's p
+being its cells' largest (the intersection-union test behind "reproduced only if every cell is") or, for
+"contradicted if one cell is", the smallest contradicting cell's p times the claim's cells (Bonferroni within it).
+
     .venv/bin/python results/cpu_char/verdicts.py [--summary results/cpu_char/summary.json]   # -> verdicts.md/.json/.png
 """
 import argparse, json, os, sys
@@ -153,7 +158,23 @@ def decide(s):
         ok = True if gate is None else gates[gate]
         rows.append(dict(claim=claim, paper=paper, gate=gate or "none (a loss within N)", gate_passed=ok, cells=got,
                          verdict=aggregate(got) if ok else "not testable"))
+    cells = [c for r in rows for c in r["cells"]]
+    for c, h in zip(cells, compare.holm([c["p"] for c in cells])):
+        c["holm_p"] = h
+    for r in rows:
+        r["p"] = claim_p(r)
+    for r, h in zip(rows, compare.holm([r["p"] for r in rows])):
+        r["holm_p"] = h
     return dict(seeds=s["seeds"], gate_values=values, gates=gates, claims=rows)
+
+
+def claim_p(r):
+    """A claim's p for Holm over claims: contradicted, its smallest contradicting cell's p times its cells
+    (Bonferroni: one cell decides); else its cells' largest p (every cell must be reproduced)."""
+    against = [c["p"] for c in r["cells"] if c["verdict"] == "contradicted"]
+    if r["verdict"] == "contradicted":
+        return min(1.0, len(r["cells"]) * min(against))
+    return max(c["p"] for c in r["cells"])
 
 
 def markdown(v):
@@ -161,13 +182,18 @@ def markdown(v):
     out = [f"Seeds: {len(v['seeds'])} ({', '.join(map(str, v['seeds']))}). Gate values (mean over seeds): softmax "
            f"context gain {g['softmax_context_gain']:.3f}, copy ratio at N/2 {g['softmax_copy_ratio']:.2f}, needle "
            f"accuracy at 1 N {g['softmax_needle_1n']:.2f}, passkey accuracy at 1 N {g['softmax_passkey_1n']:.2f}.\n",
-           "| claim | the paper reports (its scale) | gate | cell: mean [95 % t interval], sign-flip p, verdict | "
-           "claim's verdict |", "|---|---|---|---|---|"]
+           "| claim | the paper reports (its scale) | gate | cell: mean [95 % t interval], sign-flip p, Holm p over "
+           f"the {sum(len(r['cells']) for r in v['claims'])} cells, verdict | claim's verdict | claim's p; Holm p over "
+           f"the {len(v['claims'])} claims |", "|---|---|---|---|---|---|"]
     for r in v["claims"]:
         cells = "<br>".join(f"{c['label']}: {c['mean']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}], p = {c['p']:.3f}, "
-                            f"{c['verdict']}" for c in r["cells"])
+                            f"Holm p = {c['holm_p']:.3f}, {c['verdict']}" for c in r["cells"])
         gate = f"{r['gate']}: {'passed' if r['gate_passed'] else '**failed**'}"
-        out.append(f"| {r['claim']} | {r['paper']} | {gate} | {cells} | **{r['verdict']}** |")
+        out.append(f"| {r['claim']} | {r['paper']} | {gate} | {cells} | **{r['verdict']}** | {r['p']:.4f}; "
+                   f"{r['holm_p']:.4f} |")
+    out.append("\nThe rule applies no correction; its verdicts stand as ruled. Holm p beside them: a verdict survives "
+               "Holm where its Holm p < 0.05 (a claim's p: its cells' largest, or for a contradiction its smallest "
+               "contradicting cell's p times its cells).")
     return "\n".join(out) + "\n"
 
 
