@@ -13,9 +13,11 @@ backward.
 - Stage 2 (re-weighting, p given): pass 1 keeps only each row's M and largest stage-1 logit, hence the row's
   largest y = n_i P - o_i; pass 2 recomputes P and sums (y / y_max)^p over y > 0: in [0, 1], so no overflow at
   p = 100, n = 1e5, and no running max. "y > 0" means y > TIE n_i (scorers.reweight's rule): rows with none keep P.
-- Backward: dq (row blocks) then dk/dv (key blocks), no atomics. With re-weighting the dq kernel first makes one more
-  pass per row for sigma_i = sum_k P_ik dP_ik, which dk/dv then reads. Scorer parameters get per-row partial sums,
-  reduced in PyTorch.
+- Backward: dq (row blocks) then dk/dv (key blocks), no atomics. With re-weighting or learning parameters the dq
+  kernel takes sigma_i = sum_k P_ik dP_ik exactly, which dk/dv then read: 16-bit inputs sum it in dq's walk (dq and
+  the parameters' sums are linear in sigma: taken with FA2's delta, then corrected), re-weighting adds one walk for
+  its delta'; fp32 inputs walk for sigma first (one-hot rows cancel exactly). Scorer parameters get per-row partial
+  sums, reduced in PyTorch.
 - Decode (Tq <= 16): BLOCK_M = 16 and the keys split over programs (flash-decoding), merged in PyTorch.
 - lssa takes raw q, k and per-row inverse norms (cos = q.k * |q|^-1 * |k|^-1), so bf16 q, k keep their precision.
 - fox takes its forget sums c in the same per-row and per-key slots (QS: c_i, KS: c_j) and adds c_i - c_j in fp32 to
@@ -24,14 +26,17 @@ backward.
 Public: attention(...) (Triton, differentiable); kernels_flex.py holds the torch FlexAttention peer.
 """
 import math
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 import kernels_stick
 import scorers
-from kernels_math import INTERPRET, KERNELS, _dot_types, _grad_factor, _keys, _logit, _prob, _row_setup, _terms
+from kernels_math import (INTERPRET, KERNELS, LN2, _dot_types, _grad_factor, _keys, _log2, _logit, _prob, _prob_bwd,
+                          _row_setup, _terms)
 
 OWN = {"stickbreaking": kernels_stick.attention}  # kernel_logit -> a kernel file of its own (no row template)
 FLAGS = ("ROW", "LOGIT", "ONLINE_MAX", "NORMALISE", "SUMS_TO_ONE")
@@ -57,34 +62,35 @@ def _pow(r, p, P_INT: tl.constexpr):
                 w = w * r
             r = r * r
     else:
-        w = tl.exp2(p * tl.log2(r))
+        w = tl.exp2(p * _log2(r))
     return w
 
 
 @triton.jit
 def _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p,
               LOGIT: tl.constexpr, ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr, REWEIGHT: tl.constexpr,
-              MASK: tl.constexpr, PREC: tl.constexpr):
-    """Recompute a tile: final weights Pf, stage-1 P, g = dL/dPf, dP = dL/dP, W with dL/dqk = (dP - sigma_i) W."""
+              MASK: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
+    """Recompute a tile: final weights Pf, stage-1 P, g = dL/dPf, dP = dL/dP = h (g - delta_i) (fallback rows:
+    h = 1, delta_i = 0), W with dL/dqk = (dP - sigma_i) W, and the base-2 logit x."""
     qk = tl.dot(q, kT, input_precision=PREC)
-    x = _logit(qk, c, ks, n_i, sm_scale, b_h, n_h, LOGIT)
-    P = _prob(x, m1, LOGIT, ONLINE_MAX, NORMALISE)
+    x = _logit(qk, c, ks, n_i, sm_scale, b_h, n_h, LOGIT, DT)
+    P, F = _prob_bwd(x, qk, m1, sm_scale, b_h, n_h, LOGIT, ONLINE_MAX, NORMALISE)
     if MASK:
         P = tl.where(keep, P, 0.0)
+        F = tl.where(keep, F, 0.0)
     g = tl.dot(do, vT, input_precision=PREC)  # dL/dPf_ij = dO_i . v_j
+    Pf, dP, h = P, g, 1.0
     if REWEIGHT:  # Pf = softmax of p log y over y > 0; fallback rows: P
         y = n_i[:, None] * P - o_i[:, None]
         pos = y > n_i[:, None] * TIE
         ys = tl.where(pos, y, 1.0)
-        Pf = tl.where(pos, tl.exp2(p * tl.log2(ys) - m2[:, None]), 0.0)
-        h = tl.where(fb[:, None], 0.0, Pf * p * n_i[:, None] / ys)  # dlog R / dP = p n / y; softmax backward
-        dP = tl.where(fb[:, None], g, h * (g - delta[:, None]))
-        Pf = tl.where(fb[:, None], P, Pf)
-    else:
-        Pf = P
-        dP = g
-    dP, W = _grad_factor(qk, x, P, dP, keep, c, ks, m1, sm_scale, b_h, n_h, LOGIT, MASK)
-    return Pf, P, dP, W, qk, g
+        # Pf / y: Pf and h from one power; a flushed Pf < n 2^-126 is nothing
+        Q = tl.where(pos, tl.exp2((p - 1.0) * _log2(ys) - m2[:, None]), 0.0)
+        h = tl.where(fb[:, None], 1.0, Q * (p * n_i[:, None]))  # Pf dlog R / dP = Pf p n / y: softmax backward
+        Pf = tl.where(fb[:, None], P, Q * ys)
+        dP = h * (g - delta[:, None])
+    dP, W = _grad_factor(qk, x, F, dP, keep, c, ks, m1, sm_scale, b_h, n_h, LOGIT, MASK)
+    return Pf, P, dP, W, qk, g, h, x
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -135,7 +141,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk,
         else:
             kT = tl.load(k_ptrs + start_n * HEAD_DIM).to(DT)
         ks = _keys(KS, cols, Tk, ROW)
-        x = _logit(tl.dot(q, kT, input_precision=PREC), c, ks, n_i, sm_scale, b_h, n_h, LOGIT)
+        x = _logit(tl.dot(q, kT, input_precision=PREC), c, ks, n_i, sm_scale, b_h, n_h, LOGIT, DT)
         if STAGE == 2:  # (y / y_max)^p in [0, 1]: no overflow
             P = _prob(x, m1, LOGIT, ONLINE_MAX, NORMALISE)
             y = n_i[:, None] * P - o_i[:, None]
@@ -242,54 +248,60 @@ def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB, H, Tq, Tk, offset,
 
 
 @triton.jit
-def _bwd_dq_inner(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk, offset, c, m1, m2, fb,
-                  delta, n_i, o_i, sm_scale, b_h, n_h, p, ROW: tl.constexpr, LOGIT: tl.constexpr,
-                  ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr, REWEIGHT: tl.constexpr,
-                  MASK: tl.constexpr, PASS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+def _bwd_dq_inner(acc, acc2, g1, g2, c1, c2, s1, s2, q, do, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk, offset, c,
+                  m1, m2, fb, delta, sigma, n_i, o_i, sm_scale, b_h, n_h, p, ROW: tl.constexpr, LOGIT: tl.constexpr,
+                  ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr, REWEIGHT: tl.constexpr, CORRECT: tl.constexpr,
+                  PASS: tl.constexpr, MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                   DT: tl.constexpr, PREC: tl.constexpr):
-    # PASS 0: sum Pf g; 1: sum P dP (both into sigma); 2: dq, param sums
+    # PASS 0: sums of Pf g, Pf, P h (g1, g2, c2); 0, 1: of P, P dP (s1, s2). 2: dq, the parameters' g1, g2; CORRECT:
+    # sigma is an estimate, so also sums of W k, of their terms (c1, c2), of P, P dP (dq and g are linear in sigma)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         kT = tl.load(k_ptrs + start_n * HEAD_DIM, mask=cols[None, :] < Tk, other=0.0).to(DT)
         vT = tl.load(v_ptrs + start_n * HEAD_DIM, mask=cols[None, :] < Tk, other=0.0).to(DT)
         keep = cols[None, :] <= offset + offs_m[:, None]
         ks = _keys(KS, cols, Tk, ROW)
-        Pf, P, dP, W, qk, g = _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h,
-                                           n_h, p, LOGIT, ONLINE_MAX, NORMALISE, REWEIGHT, MASK, PREC)
-        if PASS == 0:  # also sum Pf into g2 (reset after the pass)
-            sigma += tl.sum(Pf * g, 1)
+        Pf, P, dP, W, qk, g, h, x = _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h,
+                                              n_h, p, LOGIT, ONLINE_MAX, NORMALISE, REWEIGHT, MASK, DT, PREC)
+        if PASS != 2 or CORRECT:
+            s1 += tl.sum(P, 1)
+            s2 += tl.sum(P * dP, 1)
+        if PASS == 0:
+            g1 += tl.sum(Pf * g, 1)
             g2 += tl.sum(Pf, 1)
-        elif PASS == 1:  # also sum P into g2
-            sigma += tl.sum(P * dP, 1)
-            g2 += tl.sum(P, 1)
-        else:
+            c2 += tl.sum(P * h, 1)
+        elif PASS == 2:
             dl = dP - sigma[:, None]  # softmax (or l1-normalisation) backward
             acc = tl.dot((dl * W).to(DT), tl.trans(kT), acc, input_precision=PREC)
-            if ROW == "logn":  # ssmax: sum_j dL/dlogit qk, scaled later
-                g1 += tl.sum(dl * P * qk, 1)
-            if LOGIT == "ssa":  # dlogit/db = n z / (1 + b|z|), dlogit/dn = sgn(z) log(1 + b|z|)
-                z = qk * sm_scale
-                den = 1.0 + b_h * tl.abs(z)
-                g1 += tl.sum(dl * P * (n_h * z / den), 1)
-                g2 += tl.sum(dl * P * tl.where(z < 0, -1.0, 1.0) * tl.log(den), 1)
-            if ROW == "norm":  # lssa: sum_j dL/dqk qk; / |q|^-1 in PyTorch
-                g1 += tl.sum(dl * W * qk, 1)
-    return acc, g1, g2, sigma
+            t1 = W * qk  # dL/dparam = sum dl t: ssa's b (* qk / b), lssa's |q|^-1 (* qk / |q|^-1, in PyTorch)
+            if ROW == "logn":  # ssmax: dL/dlogit qk, scaled later
+                t1 = P * qk
+            t2 = P * x  # ssa's n: sgn(z) log(1 + b|z|) = x ln 2 / n
+            if ROW == "logn" or ROW == "norm" or LOGIT == "ssa":
+                g1 += tl.sum(dl * t1, 1)
+                c1 += tl.sum(t1, 1)
+            if LOGIT == "ssa":
+                g2 += tl.sum(dl * t2, 1)
+                c2 += tl.sum(t2, 1)
+            if CORRECT:
+                acc2 = tl.dot(W.to(DT), tl.trans(kT), acc2, input_precision=PREC)
+    return acc, acc2, g1, g2, c1, c2, s1, s2
 
 
 @triton.jit
-def _bwd_dq_pass(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, diag, end, offs_m, offs_n, Tk, offset, c, m1, m2, fb,
-                 delta, n_i, o_i, sm_scale, b_h, n_h, p, ROW: tl.constexpr, LOGIT: tl.constexpr,
-                 ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr, REWEIGHT: tl.constexpr, PASS: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
-    """One pass over the keys of a row block: below the diagonal without a mask, then the diagonal blocks."""
-    acc, g1, g2, sigma = _bwd_dq_inner(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, 0, diag, offs_m, offs_n, Tk,
-                                       offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, ROW, LOGIT,
-                                       ONLINE_MAX, NORMALISE, REWEIGHT, False, PASS, HEAD_DIM, BLOCK_N, DT, PREC)
-    acc, g1, g2, sigma = _bwd_dq_inner(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KS, diag, end, offs_m, offs_n, Tk,
-                                       offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, ROW, LOGIT,
-                                       ONLINE_MAX, NORMALISE, REWEIGHT, True, PASS, HEAD_DIM, BLOCK_N, DT, PREC)
-    return acc, g1, g2, sigma
+def _bwd_dq_pass(acc, acc2, g1, g2, c1, c2, s1, s2, q, do, k_ptrs, v_ptrs, KS, diag, end, offs_m, offs_n, Tk, offset,
+                 c, m1, m2, fb, delta, sigma, n_i, o_i, sm_scale, b_h, n_h, p, ROW: tl.constexpr, LOGIT: tl.constexpr,
+                 ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr, REWEIGHT: tl.constexpr, CORRECT: tl.constexpr,
+                 PASS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, DT: tl.constexpr,
+                 PREC: tl.constexpr):
+    """One walk over the keys of a row block: below the diagonal without a mask, then the diagonal blocks."""
+    acc, acc2, g1, g2, c1, c2, s1, s2 = _bwd_dq_inner(
+        acc, acc2, g1, g2, c1, c2, s1, s2, q, do, k_ptrs, v_ptrs, KS, 0, diag, offs_m, offs_n, Tk, offset, c, m1, m2,
+        fb, delta, sigma, n_i, o_i, sm_scale, b_h, n_h, p, ROW, LOGIT, ONLINE_MAX, NORMALISE, REWEIGHT, CORRECT, PASS,
+        False, HEAD_DIM, BLOCK_N, DT, PREC)
+    return _bwd_dq_inner(acc, acc2, g1, g2, c1, c2, s1, s2, q, do, k_ptrs, v_ptrs, KS, diag, end, offs_m, offs_n, Tk,
+                         offset, c, m1, m2, fb, delta, sigma, n_i, o_i, sm_scale, b_h, n_h, p, ROW, LOGIT, ONLINE_MAX,
+                         NORMALISE, REWEIGHT, CORRECT, PASS, True, HEAD_DIM, BLOCK_N, DT, PREC)
 
 
 @triton.jit
@@ -313,53 +325,61 @@ def _attn_bwd_dq(Q, K, V, DO, O, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DQ, G,
     b_h, n_h = tl.load(Bp + off_h), tl.load(Np + off_h)
     n_i, o_i, c = _row_setup(QS, rows, row_ok, offs_m, offset, tl.load(S + off_h), b_h, sm_scale, ROW)
     m1 = tl.load(M1 + rows, mask=row_ok, other=0.0)
-    delta = tl.zeros([BLOCK_M], tl.float32)
-    if not (REWEIGHT or EXACT_SIGMA):  # FA2's delta_i = rowsum(dO * O), for dk/dv
-        if NORMALISE:  # sigmoid: no row-sum term, delta = 0
-            o = tl.load(O + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-            delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
-        tl.store(DELTA + rows, delta, mask=row_ok)
+    zero = tl.zeros([BLOCK_M], tl.float32)
+    delta = zero
+    if NORMALISE and not REWEIGHT:  # FA2's delta_i = rowsum(dO * O): sigma_i (sigmoid: none)
+        o = tl.load(O + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
     m2 = tl.load(M2 + rows, mask=row_ok, other=0.0)
     fb = m2 == -float("inf")  # a fallback row: it kept P
     m2 = tl.where(fb, 0.0, m2)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    g1 = tl.zeros([BLOCK_M], tl.float32)
-    g2 = tl.zeros([BLOCK_M], tl.float32)
     diag = (offset + start_m + 1) // BLOCK_N * BLOCK_N
     end = tl.minimum(offset + start_m + BLOCK_M, Tk)
-    # sigma_i = sum_k P dP before any dq term: rowsum(dO * O) uses
-    # bf16 O, and s, b sum its error over rows, so one more pass.
-    # Re-weighting: delta' from recomputed Pf, so one-hot rows get 0
-    zero = tl.zeros([BLOCK_M], tl.float32)
+    # sigma_i = sum_k P dP exactly: rowsum(dO * O) uses bf16 O, and s, b sum its error over rows. 16-bit inputs sum
+    # it beside dq, taken with FA2's delta, and correct dq and g after: one walk less. fp32: sigma's walk first, so
+    # that one-hot rows cancel exactly. Re-weighting: a walk for delta' = sum Pf g / sum Pf (one-hot rows get 0)
+    ONE_WALK: tl.constexpr = Q.dtype.element_ty != tl.float32
+    CORRECT: tl.constexpr = EXACT_SIGMA and ONE_WALK and not REWEIGHT
+    sigma = delta
     if REWEIGHT:
-        acc, g1, g2, delta = _bwd_dq_pass(acc, g1, g2, zero, q, do, k_ptrs, v_ptrs, KSb, diag, end, offs_m, offs_n,
-                                          Tk, offset, c, m1, m2, fb, zero, n_i, o_i, sm_scale, b_h, n_h, p, ROW,
-                                          LOGIT, ONLINE_MAX, NORMALISE, REWEIGHT, 0, HEAD_DIM, BLOCK_N, DT, PREC)
-        # renormalise Pf: p n / y amplifies P's rounding, twice
-        lf = tl.where(fb, 1.0, g2)
-        delta = delta / lf
+        _, _, g1, g2, _, c2, s1, s2 = _bwd_dq_pass(acc, acc, zero, zero, zero, zero, zero, zero, q, do, k_ptrs, v_ptrs,
+                                                   KSb, diag, end, offs_m, offs_n, Tk, offset, c, m1, m2, fb, zero,
+                                                   zero, n_i, o_i, sm_scale, b_h, n_h, p, ROW, LOGIT, ONLINE_MAX,
+                                                   NORMALISE, True, False, 0, HEAD_DIM, BLOCK_N, DT, PREC)
+        lf = tl.where(fb, 1.0, g2)  # renormalise Pf: p n / y amplifies P's rounding, twice
+        delta = tl.where(fb, 0.0, g1 / lf)  # fallback rows: dP = g
+        sigma = (s2 - delta * c2) / lf / tl.where(s1 > 0, s1, 1.0)  # dP = h (g - delta) / lf
         m2 = m2 + tl.log2(lf)
-        g2 = g2 * 0
-        tl.store(DELTA + rows, delta, mask=row_ok)
         tl.store(M2R + rows, tl.where(fb, -float("inf"), m2), mask=row_ok)  # for dk, dv
-    if REWEIGHT or EXACT_SIGMA:
-        acc, g1, g2, sigma = _bwd_dq_pass(acc, g1, g2, zero, q, do, k_ptrs, v_ptrs, KSb, diag, end, offs_m, offs_n,
-                                          Tk, offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, ROW,
-                                          LOGIT, ONLINE_MAX, NORMALISE, REWEIGHT, 1, HEAD_DIM, BLOCK_N, DT, PREC)
-        # / recomputed sum P (= 1 only when SUMS_TO_ONE): then
-        # rounded logits at large |z| cost a relative error only
+    if EXACT_SIGMA and not ONE_WALK:
+        _, _, _, _, _, _, s1, sigma = _bwd_dq_pass(acc, acc, zero, zero, zero, zero, zero, zero, q, do, k_ptrs, v_ptrs,
+                                                   KSb, diag, end, offs_m, offs_n, Tk, offset, c, m1, m2, fb, delta,
+                                                   zero, n_i, o_i, sm_scale, b_h, n_h, p, ROW, LOGIT, ONLINE_MAX,
+                                                   NORMALISE, REWEIGHT, False, 1, HEAD_DIM, BLOCK_N, DT, PREC)
+        if SUMS_TO_ONE:  # / recomputed sum P: rounded logits at large |z| cost a relative error only
+            sigma = sigma / tl.where(s1 > 0, s1, 1.0)
+    tl.store(DELTA + rows, delta, mask=row_ok)
+    acc, acc2, g1, g2, c1, c2, s1, s2 = _bwd_dq_pass(acc, acc, zero, zero, zero, zero, zero, zero, q, do, k_ptrs,
+                                                     v_ptrs, KSb, diag, end, offs_m, offs_n, Tk, offset, c, m1, m2, fb,
+                                                     delta, sigma, n_i, o_i, sm_scale, b_h, n_h, p, ROW, LOGIT,
+                                                     ONLINE_MAX, NORMALISE, REWEIGHT, CORRECT, 2, HEAD_DIM, BLOCK_N, DT,
+                                                     PREC)
+    if CORRECT:
+        sigma = s2
         if SUMS_TO_ONE:
-            sigma = sigma / tl.where(g2 > 0, g2, 1.0)
-        g2 = g2 * 0
+            sigma = s2 / tl.where(s1 > 0, s1, 1.0)
+        acc += (delta - sigma)[:, None] * acc2
+        g1 += (delta - sigma) * c1
+        g2 += (delta - sigma) * c2
+    if EXACT_SIGMA:
         tl.store(SIGMA + rows, sigma, mask=row_ok)
-    else:
-        sigma = delta
-    acc, g1, g2, sigma = _bwd_dq_pass(acc, g1, g2, sigma, q, do, k_ptrs, v_ptrs, KSb, diag, end, offs_m, offs_n,
-                                      Tk, offset, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p, ROW, LOGIT,
-                                      ONLINE_MAX, NORMALISE, REWEIGHT, 2, HEAD_DIM, BLOCK_N, DT, PREC)
     tl.store(DQ + rows[:, None] * HEAD_DIM + offs_d[None, :], acc.to(DQ.dtype.element_ty), mask=row_ok[:, None])
     if ROW == "logn":
         g1 = g1 * sm_scale  # z = qk / sqrt(d)
+    if LOGIT == "ssa":
+        g1 = g1 / b_h
+        g2 = g2 * (LN2 / n_h)
     tl.store(G + rows, g1, mask=row_ok)
     tl.store(G + tl.num_programs(1) * Tq + rows, g2, mask=row_ok)
 
@@ -382,8 +402,8 @@ def _bwd_dkdv_inner(dk, dv, gk, kT, vT, ks, q_ptrs, do_ptrs, M1, M2, DELTA, SIGM
         m2 = tl.where(fb, 0.0, m2)
         n_i, o_i, c = _row_setup(QS, t, row_ok, t, offset, s_h, b_h, sm_scale, ROW)
         keep = (offs_n[None, :] <= offset + t[:, None]) & row_ok[:, None]
-        Pf, P, dP, W, qk, g = _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h,
-                                           n_h, p, LOGIT, ONLINE_MAX, NORMALISE, REWEIGHT, MASK, PREC)
+        Pf, P, dP, W, qk, g, _, _ = _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h,
+                                              n_h, p, LOGIT, ONLINE_MAX, NORMALISE, REWEIGHT, MASK, DT, PREC)
         dv = tl.dot(tl.trans(Pf).to(DT), do, dv, input_precision=PREC)
         dqk = (dP - sigma[:, None]) * W
         dk = tl.dot(tl.trans(dqk).to(DT), q, dk, input_precision=PREC)
@@ -537,41 +557,80 @@ def _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, flags, p, offset, sm_sc
     # out wrong on an H100 (7 of 10 cases, differently each run; bench/README.md, 2026-11-26)
     _attn_bwd_dq_tuned[lambda META: (triton.cdiv(Tq, META["BLOCK_M"]), BH)](*dq_args, **meta, EXACT_SIGMA=exact_sigma)
     _attn_bwd_dkdv_tuned[lambda META: (triton.cdiv(Tk, META["BLOCK_N"]), BH)](*dkdv_args, **meta)
-    G = G.view(2, B, H, Tq)
-    ln_n = torch.log(torch.arange(offset + 1, offset + Tq + 1, device=q.device, dtype=torch.float32))
+    return dq, dk, dv, G.view(2, B, H, Tq), GK.view(B, H, Tk)
+
+
+def _param_grads(G, GK, flags, qs, ks, offset, sm_scale):
+    """ds, db, dn, dqs, dks (None where the scorer has none) from the kernels' per-row (G) and per-key (GK) sums."""
     ds = db = dn = dqs = dks = None
     if flags["ROW"] == "logn":  # ds_h = sum dL * z * log n_i, db_h = sum dL * z
+        ln_n = torch.log(torch.arange(offset + 1, offset + G.size(-1) + 1, device=G.device, dtype=torch.float32))
         ds, db = (G[0] * ln_n).sum((0, 2)), G[0].sum((0, 2))
     elif flags["LOGIT"] == "ssa":
         db, dn = G[0].sum((0, 2)), G[1].sum((0, 2))
     elif flags["ROW"] == "norm":  # cos = qk * qs_i * ks_j: dqs_i = sum_j dL/dqk * qk / qs_i
-        dqs, dks = G[0].view(B, H, Tq) / qs, GK.view(B, H, Tk) / ks
+        dqs, dks = G[0] / qs, GK / ks
     elif flags["ROW"] == "forget":  # dL/dqk = dS / sqrt(d); c_i's row sums are 0: no dqs
-        dks = GK.view(B, H, Tk) / sm_scale
-    return dq, dk, dv, ds, db, dn, dqs, dks
+        dks = GK / sm_scale
+    return ds, db, dn, dqs, dks
 
 
-class _Attention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, s, b, n, qs, ks, flags, p, offset, sm_scale, eps):
-        out, M1, M2 = _forward(q, k, v, s, b, n, qs, ks, flags, p, offset, sm_scale, eps)
-        ctx.save_for_backward(q, k, v, s, b, n, qs, ks, out, M1, M2)
-        ctx.cfg = (flags, p, offset, sm_scale)
-        return out
+# ----------------------------------------------------------------------------------------------------------------
+# Custom operators: torch.compile keeps each as one node of its graph (fake: shapes only, Triton never traced)
 
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, s, b, n, qs, ks, out, M1, M2 = ctx.saved_tensors
-        # exact sigma when s, b or n learn
-        grads = _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, *ctx.cfg, any(ctx.needs_input_grad[3:6]))
-        return (*grads, None, None, None, None, None)
+@torch.library.custom_op("nanoscorer::attention_fwd", mutates_args=())
+def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, s: Tensor, b: Tensor, n: Tensor, qs: Tensor, ks: Tensor,
+                   scorer: str, p: Optional[float], offset: int, sm_scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """out (B, H, Tq, D) and the row statistics M1, M2 (B*H, Tq) that the backward reads."""
+    entry = scorers.SCORERS[scorer]
+    out, M1, M2 = _forward(q, k, v, s, b, n, qs, ks, entry.kernel_flags(), p, offset, sm_scale, entry.eps)
+    return out, M1, M1.clone() if p is None else M2  # outputs may not alias each other
+
+
+@_attention_fwd.register_fake
+def _(q, k, v, s, b, n, qs, ks, scorer, p, offset, sm_scale):
+    M = q.new_empty(q.size(0) * q.size(1), q.size(2), dtype=torch.float32)
+    return torch.empty_like(q), M, torch.empty_like(M)
+
+
+@torch.library.custom_op("nanoscorer::attention_bwd", mutates_args=())
+def _attention_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, M1: Tensor, M2: Tensor, s: Tensor,
+                   b: Tensor, n: Tensor, qs: Tensor, ks: Tensor, scorer: str, p: Optional[float], offset: int,
+                   sm_scale: float, exact_sigma: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv and the parameters' per-row sums G (2, B, H, Tq) and per-key sums GK (B, H, Tk)."""
+    flags = scorers.SCORERS[scorer].kernel_flags()
+    return _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, flags, p, offset, sm_scale, exact_sigma)
+
+
+@_attention_bwd.register_fake
+def _(do, q, k, v, out, M1, M2, s, b, n, qs, ks, scorer, p, offset, sm_scale, exact_sigma):
+    f32 = dict(device=q.device, dtype=torch.float32)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty(2, *q.shape[:3], **f32),
+            torch.empty(k.shape[:3], **f32))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, s, b, n, qs, ks, scorer, p, offset, sm_scale = inputs
+    ctx.save_for_backward(q, k, v, s, b, n, qs, ks, *output)
+    ctx.cfg = (scorer, p, offset, sm_scale, any(ctx.needs_input_grad[3:6]))  # exact sigma when s, b or n learn
+
+
+def _attention_grads(ctx, do, *_):  # M1, M2 get no gradient
+    q, k, v, s, b, n, qs, ks, out, M1, M2 = ctx.saved_tensors
+    dq, dk, dv, G, GK = _attention_bwd(do, q, k, v, out, M1, M2, s, b, n, qs, ks, *ctx.cfg)
+    scorer, _, offset, sm_scale, _ = ctx.cfg
+    flags = scorers.SCORERS[scorer].kernel_flags()
+    return dq, dk, dv, *_param_grads(G, GK, flags, qs, ks, offset, sm_scale), None, None, None, None
+
+
+_attention_fwd.register_autograd(_attention_grads, setup_context=_setup_context)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Public API
 
 def _prepare(q, k, v, scorer, p, offset, params):
-    """scorers.prepare's checks and defaults, then the kernels' own limits; adds their compile-time flags and puts
+    """scorers.prepare's checks and defaults, then the kernels' own limits (head dim, dtype, known flags); puts
     the scorer's parameters in the kernels' per-head slots (S, Bp, Np), an unused slot holding zeros (fox's per-key
     c goes to the QS, KS slots: attention)."""
     entry, p, params = scorers.prepare(q, k, v, scorer, p, offset, backend="triton", **params)
@@ -584,7 +643,7 @@ def _prepare(q, k, v, scorer, p, offset, params):
         raise ValueError(f"kernels.py implements no kernel for {scorer!r}'s flags {flags} and parameters "
                          f"{list(params)} (known: {sorted(KERNELS)}, slots {SLOTS})")
     zeros = q.new_zeros(q.shape[1], dtype=torch.float32)
-    return entry, flags, *(params.get(name, zeros) for name in SLOTS), p
+    return entry, *(params.get(name, zeros) for name in SLOTS), p
 
 
 def attention(q, k, v, scorer, *, p=None, offset=0, **params):
@@ -595,7 +654,7 @@ def attention(q, k, v, scorer, *, p=None, offset=0, **params):
         raise RuntimeError(NO_GPU)
     if scorer in scorers.SCORERS and scorers.SCORERS[scorer].kernel_logit in OWN:
         return OWN[scorers.SCORERS[scorer].kernel_logit](q, k, v, scorer, p=p, offset=offset, **params)
-    entry, flags, s, b, n, p = _prepare(q, k, v, scorer, p, offset, params)
+    entry, s, b, n, p = _prepare(q, k, v, scorer, p, offset, params)
     q, k, v = (x.contiguous() for x in (q, k, v))  # v is a view of qkv: copy once, simpler kernels
     D = q.size(-1)
     if entry.cosine:  # inverse norms, clamped as F.normalize
@@ -609,4 +668,4 @@ def attention(q, k, v, scorer, *, p=None, offset=0, **params):
     else:  # unused by the kernels: any fp32 buffer
         qs = ks = s
         sm_scale = 1.0 / math.sqrt(D)
-    return _Attention.apply(q, k, v, s, b, n, qs, ks, flags, p, offset, sm_scale, entry.eps)
+    return _attention_fwd(q, k, v, s, b, n, qs, ks, scorer, p, offset, sm_scale)[0]

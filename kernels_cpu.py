@@ -9,6 +9,7 @@ branches of every torch.where, every chunk scored against the full square of its
   b/sqrt(d), lssa's log(d) log(n_i) and the norms. Autograd differentiates those on (T, D) tensors, not (T, T);
 - with a hand-written backward over the saved weights, in place, where the reference's autograd makes temporaries.
 Same formulas and dtype as the reference (fp32 for half inputs), so it differs from it by rounding only.
+torch.compile traces all of it, the autograd.Function too, into the model's one graph.
 """
 import ctypes, math
 
@@ -107,11 +108,15 @@ def _forward(q, k, v, n, kind, eps, p, offset, save):
             has = y.amin(-1, keepdim=True) < 2.0 * Tk
             logR = F.threshold_(y.mul_(n_i).log_().mul_(-p), -p * math.log(1.5 * Tk), math.inf).neg_()
             P2 = torch.softmax(logR, dim=-1)
-            P2 = P2 if has.all() else torch.where(has, P2, P)
+            P2 = P2 if _all(has) else torch.where(has, P2, P)
         out[:, t0:t1] = torch.bmm(P if P2 is None else P2, v[:, :Tk])
         if save:
             saved.append((x if kind in ("ssa", "stick") or eps is not None else None, P, S, P2, has))
     return out, saved
+
+
+def _all(has):  # every row re-weighted; compiling: assume not, as a branch on data would break the graph
+    return not torch.compiler.is_compiling() and bool(has.all())
 
 
 def _rows(offset, t0, t1, like):  # n_i and o_i / n_i as (m, 1): o_i = 1 for n_i > 3, else 0
@@ -140,7 +145,7 @@ def _backward(do, q, k, v, n, out, saved, kind, p, offset, need_dn):
             d = torch.linalg.vecdot(P2, dP).unsqueeze(-1)
             y = F.threshold_(P - _rows(offset, t0, t1, P)[1], tie, 1.0)
             dP = dP.sub_(d).mul_(P2).div_(y)  # times p: in alpha
-            if not has.all():  # rows that kept P: dL/dP passes (/ alpha)
+            if not _all(has):  # rows that kept P: dL/dP passes (/ alpha)
                 dP = torch.where(has, dP, (dob @ v[:, :Tk].transpose(1, 2)).div_(alpha))
             d = torch.linalg.vecdot(P, dP).unsqueeze(-1)
         if kind == "stick":  # dx = G sigmoid(-x) - sigmoid(x) sum_{j'<j} G_ij', G = dP A

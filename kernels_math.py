@@ -1,9 +1,11 @@
 """
 The scorers' math in the fused Triton kernels (kernels.py), on a tile of dot products qk: where a new scorer adds its
 branches (SCORERS.md, "Adding a scorer"). The kernels compile each helper from the scorer's registry flags
-(kernels.FLAGS): _row_setup and _keys (ROW), _logit (LOGIT: the stage-1 score; _prob: its weights), _terms (the row
-template's numerator and divisor terms) and _grad_factor (the backward's factor); KERNELS lists the flag
-combinations they implement. Also what every Triton kernel file shares: INTERPRET, _dot_types, _log1p.
+(kernels.FLAGS): _row_setup and _keys (ROW), _logit (LOGIT: the stage-1 score; _prob, _prob_bwd: its weights), _terms
+(the row template's numerator and divisor terms) and _grad_factor (the backward's factor); KERNELS lists the flag
+combinations they implement. Also what every Triton kernel file shares: INTERPRET, _dot_types, _log2, _log2_1p.
+Logs and exps are base 2 (ln 2 folded into the scales): on sm_90 tl.exp is ex2.approx after a multiply, and tl.log
+and tl.log2 are a ~20-instruction software log, so _log2 issues the hardware's lg2.approx (bench/README.md).
 """
 import os
 
@@ -18,6 +20,8 @@ KERNELS = {("plain", "linear", True, True), ("logn", "linear", True, True), ("pl
            ("norm", "softplus", False, True), ("bias", "sigmoid", False, False), ("plain", "softpick", True, True),
            ("forget", "forget", True, True)}
 LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+ASM = tl.constexpr(not INTERPRET)  # inline PTX on the GPU; the interpreter runs the same math in plain ops
 
 
 def _dot_types(dtype):
@@ -29,33 +33,57 @@ def _dot_types(dtype):
 
 
 @triton.jit
-def _log1p(t):
-    # no log1p in Triton: series for 0 <= t < 1/8 (6e-7 relative),
-    # so lssa rows with all u << 0 keep tiny non-zero weights
-    series = t * (1 - t * (1 / 2 - t * (1 / 3 - t * (1 / 4 - t * (1 / 5 - t * (1 / 6 - t * (1 / 7)))))))
-    return tl.where(t < 0.125, series, tl.log(1.0 + t))
+def _log2(x):
+    # lg2.approx: absolute error <= 2^-22 on [1/2, 2], else 2 ulp (CUDA guide, __log2f)
+    if ASM:
+        y = tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        y = tl.log2(x)
+    return y
 
 
 @triton.jit
-def _softplus(u):
-    return tl.maximum(u, 0.0) + _log1p(tl.exp(-tl.abs(u)))
+def _log2_1p(t):
+    # log2(1 + t), no log1p in Triton: series for 0 <= t < 1/8 (truncated
+    # at t^8/8 < 2^-24 relative), so rows of tiny weights keep them
+    series = t * (LOG2E - t * (LOG2E / 2 - t * (LOG2E / 3 - t * (LOG2E / 4 - t * (LOG2E / 5 - t * (
+        LOG2E / 6 - t * (LOG2E / 7)))))))
+    return tl.where(t < 0.125, series, _log2(1.0 + t))
+
+
+@triton.jit
+def _softplus2(u):  # log2(1 + 2^u)
+    return tl.maximum(u, 0.0) + _log2_1p(tl.exp2(-tl.abs(u)))
+
+
+@triton.jit
+def _sigmoid(qk, c, b, DT: tl.constexpr):
+    """sigmoid((qk c - b) ln 2), c and b per row. 16-bit inputs on a GPU: FlashSigmoid's 1/2 + tanh(./2)/2, one
+    tanh.approx (relative error 2^-11 documented, 1.1e-5 measured on sm_75; bench/README.md, 2026-11-27); fp32
+    inputs and the interpreter: exact."""
+    if ASM and DT != tl.float32:
+        u = qk * (c * (LN2 / 2))[:, None] - (b * (LN2 / 2))[:, None]
+        t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [u], dtype=tl.float32, is_pure=True, pack=1)
+        w = 0.5 + 0.5 * t
+    else:  # exp2 overflow gives w = 0, never NaN
+        w = 1.0 / (1.0 + tl.exp2(b[:, None] - qk * c[:, None]))
+    return w
 
 
 @triton.jit
 def _row_setup(QS, rows, row_ok, t, offset, s_h, b_h, sm_scale, ROW: tl.constexpr):
     """Query rows t: n_i (keys the row attends to), the re-weighting offset o_i (0 for absolute rows i < 3) and
-    the multiplier c of q.k: the base-2 logit scale, or for lssa the exponent log(d) log(n_i) / |q_i|; for fox
-    the row's forget sum c_i instead (its scale is the plain one, in _logit)."""
+    the multiplier c of q.k: the base-2 logit scale, or for lssa the base-2 exponent log(d) log(n_i) / |q_i| / ln 2;
+    for fox the row's forget sum c_i instead (its scale is the plain one, in _logit)."""
     n_i = (offset + t + 1).to(tl.float32)
-    ln_n = tl.log(n_i)
     if ROW == "logn":  # ssmax: s log n_i + b folds into the scale: free
-        c = (s_h * ln_n + b_h) * (sm_scale * LOG2E)
-    elif ROW == "norm":  # lssa: sm_scale carries log(d)
-        c = ln_n * sm_scale * tl.load(QS + rows, mask=row_ok, other=0.0)
+        c = (s_h * tl.log(n_i) + b_h) * (sm_scale * LOG2E)
+    elif ROW == "norm":  # lssa: sm_scale carries log(d); A in units of 1/ln 2 (P is scale-free)
+        c = tl.log(n_i) * (sm_scale * LOG2E) * tl.load(QS + rows, mask=row_ok, other=0.0)
     elif ROW == "forget":  # fox: QS holds c of the query rows
         c = tl.load(QS + rows, mask=row_ok, other=0.0)
     else:  # plain; bias subtracts log n_i in _logit
-        c = ln_n * 0.0 + sm_scale * LOG2E
+        c = n_i * 0.0 + sm_scale * LOG2E
     return n_i, tl.where(n_i > 3.0, 1.0, 0.0), c
 
 
@@ -69,16 +97,15 @@ def _keys(KS, cols, Tk, ROW: tl.constexpr):
 
 
 @triton.jit
-def _logit(qk, c, ks, n_i, sm_scale, b_h, n_h, LOGIT: tl.constexpr):
+def _logit(qk, c, ks, n_i, sm_scale, b_h, n_h, LOGIT: tl.constexpr, DT: tl.constexpr):
     """Stage-1 score: a base-2 logit x (ONLINE_MAX: P = exp2(x - M)), or the weight itself (lssa's A: P = A
     exp2(-M); sigmoid's w: P = w)."""
     if LOGIT == "ssa":  # log domain: no pow of negatives; sgn(0) moot (log 1 = 0)
-        z = qk * sm_scale
-        x = tl.where(z < 0, -n_h, n_h) * tl.log2(1.0 + b_h * tl.abs(z))
+        x = tl.where(qk < 0, -n_h, n_h) * _log2(1.0 + (b_h * sm_scale) * tl.abs(qk))
     elif LOGIT == "softplus":
-        x = _softplus(qk * c[:, None] * ks[None, :])
-    elif LOGIT == "sigmoid":  # exp2 overflow gives w = 0, never NaN
-        x = 1.0 / (1.0 + tl.exp2(tl.log2(n_i)[:, None] - qk * c[:, None]))
+        x = _softplus2(qk * c[:, None] * ks[None, :])
+    elif LOGIT == "sigmoid":
+        x = _sigmoid(qk, c, tl.log2(n_i), DT)
     elif LOGIT == "forget":  # fox: z + c_i - c_j, the difference in fp32 (c grows with length)
         x = qk * (sm_scale * LOG2E) + (c[:, None] - ks[None, :]) * LOG2E
     else:  # "linear", "softpick"
@@ -110,16 +137,31 @@ def _prob(x, m1, LOGIT: tl.constexpr, ONLINE_MAX: tl.constexpr, NORMALISE: tl.co
 
 
 @triton.jit
+def _prob_bwd(x, qk, m1, sm_scale, b_h, n_h, LOGIT: tl.constexpr, ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr):
+    """The backward's P and F, the P-like factor of _grad_factor's W: F = P, but for ssa one power gives F = P / (1
+    + b|z|) and P = F (1 + b|z|), no divide. F < 2^-126 flushes to 0: a P < 2^-62 for b|z| < 2^64, below fp32's
+    2^-24 of the row (its largest P >= 1/n)."""
+    if LOGIT == "ssa":
+        F = _prob(x - tl.abs(x) * (1.0 / n_h), m1, LOGIT, ONLINE_MAX, NORMALISE)  # |x| / n = log2(1 + b|z|)
+        P = F * (1.0 + (b_h * sm_scale) * tl.abs(qk))  # _logit's base: computed once
+    else:
+        P = _prob(x, m1, LOGIT, ONLINE_MAX, NORMALISE)
+        F = P
+    return P, F
+
+
+@triton.jit
 def _grad_factor(qk, x, P, dP, keep, c, ks, m1, sm_scale, b_h, n_h, LOGIT: tl.constexpr, MASK: tl.constexpr):
-    """dL/dqk = (dP num'/den' - sigma_i) W, W = den'/L (' = d/dqk), sigma_i = sum_j P dP (0 without L). Returns
-    dP num'/den' (dP while den = num) and W, 0 where masked (MASK: not keep): most W carry P, already 0 there."""
-    if LOGIT == "softplus":  # 1/l_i sigmoid(u) c_i ks_j; sigmoid(u) = exp(u - x)
+    """dL/dqk = (dP num'/den' - sigma_i) W, W = den'/L (' = d/dqk), sigma_i = sum_j P dP (0 without L); P is
+    _prob_bwd's F. Returns dP num'/den' (dP while den = num) and W, 0 where masked (MASK: not keep): most W carry P,
+    already 0 there."""
+    if LOGIT == "softplus":  # 1/l_i sigmoid(u) c_i ks_j; sigmoid(u) = 2^(u - x), base-2 u, x
         u = qk * c[:, None] * ks[None, :]
-        W = (c * tl.exp2(-m1))[:, None] * ks[None, :] * tl.exp(u - x)
+        W = (c * tl.exp2(-m1))[:, None] * ks[None, :] * tl.exp2(u - x)
         if MASK:
             W = tl.where(keep, W, 0.0)
-    elif LOGIT == "ssa":  # dlogit/dz = n b / (1 + b|z|)
-        W = P * (n_h * b_h * sm_scale) / (1.0 + b_h * tl.abs(qk * sm_scale))
+    elif LOGIT == "ssa":  # dlogit/dz = n b / (1 + b|z|); P here is P / (1 + b|z|)
+        W = P * (n_h * b_h * sm_scale)
     elif LOGIT == "sigmoid":  # dw/dz = w (1 - w)
         W = P * (1.0 - P) * sm_scale
     elif LOGIT == "softpick":  # u = e^z - 1: gate [u > 0], W = sgn(u) e^z / L

@@ -22,9 +22,10 @@ a_ij = log sigmoid(z_ij), b_ij = log sigmoid(-z_ij), z = q.k / sqrt(d):
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 import scorers
-from kernels_math import INTERPRET, _dot_types, _log1p
+from kernels_math import INTERPRET, LOG2E, _dot_types, _log2_1p
 
 DECODE_M = 16  # smallest tl.dot M
 
@@ -39,20 +40,20 @@ def blocks(dtype, Tq=None):
 @triton.jit
 def _tile(q, K, V, offs_n, row_i, row_ok, carry, sm_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
           DT: tl.constexpr, PREC: tl.constexpr):
-    """Keys offs_n (nearest first; < 0: none) against the rows: k, v, keep (key j < row i), log sigmoid(+-z) and
-    A = exp(a + carry + sum over the nearer keys of the tile)."""
+    """Keys offs_n (nearest first; < 0: none) against the rows: k, v, keep (key j < row i), log2 sigmoid(+-z) and
+    A = exp2(a + carry + sum over the nearer keys of the tile): base 2, ln 2 folded into the scale."""
     offs_d = tl.arange(0, HEAD_DIM)
     key_ok = offs_n[:, None] >= 0
     k = tl.load(K + offs_n[:, None] * HEAD_DIM + offs_d[None, :], mask=key_ok, other=0.0).to(DT)
     v = tl.load(V + offs_n[:, None] * HEAD_DIM + offs_d[None, :], mask=key_ok, other=0.0).to(DT)
     keep = (offs_n[None, :] >= 0) & (offs_n[None, :] < row_i[:, None]) & row_ok[:, None]
-    z = tl.dot(q, tl.trans(k), input_precision=PREC) * sm_scale
-    l = _log1p(tl.exp(-tl.abs(z)))  # log sigmoid(+-z) = min(+-z, 0) - l
+    z = tl.dot(q, tl.trans(k), input_precision=PREC) * (sm_scale * LOG2E)
+    l = _log2_1p(tl.exp2(-tl.abs(z)))  # log2 sigmoid(+-z) = min(+-z, 0) - l
     a = tl.minimum(z, 0.0) - l
     b = tl.where(keep, tl.minimum(-z, 0.0) - l, 0.0)
     cols = tl.arange(0, BLOCK_N)
     nearer = tl.dot(b, (cols[:, None] < cols[None, :]).to(tl.float32), input_precision="tf32x3")  # 0/1: exact in tf32
-    A = tl.where(keep, tl.exp(a + nearer + carry[:, None]), 0.0)
+    A = tl.where(keep, tl.exp2(a + nearer + carry[:, None]), 0.0)
     return k, v, keep, a, b, A
 
 
@@ -105,7 +106,7 @@ def _stick_bwd(Q, K, V, DO, DQ, DK32, DV32, Tq, Tk, offset, sm_scale, HEAD_DIM: 
         k, v, keep, a, b, A = _tile(q, K, V, offs_n, row_i, row_ok, carry, sm_scale, HEAD_DIM, BLOCK_N, DT, PREC)
         G = A * tl.dot(do, tl.trans(v), input_precision=PREC)
         S = later[:, None] - tl.cumsum(G, 1)  # sum_{j' < j} G_ij'
-        ds = tl.where(keep, G * tl.exp(b) - tl.exp(a) * S, 0.0) * sm_scale  # dL/dqk
+        ds = tl.where(keep, G * tl.exp2(b) - tl.exp2(a) * S, 0.0) * sm_scale  # dL/dqk; sigmoid(+-z) = 2^a, 2^b
         dq = tl.dot(ds.to(DT), k, dq, input_precision=PREC)
         dk = tl.dot(tl.trans(ds).to(DT), q, input_precision=PREC)
         dv = tl.dot(tl.trans(A).to(DT), do, input_precision=PREC)
@@ -126,22 +127,45 @@ def _launch(kernel, q, k, *args, offset, sm_scale):
                                               num_stages=stages)
 
 
-class _StickBreaking(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, offset, sm_scale):
-        out = torch.empty_like(q)
-        _launch(_stick_fwd, q, k, v, out, offset=offset, sm_scale=sm_scale)
-        ctx.save_for_backward(q, k, v)
-        ctx.cfg = dict(offset=offset, sm_scale=sm_scale)
-        return out
+# Custom operators, as kernels.py's: one node each in a compiled graph (fake: shapes only)
 
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v = ctx.saved_tensors
-        dq = torch.empty_like(q)
-        dk, dv = (torch.zeros(k.shape, device=k.device, dtype=torch.float32) for _ in range(2))  # atomic sums
-        _launch(_stick_bwd, q, k, v, do.contiguous(), dq, dk, dv, **ctx.cfg)
-        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None
+@torch.library.custom_op("nanoscorer::stick_fwd", mutates_args=())
+def _forward(q: Tensor, k: Tensor, v: Tensor, offset: int, sm_scale: float) -> Tensor:
+    out = torch.empty_like(q)
+    _launch(_stick_fwd, q, k, v, out, offset=offset, sm_scale=sm_scale)
+    return out
+
+
+@_forward.register_fake
+def _(q, k, v, offset, sm_scale):
+    return torch.empty_like(q)
+
+
+@torch.library.custom_op("nanoscorer::stick_bwd", mutates_args=())
+def _backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, offset: int, sm_scale: float
+              ) -> tuple[Tensor, Tensor, Tensor]:
+    dq = torch.empty_like(q)
+    dk, dv = (torch.zeros(k.shape, device=k.device, dtype=torch.float32) for _ in range(2))  # atomic sums
+    _launch(_stick_bwd, q, k, v, do.contiguous(), dq, dk, dv, offset=offset, sm_scale=sm_scale)
+    return dq, dk.to(k.dtype), dv.to(v.dtype)
+
+
+@_backward.register_fake
+def _(do, q, k, v, offset, sm_scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, offset, sm_scale = inputs
+    ctx.save_for_backward(q, k, v)
+    ctx.cfg = (offset, sm_scale)
+
+
+def _grads(ctx, do):
+    return *_backward(do, *ctx.saved_tensors, *ctx.cfg), None, None
+
+
+_forward.register_autograd(_grads, setup_context=_setup_context)
 
 
 def attention(q, k, v, scorer="stickbreaking", *, p=None, offset=0, **params):
@@ -153,4 +177,4 @@ def attention(q, k, v, scorer="stickbreaking", *, p=None, offset=0, **params):
     assert q.dtype in (torch.float32, torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype, \
         f"q, k, v must share one of fp32/fp16/bf16, got {q.dtype}, {k.dtype}, {v.dtype}"
     q, k, v = (x.contiguous() for x in (q, k, v))
-    return _StickBreaking.apply(q, k, v, offset, D ** -0.5)
+    return _forward(q, k, v, offset, D ** -0.5)

@@ -34,10 +34,9 @@ def attention(q, k, v, scorer, *, p=None, offset=0, backend="torch", chunk=1024,
     if backend == "cpu":
         import kernels_cpu
         return kernels_cpu.attention(q, k, v, scorer, **kw)
-    if backend == "triton":  # eager under torch.compile: tracing it is untested
+    if backend == "triton":
         import kernels
-        fused = torch.compiler.disable(kernels.attention) if torch.compiler.is_compiling() else kernels.attention
-        return fused(q, k, v, scorer, **kw)
+        return kernels.attention(q, k, v, scorer, **kw)
     if backend == "flex":
         import kernels_flex
         return kernels_flex.flex_attention(q, k, v, scorer, **kw)

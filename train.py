@@ -34,7 +34,7 @@ from lib.checkpoint import (CheckpointError, build_model, check_out_dir, clear_o
 from lib.config import (TrainConfig, TrainError, cpu_cost_check, model_config, parse_args, resolve, sft_schedule,
                         usage)
 from lib.corpora import EMBEDDED
-from model import GPTConfig, auto_backend, convert_scorer
+from model import GPTConfig, convert_scorer
 
 BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "eval", "run_info", "codec")  # no optimizer
 RESUME_KEYS = ("optimizer", "rng", "data_state")  # what a resume needs beyond the weights
@@ -218,10 +218,6 @@ def train(explicit):
     pending_eval = ckpt if resuming and not switch and "eval" in ckpt else None  # its eval may lack its log line
     ckpt, T, accum = None, cfg.block_size, cfg.gradient_accumulation_steps // run.world
     eval_model = model = torch.compile(raw_model) if cfg.compile else raw_model
-    backend = auto_backend(cfg.scorer, raw_model.config.p, run.device) if cfg.backend == "auto" else cfg.backend
-    if master and cfg.compile and backend == "triton":  # model.attention: torch.compiler.disable around it
-        print("compile: kernels.py's Triton attention runs outside the compiled graph, the rest compiles (1.3-1.4x "
-              "eager on an H100); backend=flex compiles attention too")
     if run.ddp:
         model = DDP(model, device_ids=[torch.cuda.current_device()] if run.device_type == "cuda" else None)
     info, tokens_per_iter = run_info(cfg.seed), cfg.gradient_accumulation_steps * cfg.batch_size * T

@@ -1,5 +1,5 @@
-"""Registers, spills and shared memory of every fused kernel and autotune shape, compiled for sm_90 (H100/H200)
-on a machine without a GPU:
+"""Registers, spills, shared memory and static PTX counts of f32 arithmetic and special-function instructions of
+every fused kernel and autotune shape, compiled for sm_90 (H100/H200) on a machine without a GPU:
 
     python bench/ptxas_report.py                       # prints the table, writes bench/ptxas_sm90.csv
     python bench/ptxas_report.py --extra 64,128,8,2    # also these (BLOCK_M, BLOCK_N, warps, stages) shapes
@@ -49,6 +49,9 @@ for name, entry in ((n, e) for n, e in SCORERS.items() if "triton" in e.backends
 KERNELS = {"fwd": kernels._attn_fwd, "dq": kernels._attn_bwd_dq, "dkdv": kernels._attn_bwd_dkdv,
            "stick_fwd": kernels_stick._stick_fwd, "stick_bwd": kernels_stick._stick_bwd}
 INTS = {"H", "Tq", "Tk", "offset", "split_size", "T_BUCKET"}  # all but offset divisible by 16, as the JIT would see
+# static PTX instruction counts: f32 arithmetic (the FMA pipe) and the special-function unit's ops
+OPS = {"f32_arith": r"(?:add|sub|mul|fma)(?:\.\w+)*\.f32", "ex2": r"ex2\.\S+", "lg2": r"lg2\.\S+",
+       "tanh": r"tanh\.\S+", "div": r"div(?:\.\w+)*\.f32", "rcp": r"rcp\.\S+"}
 
 
 def compile_one(kernel, scorer, consts, D, cfg, dtype="bf16", prec=None):
@@ -84,7 +87,8 @@ def compile_one(kernel, scorer, consts, D, cfg, dtype="bf16", prec=None):
     return dict(kernel=kernel, scorer=scorer, dtype=dtype, prec=prec or PREC, D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                 warps=warps, stages=stages, registers=int(re.search(r"Used (\d+) registers", info).group(1)),
                 spill_stores=int(stores), spill_loads=int(loads), shared_bytes=compiled.metadata.shared,
-                wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"))
+                wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"),
+                **{k: len(re.findall(rf"^\s*(?:@!?%p\d+\s+)?{op}\s", ptx, re.M)) for k, op in OPS.items()})
 
 
 def _job(args):

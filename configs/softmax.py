@@ -6,10 +6,8 @@
 # at an assumed 30 % MFU of 989 TFLOP/s (bf16, eager PyTorch with the fused attention kernels; llm.c's fully fused
 # GPT-2 reaches ~40 %) that would be ~273,000 tokens/s = 61 min. Measured (bench/train_speed.py, H100, 2026-11-26,
 # 30 steps at this batch): 390,553 tokens/s compiled, 42.9 % MFU (eager 148,767) = 43 min, plus ~2 min of evals and
-# checkpoints. The Triton scorers take 2-3.5x as long: their kernels run outside the compiled graph and are slower
-# than cuDNN's (bench/README.md).
-# compile=True: SDPA attention compiles with the rest; the Triton scorers compile around their attention (1.3-1.4x
-# their eager tokens/s on the H100).
+# checkpoints. The Triton scorers took 2-3.5x as long (2026-11-26), when their kernels ran outside the compiled graph;
+# they are custom operators now, so compile=True traces every scorer as one graph (not re-measured on a GPU yet).
 # Data: dataset=fineweb_edu, the first 1B tokens of HuggingFaceFW/fineweb-edu sample-10BT, streamed on first use
 # (prepare_data.py; ~3 GB): one pass, no repeats. Offline: dataset=english (2.4M tokens: it overfits long before
 # 3,800 iters; lower max_iters). With torchrun, run `python prepare_data.py fineweb_edu` first.

@@ -1,17 +1,26 @@
-"""compile=True (#33) on the CPU: a compiled run's losses equal eager's on the SDPA path (softmax), the CPU fused path
-(lssa) and the reference path, its checkpoint has plain parameter names (no `_orig_mod.`), resumes, and loads in
-sample.py and eval_long.py; the Triton backend runs outside the compiled graph and says so. Tiny models: the first
-compile still takes ~10-30 s each."""
+"""torch.compile on the CPU. The fused paths are custom operators (kernels.py, kernels_stick.py: each passes
+torch.library.opcheck) or plain torch (kernels_cpu.py), so a small GPT of every scorer compiles with
+fullgraph=True as one graph with the eager model's loss and gradients (Triton under the interpreter).
+compile=True (#33): a compiled run's losses equal eager's on the SDPA path (softmax), the CPU fused path (lssa), the
+reference path and the Triton path, its checkpoint has plain parameter names (no `_orig_mod.`), resumes, and loads in
+sample.py and eval_long.py. Tiny models: the first inductor compile still takes ~10-30 s each."""
 import json
 import os
 
 import numpy as np
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._dynamo.utils import counters
 
 import eval_long
+import kernels
+import kernels_stick
+from cases import varied
 from lib import vocab
+from model import GPT, GPTConfig
 import sample
+from scorers import SCORERS
 import train
 
 V = vocab.VOCAB_SIZE  # GPT-2's: sample.py and eval_long.py read only language models
@@ -63,9 +72,92 @@ def test_a_compiled_runs_checkpoint_resumes_and_loads_in_sample_and_eval_long(da
     assert (tmp_path / "ev" / "summary.json").is_file()
 
 
-def test_the_triton_backend_runs_outside_the_compiled_graph_and_says_so(data_dir, tmp_path, capsys):
+def test_the_triton_backend_compiles_inside_the_graph(data_dir, tmp_path, capsys):
     over = ("scorer=ssa", "backend=triton", "max_iters=2", "eval_interval=2")
     eager = run(data_dir, tmp_path / "eager", *over)
+    counters.clear()
     compiled = run(data_dir, tmp_path / "compiled", *over, "compile=True")
     assert np.allclose(list(compiled.values()), list(eager.values()), rtol=1e-4)
-    assert "Triton attention runs outside the compiled graph" in capsys.readouterr().out
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert "outside the compiled graph" not in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The custom operators, and one graph for every scorer and backend
+
+FUSED = [name for name, entry in SCORERS.items() if "triton" in entry.backends]
+OPS = [(kernels, "_attention_fwd"), (kernels, "_attention_bwd"), (kernels_stick, "_forward"),
+       (kernels_stick, "_backward")]
+DIFFERENTIABLE = (kernels._attention_fwd, kernels_stick._forward)  # the others are backward ops
+
+
+def _op_calls(monkeypatch, scorer, Tq, offset, B=1, H=2, D=16):
+    """Every custom operator call of one kernels.attention forward and backward, with its inputs."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, T, D, generator=g).requires_grad_() for T in (Tq, offset + Tq, offset + Tq))
+    params = {prm.name: torch.tensor(varied(prm, H)).requires_grad_() for prm in SCORERS[scorer].params}
+    if SCORERS[scorer].forget:  # prefix sums of log forget gates
+        params["c"] = torch.nn.functional.logsigmoid(torch.randn(B, H, offset + Tq, generator=g)).cumsum(-1)
+    calls = []
+    with monkeypatch.context() as m:
+        for mod, name in OPS:
+            op = getattr(mod, name)
+            m.setattr(mod, name, lambda *args, op=op: calls.append((op, args)) or op(*args))
+        kernels.attention(q, k, v, scorer, offset=offset, **params).sum().backward()
+    return calls
+
+
+@pytest.mark.parametrize("scorer,Tq,offset", [(name, 5, 3) for name in FUSED] + [(FUSED[0], 1, 100)],
+                         ids=FUSED + [f"{FUSED[0]}-decode-split-keys"])
+def test_every_custom_operator_passes_opcheck(monkeypatch, scorer, Tq, offset):
+    calls = _op_calls(monkeypatch, scorer, Tq, offset)
+    assert len(calls) == 2  # a forward and its backward
+    for op, args in calls:
+        grad = op in DIFFERENTIABLE
+        args = [x.detach().clone().requires_grad_(grad) if isinstance(x, torch.Tensor) else x for x in args]
+        torch.library.opcheck(op, args)
+
+
+COMPILED = [(name, backend) for name in SCORERS for backend in ("triton", "auto")  # auto: sdpa or cpu here
+            if backend in ("auto", *SCORERS[name].backends)]
+
+
+def _eager_and_one_graph(scorer, backend, compiler="aot_eager", device="cpu", backward=True):
+    """A tiny GPT's loss and gradients, eager and compiled with fullgraph=True, after asserting that the compiled
+    model is one graph with no break. The scorers' defaults: ssmax and ssa learn parameters, lssar re-weights."""
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32, ffn_hidden=64, scorer=scorer,
+                        backend=backend)).to(device)
+    idx = torch.randint(0, 64, (2, 16), device=device)
+
+    def loss_and_grads(model):
+        gpt.zero_grad(set_to_none=True)
+        with torch.set_grad_enabled(backward):
+            loss = model(idx, idx)[1]
+        if not backward:
+            return [loss]
+        loss.backward()
+        return [loss.detach()] + [p.grad for p in gpt.parameters()]
+
+    eager = loss_and_grads(gpt)
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = CompileCounterWithBackend(compiler)
+    compiled = loss_and_grads(torch.compile(gpt, backend=graphs, fullgraph=True))
+    assert graphs.frame_count == 1 and not counters["graph_break"], dict(counters["graph_break"])
+    return eager, compiled
+
+
+@pytest.mark.parametrize("scorer,backend", COMPILED, ids=[f"{s}-{b}" for s, b in COMPILED])
+def test_a_compiled_gpt_is_one_graph_with_the_eager_loss_and_gradients(scorer, backend):
+    eager, compiled = _eager_and_one_graph(scorer, backend)  # aot_eager runs eager's ops: eager's bits
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+
+
+@pytest.mark.filterwarnings("ignore")  # flex's notice that it runs unfused outside torch.compile
+@pytest.mark.parametrize("scorer", [name for name, entry in SCORERS.items() if "flex" in entry.backends])
+def test_flex_compiles_as_one_graph_forward_on_the_cpu_and_backward_on_cuda(scorer):
+    cuda = torch.cuda.is_available()  # a CPU refuses flex's backward (and compiled, its lse)
+    eager, compiled = _eager_and_one_graph(scorer, "flex", *(("inductor", "cuda", True) if cuda else
+                                                            ("aot_eager", "cpu", False)))
+    torch.testing.assert_close(compiled, eager, rtol=1e-3, atol=1e-5)

@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from triton.runtime import interpreter
 
 import kernels
 import kernels_flex
@@ -114,7 +115,6 @@ def _tf32(x):  # fp32 rounded to tf32 as the tensor cores' cvt.rna does: 10 mant
 def test_fp32_inputs_keep_fp32_accuracy_with_the_gpu_tf32x3_dots(scorer, kw, monkeypatch):
     """A GPU runs fp32 dots as tf32x3 (a_hi b_hi + a_hi b_lo + a_lo b_hi, each part tf32), the interpreter exactly:
     emulate the GPU's dots and hold the kernels to the same fp32 bounds, re-weighting's p n / y amplification too."""
-    from triton.runtime import interpreter
     calls = []
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
@@ -128,6 +128,32 @@ def test_fp32_inputs_keep_fp32_accuracy_with_the_gpu_tf32x3_dots(scorer, kw, mon
     _check(scorer, kw, 63, 0, 32)
     _check(scorer, kw, 40, 23, 32)
     assert calls
+
+
+def _gpu_lg2(self, arg):  # sm_90's lg2.approx at its documented bound: 2^-22 absolute on [1/2, 2], else 2 ulp
+    x = arg.data.astype(np.float64)
+    y = np.log2(x)
+    err = np.where((x >= 0.5) & (x <= 2.0), 2.0**-22, 2 * np.spacing(np.abs(y).astype(np.float32)).astype(np.float64))
+    sign = np.where(arg.data.astype(np.float32).view(np.uint32) & 1, 1.0, -1.0)  # both signs, by the last bit
+    return interpreter.TensorHandle((y + sign * err).astype(arg.data.dtype), arg.dtype.scalar)
+
+
+def _gpu_ex2(self, arg):  # ex2.approx.ftz: 2 ulp, and results below 2^-126 flushed to 0
+    sign = np.where(arg.data.astype(np.float32).view(np.uint32) & 1, 1.0, -1.0)
+    y = np.exp2(arg.data.astype(np.float64)) * (1 + 2.0**-22 * sign)
+    return interpreter.TensorHandle(np.where(y < 2.0**-126, 0.0, y).astype(arg.data.dtype), arg.dtype.scalar)
+
+
+@pytest.mark.parametrize("scorer,kw", CASES + [("softmax", dict(p=100.0))], ids=IDS + ["softmax_p100"])
+def test_fp32_accuracy_holds_with_the_gpu_approximate_log2_and_exp2(scorer, kw, monkeypatch):
+    """The kernels' _log2 is lg2.approx on a GPU and tl.exp2 ex2.approx.ftz: emulate their documented errors (and the
+    flush of tiny powers, which ssa's and re-weighting's one-power backward relies on) and hold every scorer to the
+    fp32 bounds, huge logits too."""
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_log2", _gpu_lg2)
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_exp2", _gpu_ex2)
+    _check(scorer, kw, 63, 0, 32)
+    _check(scorer, kw, 40, 23, 32)
+    _check(scorer, kw, 40, 9, 16, scale=60.0, atol=2e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
@@ -261,6 +287,26 @@ def test_reweighting_ties_identical_keys_fused_forward_and_grads_match_reference
     for name, f, r in zip(["out", "dq", "dk", "dv", "db"], fused, ref):
         assert torch.isfinite(f).all(), name  # dq, dk are ~0 (keys identical): absolute, on the scale of v and do
         torch.testing.assert_close(f.double(), r, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("scorer,kw", [("lssar", {}), ("softmax", dict(p=3.0)), ("ssa", dict(b=[0.5, 2.0], p=15.0)),
+                                       ("ssmax", dict(s=[0.5, 2.0], b=[0.1, -0.2]))],
+                         ids=["lssar", "softmax_p3", "ssa_p15", "ssmax"])
+def test_16_bit_single_walk_backward_on_uniform_rows(scorer, kw, dtype):
+    # 16-bit inputs sum sigma beside dq and correct it after (ssmax), or sum delta' and sigma in one walk before dq's
+    # (re-weighting): fallback rows (every row uniform: identical keys) take h = 1, delta = 0 there and in dk/dv.
+    # Exact dq, dk are 0: theirs is dS's rounding to 16 bits
+    q, k, v, do = _inputs(20, 0, 16, B=1)
+    k = k[:, :, :1].expand_as(k).contiguous()
+    q, k, v = (x.to(dtype) for x in (q, k, v))
+    fused = _run(kernels.attention, scorer, kw, q, k, v, do, dtype, 0)
+    ref = _run(_ref, scorer, kw, q, k, v, do, torch.float64, 0)
+    own = _run(_ref, scorer, kw, q, k, v, do, dtype, 0)
+    for name, f, r, lp in zip(["out", "dq", "dk", "dv", "p1", "p2"], fused, ref, own):
+        atol = 1e-2 if name in ("dq", "dk") else 2e-3
+        assert torch.isfinite(f).all(), name
+        assert (f.double() - r).abs().max() <= 3 * (lp.double() - r).abs().max() + atol, name
 
 
 def test_reweighting_tie_tolerance_decides_alike_in_reference_kernel_and_flex():
