@@ -47,9 +47,10 @@ def differences(old, new, prefix=""):
     return [] if old == new else [f"{prefix[:-1]} {json.dumps(old)[:60]} -> {json.dumps(new)[:60]}"]
 
 
-def refuse(what, diff, redo_hint="--redo runs it again with these (its output is replaced)"):
+def refuse(what, diff):
     return StepError(f"{what} was made with other settings than asked now ({'; '.join(diff[:3])}"
-                     f"{'; ...' if len(diff) > 3 else ''}): {redo_hint}, or use another --name")
+                     f"{'; ...' if len(diff) > 3 else ''}): --redo runs it again with these (its output is replaced), "
+                     f"or use another --name")
 
 
 def remove(*paths):
@@ -58,6 +59,23 @@ def remove(*paths):
             shutil.rmtree(p)
         elif os.path.exists(p):
             os.remove(p)
+
+
+def judge(old, want, what, redo, clear, whole=True):
+    """True if `old`, what a step's record says it was made with, is `want`; a step recorded before settings were
+    (None) is taken as it is, with a warning, where its output is whole. Other settings: StepError, or with redo the
+    `clear` paths are removed and False (it is made again)."""
+    if old is None and whole:
+        print(f"warning: {what}: made before settings were recorded; taken as it is", flush=True)
+        return True
+    diff = ["an output made before settings were recorded, without all that is asked now"] if old is None else \
+        differences(old, plain(want))
+    if diff and not redo:
+        raise refuse(what, diff)
+    if diff:
+        print(f"[redo] {what}: " + "; ".join(diff))
+        remove(*clear)
+    return not diff
 
 
 class Steps:
@@ -69,27 +87,14 @@ class Steps:
         self.recorded = {}  # step name -> its last settings; None where it ran before settings were recorded
         if os.path.isfile(os.path.join(results, "steps.jsonl")):
             for line in open(os.path.join(results, "steps.jsonl")):
-                if line.strip():
-                    r = json.loads(line)
+                r = json.loads(line) if line.strip() else {}
+                if "step" in r:
                     self.recorded[r["step"]] = r.get("settings")
         self.wall0 = (read_json(results, "wall.json") or {}).get("wall_s", 0.0)
 
     def reuse(self, name, settings, clear=(), whole=True):
-        """True if step `name`, whose output exists, was made with `settings` (or, whole, before settings were
-        recorded: a warning); with other settings: StepError, or with redo its `clear` paths are removed and False."""
-        old = self.recorded.get(name)
-        if old is None and whole:
-            print(f"warning: {name}: its output was made before settings were recorded; taken as it is")
-            return True
-        diff = ["an output made before settings were recorded, without all that is asked now"] if old is None else \
-            differences(old, plain(settings))
-        if not diff:
-            return True
-        if not self.redo:
-            raise refuse(f"step {name!r} in {self.results}", diff)
-        print(f"[redo] {name}: " + "; ".join(diff))
-        remove(*clear)
-        return False
+        """judge() of step `name`, whose output exists, against its record."""
+        return judge(self.recorded.get(name), settings, f"step {name!r} in {self.results}", self.redo, clear, whole)
 
     def run(self, name, cmd, out=None, threads=None, settings=None, clear=(), whole=True):
         """Run one command unless `out` (a path) exists and was made with `settings` (default: the command line);
@@ -136,15 +141,10 @@ def check_runs(root, want, redo):
     path = os.path.join(root, "settings.json")
     have = read_json(path)
     if have is not None:
-        shared = set(have["variants"]) & set(want["variants"])
-        diff = differences({"train": have["train"], "variants": {v: have["variants"][v] for v in shared}},
-                           plain({"train": want["train"], "variants": {v: want["variants"][v] for v in shared}}))
-        if diff and not redo:
-            raise refuse(f"the training in {root}", diff, "--redo trains its variants again")
-        if diff:
-            print(f"[redo] the training in {root}: " + "; ".join(diff))
-            remove(root)
-            have = None
+        shared = lambda s: {"train": s["train"], "variants": {v: s["variants"][v] for v in have["variants"]
+                                                                  if v in want["variants"]}}
+        if not judge(shared(have), shared(want), f"the training in {root}", redo, [root]):
+            have = None  # removed: it trains again
     elif os.path.isdir(root) and os.listdir(root):  # left unrecorded: what it holds is not known
         return print(f"warning: {root} was trained before settings were recorded; its checkpoints are taken as they "
                      f"are")

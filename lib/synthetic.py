@@ -8,13 +8,13 @@ results/<name>/ with commit=True). A finished step is skipped when it was made w
 records its training in its `done` marker and its evaluation in eval_settings.json), so an interrupted suite
 resumes; other settings refuse in one line unless redo=True (the run is made again).
 """
-import contextlib, json, math, multiprocessing, os, runpy, shutil, sys, time
+import contextlib, json, math, multiprocessing, os, runpy, sys, time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from lib import config, plans
 from lib.folders import held
-from lib.runs import StepError, differences, plain, refuse
+from lib.runs import StepError, judge, plain
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_OUT = REPO  # output root; tests point it elsewhere
@@ -118,19 +118,10 @@ def _run(script, argv, log):
 
 
 def reuse(path, want, what, redo, clear):
-    """True if the record at `path` (a run's done marker, an evaluation's settings) says it was made as `want` asks;
-    an empty marker (written before settings were recorded) is taken as it is, with a warning. Other settings:
-    StepError, or with redo `clear` is removed and False."""
+    """runs.judge() of the record at `path` (a run's done marker, an evaluation's settings; empty or absent: written
+    before settings were recorded)."""
     text = open(path).read() if os.path.isfile(path) else ""
-    if not text.strip():
-        print(f"warning: {what} was made before settings were recorded; taken as it is", flush=True)
-        return True
-    diff = differences(json.loads(text), plain(want))
-    if diff and not redo:
-        raise refuse(what, diff)
-    if diff:
-        shutil.rmtree(clear)
-    return not diff
+    return judge(json.loads(text) if text.strip() else None, want, what, redo, [clear])
 
 
 def record(path, settings):
