@@ -14,7 +14,7 @@ name too, else a padded batch would arrive without a mask.
 
 n_i, the keys query row i attends to (SCORERS.md), is counted from that mask: left padding is not counted, so a
 padded row scores as the unpadded sequence does, with or without position_ids (RoPE is relative). ssmax runs on SDPA
-with q_i scaled by s log n_i + b, as scorers.sdpa_attention does; ssa, lssa, sigmoid and softpick on their
+with q_i scaled by s log n_i + b, as kernels_sdpa.sdpa_attention does; ssa, lssa, sigmoid and softpick on their
 reference weights (scorers.py), in fp32, memory O(Tq Tk) a head.
 """
 import torch

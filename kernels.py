@@ -9,7 +9,7 @@ backward.
   divided by a row sum L, so they have the row term sigma_i in the backward and merge split keys by weight, and
   SUMS_TO_ONE: L is the weights' own sum, so rows may be re-weighted; else (the row template) P = num / L with
   L = sum den + eps, num and den from _terms, and the running max starts at 0 (eps 2^-M stays finite).
-  The scorer math is kernels_math.py's: _row_setup, _logit (with _prob), _terms, _grad_factor, and KERNELS.
+  The scorer math is kernels_math.py's: _row_setup, _keys, _logit (with _prob), _terms, _grad_factor, and KERNELS.
 - Stage 2 (re-weighting, p given): pass 1 keeps only each row's M and largest stage-1 logit, hence the row's
   largest y = n_i P - o_i; pass 2 recomputes P and sums (y / y_max)^p over y > 0: in [0, 1], so no overflow at
   p = 100, n = 1e5, and no running max. "y > 0" means y > TIE n_i (scorers.reweight's rule): rows with none keep P.
@@ -22,7 +22,8 @@ backward.
 - lssa takes raw q, k and per-row inverse norms (cos = q.k * |q|^-1 * |k|^-1), so bf16 q, k keep their precision.
 - fox takes its forget sums c in the same per-row and per-key slots (QS: c_i, KS: c_j) and adds c_i - c_j in fp32 to
   the softmax logits; dc_j = -sum_i dS_ij is summed in the dk/dv kernel (its row sums vanish).
-- stickbreaking is no row template: attention() hands it to kernels_stick.py (OWN, by its kernel_logit).
+- The parameters' gradients are per-row (G) and per-key (GK) sums by ROW and LOGIT (_bwd_dq_inner, _param_grads).
+- stickbreaking is no row template: model.attention hands it to kernels_stick.py.
 Public: attention(...) (Triton, differentiable); kernels_flex.py holds the torch FlexAttention peer.
 """
 import math
@@ -33,19 +34,16 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-import kernels_stick
 import scorers
-from kernels_math import (INTERPRET, KERNELS, LN2, _dot_types, _grad_factor, _keys, _log2, _logit, _prob, _prob_bwd,
-                          _row_setup, _terms)
+from kernels_math import (INTERPRET, KERNELS, LN2, NO_GPU, _dot_types, _grad_factor, _keys, _log2, _logit, _prob,
+                          _prob_bwd, _row_setup, _terms)
 
-OWN = {"stickbreaking": kernels_stick.attention}  # kernel_logit -> a kernel file of its own (no row template)
 FLAGS = ("ROW", "LOGIT", "ONLINE_MAX", "NORMALISE", "SUMS_TO_ONE")
 NEG = tl.constexpr(-1.0e30)  # finite "-inf": exp2(NEG - NEG) is not NaN
 TIE = tl.constexpr(scorers.TIE * 2.0**-23)  # y = n P - o > TIE n is positive (fp32)
 DECODE_M = 16  # smallest tl.dot M: decode and short chunks
 DECODE_N = 32 if INTERPRET else 64
 SLOTS = ("s", "b", "n")  # registry names of the S, Bp, Np slots
-NO_GPU = "the fused Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1 for testing); use backend=torch"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -274,6 +272,8 @@ def _bwd_dq_inner(acc, acc2, g1, g2, c1, c2, s1, s2, q, do, k_ptrs, v_ptrs, KS, 
             dl = dP - sigma[:, None]  # softmax (or l1-normalisation) backward
             acc = tl.dot((dl * W).to(DT), tl.trans(kT), acc, input_precision=PREC)
             t1 = W * qk  # dL/dparam = sum dl t: ssa's b (* qk / b), lssa's |q|^-1 (* qk / |q|^-1, in PyTorch)
+            if LOGIT == "ssa":  # b db = sum dl P (b z / (1 + b|z|) - 1): sum dl P = 0 out (|z| ~ 1e4 cancels)
+                t1 = W * (2.0 * tl.minimum(qk, 0.0) - 1.0 / (b_h * sm_scale))
             if ROW == "logn":  # ssmax: dL/dlogit qk, scaled later
                 t1 = P * qk
             t2 = P * x  # ssa's n: sgn(z) log(1 + b|z|) = x ln 2 / n
@@ -652,8 +652,6 @@ def attention(q, k, v, scorer, *, p=None, offset=0, **params):
     name, differentiable when tensors; p (float) re-weights on top of any scorer (lssar: 15 if None)."""
     if not (q.is_cuda or INTERPRET):  # else Triton fails deep inside ("0 active drivers")
         raise RuntimeError(NO_GPU)
-    if scorer in scorers.SCORERS and scorers.SCORERS[scorer].kernel_logit in OWN:
-        return OWN[scorers.SCORERS[scorer].kernel_logit](q, k, v, scorer, p=p, offset=offset, **params)
     entry, s, b, n, p = _prepare(q, k, v, scorer, p, offset, params)
     q, k, v = (x.contiguous() for x in (q, k, v))  # v is a view of qkv: copy once, simpler kernels
     D = q.size(-1)

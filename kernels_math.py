@@ -1,9 +1,11 @@
 """
 The scorers' math in the fused Triton kernels (kernels.py), on a tile of dot products qk: where a new scorer adds its
 branches (SCORERS.md, "Adding a scorer"). The kernels compile each helper from the scorer's registry flags
-(kernels.FLAGS): _row_setup and _keys (ROW), _logit (LOGIT: the stage-1 score; _prob, _prob_bwd: its weights), _terms
-(the row template's numerator and divisor terms) and _grad_factor (the backward's factor); KERNELS lists the flag
-combinations they implement. Also what every Triton kernel file shares: INTERPRET, _dot_types, _log2, _log2_1p.
+(kernels.FLAGS), listed in KERNELS. Each ROW has its branch in _row_setup and _keys, each LOGIT in _logit (the stage-1
+score; _prob, _prob_bwd: its weights) and _grad_factor (the backward's factor); a value without one fails at compile
+time (tl.static_assert; tests/test_registry.py runs every helper with every registry scorer's flags). _terms (the row
+template's numerator and divisor terms) and _prob_bwd's F have a default that a LOGIT may override. Also what every
+Triton kernel file shares: INTERPRET, NO_GPU, _dot_types, _log2, _log2_1p.
 Logs and exps are base 2 (ln 2 folded into the scales): on sm_90 tl.exp is ex2.approx after a multiply, and tl.log
 and tl.log2 are a ~20-instruction software log, so _log2 issues the hardware's lg2.approx (bench/README.md).
 """
@@ -14,8 +16,9 @@ import triton
 import triton.language as tl
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # CPU: kernels run in Triton's interpreter
+NO_GPU = "the fused Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1 for testing); use backend=torch"
 
-# by the first four flags: SUMS_TO_ONE is generic
+# the flag combinations (ROW, LOGIT, ONLINE_MAX, NORMALISE) that the helpers implement: kernels._prepare refuses others
 KERNELS = {("plain", "linear", True, True), ("logn", "linear", True, True), ("plain", "ssa", True, True),
            ("norm", "softplus", False, True), ("bias", "sigmoid", False, False), ("plain", "softpick", True, True),
            ("forget", "forget", True, True)}
@@ -82,17 +85,22 @@ def _row_setup(QS, rows, row_ok, t, offset, s_h, b_h, sm_scale, ROW: tl.constexp
         c = tl.log(n_i) * (sm_scale * LOG2E) * tl.load(QS + rows, mask=row_ok, other=0.0)
     elif ROW == "forget":  # fox: QS holds c of the query rows
         c = tl.load(QS + rows, mask=row_ok, other=0.0)
-    else:  # plain; bias subtracts log n_i in _logit
+    elif ROW == "plain" or ROW == "bias":  # bias subtracts log n_i in _logit
         c = n_i * 0.0 + sm_scale * LOG2E
+    else:
+        tl.static_assert(False, "kernels_math._row_setup has no branch for this ROW (SCORERS.md)")
     return n_i, tl.where(n_i > 3.0, 1.0, 0.0), c
 
 
 @triton.jit
 def _keys(KS, cols, Tk, ROW: tl.constexpr):
     """The row setup's per-key values (KS): lssa's inverse key norms |k_j|^-1, fox's c_j; else zeros."""
-    ks = cols * 0.0
     if ROW == "norm" or ROW == "forget":
         ks = tl.load(KS + cols, mask=cols < Tk, other=0.0)
+    elif ROW == "plain" or ROW == "logn" or ROW == "bias":
+        ks = cols * 0.0
+    else:
+        tl.static_assert(False, "kernels_math._keys has no branch for this ROW (SCORERS.md)")
     return ks
 
 
@@ -108,8 +116,10 @@ def _logit(qk, c, ks, n_i, sm_scale, b_h, n_h, LOGIT: tl.constexpr, DT: tl.const
         x = _sigmoid(qk, c, tl.log2(n_i), DT)
     elif LOGIT == "forget":  # fox: z + c_i - c_j, the difference in fp32 (c grows with length)
         x = qk * (sm_scale * LOG2E) + (c[:, None] - ks[None, :]) * LOG2E
-    else:  # "linear", "softpick"
+    elif LOGIT == "linear" or LOGIT == "softpick":
         x = qk * c[:, None]
+    else:
+        tl.static_assert(False, "kernels_math._logit has no branch for this LOGIT (SCORERS.md)")
     return x
 
 
@@ -172,6 +182,8 @@ def _grad_factor(qk, x, P, dP, keep, c, ks, m1, sm_scale, b_h, n_h, LOGIT: tl.co
             W = tl.where(keep, W, 0.0)
     elif LOGIT == "forget":  # dlogit/dqk = 1/sqrt(d); c_i - c_j is a bias
         W = P * sm_scale
-    else:  # softmax, ssmax: dlogit/dqk = c_i / log2(e)
+    elif LOGIT == "linear":  # softmax, ssmax: dlogit/dqk = c_i / log2(e)
         W = P * (c / LOG2E)[:, None]
+    else:
+        tl.static_assert(False, "kernels_math._grad_factor has no branch for this LOGIT (SCORERS.md)")
     return dP, W

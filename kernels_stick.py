@@ -1,6 +1,6 @@
 """
 Stick-breaking attention (Tan et al. 2024, "Scaling Stick-Breaking Attention", arXiv 2410.17980) fused in Triton:
-kernels.attention(..., "stickbreaking") runs it. Definition: SCORERS.md. Over the keys j < i, with
+model.attention(..., "stickbreaking", backend="triton") runs it. Definition: SCORERS.md. Over the keys j < i, with
 a_ij = log sigmoid(z_ij), b_ij = log sigmoid(-z_ij), z = q.k / sqrt(d):
 
     log A_ij = a_ij + sum_{j<k<i} b_ik,    out_i = sum_j A_ij v_j    (not normalised; row 0 has no key: 0)
@@ -25,7 +25,7 @@ import triton.language as tl
 from torch import Tensor
 
 import scorers
-from kernels_math import INTERPRET, LOG2E, _dot_types, _log2_1p
+from kernels_math import INTERPRET, LOG2E, NO_GPU, _dot_types, _log2_1p
 
 DECODE_M = 16  # smallest tl.dot M
 
@@ -171,6 +171,8 @@ _forward.register_autograd(_grads, setup_context=_setup_context)
 def attention(q, k, v, scorer="stickbreaking", *, p=None, offset=0, **params):
     """Stick-breaking attention (B, H, Tq, D) -> (B, H, Tq, D), differentiable in q, k, v; query t at absolute
     position offset + t, k, v (B, H, offset + Tq, D). kernels.attention's contract; no parameters, no p."""
+    if not (q.is_cuda or INTERPRET):  # else Triton fails deep inside ("0 active drivers")
+        raise RuntimeError(NO_GPU)
     scorers.prepare(q, k, v, scorer, p, offset, backend="triton", **params)
     D = q.shape[3]
     assert D in (16, 32, 64, 128), f"head dim {D} not supported (16, 32, 64, 128)"

@@ -2,8 +2,9 @@
 nanoscorer model: one Llama-style GPT (RoPE, RMSNorm, SwiGLU, no biases, untied head) whose attention has a
 `scorer` switch. The scorers are one registry in scorers.py (SCORERS, each with its paper), with the
 reference path that reads like the papers' equations (definitions: SCORERS.md); attention() below dispatches to it
-or to a fused path (kernels.py on a GPU, kernels_cpu.py, kernels_flex.py). Beside the GPT: the softmax -> SSMax
-switch (convert_scorer). Checkpoints, and the synthetic tasks' real-valued model RealGPT, are lib/checkpoint.py's.
+or to a fast path (kernels_sdpa.py, kernels.py and kernels_stick.py on a GPU, kernels_cpu.py, kernels_flex.py).
+Beside the GPT: the softmax -> SSMax switch (convert_scorer). Checkpoints, and the synthetic tasks' real-valued
+model RealGPT, are lib/checkpoint.py's.
 """
 import math
 from dataclasses import asdict, dataclass
@@ -14,8 +15,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import scorers
-from scorers import (LSSAR_DEFAULT_P, SCORERS, attention_weights, reweight, sdpa_attention,  # noqa: F401
-                     ssmax_s_for_switch)
+from kernels_sdpa import sdpa_attention
+from scorers import LSSAR_DEFAULT_P, SCORERS, attention_weights, reweight  # noqa: F401
 
 # ----------------------------------------------------------------------------------------------------------------
 # attention(): every layer's call, reference or fused
@@ -24,8 +25,8 @@ BACKENDS = ("auto", "torch", "sdpa", "cpu", "triton", "flex")
 
 def attention(q, k, v, scorer, *, p=None, offset=0, backend="torch", chunk=1024, **params):
     """Causal attention (B, H, Tq, D) for every scorer; params: the scorer's per-head parameters by their registry
-    names (ssmax: s, b). backend: torch (scorers.py's reference), sdpa (softmax, ssmax), cpu (kernels_cpu.py),
-    triton (kernels.py), flex (kernels_flex.py); auto: the fastest exact one for the device (auto_backend).
+    names (ssmax: s, b). backend: torch (scorers.py's reference), sdpa (kernels_sdpa.py), cpu (kernels_cpu.py),
+    triton (kernels.py; kernels_stick.py), flex (kernels_flex.py); auto: the fastest exact one for the device.
     The reference scores at most `chunk` query rows at a time, so its memory is O(chunk * Tk), not O(T^2)."""
     kw = dict(p=p, offset=offset, **params)
     backend = auto_backend(scorer, p, q.device) if backend == "auto" else backend
@@ -34,6 +35,9 @@ def attention(q, k, v, scorer, *, p=None, offset=0, backend="torch", chunk=1024,
     if backend == "cpu":
         import kernels_cpu
         return kernels_cpu.attention(q, k, v, scorer, **kw)
+    if backend == "triton" and scorer in SCORERS and SCORERS[scorer].kernel_logit == "stickbreaking":
+        import kernels_stick  # no row template: kernels of its own
+        return kernels_stick.attention(q, k, v, scorer, **kw)
     if backend == "triton":
         import kernels
         return kernels.attention(q, k, v, scorer, **kw)
@@ -367,6 +371,10 @@ class GPT(nn.Module):
             idx = torch.cat((idx, idx_next), dim=1)
             logits, _ = self(idx_next if use_cache else idx, cache=cache)
         return idx
+
+def ssmax_s_for_switch(N):
+    """s0 = 1 / mean_{n=1..N} log n: keeps the average logit scale at a softmax->SSMax switch (0.168 at N=1024)."""
+    return 1.0 / (math.lgamma(N + 1) / N)
 
 def convert_scorer(model, **changes):
     """A new GPT with changed config fields (e.g. scorer="ssmax") and every shared weight kept: the softmax->SSMax

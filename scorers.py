@@ -4,9 +4,10 @@ nanoscorer's attention scorers: the registry that every other place reads, and t
 The exact definitions are SCORERS.md. One `Scorer` entry per scorer holds its reference function (below, written
 like the paper's equation), its per-head parameters, whether and by what its rows are divided, and the flags the
 fused paths compile from (kernels.py, kernels_cpu.py, flex). GPTConfig's checks, the model's parameters, train.py's
-options and the tests' case tables derive from SCORERS, and tests/test_scorers.py checks that they agree. A new
-scorer is one function here, one entry in SCORERS and, when its math is new to the kernels, one branch in each
-kernel helper.
+options and the tests' case tables derive from SCORERS, and tests/test_registry.py checks that they agree. A new
+scorer is one function here, one entry in SCORERS and, when its math is new to the Triton kernels, its branch in each
+kernels_math.py helper that its flags reach (SCORERS.md, "Adding a scorer"); a special case of another scorer (its
+parameters held fixed) is one entry, special_case(...).
 
 - softmax: the baseline.
 - ssmax: Scalable-Softmax, Nakanishi 2025 "Scalable-Softmax Is Superior for Attention" (eq. 2, 4, 11): the logits
@@ -20,12 +21,12 @@ kernel helper.
 - softpick: Zuhri et al. 2025 "Softpick: No Attention Sink, No Massive Activations with Rectified Softmax"
   (arXiv 2504.20966, eq. 2): ReLU(e^z - 1) / (sum_j |e^z - 1| + eps): another sum, so rows sum below 1.
 - stickbreaking: Tan et al. 2024 "Scaling Stick-Breaking Attention" (arXiv 2410.17980): over the keys before i,
-  A_ij = sigmoid(z_ij) prod_{j<k<i} (1 - sigmoid(z_ik)); not a row template (torch, cpu; triton: kernels_stick.py).
+  A_ij = sigmoid(z_ij) prod_{j<k<i} (1 - sigmoid(z_ik)); not a row template (torch, cpu, triton: kernels_stick.py).
 - fox: Lin et al. 2025 "Forgetting Transformer" (arXiv 2503.02130): softmax of z_ij + c_i - c_j, c the prefix sums
   of per-head log forget gates log sigmoid(f_l), which the model computes from the layer input (attention's c=).
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import torch
@@ -33,7 +34,6 @@ import torch.nn.functional as F
 
 LSSAR_DEFAULT_P = 15.0
 SOFTPICK_EPS = 1e-6  # in the unscaled sum (SCORERS.md)
-MASK_ROWS = 256  # query rows per SDPA call with fox's float mask
 
 # ----------------------------------------------------------------------------------------------------------------
 # Reference path: P (B, H, Tq, Tk), future entries exactly 0
@@ -47,7 +47,8 @@ def _rows(Tq, Tk, offset, device):
 
 def per_head(entry, params, H, like):
     """The scorer's parameters as (H, 1, 1) tensors (broadcast over (Tq, Tk)), registry defaults where not given."""
-    full = {prm.name: torch.full((H,), prm.default, device=like.device) for prm in entry.params}  # no sync per call
+    full = {name: torch.full((H,), default, device=like.device)  # no sync per call
+            for name, default in [*((prm.name, prm.default) for prm in entry.params), *entry.fixed]}
     return {name: x if name == "c" else x.to(like.device, like.dtype).expand(H).view(H, 1, 1)  # c: per key
             for name, x in {**full, **params}.items()}
 
@@ -140,6 +141,7 @@ class Scorer:
     weights: Callable  # the reference: P from (q, k, n_i, mask, **params)
     logit: Callable  # flex score_mod: ln logit of (score, ln n_i, ln d, **params)
     params: tuple = ()
+    fixed: tuple = ()  # (name, value): a parent's parameters held fixed (special_case): no Param, never learnt
     row_sum: bool = True  # output divided by a row sum (kernels: NORMALISE)
     den_logit: Optional[Callable] = None  # ln of the divisor's terms, as logit (None: the weights)
     eps: float = 0.0  # a constant added to the divisor
@@ -159,6 +161,12 @@ class Scorer:
     def kernel_flags(self):  # named as kernels.FLAGS
         return dict(ROW=self.row, LOGIT=self.kernel_logit, ONLINE_MAX=self.stats == "online_max",
                     NORMALISE=self.row_sum, SUMS_TO_ONE=self.sums_to_one)
+
+def special_case(parent, **values):
+    """`parent` with some of its parameters held at `values`: one registry entry, its parent's math and kernels."""
+    assert set(values) <= {prm.name for prm in parent.params}, f"{sorted(values)}: not all parameters of the parent"
+    return replace(parent, params=tuple(prm for prm in parent.params if prm.name not in values),
+                   fixed=parent.fixed + tuple(values.items()))
 
 def _ssa_logit(z, ln_n, ln_d, b, n):  # slope n b at z = 0 (see score_ssa)
     return n * torch.where(z >= 0, torch.log1p(b * z.clamp(min=0)), -torch.log1p(-b * z.clamp(max=0)))
@@ -246,7 +254,7 @@ def prepare(q, k, v, scorer, p=None, offset=0, backend=None, **params):
                       for name, x in per_head(entry, params, H, fp32).items()}
 
 # ----------------------------------------------------------------------------------------------------------------
-# Reference weights and the SDPA path
+# Reference weights
 
 def attention_weights(q, k, scorer, *, p=None, offset=0, **params):
     """The attention weights P (B, H, Tq, Tk) of SCORERS.md; q at absolute positions offset..offset+Tq-1; params: the
@@ -258,38 +266,3 @@ def attention_weights(q, k, scorer, *, p=None, offset=0, **params):
     with torch.autocast(q.device.type, enabled=False):  # else autocast runs q @ k.T in bf16 again
         P = entry.weights(q, k, n_i, mask, **per_head(entry, params, q.size(1), q))
         return P if p is None else reweight(P, n_i, p)
-
-def sdpa_attention(q, k, v, scorer, *, p=None, offset=0, **params):
-    """softmax, ssmax and fox on torch's SDPA (torch picks the kernel). SSMax's factor s log n_i + b scales q_i, as
-    Qwen's log-n attention does; SDPA's default scale is z's 1/sqrt(d). FoX's c_i - c_j is a float mask, the
-    differences taken in fp32 (c itself grows with length). Causal mask: is_causal at offset 0, bottom-right after a
-    cache, none for one row."""
-    entry, p, params = get(scorer, p, params, "sdpa")
-    if p is not None:
-        raise ValueError(f"backend='sdpa' runs no re-weighting (p={p}); use backend='auto' (cpu or triton)")
-    Tq, Tk = q.size(-2), k.size(-2)
-    assert Tk == offset + Tq, f"k has {Tk} keys but offset + Tq = {offset} + {Tq}"
-    if entry.forget and Tq > MASK_ROWS:  # fox's mask is (Tq, Tk) a head: by row blocks, memory O(rows * Tk)
-        ends = [(t, offset + t + MASK_ROWS) for t in range(0, Tq, MASK_ROWS)]
-        return torch.cat([sdpa_attention(q[:, :, t:t + MASK_ROWS], k[:, :, :end], v[:, :, :end], scorer,
-                                         offset=offset + t, **upto(params, end)) for t, end in ends], dim=2)
-    if scorer == "ssmax":  # scale in fp32, q rounded once, as bf16 autocast would
-        dtype = torch.promote_types(q.dtype, torch.float32)
-        ln_n = torch.arange(offset + 1, offset + Tq + 1, device=q.device, dtype=dtype).log()[:, None]  # (Tq, 1)
-        prm = per_head(entry, params, q.size(1), ln_n)
-        q = (q.to(dtype) * (prm["s"] * ln_n + prm["b"])).to(q.dtype)
-    mask = None
-    if entry.forget:
-        c = params["c"].to(torch.promote_types(q.dtype, torch.float32))
-        bias = c[..., offset:, None] - c[..., None, :]  # (B, H, Tq, Tk)
-        mask = bias.masked_fill(~_rows(Tq, Tk, offset, q.device)[1], -math.inf).to(q.dtype)
-    elif offset and Tq > 1:  # a chunk after a cache: bottom-right causal
-        from torch.nn.attention.bias import causal_lower_right  # torch >= 2.2
-        mask = causal_lower_right(Tq, Tk)
-    gqa = {"enable_gqa": True} if k.size(1) != q.size(1) else {}  # fewer KV heads (torch >= 2.5)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and offset == 0 and Tq > 1,
-                                          **gqa)
-
-def ssmax_s_for_switch(N):
-    """s0 = 1 / mean_{n=1..N} log n: keeps the average logit scale at a softmax->SSMax switch (0.168 at N=1024)."""
-    return 1.0 / (math.lgamma(N + 1) / N)

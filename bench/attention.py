@@ -21,8 +21,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import kernels  # noqa: E402
 import kernels_flex  # noqa: E402
+from kernels_sdpa import sdpa_attention  # noqa: E402
 from model import attention as reference  # noqa: E402
-from scorers import SCORERS, sdpa_attention  # noqa: E402
+from scorers import SCORERS  # noqa: E402
 from lib.checkpoint import run_info  # noqa: E402
 
 # Causal FLOPs as FlashAttention counts them: fwd 4 B H T^2 D / 2
@@ -33,8 +34,9 @@ PROVIDERS = ("triton", "flex", "eager", "sdpa", "cudnn")
 
 
 def _sdpa(q, k, v, scorer, *, p=None, backend=SDPBackend.FLASH_ATTENTION, **params):
-    """scorers.sdpa_attention (softmax; ssmax on q times s log n_i + b; fox's bias as a mask) on one named backend:
-    unpinned, recent torch builds pick cuDNN first on Hopper. Flash takes no mask: fox runs on memory-efficient."""
+    """kernels_sdpa.sdpa_attention (softmax; ssmax on q times s log n_i + b; fox's bias as a mask) on one named
+    backend: unpinned, recent torch builds pick cuDNN first on Hopper. Flash takes no mask: fox runs on
+    memory-efficient."""
     with sdpa_kernel([backend, SDPBackend.EFFICIENT_ATTENTION] if SCORERS[scorer].forget else backend):
         return sdpa_attention(q, k, v, scorer, p=p, **params)
 
@@ -93,7 +95,8 @@ def benchmark(Ts, Ds, scorers, providers, tokens=16384, heads=16, dtype=torch.bf
     A scorer "<name>_p<p>" (e.g. softmax_p3) adds re-weighting with that p."""
     import torch.nn.attention.flex_attention as fa
     H, modes, rows, inputs, masks, make_mask = heads, ("fwd", "fwd+bwd"), [], {}, {}, fa.create_block_mask
-    providers_fn = {"triton": kernels.attention, "flex": kernels_flex.flex_attention, "eager": reference,
+    providers_fn = {"triton": lambda *a, **kw: reference(*a, **kw, backend="triton"),  # stickbreaking: its own file
+                    "flex": kernels_flex.flex_attention, "eager": reference,
                     "sdpa": _sdpa,
                     "cudnn": lambda *a, **kw: _sdpa(*a, **kw, backend=SDPBackend.CUDNN_ATTENTION)}
     info = run_info(seed=0)  # provenance columns of every row

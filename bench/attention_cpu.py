@@ -2,11 +2,15 @@
 CPU benchmark of the default paths (backend="auto"), in one run:
 1. each scorer's attention forward+backward as a ratio to SDPA softmax (F.scaled_dot_product_attention, causal),
    B = 4, H = 4, D = 32, T = 256, 1024, 2048, fp32; the scorers' parameters learn (s, b), as in the model;
+   --generic also times kernels_cpu's row template (its registry logits, no hand-written path: kernels_cpu.FAST);
+   --p re-weights every normalised scorer (softmax and ssmax then run on kernels_cpu too); --reuse_memory keeps freed
+   memory as train.py does (kernels_cpu.reuse_freed_memory): else page faults make a path's time depend on the
+   allocations of the paths timed before it (the template's, up to 1.5x either way);
 2. training tokens/s per scorer for configs/cpu_quick.py at block_size 1024 (bench/train_speed.py), vs softmax.
 Timings take turns (every scorer once, then again) and report medians, so a shared CPU's load weighs on all alike.
 Prints markdown tables; writes nothing unless --out.
 
-    python bench/attention_cpu.py [--reference] [--threads 1] [--out bench/cpu.md]
+    python bench/attention_cpu.py [--reference] [--generic] [--p 3] [--reuse_memory] [--threads 1] [--out bench/cpu.md]
 """
 import argparse
 import os
@@ -14,12 +18,14 @@ import platform
 import statistics
 import sys
 import time
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+import kernels_cpu  # noqa: E402
 import model  # noqa: E402
 import train_speed  # noqa: E402  (bench/, this script's folder)
 
@@ -27,7 +33,7 @@ PARAMS = {"ssmax": dict(s=1.0), "ssa": dict(b=1.0)}  # learnable per head in the
 REPEATS = {256: 15, 1024: 7, 2048: 5}
 
 
-def attention_table(Ts, scorers, reference, B=4, H=4, D=32):
+def attention_table(Ts, scorers, reference, generic=False, p=None, B=4, H=4, D=32):
     rows = []
     for T in Ts:
         torch.manual_seed(0)
@@ -38,10 +44,13 @@ def attention_table(Ts, scorers, reference, B=4, H=4, D=32):
         for sc in (sc for sc in scorers if model.SCORERS[sc].forget):  # FoX's c: forget gates near 1
             params[sc]["c"] = F.logsigmoid(torch.randn(B, H, T) + 3).cumsum(-1).requires_grad_()
         fns = {("softmax", "SDPA"): lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)}
+        ps = {sc: p if p is not None and model.SCORERS[sc].sums_to_one else None for sc in scorers}
         for sc in scorers:
             for backend in ("auto", "torch") if reference else ("auto",):
-                fns[(sc, backend)] = lambda sc=sc, backend=backend: model.attention(q, k, v, sc, backend=backend,
-                                                                                    **params[sc])
+                fns[(sc, backend)] = lambda sc=sc, backend=backend: model.attention(q, k, v, sc, p=ps[sc],
+                                                                                    backend=backend, **params[sc])
+            if generic and model.auto_backend(sc, ps[sc], "cpu") == "cpu" and model.SCORERS[sc].logit is not None:
+                fns[(sc, "generic")] = lambda sc=sc: _generic(q, k, v, sc, ps[sc], params[sc])
         times = {key: [] for key in fns}
         for rep in range(REPEATS.get(T, 5) + 1):  # the first round warms up, untimed
             for key, fn in fns.items():
@@ -51,11 +60,17 @@ def attention_table(Ts, scorers, reference, B=4, H=4, D=32):
                     times[key].append(time.perf_counter() - t0)
         base = statistics.median(times[("softmax", "SDPA")])
         for (sc, backend), ts in times.items():
-            path = model.auto_backend(sc, None, "cpu") if backend == "auto" else backend
+            path = {"auto": model.auto_backend(sc, ps[sc], "cpu"),
+                    "generic": "cpu (template)"}.get(backend, backend)
             rows.append((T, sc, "F.sdpa (baseline)" if backend == "SDPA" else path, 1e3 * statistics.median(ts),
                          statistics.median(ts) / base))
         print(f"  T = {T} done", file=sys.stderr, flush=True)
     return rows
+
+
+def _generic(q, k, v, scorer, p, params):  # kernels_cpu without its hand-written paths
+    with mock.patch.object(kernels_cpu, "FAST", {}):
+        return kernels_cpu.attention(q, k, v, scorer, p=p, **params)
 
 
 if __name__ == "__main__":
@@ -63,6 +78,9 @@ if __name__ == "__main__":
     ap.add_argument("--T", type=int, nargs="+", default=[256, 1024, 2048])
     ap.add_argument("--scorers", nargs="+", default=list(model.SCORERS), choices=model.SCORERS)
     ap.add_argument("--reference", action="store_true", help="also time backend=torch (the reference; slow)")
+    ap.add_argument("--generic", action="store_true", help="also time kernels_cpu's row template (no FAST path)")
+    ap.add_argument("--p", type=float, help="re-weight every normalised scorer with this p")
+    ap.add_argument("--reuse_memory", action="store_true", help="keep freed memory, as train.py on the CPU")
     ap.add_argument("--train_steps", type=int, default=3, help="timed training steps per scorer (0: skip)")
     ap.add_argument("--train_batch", type=int, default=2, help="sequences per training step")
     ap.add_argument("--train_block", type=int, default=1024, help="block_size of the training steps")
@@ -71,12 +89,15 @@ if __name__ == "__main__":
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.reuse_memory:
+        kernels_cpu.reuse_freed_memory()
     t_start, load0 = time.time(), os.getloadavg()[0]
     lines = [f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
              f", torch {torch.__version__}; load average {load0:.1f} at the start", "",
              "| T | scorer | path | ms fwd+bwd | x SDPA softmax |", "|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
-    for T, sc, path, ms, ratio in attention_table(args.T, args.scorers, args.reference):
+    for T, sc, path, ms, ratio in attention_table(args.T, args.scorers, args.reference, args.generic,
+                                                    args.p):
         lines.append(f"| {T} | {sc} | {path} | {ms:.1f} | {ratio:.2f} |")
         print(lines[-1], flush=True)
     if args.train_steps:

@@ -37,7 +37,7 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 # learned parameters need exact sigma; re-weighting runs two passes
 VARIANTS = []
 for name, entry in ((n, e) for n, e in SCORERS.items() if "triton" in e.backends):
-    if entry.kernel_logit in kernels.OWN:  # a kernel file of its own (stickbreaking): no flags
+    if entry.logit is None:  # no row template (stickbreaking): a kernel file of its own, no flags
         VARIANTS += [("stick_fwd", name, {}), ("stick_bwd", name, {})]
         continue
     flags, rw = entry.kernel_flags(), entry.p is not None

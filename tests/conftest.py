@@ -33,6 +33,15 @@ def off_by_one(monkeypatch):
     return "off_by_one"
 
 
+@pytest.fixture
+def stablemax(monkeypatch):
+    """cases.STABLEMAX in the registry for one test: ssa at b = n = 1, a special case with no branch of its own."""
+    from cases import STABLEMAX
+    from scorers import SCORERS
+    monkeypatch.setitem(SCORERS, "stablemax", STABLEMAX)
+    return "stablemax"
+
+
 class WritesAFile:
     """Unpickled by a loader that runs code, this object creates `path`: the payload of a malicious checkpoint."""
     def __init__(self, path):

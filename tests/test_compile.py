@@ -16,7 +16,8 @@ from torch._dynamo.utils import counters
 import eval_long
 import kernels
 import kernels_stick
-from cases import varied
+import model
+from cases import cases, varied
 from lib import vocab
 from model import GPT, GPTConfig
 import sample
@@ -85,14 +86,20 @@ def test_the_triton_backend_compiles_inside_the_graph(data_dir, tmp_path, capsys
 # ----------------------------------------------------------------------------------------------------------------
 # The custom operators, and one graph for every scorer and backend
 
-FUSED = [name for name, entry in SCORERS.items() if "triton" in entry.backends]
+FUSED = [(name, kw.get("p")) for name, kw in cases("triton")]  # re-weighted too where its rows sum to one
+
+
+def _id(scorer, p, backend=""):
+    return scorer + (f"_p{p:g}" if p else "") + (f"-{backend}" if backend else "")
+
+
 OPS = [(kernels, "_attention_fwd"), (kernels, "_attention_bwd"), (kernels_stick, "_forward"),
        (kernels_stick, "_backward")]
 DIFFERENTIABLE = (kernels._attention_fwd, kernels_stick._forward)  # the others are backward ops
 
 
-def _op_calls(monkeypatch, scorer, Tq, offset, B=1, H=2, D=16):
-    """Every custom operator call of one kernels.attention forward and backward, with its inputs."""
+def _op_calls(monkeypatch, scorer, Tq, offset, p=None, B=1, H=2, D=16):
+    """Every custom operator call of one Triton forward and backward (kernels.py, kernels_stick.py), with its inputs."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, H, T, D, generator=g).requires_grad_() for T in (Tq, offset + Tq, offset + Tq))
     params = {prm.name: torch.tensor(varied(prm, H)).requires_grad_() for prm in SCORERS[scorer].params}
@@ -103,14 +110,14 @@ def _op_calls(monkeypatch, scorer, Tq, offset, B=1, H=2, D=16):
         for mod, name in OPS:
             op = getattr(mod, name)
             m.setattr(mod, name, lambda *args, op=op: calls.append((op, args)) or op(*args))
-        kernels.attention(q, k, v, scorer, offset=offset, **params).sum().backward()
+        model.attention(q, k, v, scorer, p=p, offset=offset, backend="triton", **params).sum().backward()
     return calls
 
 
-@pytest.mark.parametrize("scorer,Tq,offset", [(name, 5, 3) for name in FUSED] + [(FUSED[0], 1, 100)],
-                         ids=FUSED + [f"{FUSED[0]}-decode-split-keys"])
-def test_every_custom_operator_passes_opcheck(monkeypatch, scorer, Tq, offset):
-    calls = _op_calls(monkeypatch, scorer, Tq, offset)
+@pytest.mark.parametrize("scorer,p,Tq,offset", [(name, p, 5, 3) for name, p in FUSED] + [(*FUSED[0], 1, 100)],
+                         ids=[_id(s, p) for s, p in FUSED] + [f"{FUSED[0][0]}-decode-split-keys"])
+def test_every_custom_operator_passes_opcheck(monkeypatch, scorer, p, Tq, offset):
+    calls = _op_calls(monkeypatch, scorer, Tq, offset, p)
     assert len(calls) == 2  # a forward and its backward
     for op, args in calls:
         grad = op in DIFFERENTIABLE
@@ -118,16 +125,17 @@ def test_every_custom_operator_passes_opcheck(monkeypatch, scorer, Tq, offset):
         torch.library.opcheck(op, args)
 
 
-COMPILED = [(name, backend) for name in SCORERS for backend in ("triton", "auto")  # auto: sdpa or cpu here
-            if backend in ("auto", *SCORERS[name].backends)]
+# every scorer, and re-weighted where its rows sum to one (cases.cases), on Triton and on auto (sdpa, cpu or torch)
+COMPILED = [(name, backend, kw.get("p")) for backend in ("triton", "auto")
+            for name, kw in cases(None if backend == "auto" else backend)]
 
 
-def _eager_and_one_graph(scorer, backend, compiler="aot_eager", device="cpu", backward=True):
+def _eager_and_one_graph(scorer, backend, compiler="aot_eager", device="cpu", backward=True, p=None):
     """A tiny GPT's loss and gradients, eager and compiled with fullgraph=True, after asserting that the compiled
     model is one graph with no break. The scorers' defaults: ssmax and ssa learn parameters, lssar re-weights."""
     torch.manual_seed(0)
     gpt = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32, ffn_hidden=64, scorer=scorer,
-                        backend=backend)).to(device)
+                        backend=backend, reweight_p=p)).to(device)
     idx = torch.randint(0, 64, (2, 16), device=device)
 
     def loss_and_grads(model):
@@ -148,16 +156,17 @@ def _eager_and_one_graph(scorer, backend, compiler="aot_eager", device="cpu", ba
     return eager, compiled
 
 
-@pytest.mark.parametrize("scorer,backend", COMPILED, ids=[f"{s}-{b}" for s, b in COMPILED])
-def test_a_compiled_gpt_is_one_graph_with_the_eager_loss_and_gradients(scorer, backend):
-    eager, compiled = _eager_and_one_graph(scorer, backend)  # aot_eager runs eager's ops: eager's bits
+@pytest.mark.parametrize("scorer,backend,p", COMPILED, ids=[_id(s, p, b) for s, b, p in COMPILED])
+def test_a_compiled_gpt_is_one_graph_with_the_eager_loss_and_gradients(scorer, backend, p):
+    eager, compiled = _eager_and_one_graph(scorer, backend, p=p)  # aot_eager runs eager's ops: eager's bits
     torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
 
 
 @pytest.mark.filterwarnings("ignore")  # flex's notice that it runs unfused outside torch.compile
-@pytest.mark.parametrize("scorer", [name for name, entry in SCORERS.items() if "flex" in entry.backends])
-def test_flex_compiles_as_one_graph_forward_on_the_cpu_and_backward_on_cuda(scorer):
+@pytest.mark.parametrize("scorer,p", [(name, kw.get("p")) for name, kw in cases("flex")],
+                         ids=[_id(name, kw.get("p")) for name, kw in cases("flex")])
+def test_flex_compiles_as_one_graph_forward_on_the_cpu_and_backward_on_cuda(scorer, p):
     cuda = torch.cuda.is_available()  # a CPU refuses flex's backward (and compiled, its lse)
     eager, compiled = _eager_and_one_graph(scorer, "flex", *(("inductor", "cuda", True) if cuda else
-                                                            ("aot_eager", "cpu", False)))
+                                                            ("aot_eager", "cpu", False)), p=p)
     torch.testing.assert_close(compiled, eager, rtol=1e-3, atol=1e-5)

@@ -4,6 +4,7 @@ Errors are max|fused - ref64| / max|ref64| per tensor, bounded by a multiple of 
 runs in the same precision (fp32, fp16, bf16) plus a small atol: a well-conditioned case is then held to ~1e-4,
 while re-weighting, whose dP carries p n / (n P - o), is allowed the reference's own fp32 sensitivity."""
 import csv
+import functools
 import importlib.util
 import math
 import os
@@ -18,20 +19,20 @@ from triton.runtime import interpreter
 import kernels
 import kernels_flex
 import model
+from cases import cases, ids
 from scorers import SCORERS
 
-# Every scorer of the registry that the kernels run, with each parameter per head (H = 2) off its default, so that
-# every one matters (within its constraint: ssa's b > 0, n > 1), fox's c from forget gates (_param), and
-# re-weighting on softmax
-FUSED = [name for name, entry in SCORERS.items() if "triton" in entry.backends]
-CASES = [(name, {**{prm.name: [prm.default - 0.3, prm.default + 0.5] for prm in SCORERS[name].params},
-                 **({"c": "gates"} if SCORERS[name].forget else {})}) for name in FUSED] + [("softmax", dict(p=3.0))]
-IDS = [*FUSED, "softmax_p3"]
+# Every scorer of the registry that the kernels run (cases.cases), with each parameter per head (H = 2) off its
+# default, so that every one matters (within its constraint: ssa's b > 0, n > 1), fox's c from forget gates (_param),
+# and each again re-weighted where its rows sum to one
+CASES = cases("triton", lambda prm: [prm.default - 0.3, prm.default + 0.5])
+IDS = ids(CASES)
 SHAPES = [  # (Tq, offset, D): odd lengths, a query block after a cache, decoding one token after a long cache
     (1, 0, 16), (15, 0, 16), (63, 0, 32), (130, 0, 16), (40, 23, 32), (1, 129, 16),
 ]
 FLEX = [(case, i) for case, i in zip(CASES, IDS) if "flex" in SCORERS[case[0]].backends]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+triton_attention = functools.partial(model.attention, backend="triton")  # kernels.py; stickbreaking: kernels_stick.py
 
 
 def _inputs(Tq, offset, D, B=2, H=2, dtype=torch.float32, seed=0, scale=1.0, device="cpu"):
@@ -77,7 +78,7 @@ def _check(scorer, kw, Tq, offset, D, dtype=torch.float32, factor=3.0, atol=3e-5
     q, k, v = (x.to(dtype) for x in (q, k, v))  # both paths see the same rounded inputs
     ref64 = _run(_ref, scorer, kw, q, k, v, do, torch.float64, offset)
     ref_lp = _run(_ref, scorer, kw, q, k, v, do, dtype, offset)
-    fused = _run(kernels.attention, scorer, kw, q, k, v, do, dtype, offset)
+    fused = _run(triton_attention, scorer, kw, q, k, v, do, dtype, offset)
     names = ["out", "dq", "dk", "dv"] + [n for n in kw if n != "p"]
     for name, f, r, lp in zip(names, fused, ref64, ref_lp):
         assert f.dtype == lp.dtype and f.shape == r.shape, name
@@ -166,8 +167,8 @@ def test_decode_one_token_equals_last_row_of_full_pass():
     q, k, v, _ = _inputs(77, 0, 32)
     for scorer, kw in CASES:
         kw = {n: x if n == "p" else _param(x, k) for n, x in kw.items()}
-        full = kernels.attention(q, k, v, scorer, **kw)
-        last = kernels.attention(q[:, :, -1:], k, v, scorer, offset=76, **kw)
+        full = triton_attention(q, k, v, scorer, **kw)
+        last = triton_attention(q[:, :, -1:], k, v, scorer, offset=76, **kw)
         torch.testing.assert_close(last, full[:, :, -1:], rtol=1e-5, atol=1e-6)
 
 
@@ -191,10 +192,9 @@ def test_fused_ssmax_differs_from_softmax():
 
 def test_scorer_parameters_receive_nonzero_gradients():
     q, k, v, do = _inputs(20, 5, 16)
-    for scorer, kw in [("ssmax", dict(s=[1.0, 0.5], b=[0.0, 0.1])), ("ssa", dict(b=[1.0, 2.0], n=[1.5, 2.0])),
-                       ("ssmax", dict(s=[1.0, 0.5], b=[0.0, 0.1], p=3.0))]:
-        grads = _run(kernels.attention, scorer, kw, q, k, v, do, torch.float32, 5)[4:]
-        assert len(grads) == 2 and all((g.abs() > 0).all() for g in grads), (scorer, grads)
+    for scorer, kw in [(name, kw) for name, kw in CASES if SCORERS[name].params]:  # re-weighted too
+        grads = _run(triton_attention, scorer, kw, q, k, v, do, torch.float32, 5)[4:]
+        assert len(grads) == len(SCORERS[scorer].params) and all((g.abs() > 0).all() for g in grads), (scorer, grads)
 
 
 class _Pinned:
@@ -259,10 +259,10 @@ def test_all_equal_scores_give_the_prefix_mean_and_finite_grads(scorer, kw):
     q = torch.zeros_like(q)  # every score equal: uniform weights; with p, the fallback (or a uniform re-weighting)
     if SCORERS[scorer].forget:  # fox: and no decay, c = 0
         kw = dict(kw, c=torch.zeros(k.shape[:3]))
-    fused = _run(kernels.attention, scorer, kw, q, k, v, do, torch.float32, 0)
+    fused = _run(triton_attention, scorer, kw, q, k, v, do, torch.float32, 0)
     # P at z = 0 from the registry's logits (sigmoid: not divided)
     n, e = torch.arange(1, 36.0).view(1, 1, 35, 1), SCORERS[scorer]
-    prm = {name: torch.tensor(x).view(1, -1, 1, 1) for name, x in kw.items() if name not in ("p", "c")}
+    prm = {name: torch.tensor(x).view(1, -1, 1, 1) for name, x in [*e.fixed, *kw.items()] if name not in ("p", "c")}
     at0 = lambda f: f(torch.zeros(()), n.log(), math.log(16), **prm).exp()  # noqa: E731
     if e.logit is not None:  # stickbreaking (no row template): halves backwards from the diagonal, as the reference
         prefix_mean = v.cumsum(2) * at0(e.logit) / (n * at0(e.den_logit or e.logit) + e.eps if e.row_sum else 1)
@@ -282,7 +282,7 @@ def test_reweighting_ties_identical_keys_fused_forward_and_grads_match_reference
     # (n P - 1 ~ +1e-7), forward right but dq off by 1e7-1e29 through p n / (n P - 1)
     q, k, v, do = _inputs(20, 0, 16, B=1)
     k = k[:, :, :1].expand_as(k).contiguous()
-    fused = _run(kernels.attention, scorer, kw, q, k, v, do, torch.float32, 0)
+    fused = _run(triton_attention, scorer, kw, q, k, v, do, torch.float32, 0)
     ref = _run(_ref, scorer, kw, q, k, v, do, torch.float64, 0)
     for name, f, r in zip(["out", "dq", "dk", "dv", "db"], fused, ref):
         assert torch.isfinite(f).all(), name  # dq, dk are ~0 (keys identical): absolute, on the scale of v and do
@@ -300,7 +300,7 @@ def test_16_bit_single_walk_backward_on_uniform_rows(scorer, kw, dtype):
     q, k, v, do = _inputs(20, 0, 16, B=1)
     k = k[:, :, :1].expand_as(k).contiguous()
     q, k, v = (x.to(dtype) for x in (q, k, v))
-    fused = _run(kernels.attention, scorer, kw, q, k, v, do, dtype, 0)
+    fused = _run(triton_attention, scorer, kw, q, k, v, do, dtype, 0)
     ref = _run(_ref, scorer, kw, q, k, v, do, torch.float64, 0)
     own = _run(_ref, scorer, kw, q, k, v, do, dtype, 0)
     for name, f, r, lp in zip(["out", "dq", "dk", "dv", "p1", "p2"], fused, ref, own):
@@ -402,7 +402,7 @@ def test_a_scorer_without_a_kernel_on_a_backend_is_refused_there_with_one_line()
     with pytest.raises(ValueError, match="backend='flex' does not run scorer='stickbreaking'"):
         model.GPTConfig(scorer="stickbreaking", backend="flex")
     with pytest.raises(ValueError, match="needs normalised rows; scorer='stickbreaking'"):  # its own kernel too
-        kernels.attention(q, q, q, "stickbreaking", p=3.0)
+        triton_attention(q, q, q, "stickbreaking", p=3.0)
     with pytest.raises(ValueError, match="scorer 'fox' runs on backends torch, sdpa, triton, flex, not 'cpu'"):
         model.attention(q, q, q, "fox", backend="cpu", c=c)
     with pytest.raises(ValueError, match="scorer 'fox' needs c="):
@@ -440,8 +440,8 @@ def test_cuda_calls_never_synchronize_with_the_host(scorer, kw):
     q, k, v, do = _inputs(300, 0, 64, B=1, dtype=torch.bfloat16, device="cuda")
     params = {n: _param(x, k).requires_grad_() for n, x in kw.items() if n != "p"}
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    full = lambda: kernels.attention(q, k, v, scorer, p=kw.get("p"), **params).backward(do)  # noqa: E731
-    decode = lambda: kernels.attention(q[:, :, -1:], k, v, scorer, p=kw.get("p"), offset=299,  # noqa: E731
+    full = lambda: triton_attention(q, k, v, scorer, p=kw.get("p"), **params).backward(do)  # noqa: E731
+    decode = lambda: triton_attention(q[:, :, -1:], k, v, scorer, p=kw.get("p"), offset=299,  # noqa: E731
                                        **params).backward(do[:, :, -1:])
     for call in (full, decode):
         call()  # compiling and autotuning synchronize: once, before the check

@@ -1,24 +1,29 @@
 """The reference scorers (model.attention / attention_weights) against SCORERS.md, written here independently:
-row by row, in float64, straight from the formulas; and the scorer registry (scorers.SCORERS) against every place
-that reads it."""
+row by row, in float64, straight from the formulas; every scorer's gradients against finite differences on the
+reference and the CPU path (the registry against every place that reads it: test_registry.py)."""
 import math
 
 import pytest
 import torch
 
+import kernels_cpu
 import model
-from cases import varied
+from cases import cases, ids, varied
 from model import attention, attention_weights
 from scorers import SCORERS
 
-# (scorer, kwargs): every registry entry at its defaults, with its parameters varied, and re-weighted where its rows
-# sum to one (and with both at once)
-# fox's c ("gates"): made by _t for the keys' shape
-SCORER_CASES = ([(name, {"c": "gates"} if e.forget else {}) for name, e in SCORERS.items()]
-                + [(name, {prm.name: varied(prm, 2) for prm in e.params}) for name, e in SCORERS.items() if e.params]
-                + [(name, dict(p=3.0)) for name, e in SCORERS.items() if e.sums_to_one and e.p is None and not e.forget]
+# (scorer, kw): every registry entry with its parameters varied and re-weighted where its rows sum to one
+# (cases.cases), at its defaults, and with varied parameters and p = 15 at once; fox's c ("gates"): made by _t
+SCORER_CASES = (cases() + [(name, {"c": "gates"} if e.forget else {}) for name, e in SCORERS.items() if e.params]
                 + [(name, {**{prm.name: varied(prm, 2) for prm in e.params}, "p": 15.0}) for name, e in SCORERS.items()
                    if e.params and e.sums_to_one])
+# every scorer's gradients on the reference and the CPU path, from the registry
+GRAD_CASES = [(name, kw, backend) for backend in ("torch", "cpu") for name, kw in cases(backend)]
+NORMALISED = [name for name, e in SCORERS.items() if e.sums_to_one and e.p is None]  # re-weighting applies
+
+
+def _no_decay(scorer, k):  # fox's c for k's keys: 0, so that equal scores give uniform rows
+    return {"c": torch.zeros(k.shape[:3], dtype=k.dtype)} if SCORERS[scorer].forget else {}
 
 
 def _t(kw, like=None):
@@ -40,7 +45,8 @@ def spec_weights(q, k, scorer, p=None, offset=0, **params):
     out = torch.zeros(B, H, Tq, k.shape[2], dtype=torch.float64)
     for bb in range(B):
         for h in range(H):
-            prm = {x.name: x.default if params.get(x.name) is None else float(params[x.name][h]) for x in entry.params}
+            prm = {**dict(entry.fixed), **{x.name: x.default if params.get(x.name) is None else float(params[x.name][h])
+                                           for x in entry.params}}
             for t in range(Tq):
                 i = offset + t
                 n_i = i + 1
@@ -152,8 +158,8 @@ def test_reweighting_fallback_row_keeps_uniform_weights():
     # all-equal scores: every P_ij = 1/n_i, so n_i P_ij - 1 = 0 and ReLU(.) = 0 on rows i >= 3 -> keep P
     q = torch.zeros(1, 1, 6, 4, dtype=torch.float64)
     k = torch.randn(1, 1, 6, 4, dtype=torch.float64)
-    for scorer in ("softmax", "lssa"):
-        P = attention_weights(q, k, scorer, p=15.0)
+    for scorer in NORMALISED:
+        P = attention_weights(q, k, scorer, p=15.0, **_no_decay(scorer, k))
         expect = torch.tril(torch.ones(6, 6, dtype=torch.float64)) / torch.arange(1, 7, dtype=torch.float64)[:, None]
         torch.testing.assert_close(P[0, 0], expect)
 
@@ -186,18 +192,17 @@ def test_reweighting_large_n_and_p_does_not_overflow():
     assert torch.isfinite(P).all() and torch.allclose(P.sum(-1), torch.ones(1, 2, 2))
 
 
-@pytest.mark.parametrize("scorer,kw", [("ssmax", dict(s=[0.7, 1.3], b=[0.2, -0.4])),
-                                       ("ssa", dict(b=[0.5, 2.0], n=[1.1, 2.5])),
-                                       ("lssa", {}), ("lssar", dict(p=3.0)), ("softmax", dict(p=2.0)),
-                                       ("softpick", {}), ("stickbreaking", {}), ("fox", dict(c="gates"))])
-def test_gradients_match_finite_differences_in_float64(scorer, kw):
+@pytest.mark.parametrize("scorer,kw,backend", GRAD_CASES,
+                         ids=[f"{b}-{i}" for (_, _, b), i in zip(GRAD_CASES, ids([c[:2] for c in GRAD_CASES]))])
+def test_gradients_match_finite_differences_in_float64(scorer, kw, backend, monkeypatch):
+    monkeypatch.setattr(kernels_cpu, "CHUNK", 4)  # the CPU path: two query blocks
     q, k, v = _qk(B=1, H=2, T=6, d=4, seed=3)
     params = {key: val.requires_grad_() for key, val in _t(kw, k).items() if torch.is_tensor(val)}
     other = {key: val for key, val in _t(kw, k).items() if not torch.is_tensor(val)}
     names = list(params)
 
     def f(q, k, v, *ps):
-        return attention(q, k, v, scorer, **dict(zip(names, ps)), **other)
+        return attention(q, k, v, scorer, backend=backend, **dict(zip(names, ps)), **other)
 
     assert torch.autograd.gradcheck(f, (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), *params.values()))
 
@@ -220,14 +225,15 @@ def test_ssmax_switch_s_is_one_over_mean_log_n():
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
 @pytest.mark.parametrize("case", ["identical_keys", "q_zero"])
-@pytest.mark.parametrize("scorer", ["softmax", "ssmax", "ssa", "lssa"])
+@pytest.mark.parametrize("scorer", NORMALISED)
 def test_reweighting_ties_uniform_rows_keep_P_exactly_whatever_the_rounding(scorer, case, dtype):
     # every row uniform; n P - 1 comes out a few ulps of either sign (identical keys: the matmul rounds columns
     # differently), and an exact "> 0" then re-weighted onto the keys that rounded up (fp64 lssa: 1/3 on three keys)
     q, k, _ = (x.to(dtype) for x in _qk(T=40, d=16, seed=5))
     k = k[:, :, :1].expand_as(k).contiguous() if case == "identical_keys" else k
     q = torch.zeros_like(q) if case == "q_zero" else q
-    P, P15 = attention_weights(q, k, scorer), attention_weights(q, k, scorer, p=15.0)
+    c = _no_decay(scorer, k)
+    P, P15 = attention_weights(q, k, scorer, **c), attention_weights(q, k, scorer, p=15.0, **c)
     assert torch.equal(P15[..., 3:, :], P[..., 3:, :])  # rows i >= 3 fall back to P, bit for bit
     uniform = torch.tril(torch.ones(40, 40, dtype=dtype)) / torch.arange(1, 41, dtype=dtype)[:, None]
     torch.testing.assert_close(P15, uniform.expand_as(P15))  # rows i < 3 (o = 0) re-weight a uniform row: uniform
@@ -282,48 +288,6 @@ def test_attention_rows_under_bf16_autocast_score_the_models_q_k_in_fp32(monkeyp
     assert q.dtype == torch.bfloat16 and rows.dtype == torch.float32
     expect = attention_weights(q.float(), k.float(), "ssmax", s=gpt.transformer.h[0].attn.ssmax_s)
     torch.testing.assert_close(rows[0], expect[:, :, [11, 5]], rtol=0, atol=1e-6)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The registry: every place that lists scorers or their options reads scorers.SCORERS and agrees with it
-
-def test_registry_agrees_with_config_model_train_kernels_flex_ptxas_and_docs():
-    import importlib.util
-    import inspect
-    import os
-    from dataclasses import fields
-
-    from lib import config
-    import kernels
-    import kernels_cpu
-    option_fields = {f for e in SCORERS.values() for prm in e.params for f in prm.fields()}
-    config_fields = {f.name for f in fields(model.GPTConfig)}
-    assert option_fields <= config_fields  # every option a Param names is a GPTConfig field ...
-    assert {f for f in config_fields if f.split("_")[0] in SCORERS} == option_fields  # ... and each <scorer>_* field
-    assert set(config.SCORER_OPTIONS) == option_fields  # train.py's
-    for name, entry in SCORERS.items():
-        cfg = model.GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=8, scorer=name,
-                              **{prm.only_if: True for prm in entry.params if prm.only_if})
-        attn = model.GPT(cfg).transformer.h[0].attn
-        own = {k for k, _ in [*attn.named_parameters(), *attn.named_buffers()] if not k.startswith(("c_", "fgate."))}
-        assert hasattr(attn, "fgate") == entry.forget, name  # FoX's gate projection, only there
-        assert own == {model.param_name(name, prm) for prm in entry.params}, name
-        # the fused kernels' math, and the CPU path's (never softmax's by default)
-        assert ("triton" not in entry.backends or tuple(entry.kernel_flags().values())[:4] in kernels.KERNELS
-                or entry.kernel_logit in kernels.OWN), name  # OWN: a kernel file of its own (kernels_stick.py)
-        assert "cpu" not in entry.backends or entry.kernel_logit in kernels_cpu.KINDS, name
-        assert ("flex" not in entry.backends or list(inspect.signature(entry.logit).parameters)[3:]
-                == [prm.name for prm in entry.params]), name
-        assert not (entry.p is not None and not entry.sums_to_one), name  # re-weighting needs normalised rows
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("ptxas_report", os.path.join(root, "bench", "ptxas_report.py"))
-    ptxas = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ptxas)
-    assert {name.split("_pass")[0] for _, name, _ in ptxas.VARIANTS} == {n for n, e in SCORERS.items()
-                                                                          if "triton" in e.backends}
-    for doc in ("README.md", "SCORERS.md"):
-        text = open(os.path.join(root, doc), encoding="utf-8").read()
-        assert all(f"`{name}`" in text for name in SCORERS), doc
 
 
 def test_sigmoid_rows_are_not_normalised_and_refuse_reweighting():

@@ -8,7 +8,7 @@ import torch
 
 import kernels_cpu
 import model
-from cases import VARIANTS, varied  # every scorer and option, from the registry
+from cases import VARIANTS, cases, varied  # every scorer and option, from the registry
 from model import GPT, GPTConfig, attention
 from scorers import SCORERS
 
@@ -74,9 +74,10 @@ def test_sdpa_refuses_other_scorers_and_reweighting_with_one_clear_error():
 # ----------------------------------------------------------------------------------------------------------------
 # backend="cpu": kernels_cpu.py
 
-# auto's CPU scorers, and re-weighting on several
-CPU_CASES = [(name, None) for name in SCORERS if model.auto_backend(name, None, "cpu") == "cpu"] + [
-    ("lssar", 100.0), ("softmax", 3.0), ("ssmax", 15.0), ("ssa", 2.0)]
+# every scorer the CPU path runs, re-weighted where its rows sum to one (cases.cases), and a large p on those that
+# re-weight by default
+CPU_CASES = [(name, kw.get("p")) for name, kw in cases("cpu")] + [(n, 100.0) for n, e in SCORERS.items()
+                                                                    if e.p is not None and "cpu" in e.backends]
 
 
 @pytest.fixture
@@ -119,7 +120,7 @@ def test_cpu_path_with_its_default_blocks_equals_the_reference():
     _assert_close(_run("lssar", "cpu", 3, 200, torch.float64), ref, what="lssar, CHUNK = 128")
 
 
-@pytest.mark.parametrize("scorer,p", [("softmax", 3.0), ("lssar", None), ("ssa", 15.0)])
+@pytest.mark.parametrize("scorer,p", [(s, p) for s, p in CPU_CASES if p is not None or SCORERS[s].p is not None])
 def test_cpu_path_reweighting_ties_keep_P_like_the_reference(scorer, p, small_blocks):
     """All-equal scores (q = k = 0): every row with n_i > 3 is exactly uniform and keeps P, values and gradients."""
     ref = _run(scorer, "torch", 3, 70, torch.float64, p, scale=0.0)
@@ -177,7 +178,8 @@ def test_model_runs_the_backend_auto_picks_and_matches_the_reference(variant, mo
     idx = torch.randint(0, 64, (2, 24))
     logits, loss = fast(idx, idx)
     logits_ref, loss_ref = ref(idx, idx)
-    assert ran == [model.auto_backend(fast.config.scorer, fast.config.p, "cpu")] * 2  # one call per layer
+    path = model.auto_backend(fast.config.scorer, fast.config.p, "cpu")
+    assert ran == ([] if path == "torch" else [path] * 2)  # one call per layer (fox with p: the reference)
     torch.testing.assert_close(logits, logits_ref, rtol=1e-5, atol=1e-5)
     loss.backward()
     loss_ref.backward()
@@ -251,10 +253,20 @@ def test_reuse_freed_memory_stops_the_page_faults_of_a_training_step_with_gpt2s_
     assert off > 50_000 and on < off / 10, runs
 
 
-def test_the_cpu_path_refuses_a_scorer_whose_logit_it_lacks_instead_of_running_softmax(monkeypatch):
-    # a scratch scorer once ran softmax's math here: an unknown kernel_logit fell through to the "dot" kind
+@pytest.mark.parametrize("scorer,p", [case for case in CPU_CASES if SCORERS[case[0]].logit is not None])
+def test_cpu_template_runs_every_row_template_scorer_from_its_registry_logits(scorer, p, small_blocks, monkeypatch):
+    """kernels_cpu without its hand-written paths (FAST): what a new scorer runs, values and every gradient."""
+    monkeypatch.setattr(kernels_cpu, "FAST", {})
+    ref = _run(scorer, "torch", 5, 41, torch.float64, p)
+    _assert_close(_run(scorer, "cpu", 5, 41, torch.float64, p), ref, what=f"{scorer} p={p} float64")
+    _assert_close(_run(scorer, "cpu", 5, 41, torch.float32, p), ref, _run(scorer, "torch", 5, 41, torch.float32, p),
+                  what=f"{scorer} p={p} fp32")
+
+
+def test_the_cpu_path_runs_a_scorer_with_flags_it_has_no_hand_written_path_for_on_its_logits(monkeypatch):
+    # a scratch scorer once ran softmax's math here (an unknown kernel_logit fell through to it): now the template
     import dataclasses
-    monkeypatch.setitem(SCORERS, "new", dataclasses.replace(SCORERS["softmax"], kernel_logit="new"))
-    q = torch.randn(1, 1, 4, 8)
-    with pytest.raises(ValueError, match="kernels_cpu has no path for scorer 'new'"):
-        attention(q, q, q, "new", backend="cpu")
+    monkeypatch.setitem(SCORERS, "new", dataclasses.replace(SCORERS["ssa"], kernel_logit="new"))
+    monkeypatch.setitem(PARAMS, "new", PARAMS["ssa"])
+    assert kernels_cpu._fast(SCORERS["new"]) is None
+    _assert_close(_run("new", "cpu", 3, 20, torch.float64), _run("ssa", "torch", 3, 20, torch.float64), what="new")

@@ -130,11 +130,11 @@ def test_stickbreaking_backward_is_the_derivation_in_kernels_stick_docstring():
 
 
 def test_stickbreaking_fused_first_row_is_zero_and_every_beta_one_takes_the_nearest_key():
-    import kernels
+    import kernels_stick
     k = torch.rand(1, 2, 40, 16) + 0.5  # positive: every z of q = 1000 k is > 2000, beta = 1
     for q, expect in ((torch.randn(1, 2, 40, 16), None), (k * 1000.0, k)):  # beta = 1: row i reads v_{i-1}
         q, k_, v = (x.clone().requires_grad_() for x in (q, k, torch.randn(1, 2, 40, 16)))
-        out = kernels.attention(q, k_, v, "stickbreaking")
+        out = kernels_stick.attention(q, k_, v, "stickbreaking")
         assert (out[..., 0, :] == 0).all()  # row 0 has no key
         if expect is not None:
             torch.testing.assert_close(out[..., 1:, :], v[..., :-1, :].detach())
