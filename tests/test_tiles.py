@@ -1,0 +1,82 @@
+"""bench/tiles.py's bookkeeping under the interpreter: fp32 (its bf16 is wrong), a tiny shape, an injected clock (the
+interpreter's times mean nothing, and do_bench needs a GPU)."""
+import csv
+import importlib.util
+import os
+import types
+
+from conftest import one_line_error
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+spec = importlib.util.spec_from_file_location("tiles", os.path.join(ROOT, "bench", "tiles.py"))
+tiles = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tiles)
+
+GOOD, WRONG, FAILS, SPILLS = (32, 32, 4, 1), (16, 32, 4, 1), (64, 32, 4, 1), (32, 16, 4, 1)
+
+
+class Rigged(tiles._Forced):
+    """WRONG adds 1 to the output, FAILS raises as a launch out of shared memory, SPILLS reports 8 spilled words."""
+    def __getitem__(self, grid):
+        launch = super().__getitem__(grid)
+
+        def rigged(*args, **kw):
+            if self.cfg == FAILS:
+                raise RuntimeError("out of resource: shared memory")
+            launch(*args, **kw)
+            if self.cfg == WRONG:
+                args[self.fn.arg_names.index("O")].add_(1.0)
+            if self.cfg == SPILLS:
+                self.compiled.append(types.SimpleNamespace(n_spills=8, n_regs=255))
+        return rigged
+
+
+def test_sweep_ranks_only_correct_spill_free_candidates_and_writes_every_row(monkeypatch, tmp_path):
+    import torch
+    monkeypatch.setattr(tiles, "_Forced", Rigged)
+    clock = iter(range(100, 0, -1))  # every timing faster than the one before: the spilling candidate is the fastest
+    rows = tiles.sweep(["softmax"], {"fwd": [GOOD, WRONG, FAILS, SPILLS], "dq": [GOOD]}, B=1, H=2, T=40, D=16,
+                       dtype=torch.float32, device="cpu", out=tmp_path / "t",
+                       measure=lambda fn, grads, cuda: (float(next(clock)), None))
+    got = {(r["kernel"], r["BLOCK_M"], r["BLOCK_N"]): r for r in rows}
+    assert got["default", None, None]["default"] == "fwd=32,32,4,1 dq=32,32,4,1 dkdv=32,32,4,1"  # the interpreter's
+    assert got["default", None, None]["err_ref"] < 1e-5  # fp32 against the float64 reference
+    assert got["fwd", 32, 32]["status"] == "ok" and got["fwd", 32, 32]["err_default"] == 0.0
+    wrong = got["fwd", 16, 32]
+    assert wrong["status"] == "wrong" and wrong["err_default"] > 0.1 and wrong["err_ref"] > 0.1
+    assert wrong["fwd_ms"] is None  # a wrong candidate is not timed
+    assert got["fwd", 64, 32]["status"].startswith("error: RuntimeError: out of resource")
+    assert got["fwd", 32, 16]["status"] == "spills 32 B" and got["fwd", 32, 16]["fwd_ms"] is not None
+    won = tiles.best(rows)
+    assert won["softmax", 16, "fwd"] is got["fwd", 32, 32] and won["softmax", 16, "dq"] is got["dq", 32, 32]
+    assert len(won) == 2
+    written = list(csv.DictReader(open(tmp_path / "t.csv")))
+    assert [(r["kernel"], r["status"]) for r in written] == [(r["kernel"], r["status"]) for r in rows]
+    assert any("| softmax | 16 | fwd | 32,32,4,1 |" in line for line in tiles.summary(rows))
+    # the same rows read back give the lists to paste
+    lines = tiles.apply(tiles._read(tmp_path / "t.csv"))
+    assert lines[0] == "FWD_TUNE = [(32, 32, 4, 1)]" and "BWD_TUNE = [(32, 32, 4, 1)]" in lines
+
+
+def test_apply_keeps_the_fewest_shapes_near_every_fastest_time():
+    def row(scorer, kernel, cfg, ms, status="ok"):
+        return dict(scorer=scorer, D=64, kernel=kernel, status=status, fwd_ms=ms, bwd_ms=ms,
+                    **dict(zip(("BLOCK_M", "BLOCK_N", "warps", "stages"), cfg)))
+    a, b, c = (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 3)
+    rows = [row("softmax", "fwd", a, 1.00), row("softmax", "fwd", b, 1.02), row("ssa", "fwd", a, 2.0),
+            row("ssa", "fwd", b, 1.5), row("ssa", "fwd", c, 1.0, "wrong"), row("lssa", "fwd", c, 0.1, "spills 8 B"),
+            row("lssa", "fwd", b, 3.0)]
+    lines = tiles.apply(rows)
+    assert lines[0] == "FWD_TUNE = [(64, 64, 4, 3)]"  # within 3 % of softmax's best, and the best of ssa and lssa
+
+
+def test_default_candidates_are_shapes_the_autotuner_would_keep():
+    for D, new in tiles.NEW.items():
+        assert not [c for c in new["fwd"] + new["bwd"] if tiles.pruned(c, D)], D  # else candidates() drops them
+        assert all(c in tiles.candidates("fwd", D) for c in new["fwd"]) and tiles.candidates("dq", D)[-1] in new["bwd"]
+
+
+def test_bad_input_is_one_error_line(tmp_path):
+    assert "stick_blocks" in one_line_error(tiles.main, ["--scorers", "stickbreaking"])
+    assert "BLOCK_M,BLOCK_N" in one_line_error(tiles.main, ["--fwd", "128,64,4"])
+    assert "no such CSV" in one_line_error(tiles.main, ["--apply", str(tmp_path / "none.csv")])
