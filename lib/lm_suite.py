@@ -130,11 +130,18 @@ def pending(steps, todo):
     return [t for t in todo if not (done(t["out"]) and steps.reuse(t["name"], t["settings"], t["clear"], t["whole"]))]
 
 
-def seed_steps(S, seed, runs, steps, data, variants, threads, skip):
+def text_seed(texts, seed):
+    """The evaluations' --seed, which draws their test texts: 0 for every training seed ("shared", the default: seeds
+    and texts are crossed, so texts can be the unit), or the training seed's own ("per_seed": distinct texts)."""
+    return seed if texts == "per_seed" else 0
+
+
+def seed_steps(S, seed, runs, steps, data, variants, threads, skip, texts=None):
     """One seed: the gates, eval_long under θ x 50 and Dynamic NTK, the copy gate and retrieval, after its training
     (kept as s<seed>/train_log.csv.gz), which runs only when one of them is missing: results resume anywhere."""
     E, N, results = S["eval"], S["model"]["block_size"], steps.results
-    ckpts, common = [os.path.join(runs, v, "ckpt.pt") for v in variants], ["--data", data, "--seed", "0"]
+    ckpts = [os.path.join(runs, v, "ckpt.pt") for v in variants]
+    common = ["--data", data, "--seed", str(text_seed(texts, seed))]
     todo = []  # run after training
 
     def run(name, cmd, out, reads=variants, clear=None, whole=True):
@@ -258,10 +265,11 @@ def run_steps(a, S, root, data_dir, steps, variants, began=None):
     DATA = S.get("dataset", DATASET)
     dataset.prepare(DATA, out_dir=data_dir)  # a no-op when up to date
     N, data = S["model"]["block_size"], os.path.join(data_dir, DATA)
-    common = ["--data", data, "--seed", "0"]  # the same test sequences for every model and seed
+    common = ["--data", data, "--seed", str(text_seed(a.texts, a.seeds[0]))]  # the first seed's retrieval
     jobs = 1 if S["train"]["device"] != "cpu" else max(1, min(a.jobs, len(roots)))  # one GPU: one at a time
     with ThreadPoolExecutor(jobs) as pool:  # each seed's steps in order; seeds side by side, a core each
-        list(pool.map(lambda sr: seed_steps(S, *sr, steps, data, variants, 1 if jobs > 1 else None, a.skip),
+        list(pool.map(lambda sr: seed_steps(S, *sr, steps, data, variants, 1 if jobs > 1 else None, a.skip,
+                                          a.texts),
                       roots.items()))
     M = S["train"]["max_iters"]
     rows = report.loss_curves(read_train_logs(results, a.seeds), results, labels, int(SWITCH_AT * M), M)
@@ -276,7 +284,7 @@ def run_steps(a, S, root, data_dir, steps, variants, began=None):
     report.summarize(results, roots, labels, N, rows, list(COPY_RUNS), scale=a.scale, dataset=ran["dataset"],
                      config=ran, tokens_per_variant=ran["train"]["batch_size"] * ran["model"]["block_size"]
                      * ran["train"]["max_iters"] * ran["train"]["gradient_accumulation_steps"],
-                     wall_s=round(steps.wall_s(), 1), **plan)
+                     wall_s=round(steps.wall_s(), 1), texts=a.texts or "shared", **plan)
     if a.commit_results:
         pack(results, a.seeds)
     print(f"done: {results}/summary.json")

@@ -189,3 +189,24 @@ def test_loss_curves_take_a_seed_that_kept_only_some_variants(tmp_path):
     got = [(r["variant"], r["seed"], r["iter"]) for r in rows]  # (f): softmax's steps before the switch, then its own
     assert got == [("softmax", 1, 0), ("softmax", 1, 7), ("softmax", 2, 0), ("softmax", 2, 7), ("ssmax_f", 1, 0),
                    ("ssmax_f", 1, 7)]
+
+
+def test_per_seed_texts_draw_each_seeds_test_texts_with_its_own_seed_and_a_rerun_with_shared_texts_refuses(
+        tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(reproduce.SCALES, "toy", {**TOY, "variants": ("softmax",)})
+    args = ["--scale", "toy", "--seeds", "3", "--skip", "eval_long", "needle", "passkey", "score"]
+    reproduce.main(args + ["--texts", "per_seed"])
+    res = tmp_path / "out-results" / "toy"
+    gate = [json.loads(line) for line in open(res / "steps.jsonl") if json.loads(line)["step"] == "gate (seed 3)"]
+    cmd = gate[0]["settings"]["command"]
+    assert cmd[cmd.index("--seed") + 1] == "3"  # eval_long.py draws the texts from seed 3, not 0
+    assert json.load(open(res / "summary.json"))["texts"] == "per_seed"
+    with pytest.raises(SystemExit, match="other settings"):  # the gate read other texts: not reused silently
+        reproduce.main(args)
+    assert reproduce.lm_suite.text_seed(None, 3) == reproduce.lm_suite.text_seed("shared", 3) == 0
+
+
+def test_texts_is_refused_with_the_synthetic_suite():
+    with pytest.raises(SystemExit, match="--texts does nothing with --suite synthetic"):
+        reproduce.main(["--suite", "synthetic", "--texts", "per_seed"])
