@@ -89,6 +89,7 @@ class GPTConfig:
     ssa_n: float = 1.5
     ssa_learn_n: bool = False
     reweight_p: Optional[float] = None  # on any scorer; None: lssar's 15
+    fgate_bias_init: float = 0.0  # fox: the forget gate's bias at start (0, the paper's: f = 1/2; 4: f = 0.98)
     backend: str = "auto"  # auto: see auto_backend
 
     def __post_init__(self):
@@ -107,6 +108,9 @@ class GPTConfig:
                              f"{', '.join(SCORERS[self.scorer].backends)} (or auto)")
         if self.backend == "sdpa" and self.reweight_p is not None:
             raise ValueError("backend='sdpa' runs no re-weighting; use backend='auto'")
+        if self.fgate_bias_init and not (SCORERS[self.scorer].forget and math.isfinite(self.fgate_bias_init)):
+            raise ValueError(f"option fgate_bias_init={self.fgate_bias_init!r} applies only to a scorer with a "
+                             f"forget gate (fox), finite; scorer={self.scorer!r}")
         if self.reweight_p is not None and not self.reweight_p > 0:
             raise ValueError(f"reweight_p={self.reweight_p} must be > 0 (or None for no re-weighting)")
 
@@ -183,7 +187,7 @@ class CausalSelfAttention(nn.Module):
         self.c_attn, self.c_proj = nn.Linear(C, C + 2 * self.kv_size, bias=False), nn.Linear(C, C, bias=False)
         if SCORERS[config.scorer].forget:  # FoX: f = w_f x + b_f per head (b_f starts at 0: sigmoid 1/2)
             self.fgate = nn.Linear(C, H, bias=True)
-            nn.init.zeros_(self.fgate.bias)
+            nn.init.constant_(self.fgate.bias, config.fgate_bias_init)
         # per head; a fixed one is a buffer, so it is still saved
         # one kept > low is stored raw, used as low + softplus(raw)
         self.params = [prm for prm in SCORERS[config.scorer].params if not prm.only_if or getattr(config, prm.only_if)]

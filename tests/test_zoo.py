@@ -63,6 +63,16 @@ def test_fox_model_gate_reads_the_layer_input_and_a_gate_at_one_gives_the_softma
     torch.testing.assert_close(fox(idx, idx)[0], soft(idx, idx)[0])
 
 
+def test_fgate_bias_init_starts_foxs_forget_gates_near_one_and_is_refused_on_scorers_without_a_gate():
+    cfg = dict(n_layer=2, n_head=2, n_embd=16, vocab_size=32, block_size=16, pos="nope")
+    fox = GPT(GPTConfig(scorer="fox", fgate_bias_init=4.0, **cfg))
+    assert all((b.attn.fgate.bias == 4.0).all() for b in fox.transformer.h)  # f = sigmoid(4 + w x) ~ 0.98
+    for scorer, value in (("softmax", 4.0), ("fox", math.inf)):
+        with pytest.raises(ValueError, match=f"option fgate_bias_init={value!r} applies only to a scorer with a "
+                                             f"forget gate \\(fox\\), finite; scorer='{scorer}'"):
+            GPTConfig(scorer=scorer, fgate_bias_init=value, **cfg)
+
+
 def test_fox_model_on_the_triton_kernels_matches_the_reference_and_decodes_through_the_kv_cache():
     # the fused path (interpreted on CPU) reads the model's c (B, nh, offset + T), carried in the cache
     torch.manual_seed(0)
