@@ -183,8 +183,14 @@ def test_model_runs_the_backend_auto_picks_and_matches_the_reference(variant, mo
     torch.testing.assert_close(logits, logits_ref, rtol=1e-5, atol=1e-5)
     loss.backward()
     loss_ref.backward()
-    for (name, a), b in zip(fast.named_parameters(), ref.parameters()):
-        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
+    exact = GPT(_tiny(**VARIANTS[variant], backend="torch")).double()  # float64: what both fp32 paths round
+    exact.load_state_dict(ref.state_dict())
+    exact(idx, idx)[1].backward()
+    for (name, a), b, c in zip(fast.named_parameters(), ref.parameters(), exact.parameters()):
+        # re-weighting amplifies rounding on nearly uniform rows (about p / (n P - 1)): the fp32 reference's own
+        # error, not the path's, can pass the tolerance, so the path is held to it against float64
+        own = (b.grad.double() - c.grad).abs().max().item()
+        torch.testing.assert_close(a.grad.double(), c.grad, rtol=1e-4, atol=1e-6 + 2 * own, msg=name)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
