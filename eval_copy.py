@@ -138,7 +138,8 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rope_method", choices=ROPE_METHODS, default="none", help="none: the trained θ at any length")
     p.add_argument("--rope_scale", type=float, default=1.0)
-    p.add_argument("--logit_scale", choices=rescale.KINDS, help="rescale softmax's logits, training-free")
+    p.add_argument("--logit_scale", type=rescale.kind, metavar="KIND",
+                  help=f"rescale softmax's logits, training-free: {', '.join(rescale.KINDS)} or a factor c")
     p.add_argument("--llama4_floor", type=int, default=rescale.LLAMA4_FLOOR, help="llama4's floor scale F")
     p.add_argument("--labels", nargs="+", help="names of the checkpoints (default: scorer #i)")
     p.add_argument("--out_dir", default="out-eval-copy")

@@ -202,7 +202,8 @@ def main(argv=None):
     p.add_argument("--out_dir", default="out-eval-long")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: model.auto_backend")
-    p.add_argument("--logit_scale", choices=rescale.KINDS, help="rescale softmax's logits, training-free")
+    p.add_argument("--logit_scale", type=rescale.kind, metavar="KIND",
+                  help=f"rescale softmax's logits, training-free: {', '.join(rescale.KINDS)} or a factor c")
     p.add_argument("--llama4_floor", type=int, default=rescale.LLAMA4_FLOOR, help="llama4's floor scale F")
     args = p.parse_args(argv)
     if not args.ckpt and not args.fading:

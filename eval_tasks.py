@@ -190,7 +190,8 @@ def main(argv=None):
     ap.add_argument("--rope", nargs="+", default=["plain"], choices=["plain", "theta", "dynamic_ntk"],
                     help="RoPE models: plain theta, theta x L/N, or Dynamic NTK (NoPE models ignore it)")
     ap.add_argument("--diagnose", type=int, default=0, help="sequences for the attention diagnostics (0: none)")
-    ap.add_argument("--logit_scale", choices=rescale.KINDS, help="rescale a softmax model's logits, training-free")
+    ap.add_argument("--logit_scale", type=rescale.kind, metavar="KIND",
+                   help=f"rescale a softmax model's logits, training-free: {', '.join(rescale.KINDS)} or a factor c")
     ap.add_argument("--llama4_floor", type=int, default=rescale.LLAMA4_FLOOR, help="llama4's floor scale F")
     tracking.add_args(ap)
     a = ap.parse_args(argv)

@@ -6,14 +6,39 @@ row i's key count (its 1-based position), N the training length, L the evaluated
 - qwen: max(1, log n_i / log N): Qwen's log-n attention scaling;
 - yarn: (0.1 ln(L/N) + 1)^2 for L > N, else 1: YaRN's attention temperature (on q and k; here all on q);
 - llama4: 1 + 0.1 log(floor(n_i / F) + 1): Llama 4's attention temperature tuning, floor scale F = 8,192. Below
-  F tokens it is 1, so at N = 32 (tested to 4,096 tokens) it does nothing with Llama 4's F; the suite sets F = N.
+  F tokens it is 1, so at N = 32 (tested to 4,096 tokens) it does nothing with Llama 4's F; the suite sets F = N;
+- a number c > 0 (e.g. "2"): every row's logits times c, a constant temperature (the control for "is it the scale or
+  its growth with n": SSMax at s = 1 multiplies by log n_i, which grows past N; c does not).
 """
+import argparse
 import math
 
 import torch
 
 KINDS = ("qwen", "yarn", "llama4")
 LLAMA4_FLOOR = 8192
+
+
+def constant(kind):
+    """The factor c of a constant kind ("2": logits times 2), None for one of KINDS; ValueError for anything else."""
+    if kind in KINDS:
+        return None
+    try:
+        c = float(kind)
+    except (TypeError, ValueError):
+        c = math.nan
+    if not (math.isfinite(c) and c > 0):
+        raise ValueError(f"--logit_scale {kind!r}: one of {', '.join(KINDS)}, or a factor c > 0")
+    return c
+
+
+def kind(text):
+    """--logit_scale's argparse type: one of KINDS or a factor c > 0 (as "%g"), else one error line."""
+    try:
+        c = constant(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text if c is None else f"{c:g}"
 
 
 def factors(kind, L, N, floor=LLAMA4_FLOOR):
@@ -28,7 +53,7 @@ def factors(kind, L, N, floor=LLAMA4_FLOOR):
     elif kind == "llama4":
         f = 1.0 + 0.1 * torch.log(torch.floor(n / floor) + 1.0)
     else:
-        raise ValueError(f"unknown --logit_scale {kind!r}; allowed: {', '.join(KINDS)}")
+        f = torch.full_like(n, constant(kind))
     return f.float()
 
 

@@ -11,6 +11,7 @@ resumes; other settings refuse in one line unless redo=True (the run is made aga
 import contextlib, json, math, multiprocessing, os, runpy, sys, time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Optional
 
 from lib import config, plans
 from lib.folders import held
@@ -43,12 +44,14 @@ SETTINGS = {  # train.py overrides; {log_N}: log of training length
 }
 # training-free rescalings of each seed's softmax run: evaluated, not trained (eval_tasks.py's flags; {N}: N)
 RESCALED = {"softmax-qwen": ["--logit_scale", "qwen"], "softmax-yarn": ["--logit_scale", "yarn"],
-            "softmax-llama4": ["--logit_scale", "llama4", "--llama4_floor", "{N}"]}
+            "softmax-llama4": ["--logit_scale", "llama4", "--llama4_floor", "{N}"],
+            # constant temperatures: the scale without its growth in n, not trained (first-control)
+            "softmax-x2": ["--logit_scale", "2"], "softmax-x3": ["--logit_scale", "3"]}
 SETTINGS.update(dict.fromkeys(RESCALED, SETTINGS["softmax"]))
 CORE = ["softmax", "ssmax", "ssmax-fixed-s", "ssa", "lssa", "lssar"]
 CONTROLS = ["sigmoid", "softmax-logN", "ssmax-s0.5", "ssmax-s2", "softmax-wd0", "ssmax-wd0"]
 ZOO = ["softpick", "stickbreaking", "fox"]
-RESCALINGS = list(RESCALED)
+RESCALINGS = ["softmax-qwen", "softmax-yarn", "softmax-llama4"]  # the published ones
 LONG, SHORT = (1, 2, 4, 8, 16, 32, 64, 128), (1, 2, 4, 8, 16)  # test lengths L / N
 
 
@@ -61,6 +64,7 @@ class Entry:
     diagnose: bool = False  # attention diagnostics (attention.csv)
     seeds: int = 5
     settings: tuple = ("softmax", "ssmax")
+    n_eval: Optional[int] = None  # prompts per length and condition (None: the suite's, N_EVAL)
 
 
 SUITE = {
@@ -84,6 +88,10 @@ SUITE = {
     # FIRST with 4x the iterations: is its verdict the budget too? (--tasks first-long; RESULTS.md)
     "first-long": Entry("first", ("max_iters=6000", "lr_decay_iters=6000", "eval_interval=3000"), LONG, seeds=10,
                         settings=("softmax", "ssmax", "softmax-logN")),
+    # the ceiling-free control (issue #47; results/first-control/plan.md): growth in n or the scale? FIRST to 1,024 N,
+    # where SSMax s = 1 and Qwen's log n sat at 1.000 up to 128 N; 32 prompts a length: 1,024 N costs 68 s a run
+    "first-control": Entry("first", (), (*LONG, 256, 512, 1024), seeds=20, n_eval=32, settings=(
+        "softmax", "softmax-logN", "ssmax-fixed-s", "softmax-x2", "softmax-x3", "softmax-qwen")),
 }
 DEFAULT_TASKS = ["first", "recall", "recall-rope", "every", "some", "linear"]
 # the comparison a quick run can decide (issue #47): recall at 800 iterations, where every one of the full suite's
@@ -149,7 +157,7 @@ def run_one(task, setting, seed, runs, n_eval, e, over, redo=False):
         record(marker, train)
     t1 = time.time()
     N = _block_size(trained)
-    args = ["--lengths", *[str(m * N) for m in e.multiples], "--n", str(n_eval), "--rope", *e.ropes,
+    args = ["--lengths", *[str(m * N) for m in e.multiples], "--n", str(e.n_eval or n_eval), "--rope", *e.ropes,
             "--diagnose", str(32 if e.diagnose else 0), *(x.format(N=N) for x in RESCALED.get(setting, []))]
     settings, evaluated = os.path.join(out, "eval_settings.json"), os.path.join(out, "eval", "per_prompt.csv")
     if not (os.path.isfile(evaluated) and reuse(settings, dict(train=train, eval=args), f"the evaluation {out}/eval",
@@ -232,7 +240,8 @@ def suite(runs, results, todo, jobs, n_eval, command, task_names, redo, syntheti
     setup = dict(command=command, wall_s=round(wall), jobs=jobs, n_eval=n_eval,
                  settings={s: SETTINGS[s] for s in dict.fromkeys(s for _, s, _ in todo)}, ran=recorded(runs, todo),
                  tasks={t: dict(config=SUITE[t].config, extra=SUITE[t].extra, multiples=SUITE[t].multiples,
-                                seeds=sorted({seed for tt, _, seed in todo if tt == t})) for t in task_names})
+                                seeds=sorted({seed for tt, _, seed in todo if tt == t}),
+                                n_eval=SUITE[t].n_eval or n_eval) for t in task_names})
     if began:
         setup["plan"] = plans.finish(results, began)
     synthetic_report.report(runs, results, todo, setup)

@@ -32,7 +32,7 @@ CLAIMS = {"ssmax": "SSMax paper (logits x s log n)", "ssmax-fixed-s": "Chiang & 
           "softmax-llama4": "Llama 4's temperature tuning (training-free, F = N)"}
 # verdict endpoints: (condition, rope, multiple; None = longest)
 PRIMARY = {"first": [("", "nope", None)], "recall": [("", "nope", None)], "recall-long": [("", "nope", None)],
-           "first-long": [("", "nope", None)],
+           "first-long": [("", "nope", None)], "first-control": [("", "nope", None)],
            "recall-rope": [("", r, None) for r in ("plain", "theta", "dynamic_ntk")],
            "every": [("sigma=10", "nope", None)], "some": [("sigma=10", "nope", None)],
            "linear": [("sigma=4", "plain", 1)]}
@@ -42,7 +42,8 @@ NOTES = {t: "accuracy is flat from 1 N to 16 N: the task tests deviant values, n
 CONTRASTS = [("ssmax-fixed-s", "softmax-logN"), ("ssmax", "softmax-logN"), ("softmax-logN", "softmax"),
              ("ssmax-s0.5", "ssmax-fixed-s"), ("ssmax-s2", "ssmax-fixed-s"), ("softmax-wd0", "softmax"),
              ("ssmax-wd0", "ssmax"), ("sigmoid", "softmax"), ("softpick", "softmax"),
-             ("softmax-qwen", "ssmax-fixed-s")]  # log n without training vs trained
+             ("softmax-qwen", "ssmax-fixed-s"),  # log n without training vs trained
+             ("softmax-x2", "softmax"), ("softmax-x3", "softmax")]  # a constant temperature, not trained
 
 
 def gather(runs, todo):

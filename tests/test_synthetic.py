@@ -175,6 +175,24 @@ def test_the_suite_trains_evaluates_reports_and_skips_finished_runs(tmp_path, mo
     assert last["ran"] and json.load(open(res / "summary.json"))["ran"]["first/softmax"][-2] == "batch_size=2"
 
 
+def test_an_entrys_own_prompt_count_and_a_constant_temperature_evaluate_the_softmax_runs(tmp_path, monkeypatch):
+    tiny = ("max_iters=2", "eval_interval=2", "n_embd=16", "ffn_hidden=32", "batch_size=4")
+    monkeypatch.setattr(synthetic, "REPO_OUT", str(tmp_path))
+    monkeypatch.setitem(synthetic.SUITE, "first-control", dataclasses.replace(
+        synthetic.SUITE["first-control"], extra=tiny, multiples=(1, 2), n_eval=3))  # 3 prompts, not the suite's 4
+    synthetic.main(jobs=1, n_eval=4, settings=["softmax", "softmax-x2"], task_names=["first-control"], seeds=[0])
+    runs = tmp_path / "out-synthetic"
+    assert not (runs / "first-control-softmax-x2-s0" / "ckpt.pt").exists()  # not trained: softmax's, rescaled
+    evals = json.load(open(runs / "first-control-softmax-x2-s0" / "eval_settings.json"))["eval"]
+    assert evals[evals.index("--n") + 1] == "3" and evals[-2:] == ["--logit_scale", "2"]
+    rows = list(csv.DictReader(open(tmp_path / "out-results" / "synthetic" / "accuracy.csv")))
+    assert {r["n"] for r in rows} == {"3"} and {r["setting"] for r in rows} == {"softmax", "softmax-x2"}
+    summary = json.load(open(tmp_path / "out-results" / "synthetic" / "summary.json"))
+    assert summary["tasks"]["first-control"]["n_eval"] == 3
+    assert [(c["a"], c["b"]) for c in summary["tasks_summary"]["first-control"]["contrasts"]] == [
+        ("softmax-x2", "softmax")]
+
+
 @pytest.mark.parametrize("argv,words", [
     (["--quick"], "--quick does nothing with --suite lm"),
     (["--suite", "synthetic", "--variants", "ssa", "--scale", "cpu_char"],

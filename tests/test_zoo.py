@@ -102,8 +102,11 @@ def test_training_free_rescalings_have_the_published_factors():
     llama = rescale.factors("llama4", 100, 32, floor=32)  # n_i = 32..63: floor 1; 64..95: 2; 96..: 3
     assert (llama[:31] == 1).all() and math.isclose(llama[31], 1 + 0.1 * math.log(2), rel_tol=1e-6)
     assert math.isclose(llama[95], 1 + 0.1 * math.log(4), rel_tol=1e-6)
-    with pytest.raises(ValueError, match="unknown --logit_scale 'ntk'"):
-        rescale.factors("ntk", 8, 4)
+    assert (rescale.factors("2.5", 4096, 32) == 2.5).all()  # a constant temperature: every row, every length
+    assert rescale.kind("2.50") == "2.5" and rescale.kind("qwen") == "qwen"  # --logit_scale's values, as labelled
+    for bad in ("ntk", "0", "-1", "inf", "nan"):
+        with pytest.raises(ValueError, match=f"--logit_scale '{bad}': one of qwen, yarn, llama4, or a factor c > 0"):
+            rescale.factors(bad, 8, 4)
 
 
 def test_a_rescaled_softmax_model_equals_one_whose_query_weights_carry_the_factor():
