@@ -37,8 +37,7 @@ def sdpa_attention(q, k, v, scorer, *, p=None, offset=0, **params):
     if entry.forget:
         c = params["c"].to(torch.promote_types(q.dtype, torch.float32))
         bias = c[..., offset:, None] - c[..., None, :]  # (B, H, Tq, Tk)
-        causal = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril(offset)
-        mask = bias.masked_fill(~causal, -math.inf).to(q.dtype)
+        mask = bias.masked_fill(~scorers._rows(Tq, Tk, offset, q.device)[1], -math.inf).to(q.dtype)
     elif offset and Tq > 1:  # a chunk after a cache: bottom-right causal
         from torch.nn.attention.bias import causal_lower_right  # torch >= 2.2
         mask = causal_lower_right(Tq, Tk)

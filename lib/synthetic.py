@@ -88,8 +88,9 @@ SUITE = {
     # FIRST with 4x the iterations: is its verdict the budget too? (--tasks first-long; RESULTS.md)
     "first-long": Entry("first", ("max_iters=6000", "lr_decay_iters=6000", "eval_interval=3000"), LONG, seeds=10,
                         settings=("softmax", "ssmax", "softmax-logN")),
-    # the ceiling-free control (issue #47; results/first-control/plan.md): growth in n or the scale? FIRST to 1,024 N,
-    # where SSMax s = 1 and Qwen's log n sat at 1.000 up to 128 N; 32 prompts a length: 1,024 N costs 68 s a run
+    # the ceiling-free control (issue #47; results/synthetic-first-control/plan.md): growth in n or the scale? FIRST
+    # to 1,024 N, where SSMax s = 1 and Qwen's log n sat at 1.000 up to 128 N; 32 prompts a length: 1,024 N costs
+    # 68 s a run
     "first-control": Entry("first", (), (*LONG, 256, 512, 1024), seeds=20, n_eval=32, settings=(
         "softmax", "softmax-logN", "ssmax-fixed-s", "softmax-x2", "softmax-x3", "softmax-qwen")),
 }
