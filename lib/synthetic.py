@@ -65,6 +65,8 @@ class Entry:
     seeds: int = 5
     settings: tuple = ("softmax", "ssmax")
     n_eval: Optional[int] = None  # prompts per length and condition (None: the suite's, N_EVAL)
+    first_seed: int = 0  # seeds first_seed, ..., first_seed + seeds - 1
+    recipes: tuple = ()  # (setting, train.py overrides) pairs: a setting's own recipe on this entry
 
 
 SUITE = {
@@ -94,6 +96,20 @@ SUITE = {
     "first-control": Entry("first", (), (*LONG, 256, 512, 1024), seeds=20, n_eval=32, settings=(
         "softmax", "softmax-logN", "ssmax-fixed-s", "softmax-x2", "softmax-x3", "softmax-qwen")),
 }
+# The recipe or the scorer? (issue #47 item 5; results/synthetic-lr/plan.md) Every setting that missed a gate or came
+# out below softmax in results/synthetic, and softmax itself, at half a decade either side of the suite's lr 3e-3
+# (min_lr = lr / 10, as the task configs), 5 seeds each: first-lr0.001, ..., recall-lr0.01
+LRS = (1e-3, 3e-3, 1e-2)
+SWEPT = {"first": ("softmax", "ssa", "softpick", "fox"),
+         "recall": ("softmax", "ssa", "softpick", "stickbreaking", "fox")}
+
+
+def recipe(lr):
+    return f"learning_rate={lr:g}", f"min_lr={lr / 10:g}"
+
+
+SUITE.update({f"{t}-lr{lr:g}": Entry(t, recipe(lr), LONG, seeds=5, settings=s) for t, s in SWEPT.items()
+              for lr in LRS})
 DEFAULT_TASKS = ["first", "recall", "recall-rope", "every", "some", "linear"]
 # the comparison a quick run can decide (issue #47): recall at 800 iterations, where every one of the full suite's
 # 10 seeds differed (p = 2/1024); ~50 s a run, 20 runs on 2 workers ~9 min. FIRST's 6 seeds could not (p >= 2/16)
@@ -105,7 +121,7 @@ def overrides(task, setting):
     """train.py's overrides of one run, {log_N} filled in from the task's training length."""
     e = SUITE[task]
     N = config.parse_args([os.path.join(REPO, "configs", "tasks", f"{e.config}.py"), *e.extra])["block_size"]
-    return [*e.extra, *(o.format(log_N=math.log(N)) for o in SETTINGS[setting])]
+    return [*e.extra, *(o.format(log_N=math.log(N)) for o in SETTINGS[setting]), *dict(e.recipes).get(setting, ())]
 
 
 def _one_core():  # one core per worker, `jobs` workers at once
@@ -178,8 +194,9 @@ def _block_size(out):
 
 def plan(task_names, settings=None, seeds=None):
     """[(task, setting, seed)] of the runs: each task's own settings and seed count unless given."""
+    own = {t: range(SUITE[t].first_seed, SUITE[t].first_seed + SUITE[t].seeds) for t in task_names}
     return [(t, s, seed) for t in task_names for s in (settings or SUITE[t].settings) if s in SETTINGS
-            for seed in (seeds if seeds is not None else range(SUITE[t].seeds))]
+            for seed in (seeds if seeds is not None else own[t])]
 
 
 def recorded(runs, todo):
@@ -191,6 +208,27 @@ def recorded(runs, todo):
         text = open(path).read().strip() if os.path.isfile(path) else ""
         if text:
             out.setdefault(f"{t}/{s}", [o for o in json.loads(text)["overrides"] if not o.startswith("seed=")])
+    return out
+
+
+def select_lr(rows):
+    """The sweep's choice by its committed rule (results/synthetic-lr/plan.md), from its accuracy.csv rows: {task:
+    {setting: lr}}. Eligible: the rates whose mean over seeds passes the gate at N (accuracy >= 0.95); among them the
+    highest mean at the longest length; none eligible: the highest mean at N. Means are compared to 3 decimals; a tie
+    goes to the suite's 3e-3, then to the lower rate."""
+    means = {}
+    for r in rows:
+        task, lr = r["task"].rsplit("-lr", 1)
+        if r["condition"] == "" and r["rope"] == "nope":
+            key = (task, r["setting"], float(lr), int(r["length"]) // int(r["train_length"]))
+            means.setdefault(key, []).append(float(r["accuracy"]))
+    mean = {k: round(sum(v) / len(v), 3) for k, v in means.items()}
+    out = {}
+    for task, setting in sorted({k[:2] for k in mean}):
+        top = max(k[3] for k in mean if k[:2] == (task, setting))
+        ok = [lr for lr in LRS if mean.get((task, setting, lr, 1), -1) >= 0.95]
+        score = lambda lr: mean.get((task, setting, lr, top if ok else 1), -1)  # noqa: E731
+        out.setdefault(task, {})[setting] = max(ok or LRS, key=lambda lr: (score(lr), lr == 3e-3, -lr))
     return out
 
 
@@ -214,6 +252,10 @@ def main(quick=False, jobs=2, n_eval=N_EVAL, settings=None, task_names=None, nam
         os.makedirs(results, exist_ok=True)
         suite(runs, results, plan(task_names, settings, seeds), jobs, n_eval, command, task_names, redo,
               synthetic_report, began)
+        if any("-lr" in t for t in task_names):  # a sweep: its choice of rate, by the committed rule
+            chosen = select_lr(synthetic_report.compare.read_csv(os.path.join(results, "accuracy.csv")))
+            record(os.path.join(results, "selected.json"), chosen)
+            print(f"selected learning rates: {chosen}")
 
 
 def suite(runs, results, todo, jobs, n_eval, command, task_names, redo, synthetic_report, began=None):

@@ -10,7 +10,7 @@ comparisons; each verdict and control table reports Holm's adjusted p over its o
 settings both sit at a bound on every seed (accuracy 1.000, a horizon at the longest length) is "at ceiling": no
 interval, and no equivalence read from it.
 """
-import csv, gzip, io, json, math, os
+import csv, gzip, io, json, math, os, re
 
 import numpy as np
 
@@ -36,6 +36,14 @@ PRIMARY = {"first": [("", "nope", None)], "recall": [("", "nope", None)], "recal
            "recall-rope": [("", r, None) for r in ("plain", "theta", "dynamic_ntk")],
            "every": [("sigma=10", "nope", None)], "some": [("sigma=10", "nope", None)],
            "linear": [("sigma=4", "plain", 1)]}
+
+
+def primary(task):
+    """A task's verdict endpoints; a learning-rate sweep's entry (<task>-lr<rate>) and its tuned run (<task>-tuned,
+    each setting at its chosen rate) have their task's."""
+    return PRIMARY.get(task) or PRIMARY.get(re.sub(r"-(lr[0-9.e-]+|tuned)$", "", task), [])
+
+
 # notes that decide a task's verdict
 NOTES = {t: "accuracy is flat from 1 N to 16 N: the task tests deviant values, not length" for t in ("every", "some")}
 # (a, b) by seed: growth in n vs scale alone, and confounds
@@ -85,8 +93,8 @@ def summarize(acc):
     for task, t in out.items():
         t["gate"] = gate(t["cells"], task)
         t["horizons"] = horizons(t["cells"])
-        t["verdicts"] = [verdict(t, task, *p) for p in PRIMARY.get(task, [])]
-        t["contrasts"] = [contrast(t, a, b, *p) for p in PRIMARY.get(task, [])[:1] for a, b in CONTRASTS
+        t["verdicts"] = [verdict(t, task, *p) for p in primary(task)]
+        t["contrasts"] = [contrast(t, a, b, *p) for p in primary(task)[:1] for a, b in CONTRASTS
                           if {a, b} <= {c["setting"] for c in t["cells"]}]
         for rows, p in (([v for vs in t["verdicts"] for v in vs], "sign_flip_p"), (t["contrasts"], None)):
             for r, h in zip(rows, compare.holm([r[p] if p else r["accuracy"]["sign_flip_p"] for r in rows])):
@@ -187,7 +195,7 @@ def report(runs, results, todo, setup):
         w.writerows(prompts)
     from lib.checkpoint import run_info
     summary = write(results, acc, {**setup, "run_info": run_info()})
-    synthetic_figures.draw(summary, att, results, PRIMARY, BELOW_N)
+    synthetic_figures.draw(summary, att, results, {task: primary(task) for task in summary}, BELOW_N)
     for task, t in summary.items():
         print(f"{task}: gate {'passed' if t['gate']['passed'] else 'FAILED: ' + ', '.join(t['gate']['failed'])}")
 

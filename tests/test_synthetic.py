@@ -209,3 +209,52 @@ def test_reproduce_argument_errors_name_the_argument(argv, words):
     with pytest.raises(SystemExit) as e:
         reproduce.main(argv)
     assert str(e.value.code).startswith("error: ") and words in str(e.value.code)
+
+
+def _rows(task, setting, at_n, at_top):  # accuracy.csv rows of 2 seeds: mean at_n at N, at_top at 128 N
+    return [dict(task=task, setting=setting, seed=str(seed), condition="", rope="nope", train_length="32",
+                 length=str(32 * m), accuracy=str(a)) for seed in (0, 1) for m, a in ((1, at_n), (128, at_top))]
+
+
+def test_the_sweep_picks_the_rate_by_its_committed_rule():
+    rows = [*_rows("recall-lr0.001", "fox", 0.99, 0.30), *_rows("recall-lr0.003", "fox", 0.90, 0.60),
+            *_rows("recall-lr0.01", "fox", 0.96, 0.25),  # 3e-3 misses the gate: 1e-3 has the higher mean at 128 N
+            *_rows("recall-lr0.001", "ssa", 0.80, 0.10), *_rows("recall-lr0.003", "ssa", 0.85, 0.05),
+            *_rows("recall-lr0.01", "ssa", 0.70, 0.40),  # none passes: the highest mean at N
+            *_rows("first-lr0.001", "softmax", 1.0, 0.5), *_rows("first-lr0.003", "softmax", 1.0, 0.5),
+            *_rows("first-lr0.01", "softmax", 1.0, 0.5004),  # equal to 3 decimals: the suite's 3e-3
+            *_rows("first-lr0.001", "fox", 1.0, 0.4), *_rows("first-lr0.01", "fox", 1.0, 0.4)]  # then the lower
+    assert synthetic.select_lr(rows) == {"recall": {"fox": 1e-3, "ssa": 3e-3},
+                                         "first": {"softmax": 3e-3, "fox": 1e-3}}
+
+
+def test_a_sweep_entry_trains_at_its_rate_and_records_the_rate_its_rule_picks(tmp_path, monkeypatch):
+    tiny = ("max_iters=2", "eval_interval=2", "n_embd=16", "ffn_hidden=32", "batch_size=4")
+    assert synthetic.overrides("recall-lr0.01", "fox") == ["learning_rate=0.01", "min_lr=0.001", "scorer=fox"]
+    assert synthetic.SUITE["recall-lr0.001"].settings == synthetic.SWEPT["recall"]
+    monkeypatch.setattr(synthetic, "REPO_OUT", str(tmp_path))
+    for lr in synthetic.LRS:
+        name = f"first-lr{lr:g}"
+        e = synthetic.SUITE[name]
+        monkeypatch.setitem(synthetic.SUITE, name, dataclasses.replace(e, extra=(*e.extra, *tiny), multiples=(1, 2)))
+    synthetic.main(jobs=2, n_eval=2, settings=["softmax"], task_names=[f"first-lr{lr:g}" for lr in synthetic.LRS],
+                   seeds=[0], name="sweep")
+    ckpt = torch.load(tmp_path / "out-sweep" / "first-lr0.01-softmax-s0" / "ckpt.pt", weights_only=True)
+    assert ckpt["config"]["learning_rate"] == 0.01 and ckpt["config"]["min_lr"] == 0.001
+    res = tmp_path / "out-results" / "sweep"
+    chosen = json.load(open(res / "selected.json"))
+    assert chosen == synthetic.select_lr(compare.read_csv(str(res / "accuracy.csv"))) and set(chosen) == {"first"}
+    verdicts = json.load(open(res / "summary.json"))["tasks_summary"]["first-lr0.001"]["verdicts"]
+    assert verdicts == [[]]  # softmax alone: its task's endpoint, no claim to test
+
+
+def test_an_entrys_own_recipes_and_first_seed_decide_its_runs():
+    e = synthetic.Entry("recall", ("max_iters=9",), settings=("softmax", "fox"), seeds=2, first_seed=10,
+                        recipes=(("fox", synthetic.recipe(1e-2)),))
+    synthetic.SUITE["t-tuned"] = e
+    try:
+        assert synthetic.overrides("t-tuned", "fox")[-2:] == ["learning_rate=0.01", "min_lr=0.001"]
+        assert "learning_rate=0.01" not in synthetic.overrides("t-tuned", "softmax")
+        assert synthetic.plan(["t-tuned"]) == [("t-tuned", s, seed) for s in ("softmax", "fox") for seed in (10, 11)]
+    finally:
+        del synthetic.SUITE["t-tuned"]
