@@ -31,12 +31,17 @@ from tasks import TASKS, get_batch, min_length, target_positions
 # ----------------------------------------------------------------------------------------------------------------
 # Loading and scoring: accuracy (or MSE) vs length
 
-def load(path, **overrides):
-    """(model, checkpoint) of a task run; overrides change model fields (e.g. backend)."""
+def load(path, device="cpu", **overrides):
+    """(model, checkpoint) of a task run on device (None: where the run trained, train.py's "auto" as cuda when
+    there is one); overrides change model fields (e.g. backend)."""
     ckpt = read_checkpoint(path)
+    device = device or ckpt["config"].get("device", "cpu")
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"{path} asks for device {device!r}, and this machine has no CUDA device: use --device cpu")
     model = build_model(GPTConfig(**{**ckpt["model_args"], **overrides}), ckpt["config"].get("task", ""))
     model.load_state_dict(ckpt["model"])
-    return model.eval(), ckpt
+    return model.to(device).eval(), ckpt
 
 
 def setting(c):
@@ -64,15 +69,16 @@ BATCH = 16  # test sequences scored at once
 def score(model, c, L, n, stream, batch=BATCH):
     """Per sequence: (1/0 for a right/wrong final answer (its last scored position), its loss in nats), or eq. 2's
     MSE (linear)."""
-    task, out = TASKS[c.task], []
+    task, out, dev = TASKS[c.task], [], model.lm_head.weight.device
     for i in range(0, n, batch):
-        x, y = get_batch(c, stream, torch.arange(i, min(n, i + batch)), L, test=True)
+        x, y = (t.to(dev) for t in get_batch(c, stream, torch.arange(i, min(n, i + batch)), L, test=True))
         logits, _ = model(x, y)
         if task.loss == "mse":
             scored = ~torch.isnan(y)
             out += (((logits.squeeze(-1) - y.nan_to_num()) ** 2 * scored).sum(1) / scored.sum(1)).tolist()
             continue
-        last = (((y != -1) & ~torch.isnan(y.float())) * torch.arange(L)).argmax(1)  # the final answer's position
+        # the final answer's position
+        last = (((y != -1) & ~torch.isnan(y.float())) * torch.arange(L, device=dev)).argmax(1)
         at, want = logits[torch.arange(len(x)), last].float(), y[torch.arange(len(x)), last]
         pred = (at.squeeze(-1) > 0).float() if task.loss == "bce" else at.argmax(-1)
         nll = (F.binary_cross_entropy_with_logits(at.squeeze(-1), want, reduction="none") if task.loss == "bce"
@@ -89,7 +95,7 @@ def diagnose(model, c, L, n, stream):
     """Per layer and head, over n test sequences: the final row's attention mass on the target token, its entropy,
     and the uniform mass 1/n for comparison (the SSMax paper's Figs. 1, 7, 8, without an LM's floor effect)."""
     x, _ = get_batch(c, stream, torch.arange(n), L, test=True)
-    P = model.attention_rows(x, rows=(-1,))[:, :, :, 0]  # (n_layer, B, nh, L)
+    P = model.attention_rows(x.to(model.lm_head.weight.device), rows=(-1,))[:, :, :, 0].cpu()  # (layer, B, nh, L)
     tgt = target_positions(c, x)
     ok = tgt >= 0
     mass = P[:, ok, :, :].gather(-1, tgt[ok].view(1, -1, 1, 1).expand(P.size(0), -1, P.size(2), 1))[..., 0]
@@ -117,8 +123,10 @@ OUTPUTS = ("accuracy.csv", "attention.csv", "per_prompt.csv")  # per_prompt.csv 
 
 def check(runs, lengths, n, diag_n):
     """Every checkpoint a task run, every length one its task has, the longest within this machine's memory."""
-    free, batch = tracking.memory_available(), max(min(BATCH, n), diag_n)  # score's batch, or diagnose's
+    batch = max(min(BATCH, n), diag_n)  # score's batch, or diagnose's
     for path, model, ckpt in runs:
+        dev = model.lm_head.weight.device
+        free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else tracking.memory_available()
         c = SimpleNamespace(**ckpt["config"])
         if getattr(c, "task", None) not in TASKS:
             raise ValueError(f"{path} is a language model, not a task run (its config names no task of tasks.py)")
@@ -134,11 +142,12 @@ def check(runs, lengths, n, diag_n):
                              f"available; lengths up to {free // per:,} fit")
 
 
-def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0, logit_scale=None, floor=rescale.LLAMA4_FLOOR):
+def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0, logit_scale=None, floor=rescale.LLAMA4_FLOOR,
+             device="cpu"):
     """accuracy.csv, per_prompt.csv (and attention.csv with diag_n > 0) for every checkpoint, written after each
     one (main writes them to a folder that becomes --out_dir when all are done); lengths sorted. logit_scale: a
-    training-free rescaling of softmax's logits (lib/rescale.py), its name appended to the setting."""
-    runs = [(p, *load(p)) for p in paths]  # check every input before the first evaluation
+    training-free rescaling of softmax's logits (lib/rescale.py), its name appended to the setting; device: load's."""
+    runs = [(p, *load(p, device)) for p in paths]  # check every input before the first evaluation
     check(runs, lengths, n, diag_n)
     rescale.check([model.config.scorer for _, model, _ in runs], logit_scale)
     os.makedirs(out_dir, exist_ok=True)
@@ -193,6 +202,7 @@ def main(argv=None):
     ap.add_argument("--logit_scale", type=rescale.kind, metavar="KIND",
                    help=f"rescale a softmax model's logits, training-free: {', '.join(rescale.KINDS)} or a factor c")
     ap.add_argument("--llama4_floor", type=int, default=rescale.LLAMA4_FLOOR, help="llama4's floor scale F")
+    ap.add_argument("--device", help="cpu, cuda, ... (default: where each run trained; auto: cuda if there is one)")
     tracking.add_args(ap)
     a = ap.parse_args(argv)
     if a.n < 2 or a.diagnose < 0 or min(a.lengths) < 1 or a.llama4_floor < 1:
@@ -201,7 +211,7 @@ def main(argv=None):
     try:
         with folders.results_dir(a.out_dir, OUTPUTS) as out:
             acc, _ = evaluate(a.ckpt, sorted(set(a.lengths)), a.n, out, a.rope, a.diagnose, a.logit_scale,
-                              a.llama4_floor)
+                              a.llama4_floor, a.device)
         if a.wandb:
             tracking.log_table(a.wandb_project, f"tasks {os.path.basename(os.path.abspath(a.out_dir))}", acc, a.out_dir)
     except (ValueError, OSError, tracking.TrackingError, folders.FolderError) as e:  # CheckpointError is a ValueError

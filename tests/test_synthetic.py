@@ -15,7 +15,7 @@ import torch
 
 import eval_tasks
 import reproduce
-from lib import compare, config, runs, synthetic, synthetic_report
+from lib import compare, config, runs, synthetic, synthetic_report, synthetic_suite
 from model import GPT, GPTConfig, attention
 
 
@@ -204,6 +204,7 @@ def test_an_entrys_own_prompt_count_and_a_constant_temperature_evaluate_the_soft
     (["--suite", "synthetic", "--tasks", "nosuch"], "--tasks nosuch: unknown"),
     (["--suite", "synthetic", "--settings", "first", "--jobs", "2"], "--settings first: unknown"),
     (["--suite", "synthetic", "--jobs", "0"], "--jobs 0: must be >= 1"),
+    (["--suite", "synthetic", "--scale", "gpu", "--quick"], "--quick with --scale gpu"),
 ])
 def test_reproduce_argument_errors_name_the_argument(argv, words):
     with pytest.raises(SystemExit) as e:
@@ -211,19 +212,19 @@ def test_reproduce_argument_errors_name_the_argument(argv, words):
     assert str(e.value.code).startswith("error: ") and words in str(e.value.code)
 
 
-def _rows(task, setting, at_n, at_top):  # accuracy.csv rows of 2 seeds: mean at_n at N, at_top at 128 N
+def _sweep_rows(task, setting, at_n, at_top):  # accuracy.csv rows of 2 seeds: mean at_n at N, at_top at 128 N
     return [dict(task=task, setting=setting, seed=str(seed), condition="", rope="nope", train_length="32",
                  length=str(32 * m), accuracy=str(a)) for seed in (0, 1) for m, a in ((1, at_n), (128, at_top))]
 
 
 def test_the_sweep_picks_the_rate_by_its_committed_rule():
-    rows = [*_rows("recall-lr0.001", "fox", 0.99, 0.30), *_rows("recall-lr0.003", "fox", 0.90, 0.60),
-            *_rows("recall-lr0.01", "fox", 0.96, 0.25),  # 3e-3 misses the gate: 1e-3 has the higher mean at 128 N
-            *_rows("recall-lr0.001", "ssa", 0.80, 0.10), *_rows("recall-lr0.003", "ssa", 0.85, 0.05),
-            *_rows("recall-lr0.01", "ssa", 0.70, 0.40),  # none passes: the highest mean at N
-            *_rows("first-lr0.001", "softmax", 1.0, 0.5), *_rows("first-lr0.003", "softmax", 1.0, 0.5),
-            *_rows("first-lr0.01", "softmax", 1.0, 0.5004),  # equal to 3 decimals: the suite's 3e-3
-            *_rows("first-lr0.001", "fox", 1.0, 0.4), *_rows("first-lr0.01", "fox", 1.0, 0.4)]  # then the lower
+    rows = [*_sweep_rows("recall-lr0.001", "fox", 0.99, 0.30), *_sweep_rows("recall-lr0.003", "fox", 0.90, 0.60),
+            *_sweep_rows("recall-lr0.01", "fox", 0.96, 0.25),  # 3e-3 misses the gate: 1e-3 has the higher mean at 128 N
+            *_sweep_rows("recall-lr0.001", "ssa", 0.80, 0.10), *_sweep_rows("recall-lr0.003", "ssa", 0.85, 0.05),
+            *_sweep_rows("recall-lr0.01", "ssa", 0.70, 0.40),  # none passes: the highest mean at N
+            *_sweep_rows("first-lr0.001", "softmax", 1.0, 0.5), *_sweep_rows("first-lr0.003", "softmax", 1.0, 0.5),
+            *_sweep_rows("first-lr0.01", "softmax", 1.0, 0.5004),  # equal to 3 decimals: the suite's 3e-3
+            *_sweep_rows("first-lr0.001", "fox", 1.0, 0.4), *_sweep_rows("first-lr0.01", "fox", 1.0, 0.4)]  # then the lower
     assert synthetic.select_lr(rows) == {"recall": {"fox": 1e-3, "ssa": 3e-3},
                                          "first": {"softmax": 3e-3, "fox": 1e-3}}
 
@@ -258,3 +259,25 @@ def test_an_entrys_own_recipes_and_first_seed_decide_its_runs():
         assert synthetic.plan(["t-tuned"]) == [("t-tuned", s, seed) for s in ("softmax", "fox") for seed in (10, 11)]
     finally:
         del synthetic.SUITE["t-tuned"]
+
+
+def test_the_gpu_scale_runs_its_own_tasks_and_refuses_in_one_line_without_cuda(tmp_path, monkeypatch):
+    for t in synthetic.GPU["tasks"]:
+        e = synthetic.SUITE[t]
+        assert e.seeds == 10 and e.multiples[-1] == 64 and e.settings == synthetic_suite.GPU_SETTINGS
+        args = config.parse_args([os.path.join(synthetic.REPO, "configs", "tasks", f"{e.config}.py"), *e.extra])
+        assert (args["n_layer"], args["n_embd"], args["block_size"], args["device"]) == (4, 256, 256, "cuda")
+    monkeypatch.setattr(synthetic, "REPO_OUT", str(tmp_path))
+    if not torch.cuda.is_available():
+        with pytest.raises(runs.StepError, match="the GPU scale trains on CUDA, and this machine has none"):
+            synthetic.main(scale="gpu")
+    tiny = ("max_iters=2", "eval_interval=2", "n_embd=16", "ffn_hidden=32", "batch_size=4", "block_size=32")
+    for t in synthetic.GPU["tasks"]:  # the same path on this machine's device, tiny
+        over = tuple(o for o in synthetic.SUITE[t].extra if not o.startswith("device=")) + (
+            f"device={'cuda' if torch.cuda.is_available() else 'cpu'}", *tiny)
+        monkeypatch.setitem(synthetic.SUITE, t, dataclasses.replace(synthetic.SUITE[t], extra=over, multiples=(1, 2)))
+    synthetic.main(scale="gpu", jobs=2, n_eval=2, seeds=[0], settings=["softmax", "softmax-qwen"])
+    summary = json.load(open(tmp_path / "out-results" / "synthetic-gpu" / "summary.json"))
+    assert summary["command"].startswith("python reproduce.py --suite synthetic --scale gpu")
+    assert set(summary["tasks_summary"]) == {"first-gpu", "recall-gpu"} and summary["jobs"] == 2
+    assert summary["ran"]["recall-gpu/softmax"][:3] == list(synthetic.SUITE["recall-gpu"].extra[:3])

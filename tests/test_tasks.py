@@ -285,3 +285,8 @@ def test_eval_writes_accuracy_with_wilson_intervals_and_attention_diagnostics(tm
     with pytest.raises(SystemExit) as e:
         eval_tasks.main([ckpts[0], str(lm), "--lengths", "8", "--out_dir", str(tmp_path / "ev3")])
     assert "is a language model, not a task run" in str(e.value.code) and not (tmp_path / "ev3").exists()
+    if not torch.cuda.is_available():  # a device this machine lacks: one line, nothing written
+        with pytest.raises(SystemExit) as e:
+            eval_tasks.main([ckpts[0], "--lengths", "8", "--device", "cuda", "--out_dir", str(tmp_path / "ev4")])
+        assert "asks for device 'cuda', and this machine has no CUDA device" in str(e.value.code)
+        assert not (tmp_path / "ev4").exists()
