@@ -67,9 +67,9 @@ def _stage1(x, kind, n, mask, ln_n):
         rest = F.logsigmoid(x).sub_(x)  # log(1 - sigmoid(x))
         rest[..., -m:].mul_(strict)
         after = F.pad(rest[..., 1:], (0, 1)).flip(-1).cumsum_(-1).flip(-1)  # over k > j: exact, no total - prefix
-        A = after.add_(rest).add_(x).exp_()  # rest + x = log sigmoid(x)
-        A[..., -m:].mul_(strict)
-        return A, None
+        A = after.add_(rest).add_(x)  # rest + x = log sigmoid(x)
+        A[..., -m:].masked_fill_(strict == 0, -math.inf)  # before exp: a future key's large x would make inf * 0
+        return A.exp_(), None
     if kind == "softplus":  # lssa's A = softplus(u) is bounded: plain sums
         A = F.softplus(x)
         A[..., -m:].mul_(mask)

@@ -37,7 +37,7 @@ def _run(script, argv, log):
             runpy.run_path(path, run_name="__main__")
         except SystemExit as e:
             if e.code:
-                raise StepError(f"{e.code} (log: {log})") from None
+                raise StepError(f"{str(e.code).removeprefix('error: ')} (log: {log})") from None  # one "error: "
         finally:
             sys.argv = saved
 

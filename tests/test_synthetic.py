@@ -281,3 +281,12 @@ def test_the_gpu_scale_runs_its_own_tasks_and_refuses_in_one_line_without_cuda(t
     assert summary["command"].startswith("python reproduce.py --suite synthetic --scale gpu")
     assert set(summary["tasks_summary"]) == {"first-gpu", "recall-gpu"} and summary["jobs"] == 2
     assert summary["ran"]["recall-gpu/softmax"][:3] == list(synthetic.SUITE["recall-gpu"].extra[:3])
+
+
+def test_a_run_that_fails_is_one_error_line_naming_its_log(tmp_path, monkeypatch):
+    monkeypatch.setattr(synthetic, "REPO_OUT", str(tmp_path))
+    monkeypatch.setitem(synthetic.SUITE, "first", dataclasses.replace(synthetic.SUITE["first"], extra=(
+        "fgate_bias_init=1.0",)))  # refused by train.py: softmax has no forget gate
+    with pytest.raises(runs.StepError) as e:
+        synthetic.main(jobs=1, n_eval=2, settings=["softmax"], task_names=["first"], seeds=[0])
+    assert str(e.value).startswith("option fgate_bias_init=1.0 applies only") and "(log: " in str(e.value)  # one "error: "

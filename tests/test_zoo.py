@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lib import rescale
-from model import GPT, GPTConfig, attention, attention_weights
+from model import GPT, SCORERS, GPTConfig, attention, attention_weights
 
 
 def _qkv(T=12, D=8, seed=0, B=2, H=2):
@@ -154,6 +154,25 @@ def test_stickbreaking_fused_first_row_is_zero_and_every_beta_one_takes_the_near
         out.backward(torch.randn_like(out))
         assert all(torch.isfinite(x.grad).all() for x in (q, k_, v)) and (q.grad[..., 0, :] == 0).all()
         assert (v.grad[..., -1, :] == 0).all()  # the last key: no row after it
+
+
+@pytest.mark.parametrize("backend", [b for b in SCORERS["stickbreaking"].backends if b != "torch"])
+def test_stickbreaking_stays_finite_when_a_future_keys_logit_is_past_exps_range(backend):
+    # later keys score up to ~400 (fp32's exp overflows past 88): the cut future keys must not turn exp's inf into
+    # inf * 0 = nan, as kernels_cpu's did (every recall run at lr 1e-2 stopped with a nan loss; the reference trained)
+    q, k, v = _qkv(T=40, D=16, B=1, H=2)  # D 16: the Triton kernel's least
+    k[..., 0] = torch.arange(40, dtype=torch.float64) * 4.0
+    q[..., 0] = 10.0
+    want = [x.requires_grad_() for x in (q, k, v)]
+    ref = attention(*want, "stickbreaking")
+    ref.backward(torch.ones_like(ref))
+    got = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    out = attention(*got, "stickbreaking", backend=backend)
+    out.backward(torch.ones_like(out))
+    assert (q @ k.transpose(-2, -1) / 4).max() > 300
+    torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-4, atol=1e-4)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.grad.double(), w.grad, rtol=1e-3, atol=1e-3)
 
 
 def test_stickbreaking_model_on_the_triton_kernels_matches_the_reference_and_decodes_through_the_kv_cache():
