@@ -101,6 +101,14 @@ def recipe(lr):
 
 SUITE.update({f"{t}-lr{lr:g}": Entry(t, recipe(lr), LONG, seeds=5, settings=s) for t, s in SWEPT.items()
               for lr in LRS})
+# Stage 2 (results/synthetic-tuned/plan.md): each swept setting at the rate stage 1's rule chose
+# (results/synthetic-lr/selected.json; tests check it against select_lr of that run's accuracy.csv), on 10 fresh
+# seeds, 10-19: the verdicts, against softmax at its own chosen rate
+TUNED = {"first": {"softmax": 1e-2, "ssa": 1e-3, "softpick": 1e-3, "fox": 3e-3},
+         "recall": {"softmax": 3e-3, "ssa": 3e-3, "softpick": 3e-3, "stickbreaking": 3e-3, "fox": 3e-3}}
+SUITE.update({f"{t}-tuned": Entry(t, (), LONG, seeds=10, first_seed=10, settings=SWEPT[t], recipes=tuple(
+    (s, recipe(lr)) for s, lr in TUNED[t].items())) for t in SWEPT})
+
 # The suite at GPU scale (issue #47 item 7; `reproduce.py --suite synthetic --scale gpu`, results/synthetic-gpu/):
 # FIRST and recall with 4 layers x 4 heads x 256 wide at N = 256, to 64 N, 10 seeds; bf16 training, fp32
 # evaluation, GPU["jobs"] runs side by side on the one GPU. Budgets and rate: provisional until a GPU pilot

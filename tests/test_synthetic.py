@@ -290,3 +290,14 @@ def test_a_run_that_fails_is_one_error_line_naming_its_log(tmp_path, monkeypatch
     with pytest.raises(runs.StepError) as e:
         synthetic.main(jobs=1, n_eval=2, settings=["softmax"], task_names=["first"], seeds=[0])
     assert str(e.value).startswith("option fgate_bias_init=1.0 applies only") and "(log: " in str(e.value)  # one "error: "
+
+
+def test_stage_twos_rates_are_what_the_committed_sweeps_rule_chose():
+    results = os.path.join(synthetic.REPO, "results", "synthetic-lr")
+    chosen = synthetic.select_lr(compare.read_csv(os.path.join(results, "accuracy.csv")))
+    assert synthetic_suite.TUNED == chosen == json.load(open(os.path.join(results, "selected.json")))
+    for task, rates in chosen.items():
+        e = synthetic.SUITE[f"{task}-tuned"]
+        assert e.settings == synthetic.SWEPT[task] and list(synthetic.plan([f"{task}-tuned"]))[0][2] == 10
+        for setting, lr in rates.items():
+            assert synthetic.overrides(f"{task}-tuned", setting)[-2:] == list(synthetic.recipe(lr))
