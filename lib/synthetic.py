@@ -130,8 +130,10 @@ def main(quick=False, jobs=None, n_eval=N_EVAL, settings=None, task_names=None, 
         suite(runs, results, plan(task_names, settings, seeds), jobs, n_eval, command, task_names, redo,
               synthetic_report, began)
         if any("-lr" in t for t in task_names):  # a sweep: its choice of rate, by the committed rule
-            chosen = select_lr(synthetic_report.compare.read_csv(os.path.join(results, "accuracy.csv")))
+            rows = synthetic_report.compare.read_csv(os.path.join(results, "accuracy.csv"))
+            chosen = select_lr(rows)
             record(os.path.join(results, "selected.json"), chosen)
+            synthetic_report.synthetic_figures.sweep(rows, chosen, os.path.join(results, "sweep.png"))
             print(f"selected learning rates: {chosen}")
 
 

@@ -4,7 +4,8 @@ The synthetic suite's figures, drawn from synthetic_report.summarize's numbers (
 - horizons.png, the headline: per task, each seed's horizon by setting (log axis), accuracy vs L/N (every seed and
   the mean), and each setting minus softmax paired by seed (mean, 95 % t interval, each seed's difference);
 - accuracy.png: every task, condition and RoPE evaluation: the mean over seeds with its 95 % t band;
-- attention.png: the retrieval head's mass on the target and its entropy vs L/N (attention.csv).
+- attention.png: the retrieval head's mass on the target and its entropy vs L/N (attention.csv);
+- sweep.png: a learning-rate sweep's accuracy at N and at the longest length against the rate, seeds as dots.
 """
 import math, os
 
@@ -135,3 +136,42 @@ def draw(summary, att, results, primary, below_n):
     accuracy(summary, os.path.join(results, "accuracy.png"))
     if att:
         attention(att, os.path.join(results, "attention.png"))
+
+
+def sweep(rows, chosen, path, gate=0.95):
+    """sweep.png: a learning-rate sweep (tasks <task>-lr<rate>), per task its accuracy at L = N (the gate) and at the
+    longest length against the rate, every seed a dot, the mean a line; a ring marks the rate the rule chose."""
+    acc = {}
+    for r in rows:
+        if r["condition"] == "" and r["rope"] == "nope":
+            task, lr = r["task"].rsplit("-lr", 1)
+            m = int(r["length"]) // int(r["train_length"])
+            acc.setdefault((task, r["setting"], m), {}).setdefault(float(lr), []).append(float(r["accuracy"]))
+    tasks = list(dict.fromkeys(k[0] for k in acc))
+    top = {t: max(k[2] for k in acc if k[0] == t) for t in tasks}
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(11, 3.8 * len(tasks)), layout="constrained")
+    axes = fig.subplots(len(tasks), 2, squeeze=False)
+    rng = np.random.default_rng(0)  # jitter only
+    for t, row in zip(tasks, axes):
+        settings = list(dict.fromkeys(k[1] for k in acc if k[0] == t))
+        for ax, m in zip(row, (1, top[t])):
+            for i, s in enumerate(settings):
+                by_lr = acc.get((t, s, m), {})
+                lrs = sorted(by_lr)
+                x = np.array(lrs) * 2 ** ((i - len(settings) / 2) * 0.06)  # settings side by side
+                for xi, lr in zip(x, lrs):
+                    ax.scatter(xi * 2 ** rng.uniform(-0.03, 0.03, len(by_lr[lr])), by_lr[lr], s=9, alpha=0.6,
+                               color=COLORS.get(s, "k"))
+                ax.plot(x, [np.mean(by_lr[lr]) for lr in lrs], "-", color=COLORS.get(s, "k"), label=s, lw=1.2)
+                pick = chosen.get(t, {}).get(s)
+                if pick in lrs:
+                    ax.scatter([x[lrs.index(pick)]], [np.mean(by_lr[pick])], s=90, facecolors="none",
+                               edgecolors=COLORS.get(s, "k"), lw=1.5)
+            if m == 1:
+                ax.axhline(gate, color="k", lw=0.6, ls=":")
+            ax.set(xscale="log", xlabel="learning rate", ylabel="accuracy", ylim=(-0.02, 1.02),
+                   title=f"{t}, {m} N" + (" (the gate)" if m == 1 else " (the primary endpoint)"))
+        row[0].legend(fontsize=7, loc="lower left")
+    fig.suptitle("Learning-rate sweep: every seed (dots), the mean (line), the rate the rule chose (ring)", fontsize=10)
+    fig.savefig(path, dpi=100)

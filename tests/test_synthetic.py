@@ -244,6 +244,7 @@ def test_a_sweep_entry_trains_at_its_rate_and_records_the_rate_its_rule_picks(tm
     assert ckpt["config"]["learning_rate"] == 0.01 and ckpt["config"]["min_lr"] == 0.001
     res = tmp_path / "out-results" / "sweep"
     chosen = json.load(open(res / "selected.json"))
+    assert (res / "sweep.png").stat().st_size > 0  # accuracy against the rate, every seed
     assert chosen == synthetic.select_lr(compare.read_csv(str(res / "accuracy.csv"))) and set(chosen) == {"first"}
     verdicts = json.load(open(res / "summary.json"))["tasks_summary"]["first-lr0.001"]["verdicts"]
     assert verdicts == [[]]  # softmax alone: its task's endpoint, no claim to test
