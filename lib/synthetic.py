@@ -150,7 +150,11 @@ def suite(runs, results, todo, jobs, n_eval, command, task_names, redo, syntheti
             futures = [pool.submit(run_one, t, s, seed, runs, n_eval, SUITE[t], overrides(t, s), redo)
                        for t, s, seed in round_]
             for f in futures:
-                r, done = f.result(), done + 1
+                try:
+                    r, done = f.result(), done + 1
+                except BaseException:  # stop now: queued runs would otherwise all run before the error shows
+                    pool.shutdown(cancel_futures=True)
+                    raise
                 print(f"[{done}/{len(todo)}] {r['task']} {r['setting']} seed {r['seed']}: train {r['train_s']} s, "
                       f"eval {r['eval_s']} s ({time.time() - t0:.0f} s so far)", flush=True)
                 with open(os.path.join(results, "steps.jsonl"), "a") as log:

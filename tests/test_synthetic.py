@@ -284,13 +284,16 @@ def test_the_gpu_scale_runs_its_own_tasks_and_refuses_in_one_line_without_cuda(t
     assert summary["ran"]["recall-gpu/softmax"][:3] == list(synthetic.SUITE["recall-gpu"].extra[:3])
 
 
-def test_a_run_that_fails_is_one_error_line_naming_its_log(tmp_path, monkeypatch):
+def test_a_run_that_fails_is_one_error_line_naming_its_log_and_the_queued_runs_do_not_start(tmp_path, monkeypatch):
     monkeypatch.setattr(synthetic, "REPO_OUT", str(tmp_path))
-    monkeypatch.setitem(synthetic.SUITE, "first", dataclasses.replace(synthetic.SUITE["first"], extra=(
-        "fgate_bias_init=1.0",)))  # refused by train.py: softmax has no forget gate
+    tiny = ("max_iters=2", "eval_interval=2", "n_embd=16", "ffn_hidden=32", "batch_size=4")
+    monkeypatch.setitem(synthetic.SUITE, "first", dataclasses.replace(synthetic.SUITE["first"], extra=tiny, recipes=(
+        ("softmax", ("fgate_bias_init=1.0",)),)))  # refused by train.py: softmax has no forget gate
     with pytest.raises(runs.StepError) as e:
-        synthetic.main(jobs=1, n_eval=2, settings=["softmax"], task_names=["first"], seeds=[0])
+        synthetic.main(jobs=1, n_eval=2, settings=["softmax", "ssmax"], task_names=["first"], seeds=[0, 1, 2])
     assert str(e.value).startswith("option fgate_bias_init=1.0 applies only") and "(log: " in str(e.value)  # one "error: "
+    started = {p.name for p in (tmp_path / "out-synthetic").glob("*.train.log")}
+    assert "first-ssmax-s2.train.log" not in started  # queued runs are cancelled, not run before the error shows
 
 
 def test_stage_twos_rates_are_what_the_committed_sweeps_rule_chose():
