@@ -224,7 +224,8 @@ def test_the_sweep_picks_the_rate_by_its_committed_rule():
             *_sweep_rows("recall-lr0.01", "ssa", 0.70, 0.40),  # none passes: the highest mean at N
             *_sweep_rows("first-lr0.001", "softmax", 1.0, 0.5), *_sweep_rows("first-lr0.003", "softmax", 1.0, 0.5),
             *_sweep_rows("first-lr0.01", "softmax", 1.0, 0.5004),  # equal to 3 decimals: the suite's 3e-3
-            *_sweep_rows("first-lr0.001", "fox", 1.0, 0.4), *_sweep_rows("first-lr0.01", "fox", 1.0, 0.4)]  # then the lower
+            *_sweep_rows("first-lr0.001", "fox", 1.0, 0.4),
+            *_sweep_rows("first-lr0.01", "fox", 1.0, 0.4)]  # no 3e-3: the lower rate
     assert synthetic.select_lr(rows) == {"recall": {"fox": 1e-3, "ssa": 3e-3},
                                          "first": {"softmax": 3e-3, "fox": 1e-3}}
 
@@ -291,7 +292,8 @@ def test_a_run_that_fails_is_one_error_line_naming_its_log_and_the_queued_runs_d
         ("softmax", ("fgate_bias_init=1.0",)),)))  # refused by train.py: softmax has no forget gate
     with pytest.raises(runs.StepError) as e:
         synthetic.main(jobs=1, n_eval=2, settings=["softmax", "ssmax"], task_names=["first"], seeds=[0, 1, 2])
-    assert str(e.value).startswith("option fgate_bias_init=1.0 applies only") and "(log: " in str(e.value)  # one "error: "
+    # one "error: " (reproduce.py adds it), the run's log named
+    assert str(e.value).startswith("option fgate_bias_init=1.0 applies only") and "(log: " in str(e.value)
     started = {p.name for p in (tmp_path / "out-synthetic").glob("*.train.log")}
     assert "first-ssmax-s2.train.log" not in started  # queued runs are cancelled, not run before the error shows
 
