@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from kernels_cpu import CHUNK
 from lib import folders, rescale, tracking
-from lib.checkpoint import build_model, read_checkpoint
+from lib.checkpoint import build_model, pick_device, read_checkpoint
 from lib.compare import unique_labels, wilson, write_csv
 from model import SCORERS, GPTConfig, auto_backend
 from tasks import TASKS, get_batch, min_length, target_positions
@@ -35,10 +35,10 @@ def load(path, device="cpu", **overrides):
     """(model, checkpoint) of a task run on device (None: where the run trained, train.py's "auto" as cuda when
     there is one); overrides change model fields (e.g. backend)."""
     ckpt = read_checkpoint(path)
-    device = device or ckpt["config"].get("device", "cpu")
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"{path} asks for device {device!r}, and this machine has no CUDA device: use --device cpu")
+    try:
+        device = pick_device(device or ckpt["config"].get("device", "cpu"))
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     model = build_model(GPTConfig(**{**ckpt["model_args"], **overrides}), ckpt["config"].get("task", ""))
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval(), ckpt

@@ -17,7 +17,7 @@ from lib.folders import held
 from lib.runs import StepError, judge, plain
 from lib.synthetic_suite import (  # noqa: F401 (the suite's definitions, for a reader and the tests)
     CONTROLS, CORE, DEFAULT_TASKS, GPU, LONG, LRS, N_EVAL, QUICK, REPO, RESCALED, RESCALINGS, SETTINGS, SHORT, SUITE,
-    SWEPT, ZOO, Entry, overrides, plan, recipe, select_lr)
+    SWEPT, ZOO, Entry, overrides, plan, recipe, select_lr, sweep_accuracy)
 
 REPO_OUT = REPO  # output root; tests point it elsewhere
 
@@ -106,8 +106,8 @@ def main(quick=False, jobs=None, n_eval=N_EVAL, settings=None, task_names=None, 
          redo=False, scale=None):
     from lib import synthetic_report  # heavy imports, needed only to report
     # the command as given, subsets and name included, so the report says how to rerun it
-    command = " ".join(["python reproduce.py --suite synthetic", *["--quick"] * quick, *[f"--scale {scale}"] * bool(
-        scale), *(
+    command = " ".join(["python reproduce.py --suite synthetic", *["--quick"] * quick,
+                        *[f"--scale {scale}"] * bool(scale), *(
         f"{flag} {' '.join(map(str, v))}" for flag, v in (("--tasks", task_names), ("--settings", settings),
                                                            ("--seeds", seeds), ("--name", name and [name])) if v),
         *["--commit-results"] * commit])
@@ -133,7 +133,7 @@ def main(quick=False, jobs=None, n_eval=N_EVAL, settings=None, task_names=None, 
             rows = synthetic_report.compare.read_csv(os.path.join(results, "accuracy.csv"))
             chosen = select_lr(rows)
             record(os.path.join(results, "selected.json"), chosen)
-            synthetic_report.synthetic_figures.sweep(rows, chosen, os.path.join(results, "sweep.png"))
+            synthetic_report.synthetic_figures.sweep(sweep_accuracy(rows), chosen, os.path.join(results, "sweep.png"))
             print(f"selected learning rates: {chosen}")
 
 

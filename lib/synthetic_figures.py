@@ -138,15 +138,13 @@ def draw(summary, att, results, primary, below_n):
         attention(att, os.path.join(results, "attention.png"))
 
 
-def sweep(rows, chosen, path, gate=0.95):
-    """sweep.png: a learning-rate sweep (tasks <task>-lr<rate>), per task its accuracy at L = N (the gate) and at the
-    longest length against the rate, every seed a dot, the mean a line; a ring marks the rate the rule chose."""
+def sweep(cells, chosen, path, gate=0.95):
+    """sweep.png: a learning-rate sweep (synthetic_suite.sweep_accuracy's cells), per task its accuracy at L = N (the
+    gate) and at the longest length against the rate, every seed a dot, the mean a line; a ring marks the rate the
+    rule chose."""
     acc = {}
-    for r in rows:
-        if r["condition"] == "" and r["rope"] == "nope":
-            task, lr = r["task"].rsplit("-lr", 1)
-            m = int(r["length"]) // int(r["train_length"])
-            acc.setdefault((task, r["setting"], m), {}).setdefault(float(lr), []).append(float(r["accuracy"]))
+    for (task, setting, lr, m), seeds in cells.items():
+        acc.setdefault((task, setting, m), {})[lr] = seeds
     tasks = list(dict.fromkeys(k[0] for k in acc))
     top = {t: max(k[2] for k in acc if k[0] == t) for t in tasks}
     from matplotlib.figure import Figure

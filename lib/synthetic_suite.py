@@ -141,18 +141,23 @@ def plan(task_names, settings=None, seeds=None):
             for seed in (seeds if seeds is not None else own[t])]
 
 
+def sweep_accuracy(rows):
+    """{(task, setting, lr, L/N): [each seed's accuracy]} of a sweep's accuracy.csv rows (tasks <task>-lr<rate>)."""
+    out = {}
+    for r in rows:
+        if r["condition"] == "" and r["rope"] == "nope":
+            task, lr = r["task"].rsplit("-lr", 1)
+            key = (task, r["setting"], float(lr), int(r["length"]) // int(r["train_length"]))
+            out.setdefault(key, []).append(float(r["accuracy"]))
+    return out
+
+
 def select_lr(rows):
     """The sweep's choice by its committed rule (results/synthetic-lr/plan.md), from its accuracy.csv rows: {task:
     {setting: lr}}. Eligible: the rates whose mean over seeds passes the gate at N (accuracy >= 0.95); among them the
     highest mean at the longest length; none eligible: the highest mean at N. Means are compared to 3 decimals; a tie
     goes to the suite's 3e-3, then to the lower rate."""
-    means = {}
-    for r in rows:
-        task, lr = r["task"].rsplit("-lr", 1)
-        if r["condition"] == "" and r["rope"] == "nope":
-            key = (task, r["setting"], float(lr), int(r["length"]) // int(r["train_length"]))
-            means.setdefault(key, []).append(float(r["accuracy"]))
-    mean = {k: round(sum(v) / len(v), 3) for k, v in means.items()}
+    mean = {k: round(sum(v) / len(v), 3) for k, v in sweep_accuracy(rows).items()}
     out = {}
     for task, setting in sorted({k[:2] for k in mean}):
         top = max(k[3] for k in mean if k[:2] == (task, setting))
