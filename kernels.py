@@ -111,15 +111,22 @@ BWD_TUNE_FP32 = [(64, 32, 8, 2), (32, 64, 4, 2), (32, 32, 4, 2)]
 FWD_CONFIGS, BWD_CONFIGS = _configs(FWD_TUNE + FWD_TUNE_FP32), _configs(BWD_TUNE + BWD_TUNE_FP32)
 
 
-def _pick(tune, tune_fp32):
-    """early_config_prune: the shapes of the inputs' dtype, less any whose fp32 accumulator (BLOCK_M x HEAD_DIM)
-    takes over 64 registers a thread (it spills). Pass 2 of re-weighting runs the config pass 1 was timed with, and
-    pass 1 has no accumulator, so timing alone would not rule those out."""
+def fits(kernel, shape, D):
+    """Each fp32 accumulator of a (BLOCK_M, BLOCK_N, warps, stages) tile within 64 registers a thread: BLOCK_M x D,
+    and dk/dv's two BLOCK_N x D. Past it dk/dv gave a wrong dk on an H100 (D = 128, 4 warps: (16, 64) and (32, 64);
+    a different error each run; every other config right, bench/README.md 2026-11-27); past it the forward spills."""
+    m, n, warps, _ = shape
+    return max(m, 2 * n if kernel == "dkdv" else 0) * D <= 64 * 32 * warps
+
+
+def _pick(tune, tune_fp32, kernel):
+    """early_config_prune: the shapes of the inputs' dtype that fit (above). Pass 2 of re-weighting runs the config
+    pass 1 was timed with, and pass 1 has no accumulator, so timing alone would not rule those out."""
     def prune(configs, named_args, **kwargs):
         D = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
         shapes = tune_fp32 if named_args["Q"].dtype == torch.float32 else tune
-        return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in shapes
-                and c.kwargs["BLOCK_M"] * D <= 64 * 32 * c.num_warps] or configs  # or: the interpreter's one
+        shape = lambda c: (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)  # noqa: E731
+        return [c for c in configs if shape(c) in shapes and fits(kernel, shape(c), D)] or configs  # interpreter's
     return prune
 
 
@@ -460,12 +467,13 @@ def _attn_bwd_dkdv(Q, K, V, DO, S, Bp, Np, QS, KS, M1, M2, DELTA, SIGMA, DK, DV,
 # STAGE not in the key: pass 2 runs pass 1's config, so it
 # recomputes its logits bit for bit (dtypes key implicitly)
 _attn_fwd_tuned = triton.autotune(FWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", *FLAGS],
-                                  prune_configs_by={"early_config_prune": _pick(FWD_TUNE, FWD_TUNE_FP32)})(_attn_fwd)
+                                  prune_configs_by={"early_config_prune": _pick(FWD_TUNE, FWD_TUNE_FP32, "fwd")})(
+    _attn_fwd)
 _attn_bwd_dq_tuned = triton.autotune(BWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", *FLAGS, "REWEIGHT", "EXACT_SIGMA"],
-                                     prune_configs_by={"early_config_prune": _pick(BWD_TUNE, BWD_TUNE_FP32)})(
+                                     prune_configs_by={"early_config_prune": _pick(BWD_TUNE, BWD_TUNE_FP32, "dq")})(
     _attn_bwd_dq)
 _attn_bwd_dkdv_tuned = triton.autotune(BWD_CONFIGS, key=["T_BUCKET", "HEAD_DIM", *FLAGS, "REWEIGHT"],
-                                       prune_configs_by={"early_config_prune": _pick(BWD_TUNE, BWD_TUNE_FP32)})(
+                                       prune_configs_by={"early_config_prune": _pick(BWD_TUNE, BWD_TUNE_FP32, "dkdv")})(
     _attn_bwd_dkdv)
 
 

@@ -8,7 +8,9 @@
 #     bash bench/gpu.sh bench64    # bench/attention.py at D = 64 and T = 2k, 8k
 #     bash bench/gpu.sh repro      # reproduce.py --scale gpu; rerun it: finished steps are skipped
 #     bash bench/gpu.sh train      # bench/train_speed.py: the 162M model (configs/ssmax.py), bf16, 30 steps a scorer,
-#                                  # eager and compiled: tokens/s, MFU, peak memory, attention path (SDPA's kernel)
+#                                  # eager and compiled: tokens/s, MFU, peak memory, attention path (SDPA's kernel);
+#                                  # extra arguments go to it (--scorers stickbreaking fox)
+#     bash bench/gpu.sh decode     # bench/decode_bwd.py: decode's backward, each dk/dv tile forced, 3 runs each
 #     bash bench/gpu.sh tune       # bench/stick_blocks.py: stick-breaking's tiles swept at the 162M model's shape
 #     LIMIT=300 bash bench/gpu.sh tiles     # bench/tiles.py: kernels.py's tiles, every scorer, D 64 (B 16, H 12,
 #                                           # T 1,024), ~4-5 min; extra arguments go to it (--scorers ssa lssa)
@@ -22,8 +24,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
-    tests|bench|bench64|repro|train|tune|tiles|tiles128|synthetic-pilot|synthetic) ;;
-    *) echo "usage: bash bench/gpu.sh tests|bench|bench64|repro|train|tune|tiles|tiles128|synthetic-pilot|synthetic" >&2
+    tests|bench|bench64|repro|train|decode|tune|tiles|tiles128|synthetic-pilot|synthetic) ;;
+    *) echo "usage: bash bench/gpu.sh tests|bench|bench64|repro|train|decode|tune|tiles|tiles128|synthetic-pilot|\
+synthetic" >&2
        exit 2 ;;
 esac
 out=${OUT:-bench/out}
@@ -46,8 +49,9 @@ case "${1:-}" in
     bench64) timeout $limit python3 bench/attention.py --D 64 --T 2048 8192 --out "$out/kernels_d64" \
                  > "$out/bench_d64.log" 2>&1 ;;
     repro) timeout $limit python3 reproduce.py --scale gpu > "$out/repro.log" 2>&1 ;;
-    train) timeout $limit python3 bench/train_speed.py --config configs/ssmax.py --steps 30 --compile \
+    train) timeout $limit python3 bench/train_speed.py --config configs/ssmax.py --steps 30 --compile "${@:2}" \
                > "$out/train_speed.log" 2>&1 ;;
+    decode) timeout $limit python3 bench/decode_bwd.py "${@:2}" > "$out/decode_bwd.log" 2>&1 ;;
     tune) timeout $limit python3 bench/stick_blocks.py --out "$out/stick_blocks" > "$out/stick_blocks.log" 2>&1 ;;
     # --budget: no candidate starts after it, so the summary and <out>.md are written before the limit
     tiles) timeout $limit python3 bench/tiles.py --budget $((limit - 30)) --out "$out/tiles_d64" "${@:2}" \

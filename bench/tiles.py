@@ -45,8 +45,8 @@ def runs_on_kernels_py(name):  # the row template's flags (kernels._prepare's te
     return "triton" in e.backends and tuple(e.kernel_flags().values())[:4] in kernels_math.KERNELS
 
 
-def pruned(cfg, D):  # kernels._pick drops a shape whose fp32 accumulator (BLOCK_M x D) takes > 64 registers a thread
-    return cfg[0] * D > 64 * 32 * cfg[2]
+def pruned(cfg, D, kernel):  # kernels._pick drops a shape whose fp32 accumulators take > 64 registers a thread
+    return not kernels.fits(kernel, cfg, D)
 
 
 # Tried beside the current lists (bf16): spill-free for every scorer by ptxas for sm_90 where the grid had such shapes
@@ -67,7 +67,7 @@ MEAS = COLS[11:18]  # the measured columns (printed)
 def candidates(kernel, D):
     """The current list first (the default's autotuning compiles it anyway), then NEW's; less what _pick drops."""
     new = NEW.get(D, {}).get("fwd" if kernel == "fwd" else "bwd", [])
-    return [c for c in dict.fromkeys(getattr(kernels, LISTS[kernel]) + new) if not pruned(c, D)]
+    return [c for c in dict.fromkeys(getattr(kernels, LISTS[kernel]) + new) if not pruned(c, D, kernel)]
 
 
 class _Forced:
@@ -245,7 +245,7 @@ def apply(rows, within=0.03):
         lines.append(f"{lst} = {chosen}")
         for s in chosen:
             covers = sorted(f"{k[0]} D{k[1]} {k[2]}" for k in near if s in near[k])
-            Ds = sorted({k[1] for k in near if s in near[k] and pruned(s, k[1])})
+            Ds = sorted({k[1] for k in near if s in near[k] and pruned(s, k[1], k[2])})
             lines.append(f"#   {s}: {', '.join(covers)}" + (f"  (kernels._pick prunes it at D = {Ds})" if Ds else ""))
     return lines
 

@@ -4,10 +4,10 @@
 #   16 batch x 1,024 tokens x 16 accum = 262,144 tokens/iter x 3,800 iters = 996,147,200 tokens
 # Time on one H100: 1,086,137,856 FLOP/token (model.GPT.flops_per_token(1024)) x 996,147,200 tokens = 1.08e18 FLOP;
 # at an assumed 30 % MFU of 989 TFLOP/s (bf16, eager PyTorch with the fused attention kernels; llm.c's fully fused
-# GPT-2 reaches ~40 %) that would be ~273,000 tokens/s = 61 min. Measured (bench/train_speed.py, H100, 2026-11-26,
-# 30 steps at this batch): 390,553 tokens/s compiled, 42.9 % MFU (eager 148,767) = 43 min, plus ~2 min of evals and
-# checkpoints. The Triton scorers took 2-3.5x as long (2026-11-26), when their kernels ran outside the compiled graph;
-# they are custom operators now, so compile=True traces every scorer as one graph (not re-measured on a GPU yet).
+# GPT-2 reaches ~40 %) that would be ~273,000 tokens/s = 61 min. Measured (bench/train_speed.py, H100, 2026-11-27,
+# 30 steps at this batch): 393,900 tokens/s compiled, 43.3 % MFU (eager 149,744) = 42 min, plus ~2 min of evals and
+# checkpoints. The Triton scorers, custom operators inside the compiled graph, take 1.2-1.5x as long (2026-11-27;
+# 2-3.5x on 2026-11-26, when their kernels ran outside it).
 # Data: dataset=fineweb_edu, the first 1B tokens of HuggingFaceFW/fineweb-edu sample-10BT, streamed on first use
 # (prepare_data.py; ~3 GB): one pass, no repeats. Offline: dataset=english (2.4M tokens: it overfits long before
 # 3,800 iters; lower max_iters). With torchrun, run `python prepare_data.py fineweb_edu` first.

@@ -210,12 +210,27 @@ def test_autotune_keeps_the_shapes_of_the_inputs_dtype_and_drops_tiles_whose_acc
     import triton
     configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
                for m, n, w, s in kernels.FWD_TUNE + kernels.FWD_TUNE_FP32]
-    prune = kernels._pick(kernels.FWD_TUNE, kernels.FWD_TUNE_FP32)
+    prune = kernels._pick(kernels.FWD_TUNE, kernels.FWD_TUNE_FP32, "fwd")
     kept = lambda dtype, D: [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)  # noqa: E731
                              for c in prune(configs, {"Q": torch.empty(0, dtype=dtype)}, HEAD_DIM=D)]
     assert kept(torch.bfloat16, 64) == kernels.FWD_TUNE  # 128 x 64 fp32 over 128 threads: 64 registers, fits
     assert kept(torch.bfloat16, 128) == [t for t in kernels.FWD_TUNE if t[:3] != (128, 64, 4)]
     assert kept(torch.float32, 128) == kernels.FWD_TUNE_FP32  # tf32x3 shapes that fit sm_90's shared memory
+
+
+def test_dkdv_autotune_drops_tiles_whose_dk_and_dv_accumulators_exceed_64_registers_a_thread():
+    # (32, 64) on 4 warps at D = 128 holds 2 x 64 x 128 fp32 over 128 threads: on an H100 its dk came out wrong,
+    # differently each run, where every other config was right (bench/README.md, 2026-11-27)
+    import triton
+    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+               for m, n, w, s in dict.fromkeys(kernels.BWD_TUNE + kernels.BWD_TUNE_FP32)]  # as kernels._configs
+    kept = lambda kernel, dtype, D: [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)  # noqa
+                                     for c in kernels._pick(kernels.BWD_TUNE, kernels.BWD_TUNE_FP32, kernel)(
+                                         configs, {"Q": torch.empty(0, dtype=dtype)}, HEAD_DIM=D)]
+    assert kept("dkdv", torch.bfloat16, 128) == [t for t in kernels.BWD_TUNE if t != (32, 64, 4, 2)]
+    assert (32, 64, 4, 2) in kept("dq", torch.bfloat16, 128)  # dq accumulates BLOCK_M x D only
+    assert kept("dkdv", torch.bfloat16, 64) == kept("dq", torch.bfloat16, 64) == kernels.BWD_TUNE
+    assert kept("dkdv", torch.float32, 128) == [(64, 32, 8, 2), (32, 32, 4, 2)]
 
 
 GPU_SHAPES = list(zip(kernels.FWD_TUNE + kernels.FWD_TUNE_FP32, kernels.BWD_TUNE + kernels.BWD_TUNE_FP32))

@@ -72,7 +72,8 @@ def test_apply_keeps_the_fewest_shapes_near_every_fastest_time():
 
 def test_default_candidates_are_shapes_the_autotuner_would_keep():
     for D, new in tiles.NEW.items():
-        assert not [c for c in new["fwd"] + new["bwd"] if tiles.pruned(c, D)], D  # else candidates() drops them
+        assert not [c for c in new["fwd"] if tiles.pruned(c, D, "fwd")], D  # else candidates() drops them
+        assert not [c for c in new["bwd"] for kernel in ("dq", "dkdv") if tiles.pruned(c, D, kernel)], D
         assert all(c in tiles.candidates("fwd", D) for c in new["fwd"]) and tiles.candidates("dq", D)[-1] in new["bwd"]
 
 
@@ -80,3 +81,16 @@ def test_bad_input_is_one_error_line(tmp_path):
     assert "stick_blocks" in one_line_error(tiles.main, ["--scorers", "stickbreaking"])
     assert "BLOCK_M,BLOCK_N" in one_line_error(tiles.main, ["--fwd", "128,64,4"])
     assert "no such CSV" in one_line_error(tiles.main, ["--apply", str(tmp_path / "none.csv")])
+
+
+def test_decode_backward_diagnostic_prints_a_row_per_config_and_run_and_restores_the_autotuner(capsys):
+    spec = importlib.util.spec_from_file_location("decode_bwd", os.path.join(ROOT, "bench", "decode_bwd.py"))
+    decode_bwd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(decode_bwd)
+    tuned = decode_bwd.kernels._attn_bwd_dkdv_tuned
+    decode_bwd.main(["--device", "cpu", "--offset", "40", "--D", "16", "--repeats", "2", "--scorers", "softmax"])
+    rows = [r.split(" | ") for r in capsys.readouterr().out.splitlines()[2:]]
+    assert [(r[1], r[2]) for r in rows] == [("autotuned (32, 32, 4, 1)", "0"), ("autotuned (32, 32, 4, 1)", "1"),
+                                            ("(32, 32, 4, 1)", "0"), ("(32, 32, 4, 1)", "1")]
+    assert all(float(r[5]) < 2e-2 for r in rows)  # dk against float64, relative to its largest entry
+    assert decode_bwd.kernels._attn_bwd_dkdv_tuned is tuned
