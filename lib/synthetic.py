@@ -17,7 +17,7 @@ from lib.folders import held
 from lib.runs import StepError, judge, plain
 from lib.synthetic_suite import (  # noqa: F401 (the suite's definitions, for a reader and the tests)
     CONTROLS, CORE, DEFAULT_TASKS, GPU, LONG, LRS, N_EVAL, QUICK, REPO, RESCALED, RESCALINGS, SETTINGS, SHORT, SUITE,
-    SWEPT, ZOO, Entry, overrides, plan, recipe, select_lr, sweep_accuracy)
+    RUNGS, SWEPT, ZOO, Entry, overrides, plan, recipe, select_budget, select_lr, sweep_accuracy)
 
 REPO_OUT = REPO  # output root; tests point it elsewhere
 
@@ -135,6 +135,14 @@ def main(quick=False, jobs=None, n_eval=N_EVAL, settings=None, task_names=None, 
             record(os.path.join(results, "selected.json"), chosen)
             synthetic_report.synthetic_figures.sweep(sweep_accuracy(rows), chosen, os.path.join(results, "sweep.png"))
             print(f"selected learning rates: {chosen}")
+        if sum(t in RUNGS for t in task_names) > 1:  # the GPU pilot's ladder: recall's budget, by the committed rule
+            rows = synthetic_report.compare.read_csv(os.path.join(results, "accuracy.csv"))
+            steps = [json.loads(line) for line in open(os.path.join(results, "steps.jsonl"))]
+            rung = select_budget(rows, steps)
+            record(os.path.join(results, "selected_budget.json"), dict(task=rung, batch_iters=RUNGS.get(rung)))
+            print(f"selected recall budget: {rung or 'none passes the gate at N'}"
+                  + (f" (batch, iterations {RUNGS[rung]}): bash bench/gpu.sh synthetic --tasks first-gpu {rung}"
+                     if rung else ""))
 
 
 def suite(runs, results, todo, jobs, n_eval, command, task_names, redo, synthetic_report, began=None):

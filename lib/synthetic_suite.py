@@ -119,7 +119,22 @@ GPU_MODEL = ("device=cuda", "n_layer=4", "n_head=4", "n_embd=256", "ffn_hidden=7
 GPU_SETTINGS = ("softmax", "ssmax", "softmax-logN", "softmax-qwen")
 SUITE.update({f"{t}-gpu": Entry(t, GPU_MODEL, LONG[:7], seeds=10, settings=GPU_SETTINGS)
               for t in ("first", "recall")})
-GPU = dict(tasks=["first-gpu", "recall-gpu"], jobs=8)
+# recall's budget is the pilot's to find (a CPU run of recall-gpu: 0.094 at N): a ladder of (batch, iterations), each
+# an entry, trained on seed 0 by the pilot; select_budget picks one by the plan's rule before the 10 seeds run. A
+# 4x batch costs little wall time where 8 small runs share the GPU (launch-bound), and gives 4x the queried pairs
+LADDER = ((32, 1500), (32, 4000), (128, 1500), (128, 4000))
+BUDGET_KEYS = ("batch_size", "max_iters", "lr_decay_iters", "eval_interval")
+
+
+def budget(batch, iters):
+    return (*(o for o in GPU_MODEL if o.split("=")[0] not in BUDGET_KEYS), f"batch_size={batch}",
+            f"max_iters={iters}", f"lr_decay_iters={iters}", f"eval_interval={iters}")
+
+
+RUNGS = {"recall-gpu" if (b, i) == LADDER[0] else f"recall-gpu-b{b}-i{i}": (b, i) for b, i in LADDER}
+SUITE.update({t: Entry("recall", budget(*r), LONG[:7], seeds=10, settings=GPU_SETTINGS) for t, r in RUNGS.items()
+              if t != "recall-gpu"})
+GPU = dict(tasks=["first-gpu", "recall-gpu"], pilot=["first-gpu", *RUNGS], jobs=8)
 DEFAULT_TASKS = ["first", "recall", "recall-rope", "every", "some", "linear"]
 # the comparison a quick run can decide (issue #47): recall at 800 iterations, where every one of the full suite's
 # 10 seeds differed (p = 2/1024); ~50 s a run, 20 runs on 2 workers ~9 min. FIRST's 6 seeds could not (p >= 2/16)
@@ -150,6 +165,26 @@ def sweep_accuracy(rows):
             key = (task, r["setting"], float(lr), int(r["length"]) // int(r["train_length"]))
             out.setdefault(key, []).append(float(r["accuracy"]))
     return out
+
+
+def select_budget(rows, steps):
+    """The GPU pilot's choice of recall's rung by its committed rule (results/synthetic-gpu/plan.md), from its
+    accuracy.csv rows and steps.jsonl records: eligible, a rung where every setting passes the gate at N (accuracy
+    >= 0.95, mean over the pilot's seeds); among them the least training time (its runs' train_s summed), then the
+    fewest tokens. None: no rung passes (recall is not testable at this scale within the ladder)."""
+    at_n = {}
+    for r in rows:
+        at_train_length = int(r["length"]) == int(r["train_length"])
+        if r["task"] in RUNGS and r["condition"] == "" and r["rope"] == "nope" and at_train_length:
+            at_n.setdefault((r["task"], r["setting"]), []).append(float(r["accuracy"]))
+    ok = [t for t in RUNGS if any(k[0] == t for k in at_n)
+          and all(sum(v) / len(v) >= 0.95 for k, v in at_n.items() if k[0] == t)]
+    runs = {}  # a run's training time: its longest record (a resumed call records a reused run's ~0 s again)
+    for x in steps:
+        key = x["task"], x["setting"], x["seed"]
+        runs[key] = max(runs.get(key, 0), x["train_s"])
+    train_s = lambda t: sum(v for k, v in runs.items() if k[0] == t)  # noqa: E731
+    return min(ok, key=lambda t: (train_s(t), RUNGS[t][0] * RUNGS[t][1]), default=None)
 
 
 def select_lr(rows):

@@ -274,7 +274,7 @@ def test_the_gpu_scale_runs_its_own_tasks_and_refuses_in_one_line_without_cuda(t
         with pytest.raises(runs.StepError, match="the GPU scale trains on CUDA, and this machine has none"):
             synthetic.main(scale="gpu")
     tiny = ("max_iters=2", "eval_interval=2", "n_embd=16", "ffn_hidden=32", "batch_size=4", "block_size=32")
-    for t in synthetic.GPU["tasks"]:  # the same path on this machine's device, tiny
+    for t in synthetic.GPU["pilot"]:  # the same path on this machine's device, tiny
         over = tuple(o for o in synthetic.SUITE[t].extra if not o.startswith("device=")) + (
             f"device={'cuda' if torch.cuda.is_available() else 'cpu'}", *tiny)
         monkeypatch.setitem(synthetic.SUITE, t, dataclasses.replace(synthetic.SUITE[t], extra=over, multiples=(1, 2)))
@@ -283,6 +283,43 @@ def test_the_gpu_scale_runs_its_own_tasks_and_refuses_in_one_line_without_cuda(t
     assert summary["command"].startswith("python reproduce.py --suite synthetic --scale gpu")
     assert set(summary["tasks_summary"]) == {"first-gpu", "recall-gpu"} and summary["jobs"] == 2
     assert summary["ran"]["recall-gpu/softmax"][:3] == list(synthetic.SUITE["recall-gpu"].extra[:3])
+    # the pilot: every rung of recall's ladder on seed 0, and the rung the rule picks (none: 2 iterations learn nothing)
+    synthetic.main(scale="gpu", jobs=2, n_eval=2, seeds=[0], settings=["softmax"], task_names=synthetic.GPU["pilot"],
+                   name="synthetic-gpu-pilot")
+    pilot = tmp_path / "out-results" / "synthetic-gpu-pilot"
+    assert set(json.load(open(pilot / "summary.json"))["tasks_summary"]) == set(synthetic.GPU["pilot"])
+    assert json.load(open(pilot / "selected_budget.json")) == {"task": None, "batch_iters": None}
+
+
+def test_recalls_budget_ladder_changes_only_the_budget_and_the_pilot_runs_every_rung():
+    base = synthetic.SUITE["recall-gpu"]
+    assert synthetic_suite.RUNGS["recall-gpu"] == synthetic_suite.LADDER[0] == (32, 1500)
+    assert set(synthetic.GPU["pilot"]) == {"first-gpu", *synthetic_suite.RUNGS}
+    for t, (batch, iters) in synthetic_suite.RUNGS.items():
+        e = synthetic.SUITE[t]
+        assert dataclasses.replace(e, extra=()) == dataclasses.replace(base, extra=())
+        assert {o for o in e.extra if o.split("=")[0] not in synthetic_suite.BUDGET_KEYS} == {
+            o for o in base.extra if o.split("=")[0] not in synthetic_suite.BUDGET_KEYS}
+        args = config.parse_args([os.path.join(synthetic.REPO, "configs", "tasks", "recall.py"), *e.extra])
+        assert (args["batch_size"], args["max_iters"], args["lr_decay_iters"]) == (batch, iters, iters)
+
+
+def test_the_pilot_picks_the_fastest_rung_where_every_setting_passes_the_gate_at_n():
+    def rows(task, acc):  # accuracy at N and at 2 N of each setting, seed 0
+        return [dict(task=task, setting=s, seed="0", length=str(m * 256), train_length="256", accuracy=str(a),
+                     condition="", rope="nope") for s, a in acc.items() for m in (1, 2)]
+    def steps(task, train_s):
+        return [dict(task=task, setting=s, seed=0, train_s=train_s) for s in ("softmax", "ssmax")]
+    slow, fast, half = "recall-gpu-b32-i4000", "recall-gpu-b128-i1500", "recall-gpu-b128-i4000"
+    acc = rows("recall-gpu", {"softmax": 0.1, "ssmax": 0.2}) + rows(slow, {"softmax": 0.97, "ssmax": 0.99}) + rows(
+        fast, {"softmax": 0.96, "ssmax": 1.0}) + rows(half, {"softmax": 1.0, "ssmax": 0.94})
+    times = steps("recall-gpu", 30) + steps(slow, 80) + steps(fast, 60) + steps(half, 10)
+    assert synthetic.select_budget(acc, times) == fast  # half is fastest, but one setting misses the gate
+    # a resumed pilot records a reused run again at ~0 s: a run's time is its longest record
+    assert synthetic.select_budget(acc, times + steps(slow, 0.1) + steps(fast, 0.1) + steps(slow, 50)) == fast
+    tied = steps("recall-gpu", 30) + steps(slow, 60) + steps(fast, 60)
+    assert synthetic.select_budget(acc, tied) == slow  # the same time: fewer tokens (32 x 4,000 < 128 x 1,500)
+    assert synthetic.select_budget([r for r in acc if r["task"] in ("recall-gpu", half)], times) is None
 
 
 def test_a_run_that_fails_is_one_error_line_naming_its_log_and_the_queued_runs_do_not_start(tmp_path, monkeypatch):
