@@ -13,17 +13,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "bench"), os.path.join(ROOT, "tests")]
 import kernels  # noqa: E402
 import model  # noqa: E402
-from tiles import NEW, _Forced, _cfg  # noqa: E402
+from tiles import NEW, _Forced, _cfg, _err  # noqa: E402
 
 
 def run(scorer, q, k, v, do, offset, dtype, backend="triton"):
     xs = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
     out = model.attention(*xs, scorer, offset=offset, backend=backend)
     return [out.detach(), *torch.autograd.grad(out, xs, do.to(dtype))]
-
-
-def err(a, r):
-    return (a.double() - r).abs().max().item() / r.abs().max().item()
 
 
 def main(argv=None):
@@ -54,13 +50,13 @@ def table(a, q, k, v, do):
     shapes = shapes if a.device == "cuda" else [(32, 32, 4, 1)]  # the interpreter's one config
     for scorer in a.scorers:
         ref = run(scorer, q, k, v, do, a.offset, torch.float64, "torch")
-        own = err(run(scorer, q, k, v, do, a.offset, torch.bfloat16, "torch")[2], ref[2])  # the rounding's own error
+        own = _err([run(scorer, q, k, v, do, a.offset, torch.bfloat16, "torch")[2]], [ref[2]])  # rounding's own
         for cfg in [None, *shapes]:  # dq at its autotuned pick throughout
             kernels._attn_bwd_dkdv_tuned = tuned if cfg is None else _Forced(tuned, cfg)
             for r in range(a.repeats):  # the autotuned row 0 includes the autotuning
                 try:
                     got = run(scorer, q, k, v, do, a.offset, torch.bfloat16)
-                    errs = " | ".join(f"{err(x, y):.2e}" for x, y in zip(got, ref))
+                    errs = " | ".join(f"{_err([x], [y]):.2e}" for x, y in zip(got, ref))
                 except Exception as e:  # noqa: BLE001 (a config that does not compile: shown, the rest go on)
                     errs = f"error: {str(e).splitlines()[0][:80]} | | |"
                 name = (f"autotuned {_cfg(getattr(tuned, 'best_config', None))}" if cfg is None else

@@ -40,8 +40,9 @@ PRIMARY = {"first": [("", "nope", None)], "recall": [("", "nope", None)], "recal
 
 def primary(task):
     """A task's verdict endpoints; a learning-rate sweep's entry (<task>-lr<rate>), its tuned run (<task>-tuned, each
-    setting at its chosen rate) and the GPU scale's (<task>-gpu) have their task's."""
-    return PRIMARY.get(task) or PRIMARY.get(re.sub(r"-(lr[0-9.e-]+|tuned|gpu)$", "", task), [])
+    setting at its chosen rate) and the GPU scale's (<task>-gpu, and recall's budget rungs <task>-gpu-b<B>-i<I>)
+    have their task's."""
+    return PRIMARY.get(task) or PRIMARY.get(re.sub(r"-(lr[0-9.e-]+|tuned|gpu(-b[0-9]+-i[0-9]+)?)$", "", task), [])
 
 
 # notes that decide a task's verdict

@@ -156,15 +156,20 @@ def plan(task_names, settings=None, seeds=None):
             for seed in (seeds if seeds is not None else own[t])]
 
 
-def sweep_accuracy(rows):
-    """{(task, setting, lr, L/N): [each seed's accuracy]} of a sweep's accuracy.csv rows (tasks <task>-lr<rate>)."""
+def accuracy_cells(rows):
+    """{(task, setting, L/N): [each seed's accuracy]} of accuracy.csv rows: the NoPE evaluation, no condition."""
     out = {}
     for r in rows:
         if r["condition"] == "" and r["rope"] == "nope":
-            task, lr = r["task"].rsplit("-lr", 1)
-            key = (task, r["setting"], float(lr), int(r["length"]) // int(r["train_length"]))
+            key = (r["task"], r["setting"], int(r["length"]) // int(r["train_length"]))
             out.setdefault(key, []).append(float(r["accuracy"]))
     return out
+
+
+def sweep_accuracy(rows):
+    """{(task, setting, lr, L/N): [each seed's accuracy]} of a sweep's accuracy.csv rows (tasks <task>-lr<rate>)."""
+    return {(t.rsplit("-lr", 1)[0], s, float(t.rsplit("-lr", 1)[1]), m): v
+            for (t, s, m), v in accuracy_cells(rows).items()}
 
 
 def select_budget(rows, steps):
@@ -172,11 +177,7 @@ def select_budget(rows, steps):
     accuracy.csv rows and steps.jsonl records: eligible, a rung where every setting passes the gate at N (accuracy
     >= 0.95, mean over the pilot's seeds); among them the least training time (its runs' train_s summed), then the
     fewest tokens. None: no rung passes (recall is not testable at this scale within the ladder)."""
-    at_n = {}
-    for r in rows:
-        at_train_length = int(r["length"]) == int(r["train_length"])
-        if r["task"] in RUNGS and r["condition"] == "" and r["rope"] == "nope" and at_train_length:
-            at_n.setdefault((r["task"], r["setting"]), []).append(float(r["accuracy"]))
+    at_n = {(t, s): v for (t, s, m), v in accuracy_cells(rows).items() if t in RUNGS and m == 1}
     ok = [t for t in RUNGS if any(k[0] == t for k in at_n)
           and all(sum(v) / len(v) >= 0.95 for k, v in at_n.items() if k[0] == t)]
     runs = {}  # a run's training time: its longest record (a resumed call records a reused run's ~0 s again)

@@ -302,6 +302,7 @@ def test_recalls_budget_ladder_changes_only_the_budget_and_the_pilot_runs_every_
             o for o in base.extra if o.split("=")[0] not in synthetic_suite.BUDGET_KEYS}
         args = config.parse_args([os.path.join(synthetic.REPO, "configs", "tasks", "recall.py"), *e.extra])
         assert (args["batch_size"], args["max_iters"], args["lr_decay_iters"]) == (batch, iters, iters)
+        assert synthetic_report.primary(t) == synthetic_report.PRIMARY["recall"]  # its verdicts are recall's
 
 
 def test_the_pilot_picks_the_fastest_rung_where_every_setting_passes_the_gate_at_n():
