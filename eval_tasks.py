@@ -7,9 +7,10 @@ lengths with 95% intervals, and what the attention does as n grows.
 
 accuracy.csv: a row per checkpoint x length x test condition x RoPE evaluation, with the final answer's accuracy,
 its 95% Wilson interval and its loss in nats (linear: eq. 2's MSE, normal interval). attention.csv (--diagnose K):
-per layer and head, the final row's attention mass on the target, its entropy, the uniform mass 1/L and the learned
-s (SSMax Figs. 1, 7, 8 without an LM's floor effect). Checkpoints, lengths and memory are checked before the first
-evaluation; the files reach --out_dir when all are done, never over an earlier evaluation's.
+per layer and head, the final row's attention mass on the target, its entropy (normalised to sum 1), its mass, the
+uniform mass 1/L and the learned s (SSMax Figs. 1, 7, 8 without an LM's floor effect). Checkpoints, lengths and
+memory are checked before the first evaluation; the files reach --out_dir when all are done, never over an earlier
+evaluation's.
 """
 import argparse
 import math
@@ -92,18 +93,21 @@ def score(model, c, L, n, stream, batch=BATCH):
 
 @torch.no_grad()
 def diagnose(model, c, L, n, stream):
-    """Per layer and head, over n test sequences: the final row's attention mass on the target token, its entropy,
-    and the uniform mass 1/n for comparison (the SSMax paper's Figs. 1, 7, 8, without an LM's floor effect)."""
+    """Per layer and head, over n test sequences: the final row's attention mass on the target token, its entropy
+    (of the row normalised to sum 1), its mass (1 unless the scorer's rows need not sum to 1) and the uniform mass
+    1/n for comparison (the SSMax paper's Figs. 1, 7, 8, without an LM's floor effect)."""
     x, _ = get_batch(c, stream, torch.arange(n), L, test=True)
     P = model.attention_rows(x.to(model.lm_head.weight.device), rows=(-1,))[:, :, :, 0].cpu()  # (layer, B, nh, L)
     tgt = target_positions(c, x)
     ok = tgt >= 0
     mass = P[:, ok, :, :].gather(-1, tgt[ok].view(1, -1, 1, 1).expand(P.size(0), -1, P.size(2), 1))[..., 0]
-    entropy = -(P * P.clamp_min(1e-30).log()).sum(-1)  # (n_layer, B, nh)
+    row = P.sum(-1)  # (n_layer, B, nh): 1, or sigmoid's, softpick's, stick-breaking's own mass
+    Pn = P / row.clamp_min(1e-30).unsqueeze(-1)  # the entropy of the row normalised to sum 1 (as eval_rows)
+    entropy = torch.where(row > 0, -torch.special.xlogy(Pn, Pn).sum(-1), math.nan)  # an empty row has none
     s = [blk.attn.scorer_params().get("s") for blk in model.transformer.h]
     return [dict(layer=l, head=h, target_mass=float(mass[l, :, h].mean()) if ok.any() else float("nan"),
-                 entropy=float(entropy[l, :, h].mean()), uniform=1 / L,
-                 s=float(s[l][h]) if s[l] is not None else float("nan"))
+                 entropy=float(entropy[l, :, h].nanmean()), uniform=1 / L,
+                 s=float(s[l][h]) if s[l] is not None else float("nan"), row_mass=float(row[l, :, h].mean()))
             for l in range(P.size(0)) for h in range(P.size(2))]
 
 

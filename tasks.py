@@ -161,8 +161,8 @@ def check_config(c):
         raise ValueError(f"need 0 <= task_p_ignore < 1 and task_sigma > 0, got {c.task_p_ignore}, {c.task_sigma}")
 
 
-def min_length(c):  # linear: its first answer is the 3rd point's y, at position 5
-    return {"mqar": 3 * c.task_pairs, "recall": 2 * c.task_pairs, "flipflop": 2, "first": 2, "linear": 5}.get(c.task, 1)
+def min_length(c):  # linear: its first answer is the 3rd point's y, at position 5; flipflop: a write, then a read
+    return {"mqar": 3 * c.task_pairs, "recall": 2 * c.task_pairs, "flipflop": 4, "first": 2, "linear": 5}.get(c.task, 1)
 
 
 def get_batch(c, stream, ix, L, test=False):

@@ -91,7 +91,8 @@ def sign_flip_p(d, draws=2**16):
     d = np.asarray(d, dtype=np.float64)
     if len(d) == 0:
         return math.nan
-    obs = abs(d.sum()) * (1 - 1e-9)  # floating-point ties count as ties
+    # floating-point ties count as ties: a tolerance on the scale of |d|, not of the sum, which may be 0 (+ rounding)
+    obs = abs(d.sum()) - 1e-9 * np.abs(d).sum()
     if len(d) <= 20:
         sums = np.zeros(1)
         for x in d:  # all 2^n sums, without a (2^n, n) matrix

@@ -4,12 +4,15 @@ The synthetic suite's figures, drawn from synthetic_report.summarize's numbers (
 - horizons.png, the headline: per task, each seed's horizon by setting (log axis), accuracy vs L/N (every seed and
   the mean), and each setting minus softmax paired by seed (mean, 95 % t interval, each seed's difference);
 - accuracy.png: every task, condition and RoPE evaluation: the mean over seeds with its 95 % t band;
-- attention.png: the retrieval head's mass on the target and its entropy vs L/N (attention.csv);
+- attention.png: the retrieval head's mass on the target and its row's entropy vs L/N (attention.csv);
 - sweep.png: a learning-rate sweep's accuracy at N and at the longest length against the rate, seeds as dots.
 """
 import math, os
 
 import numpy as np
+
+from lib.synthetic_suite import SETTINGS
+from scorers import SCORERS
 
 COLORS = {"softmax": "black", "ssmax": "tab:red", "ssmax-fixed-s": "tab:orange", "ssa": "tab:blue",
           "lssa": "tab:green", "lssar": "tab:purple", "sigmoid": "tab:brown", "softmax-logN": "tab:gray",
@@ -122,7 +125,10 @@ def attention(att, path):
                 mass.append([float(r["target_mass"]) for r in head])
                 ent.append([float(r["entropy"]) for r in head])
             axes[0, j].plot(x, np.mean(mass, 0), "o-", ms=3, color=COLORS.get(s, "k"), label=s)
-            axes[1, j].plot(x, np.mean(ent, 0), "o-", ms=3, color=COLORS.get(s, "k"), label=s)
+            # before row_mass was written, a row not summing to 1 had -sum w log w of its raw weights: no entropy
+            scorer = dict(o.split("=") for o in SETTINGS[s])["scorer"]
+            if "row_mass" in rows[0] or SCORERS[scorer].sums_to_one:
+                axes[1, j].plot(x, np.mean(ent, 0), "o-", ms=3, color=COLORS.get(s, "k"), label=s)
         axes[0, j].plot(x, [1 / L for L in lengths], ":", color="gray", label="uniform 1/L")
         axes[1, j].plot(x, [math.log(L) for L in lengths], ":", color="gray", label="uniform: log L")
         axes[0, j].set(xscale="log", yscale="log", title=f"{task}: best head's mass on target", xlabel="L / N")

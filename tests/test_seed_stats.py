@@ -2,6 +2,7 @@
 correction and ceilings."""
 import itertools
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -12,13 +13,23 @@ from lib import compare
 def brute_force_p(d):
     obs = abs(np.mean(d))
     means = [abs(np.mean(np.multiply(s, d))) for s in itertools.product((1, -1), repeat=len(d))]
-    return sum(m >= obs * (1 - 1e-9) for m in means) / len(means)
+    return sum(m >= obs - 1e-9 * np.mean(np.abs(d)) for m in means) / len(means)
 
 
 def test_sign_flip_p_equals_the_hand_count_of_sign_assignments():
     assert compare.sign_flip_p([1] * 6) == pytest.approx(2 / 64)  # only all + and all - reach |mean| 1
     assert compare.sign_flip_p([1] * 5 + [-1]) == pytest.approx(14 / 64)  # all one sign (2) + one flipped (2 * 6)
     assert compare.sign_flip_p([0.3, -0.1]) == 1.0  # means ±0.1 and ±0.2: all 4 reach 0.1 (a floating-point tie)
+
+
+def test_sign_flip_p_is_1_when_the_differences_sum_to_0_up_to_rounding():
+    # accuracies out of 40: the sum is ~1e-17, not 0; a tolerance relative to it dropped true ties (p was 0.89)
+    d = [-0.05, -0.05, 0.025, 0.025, 0.05, -0.05, 0.05]
+    assert compare.sign_flip_p(d) == 1.0
+    exact = [Fraction(round(x * 40), 40) for x in d]  # the brute force in exact arithmetic
+    count = sum(abs(sum(s * x for s, x in zip(signs, exact))) >= abs(sum(exact))
+                for signs in itertools.product((1, -1), repeat=len(d)))
+    assert count == 2 ** len(d)
 
 
 def test_sign_flip_p_of_5_seeds_cannot_reach_5_percent():

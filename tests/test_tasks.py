@@ -110,6 +110,16 @@ CHECKERS = {"first": check_first, "recall": check_recall, "mqar": check_mqar, "f
             "every": check_every, "some": check_some, "linear": check_linear}
 
 
+@pytest.mark.parametrize("task", sorted(tasks.TASKS))
+def test_labels_hold_at_each_tasks_shortest_length(task):  # flipflop at 2 had a read before any write
+    c = cfg(task)
+    for L in (tasks.min_length(c), tasks.min_length(c) + 1):
+        x, y = tasks.get_batch(c, 2, torch.arange(40), L, True)
+        for xi, yi in zip(x.numpy(), y.numpy()):
+            want = np.array(CHECKERS[task](xi, yi, c), dtype=np.float64)
+            np.testing.assert_allclose(yi.astype(np.float64), want, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
 def test_every_task_has_a_checker():
     assert set(CHECKERS) == set(tasks.TASKS)
 
@@ -290,3 +300,22 @@ def test_eval_writes_accuracy_with_wilson_intervals_and_attention_diagnostics(tm
             eval_tasks.main([ckpts[0], "--lengths", "8", "--device", "cuda", "--out_dir", str(tmp_path / "ev4")])
         assert "ckpt.pt: --device cuda: CUDA is not available here" in str(e.value.code)
         assert not (tmp_path / "ev4").exists()
+
+
+@pytest.mark.parametrize("scorer", ["softmax", "sigmoid", "stickbreaking"])
+def test_diagnosed_entropy_is_of_the_row_normalised_to_sum_1(scorer):
+    # sigmoid's raw rows sum to more than 1: -sum w log w of them exceeded log L (9.42 nats at L = 4,096)
+    torch.manual_seed(0)
+    c = cfg("first")
+    model = GPT(GPTConfig(vocab_size=tasks.TASKS["first"].vocab(c), n_layer=1, n_head=2, n_embd=16, ffn_hidden=32,
+                          block_size=8, pos="nope", scorer=scorer))
+    for L in (8, 64):
+        rows = eval_tasks.diagnose(model, c, L, 4, 0)
+        P = model.attention_rows(tasks.get_batch(c, 0, torch.arange(4), L, test=True)[0], rows=(-1,))[:, :, :, 0]
+        for r in rows:
+            w = P[r["layer"], :, r["head"]].double()
+            p = w / w.sum(-1, keepdim=True)
+            assert r["entropy"] == pytest.approx(float(-torch.special.xlogy(p, p).sum(-1).mean()), rel=1e-5)
+            assert 0 <= r["entropy"] <= math.log(L) + 1e-5
+            assert r["row_mass"] == pytest.approx(float(w.sum(-1).mean()), rel=1e-5)
+            assert scorer != "softmax" or r["row_mass"] == pytest.approx(1.0, abs=1e-5)

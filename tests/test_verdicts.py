@@ -37,6 +37,8 @@ def test_a_claim_is_reproduced_only_when_every_cell_is_and_contradicted_when_one
     assert verdicts.aggregate(cells("contradicted", "inconclusive")) == "contradicted"
     assert verdicts.aggregate(cells("contradicted", "reproduced")) == "inconclusive"
     assert verdicts.aggregate(cells("no verdict (5 seeds)", "no verdict (5 seeds)")) == "no verdict (5 seeds)"
+    for order in (("reproduced", "no verdict (8 seeds)"), ("no verdict (8 seeds)", "reproduced")):  # any order
+        assert verdicts.aggregate(cells(*order)) == "no verdict (8 seeds)"
 
 
 def test_every_claim_of_the_committed_summary_shows_the_papers_result_beside_its_gate_and_cells():

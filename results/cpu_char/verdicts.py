@@ -44,8 +44,9 @@ def cell(d, side):
 
 def aggregate(cells):
     v = [c["verdict"] for c in cells]
-    if any(x.startswith("no verdict") for x in v):
-        return v[0]
+    short = [x for x in v if x.startswith("no verdict")]
+    if short:  # any cell below the rule's seeds: no verdict for the claim, whichever cell comes first
+        return short[0]
     if all(x == "reproduced" for x in v):
         return "reproduced"
     if "contradicted" in v and "reproduced" not in v:
