@@ -27,9 +27,9 @@ from model import BACKENDS, ROPE_METHODS
 
 MODES = ("sft_data", "needle", "passkey", "score")
 DEFAULT_CONTEXTS = {"needle": [1024, 2048, 4096, 6144, 8192, 10240], "passkey": [1024, 1536, 2048, 4096, 8192]}
-FIELDS = ["model", "trial", "context", "depth", "city", "number", "output", "score", "top_score", "top_layer",
-          "top_head", "mean_score", "control_top_score", "control_mean_score", "uniform", "span_start", "span_tokens",
-          "control_start", "keys"]  # CSV columns a mode has; top = the best head
+FIELDS = ["model", "trial", "context", "depth", "actual_depth", "city", "number", "output", "score", "top_score",
+          "top_layer", "top_head", "mean_score", "control_top_score", "control_mean_score", "uniform", "span_start",
+          "span_tokens", "control_start", "keys"]  # CSV columns a mode has; depth: asked, top = the best head
 LEGEND = dict(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))  # beside the axes: room for many models
 MARKERS = {"exact": "o", "first_digit": "^", "wrong": "x"}  # Fig. 8: fully correct, first digit only, wrong
 BARS = [("needle, best head", "top_score", "tab:red", ""),  # the score summary: (label, column, colour, hatch)
@@ -104,14 +104,14 @@ def report(args, folder, rows, models, labels):
     if args.mode == "needle":  # Fig. 6: depth x context, a panel per model
         acc = cells(rows, ["model", "context", "depth"])
         fig, axes = figure(len(models), math.ceil(math.sqrt(len(models))), size=(4.5, 3.5))
-        a = {(c["model"], c["context"], c["depth"]): c["accuracy"] for c in acc}
+        a = {(c["model"], c["context"], c["depth"]): (c["accuracy"], c["actual_depth"]) for c in acc}
         for ax, m, label in zip(axes, models, labels):
-            grid = np.array([[a[m, L, d] for L in args.context_sizes] for d in args.depths])
-            im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-            ax.set(title=label, xlabel="context size", ylabel="depth (%)", xticks=range(len(args.context_sizes)),
+            grid = np.array([[a[m, L, d] for L in args.context_sizes] for d in args.depths])  # (depth, context, 2)
+            im = ax.imshow(grid[..., 0], vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+            ax.set(title=label, xlabel="context size", ylabel="asked depth (%)", xticks=range(len(args.context_sizes)),
                    xticklabels=args.context_sizes, yticks=range(len(args.depths)), yticklabels=args.depths)
-            for (i, j), v in np.ndenumerate(grid):
-                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8)
+            for (i, j), v in np.ndenumerate(grid[..., 0]):  # under the accuracy: where the needles went, on average
+                ax.text(j, i, f"{v:.2f}\nat {grid[i, j, 1]:.0f}%", ha="center", va="center", fontsize=7)
         fig.colorbar(im, ax=list(axes), label="fraction of answers exactly right")
         return save(args, folder, "needle", rows, FIELDS, fig, cells=acc)
     if args.mode == "passkey":  # LSSAR Fig. 3: accuracy vs length

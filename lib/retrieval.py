@@ -4,7 +4,7 @@ The retrieval tasks that needle.py runs: needle-in-a-haystack (SSMax paper, Naka
 baselines, and the retrieval fine-tuning sets (SQuAD 2.0, synthetic needles). No model here: needle.py runs them.
 
 Prompts are built in token space, each piece encoded on its own, exactly the context size, with the needle (or pass
-key) right after the sentence end nearest to depth % of the haystack.
+key) at a boundary near depth % of the haystack (build_prompt); the depth it went to is recorded as actual_depth.
 """
 import functools, itertools, json, os, re
 
@@ -34,6 +34,9 @@ PROMPTS = {
     "char": dict(head=" The {city} code is", tail=" {number}.", question=" The {city} code is", digits=5,
                  symbols="abcdefghij", intro="", filler=" The grass is green. The sky is blue.",
                  passkey=" The pass key is {k}.", passkey_question=" The pass key is")}
+# how far from the asked depth (a share of the haystack) a sentence end may take the needle: a short haystack holds
+# 1-2, and the nearest one put every depth at one place; past it, the nearest word start
+DEPTH_TOLERANCE = 0.1
 FIG7_NUMBER = 8106422  # the SSMax paper's Fig. 7 needle (its first `digits` digits for a shorter number)
 SQUAD_PROMPT = "{context}\n{question}\nAnswer:"  # answer: " " + the first answer text
 # train/eval: disjoint cities and parities, no leak
@@ -57,22 +60,29 @@ def draw_number(rng, split, digits=7):
     return n - n % 2 + (split == "train")  # odd for training, even for evaluation
 
 def score_answer(text, number, enc=None):
-    """The first run of digits in text (single spaces inside allowed: " 8 1 0" reads 810) against the number; digits
-    as enc's prompts write them (default: as digits)."""
+    """The first run of digits in text against the number; digits as enc's prompts write them (default: as digits).
+    Single spaces inside a run are allowed (" 8 1 0" reads 810) except for characters, whose letter digits would
+    read the next word's a-j as digits (" eibcg and": 48126, not 481260)."""
     symbols = prompts_of(enc)["symbols"] if enc else DIGITS
     if symbols != DIGITS:  # read enc's symbols as digits, and a written digit as no digit
         text = text.translate(str.maketrans(symbols + DIGITS, DIGITS + "?" * 10))
-    m = re.search(r"\d(?: ?\d)*", text)
+    m = re.search(r"\d(?: ?\d)*" if symbols == DIGITS else r"\d+", text)
     digits = m.group().replace(" ", "") if m else ""
     return "exact" if digits == str(number) else "first_digit" if digits[:1] == str(number)[0] else "wrong"
 
 def cells(rows, keys):
-    """Accuracy = exact answers; first_digit = answers whose first digit is right (exact ones included)."""
-    groups = {}
+    """Accuracy = exact answers; first_digit = answers whose first digit is right (exact ones included);
+    actual_depth: the mean depth % the needles went to (rows that record it)."""
+    groups, out = {}, []
     for r in rows:
-        groups.setdefault(tuple(r[k] for k in keys), []).append(r["score"])
-    return [dict(zip(keys, g), n=len(s), accuracy=s.count("exact") / len(s), first_digit=1 - s.count("wrong") / len(s))
-            for g, s in groups.items()]
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+    for g, rs in groups.items():
+        s = [r["score"] for r in rs]
+        out.append(dict(zip(keys, g), n=len(s), accuracy=s.count("exact") / len(s),
+                        first_digit=1 - s.count("wrong") / len(s)))
+        if "actual_depth" in rs[0]:
+            out[-1]["actual_depth"] = round(float(np.mean([r["actual_depth"] for r in rs])), 1)
+    return out
 
 @functools.cache
 def boundaries(enc):
@@ -81,9 +91,9 @@ def boundaries(enc):
     return np.array([t.endswith((b".", b"!", b"?")) for t in text]), np.array([t[:1].isspace() for t in text])
 
 def build_prompt(enc, hay, insert, question, L, depth, prefix=()):
-    """prefix + hay[:pos] + insert + hay[pos:n] + question, exactly L ids; pos is the boundary right after a
-    sentence-end id nearest to depth % of the n haystack ids, or where no sentence ends in it (a few dozen characters
-    may hold none), the word start nearest to it. Returns (ids, position of insert)."""
+    """prefix + hay[:pos] + insert + hay[pos:n] + question, exactly L ids; pos is the boundary right after the
+    sentence-end id nearest to depth % of the n haystack ids if one is within DEPTH_TOLERANCE * n of it, else the
+    nearest word start, else (no word start) depth % itself. Returns (ids, position of insert, actual depth %)."""
     n = L - len(prefix) - len(insert) - len(question)
     if n < 1:
         raise DataError(f"context size {L} is too short to hold the needle and the question: they take {L - n} "
@@ -92,30 +102,25 @@ def build_prompt(enc, hay, insert, question, L, depth, prefix=()):
     if len(hay) < n:
         raise DataError(f"the haystack text has {len(hay)} tokens, fewer than the {n} that context {L} needs")
     sentence_end, word_start = boundaries(enc)
-    cuts = np.flatnonzero(sentence_end[hay]) + 1
-    cuts = cuts if len(cuts) else np.flatnonzero(word_start[hay])
-    if len(cuts) == 0:
-        raise DataError(f"no sentence end or word start in a {n}-token haystack: nowhere to insert the needle")
-    pos = int(cuts[np.abs(cuts - depth / 100 * n).argmin()])
-    return np.concatenate([prefix, hay[:pos], insert, hay[pos:], question]).astype(np.int64), len(prefix) + pos
+    target, ends = depth / 100 * n, np.flatnonzero(sentence_end[hay]) + 1
+    ends = ends[np.abs(ends - target) <= DEPTH_TOLERANCE * n]
+    cuts = ends if len(ends) else np.flatnonzero(word_start[hay])
+    pos = int(cuts[np.abs(cuts - target).argmin()]) if len(cuts) else round(target)
+    ids = np.concatenate([prefix, hay[:pos], insert, hay[pos:], question]).astype(np.int64)
+    return ids, len(prefix) + pos, round(100 * pos / n, 1)
 
 def needle_trial(enc, hay, L, depth, city, number):
     P = prompts_of(enc)
     head, tail = enc.encode(P["head"].format(city=city)), enc.encode(P["tail"].format(number=spell(number, enc)))
     question = enc.encode(P["question"].format(city=city))
-    ids, pos = build_prompt(enc, hay, head + tail, question, L, depth)
-    return dict(context=L, depth=depth, city=city, number=number, ids=ids, pos=pos,
+    ids, pos, actual = build_prompt(enc, hay, head + tail, question, L, depth)
+    return dict(context=L, depth=depth, actual_depth=actual, city=city, number=number, ids=ids, pos=pos,
                 span=(pos + len(head), pos + len(head) + len(tail)), question=len(ids) - len(question))
 
-def needle_in_window(enc, hay, L, depth, city, number, rng, tries=10):
-    """needle_trial in a random stretch of hay; a stretch without a sentence end is redrawn (a few times)."""
-    for i in range(tries):
-        s = int(rng.integers(max(len(hay) - L, 0) + 1))
-        try:
-            return needle_trial(enc, hay[s:s + L], L, depth, city, number)
-        except DataError:
-            if i == tries - 1:
-                raise
+def needle_in_window(enc, hay, L, depth, city, number, rng):
+    """needle_trial in a random stretch of hay."""
+    s = int(rng.integers(max(len(hay) - L, 0) + 1))
+    return needle_trial(enc, hay[s:s + L], L, depth, city, number)
 
 def control_span(t, rng):
     """[c, c + n): n haystack tokens, n the length of the needle's number span, drawn uniformly among the stretches
@@ -141,9 +146,10 @@ def trials(args, enc, hay, L, rng):
         for i in range(args.samples):
             k, depth = int(rng.integers(10**4, 10**5)), int(rng.integers(0, 101))
             key = enc.encode(P["passkey"].format(k=spell(k, enc)))
-            ids, pos = build_prompt(enc, filler * (L // len(filler) + 1), key, enc.encode(P["passkey_question"]), L,
-                                    depth, enc.encode(P["intro"]))
-            yield dict(trial=i, context=L, depth=depth, number=k, ids=ids, pos=pos)
+            filled = filler * (L // len(filler) + 1)
+            ids, pos, actual = build_prompt(enc, filled, key, enc.encode(P["passkey_question"]), L, depth,
+                                            enc.encode(P["intro"]))
+            yield dict(trial=i, context=L, depth=depth, actual_depth=actual, number=k, ids=ids, pos=pos)
     else:  # score: Fig. 7's fixed needle, then Fig. 8's random ones
         # own rng: controls leave the prompts unchanged
         scored = lambda t, i: dict(t, trial=i, control=control_span(t, np.random.default_rng([args.seed, L, i])))

@@ -1,4 +1,5 @@
-"""needle.py and retrieval.py: needles land at the asked depth and stay intact, answer scoring, greedy decoding
+"""needle.py and retrieval.py: needles land near the asked depth (recorded where they went) and stay intact, answer
+scoring, greedy decoding
 without EOS, the needle score equals the reference attention weights, its best head, mean head and baselines on
 hand-computed weights (uniform = span tokens / keys; a control span as long, off the needle and the question,
 seeded), SFT data (SQuAD loader, synthetic set disjoint from evaluation), end-to-end outputs of every mode, one-line
@@ -86,7 +87,8 @@ def test_score_answer_exact_first_digit_wrong():
 
 
 @pytest.mark.parametrize("depth", [0, 10, 30, 50, 70, 90, 100])
-def test_needle_lands_at_depth_after_a_sentence_end_and_is_intact(enc, data_dir, depth):
+def test_needle_lands_after_the_sentence_end_nearest_its_depth_within_tolerance_else_a_word_start_intact(enc, data_dir,
+                                                                                                           depth):
     hay, L = retrieval.load_hay(data_dir, "val"), 300
     t = retrieval.needle_trial(enc, hay[1000:1000 + L], L, depth, "Tokyo", 8106422)
     ids, pos, (a, e) = t["ids"].tolist(), t["pos"], t["span"]
@@ -99,20 +101,24 @@ def test_needle_lands_at_depth_after_a_sentence_end_and_is_intact(enc, data_dir,
     assert enc.decode(ids[pos:e]) == " " + sentence  # the needle's own ids decode to exactly the sentence
     assert enc.decode(ids[a:e]) == " 8106422."  # the needle score's span: after the colon to the end
     assert ids[:pos] + ids[e:e + n - pos] == hay[1000:1000 + n].tolist()  # the haystack is kept, in order
-    # boundaries found independently, by decoding each haystack token: the needle is at the nearest one
-    cuts = [i + 1 for i, tok in enumerate(hay[1000:1000 + n].tolist()) if SENTENCE_END.search(enc.decode([tok]))]
-    assert pos in cuts
-    target = depth / 100 * n
-    assert abs(pos - target) == min(abs(c - target) for c in cuts)
+    # boundaries found independently, by decoding each haystack token: the needle is at the nearest sentence end
+    # within the tolerance, else at the nearest word start
+    words = [enc.decode([tok]) for tok in hay[1000:1000 + n].tolist()]
+    target, tolerance = depth / 100 * n, retrieval.DEPTH_TOLERANCE * n
+    cuts = [i + 1 for i, w in enumerate(words) if SENTENCE_END.search(w) and abs(i + 1 - target) <= tolerance]
+    cuts = cuts or [i for i, w in enumerate(words) if w[:1].isspace()]
+    assert pos in cuts and abs(pos - target) == min(abs(c - target) for c in cuts)
+    assert t["actual_depth"] == round(100 * pos / n, 1)
 
 
-def test_without_a_sentence_end_the_needle_takes_the_word_start_nearest_its_depth_and_without_either_fails(enc):
+def test_without_a_sentence_end_the_needle_takes_the_word_start_nearest_its_depth_and_without_either_the_depth(enc):
     hay = np.array(enc.encode(" word" * 200))  # every token starts a word
     t = retrieval.needle_trial(enc, hay, 150, 30, "Tokyo", 8106422)
     n = t["question"] - (t["span"][1] - t["pos"])  # haystack ids in the prompt
     assert abs(t["pos"] - 0.3 * n) <= 0.5 and enc.decode(t["ids"][t["pos"]:t["span"][1]].tolist()).startswith(" The")
-    with pytest.raises(dataset.DataError, match="no sentence end or word start"):
-        retrieval.needle_trial(enc, np.array(enc.encode("word" * 400)), 150, 50, "Tokyo", 8106422)
+    t = retrieval.needle_trial(enc, np.array(enc.encode("word" * 400)), 150, 50, "Tokyo", 8106422)  # no boundary
+    n = t["question"] - (t["span"][1] - t["pos"])
+    assert len(t["ids"]) == 150 and t["pos"] == round(0.5 * n) and abs(t["actual_depth"] - 50) <= 100 / n
 
 
 def test_passkey_prompt_has_the_key_once_at_a_boundary_and_exact_length(enc):
@@ -264,6 +270,13 @@ def test_needle_end_to_end_csv_json_png_consistent(ckpts, data_dir, tmp_path):
         assert c["n"] == len(scores) == 3 and c["accuracy"] == scores.count("exact") / 3
         assert c["first_digit"] == 1 - scores.count("wrong") / 3
     assert all(retrieval.score_answer(r["output"], int(r["number"])) == r["score"] for r in rows)
+    # the grid is the asked depth; each row and cell also says where its needles went
+    assert list(rows[0])[3:5] == ["depth", "actual_depth"]
+    assert all(abs(float(r["actual_depth"]) - int(r["depth"])) <= 100 * retrieval.DEPTH_TOLERANCE for r in rows)
+    for c in result["cells"]:
+        depths = [float(r["actual_depth"]) for r in rows if (r["model"], int(r["context"]), int(r["depth"])) ==
+                  (c["model"], c["context"], c["depth"])]
+        assert c["actual_depth"] == pytest.approx(np.mean(depths), abs=0.05)
     by_model = [[(r["context"], r["depth"], r["city"], r["number"]) for r in rows if r["model"] == m]
                 for m in {r["model"] for r in rows}]
     assert by_model[0] == by_model[1]  # every checkpoint sees the same prompts
@@ -448,6 +461,31 @@ def test_character_prompts_write_five_digits_as_letters_and_grade_them_back(char
         text = enc.decode(t["ids"].tolist())
         assert len(t["ids"]) == 64 and text.count(f" The pass key is {retrieval.spell(t['number'], enc)}.") == 1
         assert text.endswith(" The pass key is") and "irrelevant" not in text  # no intro: it would not fit
+
+
+def test_character_answers_read_one_run_without_spaces_so_a_following_word_adds_no_digit(char_dir, enc):
+    chars = vocab.codec(char_dir)  # 48126 is "eibcg"; "and" would read " 0n3"
+    assert retrieval.score_answer(" eibcg and", 48126, chars) == "exact"
+    assert retrieval.score_answer(" eibcg a", 48126, chars) == "exact"
+    assert retrieval.score_answer(" e i b c g", 48126, chars) == "first_digit"  # no spaced run for characters
+    assert retrieval.score_answer(" eibc gand", 48126, chars) == "first_digit"
+    # GPT-2's BPE writes real digits: single spaces still join them
+    assert retrieval.score_answer(" 4 8 1 2 6 and", 48126, enc) == "exact"
+    assert retrieval.score_answer(" 48126 and", 48126, enc) == "exact"
+
+
+@pytest.mark.parametrize("L", [128, 256])
+def test_short_character_haystacks_put_needles_of_depths_10_50_90_within_the_tolerance_of_their_depth(char_dir, L):
+    enc, rng = vocab.codec(char_dir), np.random.default_rng(0)
+    hay = retrieval.load_hay(char_dir, "val")
+    for _ in range(40):  # windows of 1-3 sentence ends: the nearest one put all three depths at one place
+        s = int(rng.integers(len(hay) - L))
+        got = [retrieval.needle_trial(enc, hay[s:s + L], L, depth, "Tokyo", 81064) for depth in (10, 50, 90)]
+        n = got[0]["question"] - (got[0]["span"][1] - got[0]["pos"])  # haystack characters
+        for t in got:
+            assert t["actual_depth"] == round(100 * t["pos"] / n, 1)
+            assert abs(t["actual_depth"] - t["depth"]) <= 100 * retrieval.DEPTH_TOLERANCE
+        assert got[0]["pos"] < got[1]["pos"] < got[2]["pos"]
 
 
 def char_model(data, folder):
