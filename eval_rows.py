@@ -81,11 +81,12 @@ def evaluate(model, data, starts, L, args):
     for i in range(0, len(starts), args.batch_size):
         xy = torch.from_numpy(np.stack([np.asarray(data[s:s + L + 1], dtype=np.int64)
                                         for s in starts[i:i + args.batch_size]])).to(device)
+        # one precision for both: loss_c - loss must be the context's effect, not bf16's
         with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
             _, loss = model(xy[:, :-1], xy[:, 1:], reduction="none")  # (B, L)
-        losses = {"loss": loss.double().cpu()}
-        for c in args.context:
-            losses[f"loss_c{c}"] = truncated_loss(model, xy, c, args.batch_size)
+            losses = {"loss": loss.double().cpu()}
+            for c in args.context:
+                losses[f"loss_c{c}"] = truncated_loss(model, xy, c, args.batch_size)
         for name, v in losses.items():
             add(name, v)
         per_seq += [dict(sequence=i + j, start=int(starts[i + j]), first=lo, last=hi,
