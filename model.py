@@ -353,8 +353,10 @@ class GPT(nn.Module):
         return [name[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
     def flops_per_token(self, T):  # MFU against a device's peak: lib/tracking.mfu
-        cfg = self.config  # 6N + attention (PaLM appendix B, as nanoGPT)
-        return 6 * self.get_num_params() + 12 * cfg.n_layer * cfg.n_embd * T
+        cfg = self.config  # 6N + attention (PaLM appendix B); N without a lookup table, which does no matmul
+        wte = self.transformer.wte
+        lookup = wte.weight.numel() if isinstance(wte, nn.Embedding) and not cfg.tie_embeddings else 0
+        return 6 * (self.get_num_params() - lookup) + 12 * cfg.n_layer * cfg.n_embd * T
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, vocab=None):

@@ -2,10 +2,9 @@
 # (Nakanishi 2025, App. A: 12 layers x 12 heads x 768, SwiGLU 2,048, untied head) at N = 1,024 tokens, with its
 # optimizer (AdamW (0.9, 0.95), wd 0.1 on matrices, clip 1.0, lr 6e-4 constant after warmup), for ~1B tokens:
 #   16 batch x 1,024 tokens x 16 accum = 262,144 tokens/iter x 3,800 iters = 996,147,200 tokens
-# Time on one H100: 1,086,137,856 FLOP/token (model.GPT.flops_per_token(1024)) x 996,147,200 tokens = 1.08e18 FLOP;
-# at an assumed 30 % MFU of 989 TFLOP/s (bf16, eager PyTorch with the fused attention kernels; llm.c's fully fused
-# GPT-2 reaches ~40 %) that would be ~273,000 tokens/s = 61 min. Measured (bench/train_speed.py, H100, 2026-11-27,
-# 30 steps at this batch): 393,900 tokens/s compiled, 43.3 % MFU (eager 149,744) = 42 min, plus ~2 min of evals and
+# Time on one H100: 854,553,600 FLOP/token (model.GPT.flops_per_token(1024): the untied embedding is a lookup, no
+# matmul) x 996,147,200 tokens = 8.5e17 FLOP. Measured (bench/train_speed.py, H100, 2026-11-27, 30 steps at this
+# batch): ~393,900 tokens/s compiled, 34 % MFU of 989 TFLOP/s bf16 (eager 149,744) = 42 min, plus ~2 min of evals and
 # checkpoints. The Triton scorers, custom operators inside the compiled graph, take 1.2-1.5x as long (2026-11-27;
 # 2-3.5x on 2026-11-26, when their kernels ran outside it).
 # Data: dataset=fineweb_edu, the first 1B tokens of HuggingFaceFW/fineweb-edu sample-10BT, streamed on first use
