@@ -382,13 +382,15 @@ def ssmax_s_for_switch(N):
     """s0 = 1 / mean_{n=1..N} log n: keeps the average logit scale at a softmax->SSMax switch (0.168 at N=1024)."""
     return 1.0 / (math.lgamma(N + 1) / N)
 
-def convert_scorer(model, **changes):
-    """A new GPT with changed config fields (e.g. scorer="ssmax") and every shared weight kept: the softmax->SSMax
-    switch of the SSMax paper (variants e, f) when ssmax_s_init = ssmax_s_for_switch(block_size)."""
+def convert_scorer(model, build=GPT, **changes):
+    """A new model with changed config fields (e.g. scorer="ssmax") and every shared weight kept: the softmax->SSMax
+    switch of the SSMax paper (variants e, f) when ssmax_s_init = ssmax_s_for_switch(block_size). build: config ->
+    a model of model's kind (lib/checkpoint.build_model's RealGPT for a real-valued task)."""
     config = GPTConfig(**{**asdict(model.config), **changes})
-    new = GPT(config).to(model.lm_head.weight.device)
+    new = build(config).to(model.lm_head.weight.device)
     missing, unexpected = new.load_state_dict(model.state_dict(), strict=False)
-    own = tuple(param_name(name, prm) for name, entry in SCORERS.items() for prm in entry.params)
+    own = (*(param_name(name, prm) for name, entry in SCORERS.items() for prm in entry.params),
+           "fgate.weight", "fgate.bias")  # fox's forget gate comes and goes with its scorer too
     bad = [k for k in missing + unexpected if not k.endswith(own)]
     assert not bad, f"convert_scorer: weights that do not carry over: {bad}"
     return new

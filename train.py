@@ -174,7 +174,7 @@ def build(cfg, explicit, ckpt, run):
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         if model_args != ckpt["model_args"]:
-            model = convert_scorer(model, **model_args)  # other weights kept; switching to ssmax adds s = s0
+            model = convert_scorer(model, lambda c: build_model(c, cfg.task), **model_args)  # the rest kept; ssmax: s0
     model.to(run.device)
     cfg = replace(cfg, **asdict(model.config))  # the stored config shows the model actually trained
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
@@ -241,8 +241,8 @@ def train(explicit):
     losses = None
     if master:
         clear_out_dir(cfg.out_dir, resuming)
-        done = resuming and not switch and any(r.get("iter") == iter_num and "val_loss" in r
-                                               for r in tracking.read_log(os.path.join(cfg.out_dir, "log.jsonl")))
+        done = resuming and not switch and tracking.eval_logged(  # this very eval: not the old scorer's at iter_num
+            cfg.out_dir, iter_num, (pending_eval or {}).get("eval"))
         if resuming and not done and pending_eval is not None:
             losses = finish_eval(pending_eval)  # killed between ckpt.pt and the eval's log line
         elif done and iter_num >= cfg.max_iters:

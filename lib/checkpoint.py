@@ -1,8 +1,8 @@
 """
 Checkpoints and their provenance: what every checkpoint and result file records (run_info), the atomic save, the
 safe read (weights_only=True: a file that carries code is refused, never run), the model a checkpoint or a task run
-builds (load_checkpoint, build_model; RealGPT for the real-valued tasks), and what a run's out_dir may hold before a
-run writes there (check_out_dir).
+builds (load_checkpoint, build_model; RealGPT for the real-valued tasks) and which runs it may start (check_task,
+loaded_inits), and what a run's out_dir may hold before a run writes there (check_out_dir).
 """
 import dataclasses, hashlib, importlib.metadata, importlib.util, os, re, subprocess, zipfile
 
@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 import tasks
 from lib import tracking
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, param_name
+from scorers import SCORERS
 
 RUN_FILES = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run leaves in its out_dir
 
@@ -159,3 +160,22 @@ def build_model(config, task=""):
     """The model a run of `task` trains: GPT for tokens, RealGPT for reals."""
     t = tasks.TASKS.get(task)
     return RealGPT(config, t.n_in, t.loss) if t and t.n_in else GPT(config)
+
+def check_task(task, vocab_size, ckpt):
+    """CheckpointError unless the checkpoint's model reads a run's inputs: the same task (RealGPT for reals, a
+    token task's own ids) and vocabulary (an id past the embedding would fail mid-run)."""
+    have = (ckpt.get("config") or {}).get("task", task)  # no stored config: the vocabulary decides
+    if have != task:
+        raise CheckpointError(f"task={task!r} differs from the checkpoint's {have!r}: its model reads only its own "
+                              f"task's inputs; use task={have!r} or train from scratch")
+    if vocab_size != ckpt["model_args"]["vocab_size"]:
+        raise CheckpointError(f"{f'task {task!r} with these fields has' if task else 'this run has'} a vocabulary of "
+                              f"{vocab_size} tokens, the checkpoint's model {ckpt['model_args']['vocab_size']}: it "
+                              f"reads only its own; keep the checkpoint's task fields or train from scratch")
+
+def loaded_inits(ckpt):
+    """The start-value fields (ssmax_s_init, ssa_b_init, fgate_bias_init...) of weights the checkpoint holds: its
+    weights load over them, so a new value would not apply."""
+    scorer, names = ckpt["model_args"]["scorer"], {k.rsplit(".", 1)[-1] for k in ckpt["model"]}
+    inits = [prm.init for prm in SCORERS[scorer].params if prm.init and param_name(scorer, prm) in names]
+    return (*inits, *["fgate_bias_init"] * SCORERS[scorer].forget)

@@ -16,7 +16,7 @@ import torch
 
 import tasks
 from lib import longrange
-from lib.checkpoint import build_model
+from lib.checkpoint import CheckpointError, build_model, check_task, loaded_inits
 from model import GPTConfig, ssmax_s_for_switch
 from scorers import SCORERS
 
@@ -67,6 +67,7 @@ MODEL_FIELDS = [f.name for f in fields(GPTConfig)]
 # a checkpoint's architecture cannot change
 ARCH_FIELDS = ("vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "norm_eps", "tie_embeddings")
 SCORER_OPTIONS = list(dict.fromkeys(f for e in SCORERS.values() for prm in e.params for f in prm.fields()))
+OWN_OPTIONS = (*SCORER_OPTIONS, "fgate_bias_init")  # a scorer's own: a switch resets them, a resume keeps them
 LR_SCHEDULES = ("constant", "cosine")
 # checked in coerce(): a bad value is one error line
 RANGES = {**dict.fromkeys(("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval",
@@ -130,7 +131,8 @@ def run_config(path, seen=()):
 
 def parse_args(argv):
     """CONFIG.py files and key=value overrides -> {field: value} of what they set, applied in order. A config file's
-    overwrite=True applies to its own out_dir only: `configs/cpu_quick.py out_dir=<a trained run>` is refused."""
+    overwrite=True applies only to the out_dir that file names: `configs/cpu_quick.py out_dir=<a trained run>` is
+    refused, and so is a file that names none."""
     explicit, own_dir = {}, None  # own_dir: where a file's overwrite=True applies
     for arg in argv:
         if "=" in arg:
@@ -146,8 +148,8 @@ def parse_args(argv):
             for key, value in assigned.items():
                 if not (key.startswith("_") or key.isupper() or isinstance(value, types.ModuleType) or callable(value)):
                     explicit[key] = coerce(key, value, arg)
-            if "overwrite" in assigned:
-                own_dir = explicit.get("out_dir", _TrainFields.out_dir)
+            if "overwrite" in assigned:  # "": names no out_dir, so overwrites none (never a valid out_dir)
+                own_dir = assigned.get("out_dir", "")
         else:
             raise TrainError(f"argument {arg!r} is neither an existing config file (.py) nor key=value")
     if own_dir is not None and explicit.get("out_dir", _TrainFields.out_dir) != own_dir:
@@ -193,13 +195,19 @@ def model_config(cfg, explicit, ckpt, resuming):
     model_args, switch = {k: getattr(cfg, k) for k in MODEL_FIELDS}, {}
     if ckpt is not None:
         src = ckpt["model_args"]
+        try:
+            check_task(cfg.task, cfg.vocab_size, ckpt)
+        except CheckpointError as e:
+            raise TrainError(str(e))
         model_args = {**src, **{k: v for k, v in explicit.items() if k in MODEL_FIELDS}}
         switched = model_args["scorer"] != src["scorer"]
-        # same-scorer resume keeps its trained s, b, n
-        for k in ARCH_FIELDS + (tuple(SCORER_OPTIONS) if resuming and not switched else ()):
+        # same scorer: a resume keeps its trained s, b, n; init_from loads them over a new init
+        kept = () if switched else OWN_OPTIONS if resuming else loaded_inits(ckpt)
+        for k in ARCH_FIELDS + kept:
             if model_args[k] != src[k]:
-                why = ("(a different architecture)" if not resuming else "when resuming with the same scorer"
-                       if k in SCORER_OPTIONS else "when resuming")
+                why = ("when resuming" if resuming else "(a different architecture)") if k in ARCH_FIELDS else (
+                    "when resuming with the same scorer" if resuming else "from a checkpoint of the same scorer: a new "
+                    "init would not apply (its trained weights load over it); train from scratch or switch the scorer")
                 raise TrainError(f"{k}={model_args[k]!r} differs from the checkpoint's {src[k]!r}: it cannot change "
                                  f"{why}")
         done, goal = ckpt["iter_num"], ckpt.get("config", {}).get("max_iters", math.inf)
@@ -208,10 +216,10 @@ def model_config(cfg, explicit, ckpt, resuming):
                              f"out_dir={cfg.out_dir!r} (iter {done} of max_iters={goal}) and overwrite it: start the "
                              f"new scorer in another out_dir with init_from=<its ckpt.pt>, or add overwrite=True")
         if switched:  # old scorer's options don't apply
-            model_args.update({k: getattr(GPTConfig, k) for k in SCORER_OPTIONS if k not in explicit})
+            model_args.update({k: getattr(GPTConfig, k) for k in OWN_OPTIONS if k not in explicit})
             if model_args["scorer"] == "ssmax" and "ssmax_s_init" not in explicit:
                 model_args["ssmax_s_init"] = ssmax_s_for_switch(src["block_size"])  # the paper's s0 (variants e, f)
-            switch = {k: [src[k], model_args[k]] for k in ("scorer", *SCORER_OPTIONS) if model_args[k] != src[k]}
+            switch = {k: [src[k], model_args[k]] for k in ("scorer", *OWN_OPTIONS) if model_args[k] != src[k]}
     try:
         GPTConfig(**model_args)
     except ValueError as e:

@@ -89,6 +89,13 @@ def repair_log(path):
         f.writelines(json.dumps(r) + "\n" for _, r in records if r is not None)
     os.replace(path + ".tmp", path)
 
+def eval_logged(out_dir, it, record=None):
+    """Whether log.jsonl holds the eval of iter `it`: with `record` (a checkpoint's eval), that very line (record_eval
+    logs it whole), so an eval of a scorer switched at `it` is told from the old scorer's eval of `it`."""
+    line = record and {k: v for k, v in record.items() if k != "is_best"}
+    return any(r == line if line else r.get("iter") == it and "val_loss" in r
+               for r in read_log(os.path.join(out_dir, "log.jsonl")))
+
 def log(record, cfg, info, model):
     """One record to out_dir/log.jsonl and, with wandb_log, to Weights & Biases."""
     if cfg.wandb_log:  # first: a wandb error leaves no log.jsonl
@@ -253,8 +260,9 @@ def compare(out_dirs, out="compare.png"):
     ax = Figure(figsize=(8, 4.5)).subplots()
     for i, (label, steps, evals) in enumerate(runs):
         it, w = sorted(steps), max(1, math.ceil(len(steps) / 50))
-        ax.plot(it[w - 1:], np.convolve([steps[k] for k in it], np.ones(w) / w, "valid"), "-", color=f"C{i}", lw=1,
-                label=f"{label}: train" + (f" (mean of {w})" if w > 1 else ""))
+        if steps:  # max_iters=0: evals only
+            ax.plot(it[w - 1:], np.convolve([steps[k] for k in it], np.ones(w) / w, "valid"), "-", color=f"C{i}",
+                    lw=1, label=f"{label}: train" + (f" (mean of {w})" if w > 1 else ""))
         ax.plot(sorted(evals), [evals[k] for k in sorted(evals)], "o--", color=f"C{i}", ms=4, label=f"{label}: val")
     ax.set(xlabel="iteration", ylabel="loss (nats)", title=f"{len(runs)} runs")
     ax.legend(fontsize=8)

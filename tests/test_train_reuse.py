@@ -1,0 +1,172 @@
+"""A checkpoint or an out_dir used again by train.py: init_from and resume build the task's own model (RealGPT for
+reals) and refuse another task or vocabulary, a scorer's new init refused where the checkpoint's weight would load
+over it, a kill during a switched resume's first eval finished by the next resume, a config file's overwrite=True
+that names no out_dir, --compare of a run with no training steps. Tiny models on tiny random data, CPU only."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from conftest import one_line_error
+
+BASE = ["device=cpu", "n_layer=1", "n_head=2", "n_embd=32", "ffn_hidden=64", "block_size=16", "batch_size=2",
+        "gradient_accumulation_steps=1", "eval_iters=1", "log_interval=1", "warmup_iters=1"]
+VOCAB = 256
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    os.makedirs(d / "rand")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 2048), ("val", 512)):
+        rng.integers(0, VOCAB, n).astype(np.uint16).tofile(d / "rand" / f"{split}.bin")
+    return str(d)
+
+
+def lm(data_dir, out, *extra):  # a language model on the random data
+    return [*BASE, f"vocab_size={VOCAB}", f"data_dir={data_dir}", "dataset=rand", f"out_dir={out}", *extra]
+
+
+def task(name, out, *extra):
+    return [*BASE, f"task={name}", f"out_dir={out}", *extra]
+
+
+def load(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def evals(out):
+    return [r for r in train.tracking.read_log(os.path.join(out, "log.jsonl")) if "val_loss" in r]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The checkpoint's own task, model and weights
+
+
+def test_a_real_valued_task_run_switches_scorer_or_dropout_from_its_checkpoint_keeping_the_linear_embedding(tmp_path):
+    src = tmp_path / "linear"
+    train.main(task("linear", src, "max_iters=2", "eval_interval=2"))
+    wte = load(src / "ckpt.pt")["model"]["transformer.wte.weight"]
+    assert wte.shape == (32, 3)  # RealGPT: x W from (x, y, is an x)
+    for out, extra in (("ssmax", ["scorer=ssmax"]), ("dropout", ["dropout=0.1"])):  # init_from: a new run
+        train.main(task("linear", tmp_path / out, f"init_from={src / 'ckpt.pt'}", "max_iters=0", *extra))
+        b = load(tmp_path / out / "ckpt.pt")
+        assert torch.equal(b["model"]["transformer.wte.weight"], wte), out
+    assert load(tmp_path / "ssmax" / "ckpt.pt")["model_args"]["scorer"] == "ssmax"
+    assert load(tmp_path / "dropout" / "ckpt.pt")["model_args"]["dropout"] == 0.1
+    train.main(task("linear", src, "init_from=resume", "scorer=ssmax", "max_iters=3", "overwrite=True"))
+    c = load(src / "ckpt.pt")  # resumed with the switched scorer, one step on
+    assert c["iter_num"] == 3 and c["model_args"]["scorer"] == "ssmax" and "transformer.h.0.attn.ssmax_s" in c["model"]
+
+
+def test_init_from_a_checkpoint_of_another_task_or_vocabulary_is_one_error_line(data_dir, tmp_path):
+    first, recall, plain = tmp_path / "first", tmp_path / "recall", tmp_path / "lm"
+    train.main(task("first", first, "max_iters=0"))
+    msg = one_line_error(train.main, task("recall", tmp_path / "a", f"init_from={first / 'ckpt.pt'}", "max_iters=1"))
+    assert "task='recall' differs from the checkpoint's 'first'" in msg and "task='first'" in msg
+    train.main(task("recall", recall, "task_keys=16", "max_iters=0"))  # recall's vocabulary grows with its keys
+    msg = one_line_error(train.main, task("recall", tmp_path / "b", f"init_from={recall / 'ckpt.pt'}", "task_keys=8",
+                                          "max_iters=1"))
+    want = load(recall / "ckpt.pt")["model_args"]["vocab_size"]
+    assert "task 'recall' with these fields has a vocabulary of" in msg and f"the checkpoint's model {want}" in msg
+    train.main(lm(data_dir, plain, "max_iters=0"))
+    msg = one_line_error(train.main, task("first", tmp_path / "c", f"init_from={plain / 'ckpt.pt'}"))
+    assert "task='first' differs from the checkpoint's ''" in msg
+    assert not any((tmp_path / d).exists() for d in "abc")  # refused before anything was written
+
+
+def test_a_new_init_of_a_weight_the_checkpoint_holds_is_refused_and_a_new_weight_takes_its_init(data_dir, tmp_path):
+    for scorer, option in (("ssmax", "ssmax_s_init=0.5"), ("ssa", "ssa_b_init=2.0"), ("fox", "fgate_bias_init=4.0")):
+        src = tmp_path / scorer
+        train.main(lm(data_dir, src, f"scorer={scorer}", "max_iters=0"))
+        msg = one_line_error(train.main, lm(data_dir, tmp_path / f"{scorer}-new", f"init_from={src / 'ckpt.pt'}",
+                                            option, "max_iters=0"))
+        assert f"{option.split('=')[0]}={float(option.split('=')[1])!r} differs from the checkpoint's" in msg
+        assert "a new init would not apply" in msg, msg
+        msg = one_line_error(train.main, lm(data_dir, src, "init_from=resume", option, "max_iters=1"))
+        assert "cannot change when resuming with the same scorer" in msg, msg
+    # ssmax's b is not in the checkpoint: it is added at its init, s keeps its trained value
+    train.main(lm(data_dir, tmp_path / "b", f"init_from={tmp_path / 'ssmax' / 'ckpt.pt'}", "ssmax_bias=True",
+                  "ssmax_b_init=0.5", "max_iters=0"))
+    a, b = load(tmp_path / "ssmax" / "ckpt.pt"), load(tmp_path / "b" / "ckpt.pt")
+    assert torch.equal(b["model"]["transformer.h.0.attn.ssmax_b"], torch.full((2,), 0.5))
+    assert torch.equal(b["model"]["transformer.h.0.attn.ssmax_s"], a["model"]["transformer.h.0.attn.ssmax_s"])
+
+
+def test_a_switch_to_fox_adds_its_forget_gate_at_its_init_and_a_switch_from_fox_drops_it(data_dir, tmp_path):
+    src, fox, back = tmp_path / "softmax", tmp_path / "fox", tmp_path / "back"
+    train.main(lm(data_dir, src, "max_iters=1", "eval_interval=1"))
+    train.main(lm(data_dir, src, "init_from=resume", "scorer=fox", "fgate_bias_init=2.0", "max_iters=2",
+                  "overwrite=True"))  # a resume: AdamW's state remapped, the gate's fresh
+    a = load(src / "ckpt.pt")
+    assert a["iter_num"] == 2 and a["model_args"]["scorer"] == "fox" and "transformer.h.0.attn.fgate.bias" in a["model"]
+    assert [r["switch"] for r in train.tracking.read_log(src / "log.jsonl") if "switch" in r] == [
+        {"scorer": ["softmax", "fox"], "fgate_bias_init": [0.0, 2.0]}]
+    train.main(lm(data_dir, fox, "init_from=" + str(src / "ckpt.pt"), "max_iters=0"))  # fox's own init kept
+    train.main(lm(data_dir, back, "init_from=" + str(fox / "ckpt.pt"), "scorer=softmax", "max_iters=0"))
+    b = load(back / "ckpt.pt")
+    assert b["model_args"]["fgate_bias_init"] == 0.0 and not any("fgate" in k for k in b["model"])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Resume after a kill, --compare, a config file's overwrite
+
+
+class _Killed(BaseException):
+    """A SIGKILL just after a checkpoint write, simulated in-process."""
+
+
+def test_a_kill_during_the_first_eval_after_a_resume_switch_is_finished_by_the_next_resume(data_dir, tmp_path,
+                                                                                             monkeypatch, capsys):
+    out = tmp_path / "out"
+    train.main(lm(data_dir, out, "max_iters=3", "eval_interval=3"))
+    real = train.save_checkpoint
+    def save(state, path):  # killed after the switched model's ckpt.pt, before its best.pt and its log line
+        real(state, path)
+        if path.endswith("ckpt.pt") and state["model_args"]["scorer"] == "ssmax":
+            raise _Killed
+    with monkeypatch.context() as m:
+        m.setattr(train, "save_checkpoint", save)
+        with pytest.raises(_Killed):
+            train.main(lm(data_dir, out, "init_from=resume", "scorer=ssmax", "max_iters=5", "eval_interval=3",
+                          "overwrite=True"))
+    switched = load(out / "ckpt.pt")["eval"]
+    assert [r["iter"] for r in evals(out)] == [0, 3]  # the softmax eval of iter 3 only
+    train.main(lm(data_dir, out, "init_from=resume", "scorer=ssmax", "max_iters=5", "eval_interval=3"))
+    logged = evals(out)
+    assert [r["iter"] for r in logged] == [0, 3, 3, 5]  # the switched eval of iter 3 is back
+    assert logged[2] == {k: v for k, v in switched.items() if k != "is_best"}
+    best = load(out / "best.pt")
+    assert best["model_args"]["scorer"] == "ssmax" and best["iter_num"] in (3, 5)  # not the softmax model
+    capsys.readouterr()
+    train.main(lm(data_dir, out, "init_from=resume", "scorer=ssmax", "max_iters=5", "eval_interval=3"))
+    assert "already done" in capsys.readouterr().out and len(evals(out)) == 4  # relaunched: no eval logged twice
+
+
+def test_compare_draws_a_run_without_training_steps(data_dir, tmp_path):
+    train.main(lm(data_dir, tmp_path / "zero", "max_iters=0"))
+    train.main(["--compare", str(tmp_path / "zero"), "--out", str(tmp_path / "c.png")])
+    assert (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_a_config_files_overwrite_covers_no_out_dir_when_the_file_names_none(data_dir, tmp_path):
+    out, cfg = tmp_path / "run", tmp_path / "replace.py"
+    cfg.write_text("overwrite = True\nmax_iters = 1\n")  # no out_dir of its own
+    assert "overwrite" not in train.parse_args([str(cfg)])  # the default out_dir
+    assert "overwrite" not in train.parse_args([f"out_dir={out}", str(cfg)])
+    assert train.parse_args([str(cfg), "overwrite=True"])["overwrite"] is True  # the command line's covers any
+    train.main(lm(data_dir, out, "max_iters=1", "eval_interval=1"))
+    before = {f: (out / f).read_bytes() for f in ("ckpt.pt", "best.pt", "log.jsonl")}
+    msg = one_line_error(train.main, [*lm(data_dir, out), str(cfg)])
+    assert "already holds a run" in msg and {f: (out / f).read_bytes() for f in before} == before
