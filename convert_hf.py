@@ -18,7 +18,8 @@ optimizer state: resume=True on it refuses. Export writes the inverse, with the 
 loads as a plain LlamaForCausalLM; a row-template scorer (ssmax, ssa, lssa, sigmoid, softpick) as a LlamaForCausalLM
 whose config.json holds the scorer and its per-head parameters per layer, run by hf_scorers.py's attention function
 (import it first). NoPE, fox's forget gate, stick-breaking, re-weighting and character vocabularies are refused.
-Anything unsupported is one `error:` line naming it. Needs requirements-hf.txt.
+Only model.safetensors or the shards its index names are read; an export keeps an import's BOS and refuses a
+real-valued task's model. Anything unsupported is one `error:` line naming it. Needs requirements-hf.txt.
 """
 import argparse, sys
 

@@ -30,9 +30,10 @@ RUNS = tuple(name for name, e in scorers.SCORERS.items() if e.logit is not None 
 
 
 def keys_attended(mask, Tq, Tk, device):
-    """The bool mask (B or 1, 1, Tq, Tk) of the keys each query attends to; None: causal, queries the last Tq keys."""
-    if mask is None:  # no padding: sdpa_mask leaves it to is_causal
-        return torch.ones(Tq, Tk, dtype=torch.bool, device=device).tril(Tk - Tq)[None, None]
+    """The bool mask (B or 1, 1, Tq, Tk) of the keys each query attends to; None: what SDPA then runs (below)."""
+    if mask is None:  # as sdpa_attention_forward: is_causal = Tq > 1, aligned to the first key (an empty static
+        # cache's prefill: Tk > Tq, its unwritten slots unseen); a single query sees every key
+        return torch.ones(Tq, Tk, dtype=torch.bool, device=device).tril(0 if Tq > 1 else Tk)[None, None]
     if mask.dtype != torch.bool:  # a caller's additive float mask
         mask = mask > torch.finfo(mask.dtype).min / 2
     return mask | ~mask.any(-1, keepdim=True)  # a padding query sees no key: let it see all, finite

@@ -36,7 +36,8 @@ from lib.config import (TrainConfig, TrainError, cpu_cost_check, model_config, p
 from lib.corpora import EMBEDDED
 from model import GPTConfig, convert_scorer
 
-BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "eval", "run_info", "codec")  # no optimizer
+# best.pt: no optimizer
+BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "eval", "run_info", "codec", "hf")
 RESUME_KEYS = ("optimizer", "rng", "data_state")  # what a resume needs beyond the weights
 
 
@@ -216,6 +217,7 @@ def train(explicit):
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
         data.g.set_state(ckpt["data_state"]["generator"])
     pending_eval = ckpt if resuming and not switch and "eval" in ckpt else None  # its eval may lack its log line
+    hf = ckpt and ckpt.get("hf")  # an imported model's source (config, BOS): its fine-tunes export with it
     ckpt, T, accum = None, cfg.block_size, cfg.gradient_accumulation_steps // run.world
     eval_model = model = torch.compile(raw_model) if cfg.compile else raw_model
     if run.ddp:
@@ -268,7 +270,7 @@ def train(explicit):
                 state = {"model": raw_model.state_dict(), "model_args": asdict(raw_model.config), "config": asdict(cfg),
                          "optimizer": optimizer.state_dict(), "iter_num": iter_num, "best_val_loss": best_val_loss,
                          "rng": rng, "data_state": {"generator": data.g.get_state()}, "run_info": info,
-                         "codec": data.codec,
+                         "codec": data.codec, "hf": hf,
                          "eval": {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
                                   "elapsed": time.time() - t_start, "is_best": is_best}}
                 save(run.ckpt_path, state)

@@ -7,6 +7,7 @@ import hashlib, importlib, json, os, shutil
 
 import torch
 
+import tasks
 from lib import folders, vocab
 from lib.checkpoint import load_checkpoint, read_checkpoint, run_info, save_checkpoint
 from lib.corpora import package_dir
@@ -43,7 +44,7 @@ def hf_folder(name):
         raise ConvertError(f"{name!r} is neither a Hugging Face folder (config.json + safetensors) nor a hub name")
     hub = need("huggingface_hub")
     try:
-        return hub.snapshot_download(name, allow_patterns=["*.json", "*.safetensors"])
+        return hub.snapshot_download(name, allow_patterns=["*.json", "model*.safetensors"])
     except Exception as e:  # offline, unknown repo, gated model
         raise ConvertError(f"cannot download {name!r} ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
                            f"download it elsewhere and give its folder") from None
@@ -51,30 +52,35 @@ def hf_folder(name):
 
 def model_args(cfg):
     """GPTConfig fields of a Hugging Face config.json, or ConvertError naming what is unsupported."""
-    family, rope = cfg.get("model_type"), cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    family, ropes = cfg.get("model_type"), [cfg.get(k) or {} for k in ("rope_scaling", "rope_parameters")]
+    # transformers 5 reads both keys, and an older config's rope_scaling names its kind "type"
+    kinds = sorted({r.get("rope_type") or r.get("type") or "default" for r in ropes} - {"default"})
     bad = [f"model_type {family!r} (supported: {', '.join(FAMILIES)})"] * (family not in FAMILIES)
     bad += [f"{k}=true" for k in ("attention_bias", "mlp_bias") if cfg.get(k)]
     bad += [f"hidden_act {cfg.get('hidden_act')!r} (SwiGLU needs silu)"] * (cfg.get("hidden_act", "silu") != "silu")
     bad += [f"sliding_window {cfg.get('sliding_window')}"] * bool(cfg.get("sliding_window"))
-    bad += [f"rope_type {rope.get('rope_type')!r} (only the default)"] * (rope.get("rope_type", "default") != "default")
+    bad += [f"rope_type {kind!r} (only the default)" for kind in kinds]
     heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
-    if heads and hidden and cfg.get("head_dim", hidden // heads) != hidden // heads:
+    if heads and hidden and (cfg.get("head_dim") or hidden // heads) != hidden // heads:
         bad.append(f"head_dim {cfg['head_dim']} != hidden_size / num_attention_heads")
     if bad:
         raise ConvertError(f"unsupported architecture: {'; '.join(bad)}")
     return dict(vocab_size=cfg["vocab_size"], n_layer=cfg["num_hidden_layers"], n_head=heads,
                 n_kv_head=cfg.get("num_key_value_heads") or heads, n_embd=hidden, ffn_hidden=cfg["intermediate_size"],
                 block_size=cfg.get("max_position_embeddings", 2048), norm_eps=cfg.get("rms_norm_eps", 1e-6),
-                rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+                rope_theta=float({**ropes[0], **ropes[1]}.get("rope_theta", cfg.get("rope_theta", 10000.0))),
                 tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), scorer="softmax", pos="rope")
 
 
 def read_weights(folder):
-    """Every tensor of the folder's safetensors (one file or shards), as float32."""
+    """Every tensor of the folder's model weights (one file or shards), as float32."""
     st = need("safetensors.torch")
-    files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
+    index = os.path.join(folder, "model.safetensors.index.json")
+    # the shards the index names, else model*.safetensors: never another copy beside them (Mistral's consolidated)
+    files = (sorted(set(json.load(open(index))["weight_map"].values())) if os.path.isfile(index) else
+             sorted(f for f in os.listdir(folder) if f.startswith("model") and f.endswith(".safetensors")))
     if not files:
-        raise ConvertError(f"{folder} holds no .safetensors weights (a pytorch_model.bin is not read: a pickle)")
+        raise ConvertError(f"{folder} holds no model*.safetensors weights (a pytorch_model.bin is not read: a pickle)")
     return {k: v.float() for f in files for k, v in st.load_file(os.path.join(folder, f)).items()}
 
 
@@ -106,6 +112,9 @@ def import_hf(name, out):
     if [k for k in missing if not k.startswith("lm_head")] or unexpected:  # lm_head: the tied wte
         raise ConvertError(f"weights that do not fit: missing {missing[:3]}, unexpected {unexpected[:3]}")
     enc = vocab.hf_codec(folder) if os.path.isfile(os.path.join(folder, "tokenizer.json")) else None
+    tok_cfg = os.path.join(folder, "tokenizer_config.json")
+    bos = json.load(open(tok_cfg)).get("bos_token") if enc and os.path.isfile(tok_cfg) else None
+    bos = bos.get("content") if isinstance(bos, dict) else bos  # an AddedToken's dict, or its text
     if enc is not None and enc.n_vocab > args["vocab_size"]:
         raise ConvertError(f"its tokenizer has {enc.n_vocab:,} ids, more than the model's {args['vocab_size']:,}")
     if os.path.exists(os.path.join(out, "ckpt.pt")):
@@ -113,7 +122,7 @@ def import_hf(name, out):
     os.makedirs(out, exist_ok=True)
     save_checkpoint({"model": model.state_dict(), "model_args": args, "config": {}, "iter_num": 0,
                      "run_info": run_info(), "codec": vocab.record(enc) if enc else None,
-                     "hf": {"source": name, "config": cfg}}, os.path.join(out, "ckpt.pt"))
+                     "hf": {"source": name, "config": cfg, "bos_token": bos}}, os.path.join(out, "ckpt.pt"))
     print(f"{out}/ckpt.pt: {model.get_num_params() / 1e6:.1f}M parameters, {args['n_head']} heads, "
           f"{args['n_kv_head']} KV heads, N = {args['block_size']}, tokenizer: "
           + (f"{enc.n_vocab:,} ids" if enc else "none (no tokenizer.json: sample.py cannot decode)"))
@@ -122,7 +131,7 @@ def import_hf(name, out):
 # ----------------------------------------------------------------------------------------------------------------
 # Export: a nanoscorer checkpoint -> a Hugging Face folder
 
-def refusals(a, codec):
+def refusals(a, codec, task=""):
     """Why a checkpoint cannot be a LlamaForCausalLM that transformers runs (a scorer: hf_scorers.py); [] if it can."""
     entry = SCORERS.get(a["scorer"])
     if entry is None:
@@ -133,6 +142,8 @@ def refusals(a, codec):
     p = entry.p if a.get("reweight_p") is None else a["reweight_p"]
     why += [f"re-weighting (p={p}: hf_scorers.py does not run it)"] * (p is not None)
     why += ["a character vocabulary (transformers has no tokenizer for it)"] * (codec.get("kind") == "char")
+    n_in = getattr(tasks.TASKS.get(task), "n_in", 0)
+    why += [f"task {task!r} (real-valued inputs: its wte is a Linear of {n_in} features, no tokens)"] * bool(n_in)
     return why
 
 
@@ -147,14 +158,16 @@ def gpt2_files():
     return files
 
 
-def write_tokenizer(codec, out, block_size):
+def write_tokenizer(codec, out, block_size, bos=None):
     """The checkpoint's codec as a tokenizer transformers loads (AutoTokenizer): an imported model's tokenizer.json,
-    or GPT-2's vocab.json and merges.txt; tokenizer_config.json names its end-of-text token. Returns the files."""
+    or GPT-2's vocab.json and merges.txt; tokenizer_config.json names its end-of-text token and an imported
+    tokenizer's BOS (bos: its text). Returns the files."""
     if codec.get("kind") == "hf":
         with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as f:
             f.write(codec["json"])
         eot = vocab.from_record(codec).tok.id_to_token(codec["eot"])
         cfg, files = dict(tokenizer_class="PreTrainedTokenizerFast", eos_token=eot), ["tokenizer.json"]
+        cfg.update({"bos_token": bos} if bos else {})
     elif codec.get("kind") == "gpt2":
         for src, name in zip(gpt2_files(), ("vocab.json", "merges.txt")):
             shutil.copyfile(src, os.path.join(out, name))
@@ -172,7 +185,8 @@ def export_hf(path, out):
     files written."""
     ckpt = read_checkpoint(path)
     a, codec = ckpt["model_args"], ckpt.get("codec") or {}
-    why = refusals(a, codec)
+    source = ckpt.get("hf") or {}  # an import's source config and BOS (train.py carries it into fine-tunes)
+    why = refusals(a, codec, (ckpt.get("config") or {}).get("task", ""))
     if why:
         raise ConvertError(f"{path} cannot be exported: {'; '.join(why)}")
     st = need("safetensors.torch")
@@ -192,7 +206,8 @@ def export_hf(path, out):
                num_attention_heads=a["n_head"], num_key_value_heads=a["n_kv_head"] or a["n_head"],
                max_position_embeddings=a["block_size"], rms_norm_eps=a["norm_eps"], rope_theta=a["rope_theta"],
                tie_word_embeddings=tie, hidden_act="silu", attention_bias=False, mlp_bias=False,
-               torch_dtype="float32", bos_token_id=None, eos_token_id=codec.get("eot"))
+               torch_dtype="float32", eos_token_id=codec.get("eot"),
+               bos_token_id=source.get("config", {}).get("bos_token_id"))
     if a["scorer"] != "softmax":  # hf_scorers.py runs it; without that import, from_pretrained refuses the folder
         model, _ = load_checkpoint(path)
         layers = [block.attn.scorer_params() for block in model.transformer.h]
@@ -202,7 +217,7 @@ def export_hf(path, out):
     if held:
         raise ConvertError(f"{out} already holds {', '.join(held)}: give another --out")
     with folders.results_dir(out, ["model.safetensors", "config.json"]) as tmp:  # whole or not at all
-        files = write_tokenizer(codec, tmp, a["block_size"])
+        files = write_tokenizer(codec, tmp, a["block_size"], source.get("bos_token"))
         st.save_file({k: t.contiguous() for k, t in out_w.items()}, os.path.join(tmp, "model.safetensors"),
                      metadata={"format": "pt"})
         with open(os.path.join(tmp, "config.json"), "w") as f:

@@ -1,9 +1,9 @@
 """Pretrained models in and out (issue #46): tiny random Llama models that transformers builds from a config (no
-download) imported with convert_hf.py (GQA, RMSNorm eps 1e-5, tied and untied embeddings: logits and greedy
-generation as transformers'), exported back, an imported model's own tokenizer as a codec (text round trip,
-sample.py with --ckpt alone, data prepared with it, uint32 ids past 65,535), a scorer swap of an imported model that
-trains and resumes exactly, and each bad input as one error line. Scorer models exported and run by transformers
-through hf_scorers.py (per-head parameters, left padding, generation) as nanoscorer runs them, the exports it refuses,
+download) imported with convert_hf.py (GQA, RMSNorm eps 1e-5, tied and untied embeddings, shards, head_dim null:
+logits and greedy generation as transformers'), exported back with the source's BOS, an imported model's tokenizer as
+a codec (text round trip, sample.py --ckpt alone, data prepared with it, uint32 ids past 65,535), a scorer swap that
+trains and resumes exactly, each bad input as one error line. Scorer models run by transformers through hf_scorers.py
+(per-head parameters, left padding, dynamic and static caches) as nanoscorer runs them, the exports it refuses,
 GPT-2's tokenizer files, and eval_harness.py on a local lm-eval task. Skipped without requirements-hf.txt."""
 import json
 import os
@@ -16,40 +16,42 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
-from transformers import AttentionInterface, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+from transformers import AttentionInterface, AutoTokenizer, LlamaConfig, LlamaForCausalLM, StaticCache  # noqa: E402
 
 import convert_hf  # noqa: E402
 import hf_scorers  # noqa: E402
 import sample  # noqa: E402
 import train  # noqa: E402
 from conftest import one_line_error  # noqa: E402
-from lib import dataset, vocab  # noqa: E402
-from lib.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from model import GPT, GPTConfig, param_name  # noqa: E402
+from lib import dataset, hf as lib_hf, vocab  # noqa: E402
+from lib.checkpoint import build_model, load_checkpoint, save_checkpoint  # noqa: E402
+from model import GPTConfig, param_name  # noqa: E402
 
 TEXT = "To be, or not to be: that is the question. Whether 'tis nobler in the mind to suffer\n" * 60
 V = 320  # the model's vocabulary: the tokenizer's 300 ids, padded
 
 
 def tokenizer_json(path, vocab_size=300):
-    """A byte-level BPE trained on TEXT, <|endoftext|> its id 0, saved as tokenizer.json."""
+    """A byte-level BPE trained on TEXT, <|endoftext|> its id 0 and <s> 1, saved as tokenizer.json."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-    tok.train_from_iterator([TEXT], trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+    tok.train_from_iterator([TEXT], trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<s>"],
                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok.save(str(path))
     return str(path)
 
 
-def llama(folder, tie, **kw):
-    """A random tiny Llama (4 query heads, 2 KV heads, eps 1e-5) saved by transformers, with a tokenizer."""
+def llama(folder, tie, shard="5GB", **kw):
+    """A random tiny Llama (4 query heads, 2 KV heads, eps 1e-5) saved by transformers, its tokenizer's BOS <s> (1)."""
     torch.manual_seed(0)
     cfg = LlamaConfig(**{**dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                 num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
                                 tie_word_embeddings=tie, max_position_embeddings=64, eos_token_id=0), **kw})
     model = LlamaForCausalLM(cfg).eval()
-    model.save_pretrained(folder)
+    model.save_pretrained(folder, max_shard_size=shard)
     tokenizer_json(os.path.join(folder, "tokenizer.json"))
+    json.dump({"bos_token": {"__type": "AddedToken", "content": "<s>"}}, open(f"{folder}/tokenizer_config.json", "w"))
     return model
 
 
@@ -58,8 +60,12 @@ def imported(tmp_path_factory):
     """{tie: (the transformers model, the imported checkpoint's path)}."""
     root, out = tmp_path_factory.mktemp("hf"), {}
     for tie in (False, True):
-        hf = llama(str(root / f"hf-{tie}"), tie)
-        convert_hf.main(["import", str(root / f"hf-{tie}"), "--out", str(root / f"run-{tie}")])
+        src = root / f"hf-{tie}"
+        hf = llama(str(src), tie, "100KB" if tie else "5GB")  # tied: in shards
+        if tie:  # head_dim null (transformers: hidden / heads), and a copy in another format beside the shards
+            json.dump({**json.load(open(src / "config.json")), "head_dim": None}, open(src / "config.json", "w"))
+            save_file({"layers.0.attention.wq.weight": torch.zeros(64, 64)}, str(src / "consolidated.safetensors"))
+        convert_hf.main(["import", str(src), "--out", str(root / f"run-{tie}")])
         out[tie] = hf, str(root / f"run-{tie}" / "ckpt.pt")
     return out
 
@@ -75,10 +81,12 @@ def test_an_imported_llama_gives_transformers_logits_and_greedy_tokens(imported,
         assert (model.eval()(x, x)[0] - hf(x).logits).abs().max() < 1e-5
     want = hf.generate(x[:1, :5], max_new_tokens=12, do_sample=False)
     assert torch.equal(model.generate(x[:1, :5], 12, temperature=0), want)  # with the KV cache
+    if tie:  # the shards the index names are read, not the copy beside them
+        assert "layers.0.attention.wq.weight" not in lib_hf.read_weights(ckpt["hf"]["source"])
 
 
-def test_an_exported_model_loads_as_a_plain_llama_left_padded_batch_included(imported, tmp_path):
-    _, path = imported[False]
+def test_an_exported_model_loads_as_a_plain_llama_with_the_sources_bos_left_padded_batch_included(imported, tmp_path):
+    hf, path = imported[False]
     model, _ = load_checkpoint(path)
     convert_hf.main(["export", path, "--out", str(tmp_path / "out")])
     assert sorted(os.listdir(tmp_path / "out")) == ["config.json", "model.safetensors", "tokenizer.json",
@@ -86,6 +94,7 @@ def test_an_exported_model_loads_as_a_plain_llama_left_padded_batch_included(imp
     tok = AutoTokenizer.from_pretrained(str(tmp_path / "out"))
     assert tok.eos_token_id == 0 and tok.decode(tok("Whether 'tis")["input_ids"]) == "Whether 'tis"
     back = LlamaForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
+    assert tok.bos_token_id == 1 and back.config.bos_token_id == hf.config.bos_token_id  # the source's, kept
     x = torch.randint(0, V, (2, 12))
     mask = torch.ones_like(x)
     mask[1, :4] = 0  # the second row left-padded by 4
@@ -122,8 +131,7 @@ def test_data_prepared_with_the_models_tokenizer_trains_a_scorer_swap_that_resum
     ckpt = torch.load(tmp_path / "whole" / "ckpt.pt", weights_only=True)
     assert ckpt["model_args"]["scorer"] == "ssmax" and ckpt["model_args"]["n_kv_head"] == 2
     assert ckpt["codec"]["sha256"] == torch.load(path, weights_only=True)["codec"]["sha256"]
-    os.makedirs(tmp_path / "imported")
-    shutil.copy(path, tmp_path / "imported" / "ckpt.pt")  # an import holds no optimizer state
+    shutil.copytree(os.path.dirname(path), tmp_path / "imported")  # an import holds no optimizer state
     msg = one_line_error(train.main, [*common[:3], f"out_dir={tmp_path / 'imported'}", "resume=True"])
     assert "holds no optimizer or rng or data_state state" in msg
 
@@ -143,45 +151,44 @@ def test_ids_past_65535_are_written_as_uint32_and_read_back(tmp_path):
 
 
 def test_bad_inputs_are_one_error_line(imported, tmp_path):
+    refused = lambda d: one_line_error(convert_hf.main, ["import", str(tmp_path / d), "--out", str(tmp_path / "o")])
     llama(str(tmp_path / "biased"), False, attention_bias=True)
-    msg = one_line_error(convert_hf.main, ["import", str(tmp_path / "biased"), "--out", str(tmp_path / "o")])
-    assert "unsupported architecture: attention_bias=true" in msg
+    assert "unsupported architecture: attention_bias=true" in refused("biased")
     cfg = json.load(open(tmp_path / "biased" / "config.json"))
     json.dump({**cfg, "model_type": "gpt2"}, open(tmp_path / "biased" / "config.json", "w"))
-    assert "model_type 'gpt2' (supported: llama, mistral)" in one_line_error(
-        convert_hf.main, ["import", str(tmp_path / "biased"), "--out", str(tmp_path / "o")])
+    assert "model_type 'gpt2' (supported: llama, mistral)" in refused("biased")
+    for rope in ({"rope_parameters": None, "rope_scaling": {"type": "linear", "factor": 4.0}},  # an older config
+                 {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}):  # beside the default rope_parameters
+        json.dump({**cfg, "attention_bias": False, **rope}, open(tmp_path / "biased" / "config.json", "w"))
+        assert "unsupported architecture: rope_type 'linear' (only the default)" in refused("biased")
     os.remove(tmp_path / "biased" / "config.json")
-    assert "has no config.json" in one_line_error(convert_hf.main, ["import", str(tmp_path / "biased"), "--out",
-                                                                   str(tmp_path / "o")])
+    assert "has no config.json" in refused("biased")
     llama(str(tmp_path / "small"), False, vocab_size=200)  # a tokenizer of 300 ids over 200 embeddings
-    assert "its tokenizer has 300 ids, more than the model's 200" in one_line_error(
-        convert_hf.main, ["import", str(tmp_path / "small"), "--out", str(tmp_path / "o")])
+    assert "its tokenizer has 300 ids, more than the model's 200" in refused("small")
     assert "neither a Hugging Face folder" in one_line_error(convert_hf.main, ["import", "no/such/x", "--out", "o"])
     _, path = imported[False]
-    gpt2 = tmp_path / "gpt2data"  # data in another tokenizer's ids: refused by content
     (tmp_path / "p.txt").write_text(TEXT)
-    dataset.prepare(str(tmp_path / "p.txt"), name="gpt2data", out_dir=str(tmp_path))
+    dataset.prepare(str(tmp_path / "p.txt"), name="gpt2data", out_dir=str(tmp_path))  # in GPT-2's ids: refused
     msg = one_line_error(train.main, ["device=cpu", f"data_dir={tmp_path}", "dataset=gpt2data", f"init_from={path}",
                                       "max_iters=1", f"out_dir={tmp_path / 'r'}", "block_size=32"])
     assert "another vocabulary" in msg or "does not match" in msg, msg
-    assert not gpt2.joinpath("nothing").exists()
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Export of scorer models (hf_scorers.py), GPT-2's tokenizer, lm-eval
 
-def nanoscorer_ckpt(path, codec=None, **args):
-    """A random tiny GPT (4 query heads, 2 KV heads), each scorer parameter different per layer and head, saved."""
+def nanoscorer_ckpt(path, codec=None, task="", **args):
+    """A tiny random GPT (4 query heads, 2 KV heads) of a task, saved; scorer parameters differ per layer and head."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**{**dict(vocab_size=V, n_layer=2, n_head=4, n_kv_head=2, n_embd=64, ffn_hidden=96,
-                                    block_size=64), **args})).eval()
+    model = build_model(GPTConfig(**{**dict(vocab_size=V, n_layer=2, n_head=4, n_kv_head=2, n_embd=64, ffn_hidden=96,
+                                            block_size=64), **args}), task).eval()
     with torch.no_grad():
         for block in model.transformer.h:
             block.attn.c_attn.weight.mul_(5)  # peaked rows: the scorers differ
             for prm in block.attn.params:  # raw values: s, b, ssa's b and n in 0.3..1.1
                 getattr(block.attn, param_name(model.config.scorer, prm)).copy_(torch.rand(4) * 0.8 + 0.3)
-    save_checkpoint({"model": model.state_dict(), "model_args": vars(model.config), "config": {}, "iter_num": 0,
-                     "codec": codec}, str(path))
+    save_checkpoint({"model": model.state_dict(), "model_args": vars(model.config), "config": {"task": task},
+                     "iter_num": 0, "codec": codec}, str(path))
     return model, str(path)
 
 
@@ -197,8 +204,8 @@ def test_a_scorer_model_runs_in_transformers_as_in_nanoscorer_left_padded_batch_
     want = [block.attn.scorer_params() for block in model.transformer.h]
     assert cfg["attn_implementation"] == hf_scorers.NAME and cfg["nanoscorer"]["scorer"] == scorer
     assert cfg["nanoscorer"]["params"] == {k: [x[k].tolist() for x in want] for k in want[0]}  # per layer and head
-    back = LlamaForCausalLM.from_pretrained(str(tmp_path / "hf"), attn_implementation=hf_scorers.NAME).eval()
-    x = torch.randint(0, V, (2, 20))
+    back = LlamaForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()  # config.json names the attention
+    x = torch.randint(1, V, (2, 20))
     mask = torch.ones_like(x)
     mask[1, :5] = 0  # the second row left-padded by 5
     with torch.no_grad():
@@ -208,24 +215,18 @@ def test_a_scorer_model_runs_in_transformers_as_in_nanoscorer_left_padded_batch_
             assert max((got[0] - ours[0]).abs().max(), (got[1, 5:] - ours[1]).abs().max()) < 1e-5
         softmax = LlamaForCausalLM.from_pretrained(str(tmp_path / "hf"), attn_implementation="sdpa").eval()
         assert (softmax(x[:1]).logits[0] - ours[0]).abs().max() > 1e-2  # the scorer ran, not softmax
-        got = back.generate(x[:1, 12:], max_new_tokens=6, do_sample=False)
-        assert torch.equal(got, model.generate(x[:1, 12:], 6, temperature=0))  # with the KV cache
+        got = back.generate(x, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert torch.equal(got[0], model.generate(x[:1], 6, temperature=0)[0])  # each row as it alone
+        assert torch.equal(got[1, 5:], model.generate(x[1:, 5:], 6, temperature=0)[0])
+        for cache in ("dynamic", "static"):  # a prefill into an empty static cache comes with no mask
+            got = back.generate(x[:1, 12:], max_new_tokens=6, do_sample=False, cache_implementation=cache)
+            assert torch.equal(got, model.generate(x[:1, 12:], 6, temperature=0))  # with the KV cache
+        static = StaticCache(config=back.config, max_cache_len=32)
+        assert (back(x[:1], past_key_values=static).logits[0] - ours[0]).abs().max() < 1e-5
     if scorer == "ssmax" and not extra:  # without hf_scorers' registration: refused, never softmax in its place
         monkeypatch.delitem(AttentionInterface._global_mapping, hf_scorers.NAME)
         with pytest.raises(ValueError, match="not supported"):
             LlamaForCausalLM.from_pretrained(str(tmp_path / "hf"))
-
-
-def test_a_left_padded_batch_generates_as_each_row_alone(tmp_path):
-    model, path = nanoscorer_ckpt(tmp_path / "ckpt.pt", scorer="ssmax", ssmax_bias=True)
-    convert_hf.main(["export", path, "--out", str(tmp_path / "hf")])
-    back = LlamaForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()  # config.json names the attention
-    x = torch.randint(1, V, (2, 9))
-    mask = torch.ones_like(x)
-    mask[1, :3] = 0
-    got = back.generate(x, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
-    assert torch.equal(got[0], model.generate(x[:1], 6, temperature=0)[0])
-    assert torch.equal(got[1, 3:], model.generate(x[1:, 3:], 6, temperature=0)[0])
 
 
 def test_models_transformers_cannot_run_refuse_export_in_one_line(tmp_path):
@@ -235,7 +236,8 @@ def test_models_transformers_cannot_run_refuse_export_in_one_line(tmp_path):
              (dict(scorer="stickbreaking"), None, "scorer 'stickbreaking' (no row template"),
              (dict(scorer="lssar"), None, "re-weighting (p=15.0"),
              (dict(scorer="ssmax", reweight_p=4.0), None, "re-weighting (p=4.0"),
-             (dict(vocab_size=3), char, "a character vocabulary (transformers has no tokenizer for it)")]
+             (dict(vocab_size=3), char, "a character vocabulary (transformers has no tokenizer for it)"),
+             (dict(vocab_size=1, task="linear"), None, "task 'linear' (real-valued inputs: its wte is a Linear of 3")]
     for i, (args, codec, why) in enumerate(cases):
         _, path = nanoscorer_ckpt(tmp_path / f"{i}.pt", codec, **args)
         msg = one_line_error(convert_hf.main, ["export", path, "--out", str(tmp_path / f"hf{i}")])
@@ -273,8 +275,7 @@ def test_eval_harness_runs_a_local_lm_eval_task_offline(gpt2_ssmax, tmp_path):
     import eval_harness
     model, path, _ = gpt2_ssmax
     docs = [("To be, or not to", " be"), ("Whether 'tis nobler in the mind to", " suffer"), ("That is", " the")]
-    with open(tmp_path / "docs.jsonl", "w") as f:
-        f.writelines(json.dumps({"context": c, "target": t}) + "\n" for c, t in docs)
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"context": c, "target": t}) + "\n" for c, t in docs))
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "cloze.yaml").write_text(
         f"task: tiny_cloze\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path / 'docs.jsonl'}\n"

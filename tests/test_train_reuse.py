@@ -170,3 +170,19 @@ def test_a_config_files_overwrite_covers_no_out_dir_when_the_file_names_none(dat
     before = {f: (out / f).read_bytes() for f in ("ckpt.pt", "best.pt", "log.jsonl")}
     msg = one_line_error(train.main, [*lm(data_dir, out), str(cfg)])
     assert "already holds a run" in msg and {f: (out / f).read_bytes() for f in before} == before
+
+
+def test_a_fine_tune_keeps_its_imported_sources_record_for_export(data_dir, tmp_path):
+    # convert_hf.py export reads the source's BOS from ckpt["hf"]: a fine-tune by train.py had dropped it
+    src = tmp_path / "src"
+    train.main(lm(data_dir, src, "max_iters=1", "eval_interval=1"))
+    ck = load(src / "ckpt.pt")
+    hf = {"source": "a/model", "config": {"bos_token_id": 1}, "bos_token": "<s>"}
+    imported = tmp_path / "imported.pt"
+    torch.save({k: ck[k] for k in ("model", "model_args", "run_info", "codec")} | {"config": {}, "iter_num": 0,
+                                                                                    "hf": hf}, imported)
+    tuned = tmp_path / "tuned"
+    train.main(lm(data_dir, tuned, f"init_from={imported}", "max_iters=2", "eval_interval=1"))
+    assert load(tuned / "ckpt.pt")["hf"] == hf and load(tuned / "best.pt")["hf"] == hf
+    train.main(lm(data_dir, tuned, "init_from=resume", "max_iters=3", "eval_interval=1"))
+    assert load(tuned / "ckpt.pt")["hf"] == hf
