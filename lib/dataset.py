@@ -139,9 +139,10 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
         try:
             return _build(data_dir, args, source, files, hf or tokenizer, text_field, hf_split, val_frac, seed,
                           max_tokens)
-        except OSError as e:  # a full disk or an unwritable folder: no .tmp is left behind
-            for f in ("train.bin.tmp", "val.bin.tmp", "meta.json.tmp"):
-                with contextlib.suppress(OSError):
+        except OSError as e:  # a full disk or an unwritable folder: no .tmp is left behind ...
+            meta = os.path.join(data_dir, "meta.json")
+            for f in ("train.bin.tmp", "val.bin.tmp", *["meta.json.tmp"] * os.path.exists(meta)):
+                with contextlib.suppress(OSError):  # ... but a cut build's meta.json.tmp, which fetch refuses
                     os.remove(os.path.join(data_dir, f))
             raise DataError(f"cannot write {e.filename or data_dir}: {e.strerror or e}") from None
 
@@ -187,8 +188,10 @@ def _build(data_dir, args, source, files, tokenizer, text_field, hf_split, val_f
             full = max_tokens is not None and used + len(ids) >= max_tokens
             if full:  # cut the last document: the budget is exact
                 ids = ids[:max_tokens - used - 1] + [enc.eot_token]
-            if len(ids) == 1:  # no room left for any text
-                break
+            if len(ids) == 1:  # no room left for any text, or a document the tokenizer drops whole: skip it
+                if full:
+                    break
+                continue
             if pending:
                 write(*pending)
             pending = ("val" if is_val(i) else "train", ids)
@@ -197,7 +200,7 @@ def _build(data_dir, args, source, files, tokenizer, text_field, hf_split, val_f
             if full:
                 break
         if i == 1:  # one document (a .txt file): split by tokens
-            body = pending[1][:-1]
+            body = pending[1][:-1][:None if max_tokens is None else max_tokens - 2]  # two <|endoftext|>: exact
             n_val = round(val_frac * len(body))
             if 0 < n_val < len(body):
                 write("train", body[:-n_val] + [enc.eot_token])
@@ -213,22 +216,24 @@ def _build(data_dir, args, source, files, tokenizer, text_field, hf_split, val_f
         raise DataError(f"{source!r} is one document of {len(body)} tokens, too short to split by tokens into train "
                         f"and val (val_frac={val_frac})" if i else f"{source!r} gave 0 non-empty documents")
 
-    if os.path.exists(os.path.join(data_dir, "meta.json")):  # an old meta.json must not vouch for new files
-        os.remove(os.path.join(data_dir, "meta.json"))
-    for p in paths.values():
-        os.replace(p + ".tmp", p)
     vocab = dict(itos=enc.itos, stoi=enc.stoi) if tokenizer == "char" else {}
-    if isinstance(enc, HFCodec):  # beside the data: its meta.json stays small
-        with open(os.path.join(data_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
-            f.write(enc.text)
     kind = "hf" if isinstance(enc, HFCodec) else tokenizer
     meta = dict(tokenizer=kind, vocab_size=enc.n_vocab, eot_token=enc.eot_token, dtype=np.dtype(dtype).name,
                 source=source, text_field=field, split_rule=rule, seed=seed, val_frac=val_frac, tokens=tokens,
-                documents=n_docs, sha256={s: sha256(p) for s, p in paths.items()},
+                documents=n_docs, sha256={s: sha256(p + ".tmp") for s, p in paths.items()},
                 created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), command=" ".join(sys.argv), args=args, **vocab)
-    with open(os.path.join(data_dir, "meta.json.tmp"), "w") as f:  # meta.json last: it vouches for the .bin files
+    # everything written and hashed before the first rename: a kill or a full disk leaves meta.json.tmp, which fetch
+    # refuses, never .bin files without meta.json that it would take for another tool's GPT-2 files
+    with open(os.path.join(data_dir, "meta.json.tmp"), "w") as f:
         json.dump(meta, f, indent=1)
-    os.replace(os.path.join(data_dir, "meta.json.tmp"), os.path.join(data_dir, "meta.json"))
+    if os.path.exists(os.path.join(data_dir, "meta.json")):  # an old meta.json must not vouch for new files
+        os.remove(os.path.join(data_dir, "meta.json"))
+    if isinstance(enc, HFCodec):  # beside the data: its meta.json stays small
+        with open(os.path.join(data_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+            f.write(enc.text)
+    for p in paths.values():
+        os.replace(p + ".tmp", p)
+    os.replace(os.path.join(data_dir, "meta.json.tmp"), os.path.join(data_dir, "meta.json"))  # last: it vouches
     print(f"{data_dir}: train {tokens['train']:,} tokens ({n_docs['train']} docs), "
           f"val {tokens['val']:,} tokens ({n_docs['val']} docs) in {time.time() - t0:.1f}s")
     return data_dir
@@ -250,9 +255,9 @@ def fetch(name, out_dir="data", make=True):
         elif not os.path.isdir(data_dir):
             raise DataError(f"dataset {data_dir!r} not found: prepare it with `python prepare_data.py SOURCE --name "
                             f"{name} --out_dir {out_dir}`")
-        elif os.path.exists(os.path.join(data_dir, "meta.json")) or not all(
+        elif any(os.path.exists(os.path.join(data_dir, m)) for m in ("meta.json", "meta.json.tmp")) or not all(
                 os.path.isfile(os.path.join(data_dir, f"{s}.bin")) for s in SPLITS):
-            raise
+            raise  # meta.json.tmp: this tool's build, cut short
         else:  # another tool's .bin files, unchecked (nanoGPT's meta.pkl is refused)
             data_record(data_dir)
     return data_dir

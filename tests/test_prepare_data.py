@@ -286,3 +286,52 @@ def test_cli_bad_glob_subprocess(tmp_path):
 def test_english_is_every_embedded_text_together():
     english = corpora.EMBEDDED["english"]()
     assert english == corpora.shakespeare_docs() + corpora.kjv_docs() and len(english) > 100
+
+def test_a_rebuild_cut_short_keeps_the_old_dataset_or_is_refused_never_read_as_gpt2(tmp_path, monkeypatch):
+    # meta.json was removed and the .bin files renamed before hashing: a full disk there left .bin files without
+    # meta.json, which fetch took for another tool's GPT-2 files (a character dataset decoded as BPE)
+    for k in range(4):
+        (tmp_path / f"d{k}.txt").write_text("To be, or not to be, that is the question. " * 5 + str(k))
+    src, out = str(tmp_path / "*.txt"), str(tmp_path / "data")
+    d = pdata.prepare(src, name="chars", out_dir=out, tokenizer="char", val_frac=0.3)
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(pdata.json, "dump", full)  # the disk fills while meta.json is written
+    with pytest.raises(corpora.DataError, match="No space left"):
+        pdata.prepare(src, name="chars", out_dir=out, tokenizer="char", val_frac=0.3, force=True)
+    monkeypatch.undo()
+    assert pdata.fetch("chars", out) == d and vocab.data_record(d)["kind"] == "char"  # the old one, whole
+    replace = os.replace
+    def killed(a, b):  # the build stops after the .bin renames, before meta.json's
+        if b.endswith("meta.json"):
+            raise KeyboardInterrupt
+        replace(a, b)
+    monkeypatch.setattr(pdata.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        pdata.prepare(src, name="chars", out_dir=out, tokenizer="char", val_frac=0.3, force=True)
+    monkeypatch.undo()
+    with pytest.raises(corpora.DataError, match="meta.json is missing"):
+        pdata.fetch("chars", out)
+
+def test_a_one_document_split_keeps_the_token_budget_exactly(tmp_path):
+    (tmp_path / "one.txt").write_text("To be, or not to be, that is the question. " * 200)
+    for budget in (100, 1000):
+        d = pdata.prepare(str(tmp_path / "one.txt"), name=f"one{budget}", out_dir=str(tmp_path / "out"),
+                          max_tokens=budget)
+        meta, toks = read_all(d)
+        assert sum(meta["tokens"].values()) == budget == sum(len(t) for t in toks.values())
+
+def test_a_document_the_tokenizer_drops_whole_is_skipped_not_the_end_of_the_corpus(tmp_path):
+    tk = pytest.importorskip("tokenizers")
+    words = "the cat sat on mat and dog ran".split()
+    tok = tk.Tokenizer(tk.models.WordLevel({w: i for i, w in enumerate(["[UNK]", *words, "</s>"])}, unk_token="[UNK]"))
+    tok.normalizer = tk.normalizers.BertNormalizer(clean_text=True, lowercase=True)  # drops control characters
+    tok.pre_tokenizer = tk.pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": len(words) + 1}))
+    rows = [{"text": "the cat sat on the mat"}] * 10 + [{"text": "\x07"}] + [{"text": "the dog ran"}] * 30
+    with open(tmp_path / "c.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    d = pdata.prepare(str(tmp_path / "c.jsonl"), out_dir=str(tmp_path / "out"), tokenizer=str(tmp_path), val_frac=0.2)
+    with open(os.path.join(d, "meta.json")) as f:
+        assert sum(json.load(f)["documents"].values()) == 40
