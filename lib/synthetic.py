@@ -25,6 +25,10 @@ REPO_OUT = REPO  # output root; tests point it elsewhere
 def _one_core():  # one core per worker, `jobs` workers at once
     import torch
     torch.set_num_threads(1)
+    # imports and CUDA start here, not in a worker's first run: train_s compares rungs (select_budget)
+    import eval_tasks, train  # noqa: F401
+    if torch.cuda.is_available():
+        torch.cuda.init()
 
 
 def _run(script, argv, log):
@@ -42,11 +46,11 @@ def _run(script, argv, log):
             sys.argv = saved
 
 
-def reuse(path, want, what, redo, clear):
+def reuse(path, want, what, redo, clear, whole=True):
     """runs.judge() of the record at `path` (a run's done marker, an evaluation's settings; empty or absent: written
-    before settings were recorded)."""
+    before settings were recorded, taken as it is where whole, else other settings)."""
     text = open(path).read() if os.path.isfile(path) else ""
-    return judge(json.loads(text) if text.strip() else None, want, what, redo, [clear])
+    return judge(json.loads(text) if text.strip() else None, want, what, redo, [clear], whole)
 
 
 def record(path, settings):
@@ -55,32 +59,43 @@ def record(path, settings):
     os.replace(path + ".tmp", path)
 
 
-def run_one(task, setting, seed, runs, n_eval, e, over, redo=False):
+def run_one(task, setting, seed, runs, n_eval, e, over, redo=False, evaluate=True):
     """Train (resumable) and evaluate one run in this worker process; e: its SUITE entry, over: its train.py
     overrides. A RESCALED setting evaluates the seed's softmax run (trained before, main's second round). Each step
-    is reused only when made with these settings (redo: made again). Returns its wall times."""
+    is reused only when made with these settings (redo: made again); each records them before it starts, so an
+    output cut short between the two is judged too. evaluate=False: train only. Returns its wall times."""
     out = os.path.join(runs, f"{task}-{setting}-s{seed}")
     trained = os.path.join(runs, f"{task}-softmax-s{seed}") if setting in RESCALED else out
     log = os.path.join(runs, f"{os.path.basename(out)}.train.log")
     t0, ran = time.time(), False
     train = dict(config=e.config, overrides=[*over, f"seed={seed}"])  # what decides the trained model
-    marker = os.path.join(trained, "done")
-    if not (os.path.isfile(marker) and reuse(marker, train, f"the run {trained}", redo, trained)):
+    marker, started = os.path.join(trained, "done"), os.path.join(trained, "train_settings.json")
+    if os.path.isfile(marker):
+        reused = reuse(marker, train, f"the run {trained}", redo, trained)
+    else:  # a run cut short resumes only with the settings it started with (none recorded: other settings)
+        reused = False
+        if os.path.isfile(os.path.join(trained, "ckpt.pt")) or os.path.isfile(os.path.join(trained, "log.jsonl")):
+            reuse(started, train, f"the unfinished run {trained}", redo, trained, whole=False)
+    if not reused:
         ran = True
+        os.makedirs(trained, exist_ok=True)
+        record(started, train)
         _run("train.py", [os.path.join(REPO, "configs", "tasks", f"{e.config}.py"), *train["overrides"],
                            f"out_dir={trained}", "resume=True"], log)
         record(marker, train)
     t1 = time.time()
+    if not evaluate:
+        return dict(task=task, setting="softmax", seed=seed, train_s=round(t1 - t0, 1), eval_s=0.0, ran=ran)
     N = _block_size(trained)
     args = ["--lengths", *[str(m * N) for m in e.multiples], "--n", str(e.n_eval or n_eval), "--rope", *e.ropes,
             "--diagnose", str(32 if e.diagnose else 0), *(x.format(N=N) for x in RESCALED.get(setting, []))]
     settings, evaluated = os.path.join(out, "eval_settings.json"), os.path.join(out, "eval", "per_prompt.csv")
     if not (os.path.isfile(evaluated) and reuse(settings, dict(train=train, eval=args), f"the evaluation {out}/eval",
-                                                redo, os.path.join(out, "eval"))):
+                                                redo, os.path.join(out, "eval"), whole=False)):
         ran = True
         os.makedirs(out, exist_ok=True)
+        record(settings, dict(train=train, eval=args))  # before: an evaluation cut short is judged by it
         _run("eval_tasks.py", [os.path.join(trained, "ckpt.pt"), *args, "--out_dir", os.path.join(out, "eval")], log)
-        record(settings, dict(train=train, eval=args))
     return dict(task=task, setting=setting, seed=seed, train_s=round(t1 - t0, 1), eval_s=round(time.time() - t1, 1),
                 ran=ran)
 
@@ -129,13 +144,17 @@ def main(quick=False, jobs=None, n_eval=N_EVAL, settings=None, task_names=None, 
         os.makedirs(results, exist_ok=True)
         suite(runs, results, plan(task_names, settings, seeds), jobs, n_eval, command, task_names, redo,
               synthetic_report, began)
-        if any("-lr" in t for t in task_names):  # a sweep: its choice of rate, by the committed rule
+        sweep, ladder = any("-lr" in t for t in task_names), sum(t in RUNGS for t in task_names) > 1
+        for name in [*["selected.json", "sweep.png"] * (not sweep), *["selected_budget.json"] * (not ladder)]:
+            if os.path.exists(os.path.join(results, name)):  # an earlier call's choice, not of these runs
+                os.remove(os.path.join(results, name))
+        if sweep:  # its choice of rate, by the committed rule
             rows = synthetic_report.compare.read_csv(os.path.join(results, "accuracy.csv"))
             chosen = select_lr(rows)
             record(os.path.join(results, "selected.json"), chosen)
             synthetic_report.synthetic_figures.sweep(sweep_accuracy(rows), chosen, os.path.join(results, "sweep.png"))
             print(f"selected learning rates: {chosen}")
-        if sum(t in RUNGS for t in task_names) > 1:  # the GPU pilot's ladder: recall's budget, by the committed rule
+        if ladder:  # the GPU pilot's: recall's budget, by the committed rule
             rows = synthetic_report.compare.read_csv(os.path.join(results, "accuracy.csv"))
             steps = [json.loads(line) for line in open(os.path.join(results, "steps.jsonl"))]
             rung = select_budget(rows, steps)
@@ -154,17 +173,23 @@ def suite(runs, results, todo, jobs, n_eval, command, task_names, redo, syntheti
     spawn = multiprocessing.get_context("spawn")  # fork would inherit torch's threads
     with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=_one_core) as pool:
         done = 0  # the rescalings read the softmax runs: a second round, once the first has finished
-        for round_ in ([x for x in todo if x[1] not in RESCALED], [x for x in todo if x[1] in RESCALED]):
-            futures = [pool.submit(run_one, t, s, seed, runs, n_eval, SUITE[t], overrides(t, s), redo)
-                       for t, s, seed in round_]
-            for f in futures:
+        first = [(x, True) for x in todo if x[1] not in RESCALED]
+        # a rescaled seed whose softmax run is not asked is trained (only) in the first round, once: not by each of
+        # its rescalings in the second, where two workers would write one run
+        need = dict.fromkeys((t, "softmax", seed) for t, s, seed in todo if s in RESCALED)
+        first += [(x, False) for x in need if x not in todo]
+        for round_ in (first, [(x, True) for x in todo if x[1] in RESCALED]):
+            futures = [pool.submit(run_one, t, s, seed, runs, n_eval, SUITE[t], overrides(t, s), redo, evaluate)
+                       for (t, s, seed), evaluate in round_]
+            for f, (_, evaluate) in zip(futures, round_):
                 try:
-                    r, done = f.result(), done + 1
+                    r, done = f.result(), done + evaluate
                 except BaseException:  # stop now: queued runs would otherwise all run before the error shows
                     pool.shutdown(cancel_futures=True)
                     raise
                 print(f"[{done}/{len(todo)}] {r['task']} {r['setting']} seed {r['seed']}: train {r['train_s']} s, "
-                      f"eval {r['eval_s']} s ({time.time() - t0:.0f} s so far)", flush=True)
+                      + (f"eval {r['eval_s']} s" if evaluate else "for its rescalings") +
+                      f" ({time.time() - t0:.0f} s so far)", flush=True)
                 with open(os.path.join(results, "steps.jsonl"), "a") as log:
                     log.write(json.dumps(r) + "\n")
                 if r["ran"]:

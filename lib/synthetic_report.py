@@ -189,6 +189,9 @@ def report(runs, results, todo, setup):
     compare.write_csv(os.path.join(results, "accuracy.csv"), acc, list(acc[0]))
     if att:
         compare.write_csv(os.path.join(results, "attention.csv"), att, list(att[0]))
+    for name in ("attention.csv", "attention.png") if not att else ():  # an earlier call's, of other runs
+        if os.path.exists(os.path.join(results, name)):
+            os.remove(os.path.join(results, name))
     path = os.path.join(results, "per_prompt.csv.gz")
     with gzip.GzipFile(path, "wb", mtime=0) as gz, io.TextIOWrapper(gz, newline="") as f:  # mtime 0: same bytes
         w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in prompts for k in r)))  # old runs: fewer

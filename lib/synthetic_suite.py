@@ -146,7 +146,8 @@ def overrides(task, setting):
     """train.py's overrides of one run, {log_N} filled in from the task's training length."""
     e = SUITE[task]
     N = config.parse_args([os.path.join(REPO, "configs", "tasks", f"{e.config}.py"), *e.extra])["block_size"]
-    return [*e.extra, *(o.format(log_N=math.log(N)) for o in SETTINGS[setting]), *dict(e.recipes).get(setting, ())]
+    own = "softmax" if setting in RESCALED else setting  # a rescaling evaluates the softmax run: its recipe too
+    return [*e.extra, *(o.format(log_N=math.log(N)) for o in SETTINGS[setting]), *dict(e.recipes).get(own, ())]
 
 
 def plan(task_names, settings=None, seeds=None):

@@ -1,0 +1,84 @@
+"""The synthetic suite's runs used again: a run or an evaluation cut short is judged by the settings it started with
+(recorded before it starts), a rescaling evaluates its softmax run at that run's own recipe and trains it once, and a
+later call leaves none of an earlier call's files in its results folder. Tiny runs on the CPU."""
+import csv
+import dataclasses
+import json
+import os
+
+import pytest
+
+from lib import runs, synthetic
+from lib.synthetic_suite import overrides
+
+TINY = ("max_iters=2", "eval_interval=2", "n_embd=16", "ffn_hidden=32", "batch_size=4")
+
+
+@pytest.fixture
+def suite(tmp_path, monkeypatch):
+    monkeypatch.setattr(synthetic, "REPO_OUT", str(tmp_path))
+
+    def run(extra=TINY, task="first", **kw):
+        monkeypatch.setitem(synthetic.SUITE, task, dataclasses.replace(synthetic.SUITE[task], extra=extra,
+                                                                       multiples=(1, 2)))
+        synthetic.main(**{"jobs": 1, "n_eval": 4, "settings": ["softmax"], "task_names": [task], "seeds": [0], **kw})
+    return run
+
+
+def test_a_run_cut_short_resumes_only_with_the_settings_it_started_with(suite, tmp_path):
+    # its settings were recorded only when it finished: a rerun with others resumed it and recorded only the new ones
+    suite()
+    run = tmp_path / "out-synthetic" / "first-softmax-s0"
+    started = json.loads((run / "train_settings.json").read_text())
+    assert started == json.loads((run / "done").read_text())
+    (run / "done").unlink()  # killed after a checkpoint, before its marker
+    other = (*TINY[:-1], "batch_size=2")
+    with pytest.raises(runs.StepError, match=r"the unfinished run .*batch_size=4.*->.*batch_size=2.*--redo"):
+        suite(other)
+    suite()  # the same settings: it resumes
+    (run / "done").unlink()
+    (run / "train_settings.json").unlink()  # cut short by a version that recorded nothing before it started
+    with pytest.raises(runs.StepError, match="made before settings were recorded"):
+        suite()
+    suite(other, redo=True)  # made again, from scratch, with the settings asked
+    assert "batch_size=2" in json.loads((run / "done").read_text())["overrides"]
+    heads = [json.loads(line)["config"]["batch_size"] for line in open(run / "log.jsonl") if '"config"' in line]
+    assert heads == [2]  # one training, not a mix of two
+
+
+def test_an_evaluation_is_judged_by_the_settings_it_started_with(suite, tmp_path):
+    suite()
+    out = tmp_path / "out-synthetic" / "first-softmax-s0"
+    (out / "eval_settings.json").unlink()  # an evaluation whose record is gone: not taken as it is
+    with pytest.raises(runs.StepError, match="the evaluation .* made before settings were recorded"):
+        suite(n_eval=8)
+    suite(n_eval=8, redo=True)
+    assert "8" in json.loads((out / "eval_settings.json").read_text())["eval"]
+    rows = list(csv.DictReader(open(tmp_path / "out-results" / "synthetic" / "accuracy.csv")))
+    assert {r["n"] for r in rows} == {"8"}
+
+
+def test_a_rescaling_evaluates_its_softmax_run_at_that_runs_recipe():
+    # softmax-qwen of first-tuned lacked softmax's tuned rate: it refused, or with --redo retrained at 3e-3
+    for task in ("first-tuned", "recall-tuned"):
+        assert overrides(task, "softmax-qwen") == overrides(task, "softmax")
+    assert "learning_rate=0.01" in overrides("first-tuned", "softmax-qwen")
+
+
+def test_two_rescalings_of_a_seed_train_its_softmax_run_once(suite, tmp_path):
+    # without softmax asked, each rescaling trained the one softmax run at once: "in use by process ..."
+    suite(settings=["softmax-qwen", "softmax-yarn"], jobs=2)
+    res = tmp_path / "out-results" / "synthetic"
+    steps = [json.loads(line) for line in open(res / "steps.jsonl")]
+    assert [(r["setting"], r["eval_s"] == 0.0) for r in steps][0] == ("softmax", True)  # trained only
+    rows = list(csv.DictReader(open(res / "accuracy.csv")))
+    assert {r["setting"] for r in rows} == {"softmax-qwen", "softmax-yarn"}
+
+
+def test_a_later_call_leaves_no_earlier_calls_attention_files(suite, tmp_path):
+    res = tmp_path / "out-results" / "synthetic"
+    suite()  # first: diagnosed
+    assert (res / "attention.csv").exists() and (res / "attention.png").exists()
+    suite(task="flipflop")  # not diagnosed, no verdict endpoint (its report had crashed drawing horizons.png)
+    assert not any((res / f).exists() for f in ("attention.csv", "attention.png", "horizons.png"))
+    assert (res / "accuracy.png").exists() and "flipflop" in (res / "tables.md").read_text()
