@@ -36,7 +36,8 @@ export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/device.txt" 2>&1
+echo "step: $*" >> "$out/device.txt"  # appended: two steps in one call keep both exit lines
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$out/device.txt" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$out/device.txt"
 # under the call's 600 s, so the logs written so far still come back; a shorter call sets LIMIT below its timeout_s
 # (else the device tool kills pytest before it prints its failures: 2026-11-26, cut at 330 s)
@@ -70,8 +71,9 @@ print(*GPU['pilot'])") > "$out/synthetic_pilot.log" 2>&1 ;;
 esac
 rc=$?  # the step's own status (for repro, before copying its results)
 [ "$1" = repro ] && cp -r results/gpu "$out/" 2>/dev/null
-case "$1" in synthetic*) mkdir -p "$out/results" && cp -r out-results/synthetic-gpu* results/synthetic-gpu \
-                              "$out/results/" 2>/dev/null ;; esac  # out-results/: no --commit-results
+case "$1" in synthetic*) mkdir -p "$out/results" "$out/logs" && cp -r out-results/synthetic-gpu* results/synthetic-gpu \
+                              "$out/results/" 2>/dev/null  # out-results/: no --commit-results
+                          cp out-synthetic-gpu*/*.train.log "$out/logs/" 2>/dev/null ;; esac  # what an error names
 echo "exit $rc" >> "$out/device.txt"
 tail -n 25 "$out"/*.log
 exit $rc
