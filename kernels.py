@@ -12,7 +12,8 @@ backward.
   The scorer math is kernels_math.py's: _row_setup, _keys, _logit (with _prob), _terms, _grad_factor, and KERNELS.
 - Stage 2 (re-weighting, p given): pass 1 keeps only each row's M and largest stage-1 logit, hence the row's
   largest y = n_i P - o_i; pass 2 recomputes P and sums (y / y_max)^p over y > 0: in [0, 1], so no overflow at
-  p = 100, n = 1e5, and no running max. "y > 0" means y > TIE n_i (scorers.reweight's rule): rows with none keep P.
+  p = 100, n = 1e5, and no running max. "y > 0" means above scorers.tie_tolerance, from the row's lse M1 (_tie):
+  rows with none keep P.
 - Backward: dq (row blocks) then dk/dv (key blocks), no atomics. With re-weighting or learning parameters the dq
   kernel takes sigma_i = sum_k P_ik dP_ik exactly, which dk/dv then read: 16-bit inputs sum it in dq's walk (dq and
   the parameters' sums are linear in sigma: taken with FA2's delta, then corrected), re-weighting adds one walk for
@@ -40,7 +41,8 @@ from kernels_math import (INTERPRET, KERNELS, LN2, NO_GPU, _dot_types, _grad_fac
 
 FLAGS = ("ROW", "LOGIT", "ONLINE_MAX", "NORMALISE", "SUMS_TO_ONE")
 NEG = tl.constexpr(-1.0e30)  # finite "-inf": exp2(NEG - NEG) is not NaN
-TIE = tl.constexpr(scorers.TIE * 2.0**-23)  # y = n P - o > TIE n is positive (fp32)
+TIE = tl.constexpr(scorers.TIE * 2.0**-23)  # y = n P - o > TIE (n + |lse|) is positive (fp32)
+LN_LN2 = tl.constexpr(math.log(math.log(2.0)))
 DECODE_M = 16  # smallest tl.dot M: decode and short chunks
 DECODE_N = 32 if INTERPRET else 64
 SLOTS = ("s", "b", "n")  # registry names of the S, Bp, Np slots
@@ -65,6 +67,15 @@ def _pow(r, p, P_INT: tl.constexpr):
 
 
 @triton.jit
+def _tie(n_i, m1, ONLINE_MAX: tl.constexpr):
+    """scorers.tie_tolerance of rows whose base-2 lse is m1 (P = 2^(x - m1) carries ~|m1| ulps of rounding)."""
+    lse = m1 * LN2
+    if not ONLINE_MAX:  # lssa's plain sums: of A in units of 1/ln 2
+        lse = lse + LN_LN2
+    return (n_i + tl.abs(lse)) * TIE
+
+
+@triton.jit
 def _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale, b_h, n_h, p,
               LOGIT: tl.constexpr, ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr, REWEIGHT: tl.constexpr,
               MASK: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):
@@ -80,7 +91,7 @@ def _bwd_tile(q, kT, vT, do, ks, keep, c, m1, m2, fb, delta, n_i, o_i, sm_scale,
     Pf, dP, h = P, g, 1.0
     if REWEIGHT:  # Pf = softmax of p log y over y > 0; fallback rows: P
         y = n_i[:, None] * P - o_i[:, None]
-        pos = y > n_i[:, None] * TIE
+        pos = y > _tie(n_i, m1, ONLINE_MAX)[:, None]
         ys = tl.where(pos, y, 1.0)
         # Pf / y: Pf and h from one power; a flushed Pf < n 2^-126 is nothing
         Q = tl.where(pos, tl.exp2((p - 1.0) * _log2(ys) - m2[:, None]), 0.0)
@@ -150,7 +161,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk,
         if STAGE == 2:  # (y / y_max)^p in [0, 1]: no overflow
             P = _prob(x, m1, LOGIT, ONLINE_MAX, NORMALISE)
             y = n_i[:, None] * P - o_i[:, None]
-            a = tl.where(fb[:, None], P, tl.where(y > n_i[:, None] * TIE, _pow(y * inv_ym[:, None], p, P_INT), 0.0))
+            pos = y > _tie(n_i, m1, ONLINE_MAX)[:, None]
+            a = tl.where(fb[:, None], P, tl.where(pos, _pow(y * inv_ym[:, None], p, P_INT), 0.0))
             if MASK:
                 a = tl.where(keep, a, 0.0)
             l_i += tl.sum(a, 1)
@@ -212,7 +224,7 @@ def _attn_fwd(Q, K, V, S, Bp, Np, QS, KS, M1, MX, O, LSE, FB, H, Tq, Tk, offset,
         mx = tl.load(MX + rows, mask=row_ok, other=0.0)
         ym = tl.sum(n_i[:, None] * _prob(mx[:, None], m1, LOGIT, ONLINE_MAX, NORMALISE) - o_i[:, None],
                     1)  # the tiles' arithmetic, so the same rounding
-        fb = ym <= n_i * TIE  # no y above the tie tolerance: the row keeps P
+        fb = ym <= _tie(n_i, m1, ONLINE_MAX)  # no y above the tie tolerance: the row keeps P
         ym = tl.where(fb, 1.0, ym)
         tl.store(FB + rows, fb.to(tl.int8), mask=row_ok)  # every split writes the same
     inv_ym = 1.0 / ym

@@ -138,7 +138,7 @@ def _forward(q, k, v, prm, scorer, kind, p, offset, save):
     logits where its backward reads them), P (stage 1), its S (lssa, softpick; the template: log L), P2
     (re-weighted), the rows that re-weighted."""
     entry = scorers.SCORERS[scorer]
-    tie = scorers.TIE * torch.finfo(q.dtype).eps  # scorers.reweight's rule
+    eps = torch.finfo(q.dtype).eps
     out, saved = torch.empty_like(q), []
     keep = torch.ones(CHUNK, CHUNK, dtype=q.dtype, device=q.device).tril_()  # 1 on and below the diagonal
     mask = keep if kind in MULTIPLY_MASK else keep.log_()  # log 1 = 0, log 0 = -inf
@@ -153,20 +153,34 @@ def _forward(q, k, v, prm, scorer, kind, p, offset, save):
         else:
             P, S = _stage1(x, kind, prm.get("n"), mask[:t1 - t0, :t1 - t0], ln_n)
         P2 = has = None
-        if p is not None:  # scorers.reweight: P2 = softmax(p log x), x > 0
+        if p is not None:  # scorers.reweight: P2 = softmax(p log x), x above the tie tolerance
             n_i, inv_o = _rows(offset, t0, t1, P)
-            # thresholds, not log(0) or masked fills (slow on the CPU):
-            # cut y -> 2 Tk (> any kept x), then -p log x -> -inf
+            tol = scorers.tie_tolerance(n_i, _lse(P, x, S, kind, entry, prm, ln_n, ln_d), eps) / n_i  # on P - o/n
+            # thresholds, not log(0) or masked fills (slow on the CPU): cut y -> inf, then -p log x -> -inf
             # log of x = n_i y, not y ~ 1/n_i: p log(n_i) eps less error
-            y = F.threshold_(P - inv_o, tie, 2.0 * Tk)
-            has = y.amin(-1, keepdim=True) < 2.0 * Tk
-            logR = F.threshold_(y.mul_(n_i).log_().mul_(-p), -p * math.log(1.5 * Tk), math.inf).neg_()
+            y = F.threshold_(P - (inv_o + tol), 0.0, math.inf)
+            has = y.amin(-1, keepdim=True) < math.inf
+            logR = F.threshold_(y.add_(tol).mul_(n_i).log_().mul_(-p), -p * math.log(1.5 * Tk), math.inf).neg_()
             P2 = torch.softmax(logR, dim=-1)
             P2 = P2 if _all(has) else torch.where(has, P2, P)
         out[:, t0:t1] = torch.bmm(P if P2 is None else P2, v[:, :Tk])
         if save:
             saved.append((x if keep_x else None, P, S, P2, has))
     return out, saved
+
+
+def _lse(P, x, S, kind, entry, prm, ln_n, ln_d):
+    """Each row's ln sum_j e^logit (scorers.row_lse) for the tie tolerance: the logit at the row's largest P less
+    log P there (P = e^(logit - lse)); lssa: the log of its row sum S."""
+    if kind == "softplus":
+        return S.log()
+    Pm, j = P.max(-1, keepdim=True)
+    xj = x.gather(-1, j)
+    if kind is None:  # the template's x: the scores
+        xj = entry.logit(xj, ln_n, ln_d, **prm)
+    elif kind == "ssa":  # x = b z
+        xj = xj.abs().log1p_().copysign_(xj).mul_(prm["n"])
+    return xj - Pm.log()
 
 
 def _all(has):  # every row re-weighted; compiling: assume not, as a branch on data would break the graph
@@ -182,7 +196,7 @@ def _backward(do, q, k, v, prm, need, out, saved, scorer, kind, p, offset):
     entry = scorers.SCORERS[scorer]
     dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dprm = {name: torch.zeros_like(prm[name]) for name in need}
-    tie = scorers.TIE * torch.finfo(q.dtype).eps
+    tie = scorers.TIE * torch.finfo(q.dtype).eps  # guards p / y only: P2 = 0 at y below the forward's tolerance
     delta = torch.linalg.vecdot(do, out).unsqueeze(-1)  # sum_j P dP of the last stage
     # dx's head, row and constant factors scale q, k or dq,
     # not the (m, Tk) blocks

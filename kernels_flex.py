@@ -27,10 +27,10 @@ def _flex_pass(q, k, v, block_mask, scale, stage1, pos0, params, ln_d, lse1, p):
         x = stage1(score, ln_n, ln_d, **{name: x[h] for name, x in params.items() if name not in ("c", "c_rows")})
         return x if c is None else x + c_rows[bb, h, q_idx] - c[bb, h, kv_idx]
 
-    def reweight(score, bb, h, q_idx, kv_idx):  # p log(n P - o) where > TIE eps n, else -inf
-        n_i = (q_idx + pos0 + 1).to(torch.float32)
-        y = n_i * torch.exp(logit(score, bb, h, q_idx, kv_idx) - lse1[bb, h, q_idx]) - (n_i > 3).to(torch.float32)
-        pos = y > scorers.TIE * torch.finfo(torch.float32).eps * n_i  # fp32, as kernels.py
+    def reweight(score, bb, h, q_idx, kv_idx):  # p log(n P - o) where above the tie tolerance, else -inf
+        n_i, lse = (q_idx + pos0 + 1).to(torch.float32), lse1[bb, h, q_idx]
+        y = n_i * torch.exp(logit(score, bb, h, q_idx, kv_idx) - lse) - (n_i > 3).to(torch.float32)
+        pos = y > scorers.tie_tolerance(n_i, lse, torch.finfo(torch.float32).eps)  # fp32, as kernels.py
         return torch.where(pos, p * torch.log(torch.where(pos, y, torch.ones_like(y))), -math.inf)
 
     mod = logit if lse1 is None else reweight

@@ -106,19 +106,36 @@ def score_fox(q, k, n_i, mask, c):
     c = c.to(z.dtype)  # (B, H, Tk): the queries are the last Tq positions
     return _masked_softmax(z + c[..., -z.size(-2):, None] - c[..., None, :], mask)
 
-TIE = 8  # re-weighting: n P - o > TIE * eps * n counts as positive
+TIE = 8  # re-weighting: n P - o > TIE eps (n + |lse|) counts as positive
 
-def reweight(P, n_i, p):
+def tie_tolerance(n_i, lse, eps):
+    """Re-weighting's tie tolerance on y = n_i P - o_i: P's rounding is ~eps a term of the row sum (n_i) plus ~|lse|
+    eps from the logits' own (exp(x - lse) at |x| ~ |lse|), so a uniform row's y is noise below it at any |logit|."""
+    return TIE * eps * (n_i + lse.abs())
+
+def reweight(P, n_i, p, lse):
     """LSSAR eq. 5: R = ReLU(n_i P - o_i)^p, P' = R / sum R; o_i = 0 for rows i < 3, else 1.
     A softmax of p log(n P - o) over the positive entries, since (n P)^p overflows fp32.
-    Positive means above TIE n_i eps (eps of P's dtype; the fused paths agree); a row with none keeps P.
-    Only a uniform row has none: there n P - 1 is rounding noise (up to ~n eps / 2) that must not pick the branch."""
+    Positive means above tie_tolerance (eps of P's dtype, lse: row_lse; the fused paths agree); a row with none keeps
+    P. Only a uniform row has none: there n P - 1 is rounding noise that must not pick the branch."""
     n = n_i.to(P.dtype)
     x = n * P - (n_i > 3).to(P.dtype)  # row i has n_i = i + 1, so i < 3 <=> n_i <= 3
-    pos = x > TIE * n * torch.finfo(P.dtype).eps
+    pos = x > tie_tolerance(n, lse, torch.finfo(P.dtype).eps)
     logR = torch.where(pos, p * torch.log(torch.where(pos, x, torch.ones_like(x))), float("-inf"))
     has = pos.any(-1, keepdim=True)
     return torch.where(has, torch.softmax(logR.masked_fill(~has, 0.0), dim=-1), P)
+
+@torch.no_grad()
+def row_lse(entry, q, k, n_i, mask, prm):
+    """ln sum_j e^logit_ij of each row (B, H, Tq, 1) from the registry's logits (flex's score_mod; the kernels' M1):
+    the scale of P's rounding in re-weighting's tie test."""
+    s = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1) if entry.cosine else _z(q, k)
+    kw = {name: x for name, x in prm.items() if name != "c"}  # fox's c: added below
+    x = entry.logit(s, torch.log(n_i.to(s.dtype)), math.log(q.size(-1)), **kw)
+    if entry.forget:  # fox: + c_i - c_j, as score_fox
+        c = prm["c"].to(x.dtype)
+        x = x + c[..., -x.size(-2):, None] - c[..., None, :]
+    return torch.logsumexp(x.masked_fill(~mask, -math.inf), -1, keepdim=True)
 
 # ----------------------------------------------------------------------------------------------------------------
 # The registry
@@ -264,5 +281,6 @@ def attention_weights(q, k, scorer, *, p=None, offset=0, **params):
     q, k = q.to(dtype), k.to(dtype)
     n_i, mask = _rows(q.size(-2), k.size(-2), offset, q.device)
     with torch.autocast(q.device.type, enabled=False):  # else autocast runs q @ k.T in bf16 again
-        P = entry.weights(q, k, n_i, mask, **per_head(entry, params, q.size(1), q))
-        return P if p is None else reweight(P, n_i, p)
+        prm = per_head(entry, params, q.size(1), q)
+        P = entry.weights(q, k, n_i, mask, **prm)
+        return P if p is None else reweight(P, n_i, p, row_lse(entry, q, k, n_i, mask, prm))

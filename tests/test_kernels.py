@@ -325,19 +325,23 @@ def test_16_bit_single_walk_backward_on_uniform_rows(scorer, kw, dtype):
 
 
 def test_reweighting_tie_tolerance_decides_alike_in_reference_kernel_and_flex():
-    # the last row (n = 8, o = 1) has largest n P - 1 = f * 8 n eps32 on its last key: f = 1/2 keeps P (output: the
-    # near-mean of v), f = 2 re-weights to that key alone (output: v of that key); every path, the same decision
+    # the last row (n = 8, o = 1) has largest n P - 1 = f tol on its last key, tol = 8 (n + |lse|) eps32: f = 1/2
+    # keeps P (output: the near-mean of v), f = 2 re-weights to that key alone (output: v of that key); every path,
+    # the same decision, with every logit shifted by L too (lse ~ L + log n: a wider tolerance)
     n, D = 8, 16
-    for f in (0.5, 2.0):
-        a = math.log1p(f * 8 * n * 2.0**-23 * n / (n - 1))  # then n P_max - 1 = f tol, up to O(tol^2)
-        q = torch.zeros(1, 1, n, D)
-        q[..., 0] = D ** 0.5
-        k = torch.zeros(1, 1, n, D)
-        k[0, 0, -1, 0] = a  # z = a on the last key, 0 elsewhere; earlier rows (all z = 0) are uniform
-        v = torch.randn(1, 1, n, D, generator=torch.Generator().manual_seed(0))
-        expect = v[0, 0, -1] if f > 1 else model.attention(q, k, v, "softmax")[0, 0, -1]
-        for fn in (model.attention, kernels.attention, kernels_flex.flex_attention):
-            torch.testing.assert_close(fn(q, k, v, "softmax", p=15.0)[0, 0, -1], expect, msg=f"{fn.__module__} {f}")
+    for L in (0.0, 200.0):
+        for f in (0.5, 2.0):
+            a = math.log1p(f * 8 * (n + L + math.log(n)) * 2.0**-23 * n / (n - 1))  # n P_max - 1 = f tol + O(tol^2)
+            q = torch.zeros(1, 1, n, D)
+            q[..., :2] = D ** 0.5
+            k = torch.zeros(1, 1, n, D)
+            k[..., 1] = L
+            k[0, 0, -1, 0] = a  # z = L + a on the last key, L elsewhere; earlier rows (all z = L) are uniform
+            v = torch.randn(1, 1, n, D, generator=torch.Generator().manual_seed(0))
+            expect = v[0, 0, -1] if f > 1 else model.attention(q, k, v, "softmax")[0, 0, -1]
+            for fn in (model.attention, kernels.attention, kernels_flex.flex_attention):
+                torch.testing.assert_close(fn(q, k, v, "softmax", p=15.0)[0, 0, -1], expect,
+                                           msg=f"{fn.__module__} {L} {f}")
 
 
 @pytest.mark.parametrize("scorer,kw", CASES + [("softmax", dict(p=100.0))], ids=IDS + ["softmax_p100"])

@@ -239,17 +239,19 @@ def test_reweighting_ties_uniform_rows_keep_P_exactly_whatever_the_rounding(scor
     torch.testing.assert_close(P15, uniform.expand_as(P15))  # rows i < 3 (o = 0) re-weight a uniform row: uniform
 
 
-def test_reweighting_tie_tolerance_is_8_n_eps_of_the_scoring_dtype():
-    # one row (n = 8, o = 1) whose largest n P - 1 is delta: re-weighted (one-hot on that key) iff delta > 8 n eps
+def test_reweighting_tie_tolerance_is_8_n_plus_lse_eps_of_the_scoring_dtype():
+    # one row (n = 8, o = 1) whose largest n P - 1 is delta: re-weighted (one-hot on that key) iff delta > 8 (n + |lse|)
+    # eps, lse the row's ln sum_j e^logit (P's rounding grows with it)
     for dtype in (torch.float32, torch.float64):
-        tol = 8 * 8 * torch.finfo(dtype).eps
-        for f, one_hot in ((0.5, False), (2.0, True)):
-            P = torch.full((1, 1, 1, 8), 1.0, dtype=dtype)
-            P[..., -1] += 8 / 7 * f * tol  # normalised: n P_max - 1 = 7 eps / (8 + eps) = f tol up to O(tol^2)
-            P = P / P.sum(-1, keepdim=True)
-            out = model.reweight(P, torch.tensor([[8]]), 15.0)
-            expect = torch.eye(8, dtype=dtype)[-1].view_as(P) if one_hot else P
-            assert torch.equal(out, expect), (dtype, f)
+        for lse in (0.0, 300.0, -300.0):
+            tol = 8 * (8 + abs(lse)) * torch.finfo(dtype).eps
+            for f, one_hot in ((0.5, False), (2.0, True)):
+                P = torch.full((1, 1, 1, 8), 1.0, dtype=dtype)
+                P[..., -1] += 8 / 7 * f * tol  # normalised: n P_max - 1 = f tol up to O(tol^2)
+                P = P / P.sum(-1, keepdim=True)
+                out = model.reweight(P, torch.tensor([[8]]), 15.0, torch.full((1, 1, 1, 1), lse, dtype=dtype))
+                expect = torch.eye(8, dtype=dtype)[-1].view_as(P) if one_hot else P
+                assert torch.equal(out, expect), (dtype, lse, f)
 
 
 def test_ssa_gradient_at_z_zero_is_n_b_and_matches_finite_differences():
