@@ -14,9 +14,11 @@ repeat a code (train.py's copy_frac), adds the copy gate (eval_copy.py) and the 
 needle, needle scores and passkey in characters on every seed's models, without a fine-tune. Runs live in
 out-repro-<name>/s<seed>/, results in out-results/<name>/ (results/<name>/ with --commit-results), each folder
 locked while a reproduction writes it. A step whose output exists is skipped when it was made with the settings asked
-now (steps.jsonl records them), so an interrupted reproduction resumes; a step made with other settings (another
---max_iters, a variant added to its evaluation) refuses in one line, or with --redo is made again. On a CPU, --jobs
-seeds run at once (one core each).
+now (recorded as it starts, started.json, and when done, steps.jsonl), so an interrupted reproduction resumes; a step
+made with other settings (another --max_iters, a variant added to its evaluation) refuses in one line, or with --redo
+is made again. A step left out by --skip runs not at all: summary.json reads its output only where it was made with
+the settings asked now (with --redo an older one is removed) and says which were skipped. On a CPU, --jobs seeds run
+at once (one core each).
 The runs are scratch: training runs only when an evaluation is missing, and what the report needs of it is kept in
 the results (lib/runs.py), so results/<name>/ alone resumes on a new machine (--commit-results gzips its CSVs).
 --commit-results (either suite) runs only under a plan committed before it starts, results/<name>/plan.md, and
@@ -69,7 +71,8 @@ def main(argv=None):
                    "needs the run's rule in results/<name>/plan.md, committed before the run starts (lib/plans.py)")
     p.add_argument("--redo", action="store_true", help="run again each step made with other settings than asked "
                    "now (its output is replaced); without it such a step refuses")
-    p.add_argument("--skip", nargs="*", choices=["eval_long", "needle", "passkey", "score", "bench"])
+    p.add_argument("--skip", nargs="*", choices=["eval_long", "needle", "passkey", "score", "bench"],
+                   help="steps not to run; an output of theirs made with other settings is left out of summary.json")
     p.add_argument("--suite", choices=["lm", "synthetic"], default="lm",
                    help="lm: the papers' language-model experiments (--scale); synthetic: synthetic.py's task suite")
     p.add_argument("--quick", action="store_true", help="--suite synthetic: recall x {softmax, ssmax} x 10 seeds "

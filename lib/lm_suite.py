@@ -126,8 +126,15 @@ def eval_settings(cmd, S, seed, reads, **extra):
 
 def pending(steps, todo):
     """The steps of todo to run: not done, or (redo) done with other settings; StepError for one done with other
-    settings without redo, before anything trains."""
-    return [t for t in todo if not (done(t["out"]) and steps.reuse(t["name"], t["settings"], t["clear"], t["whole"]))]
+    settings without redo, before anything trains. A skipped one (--skip) never runs: Steps.skip() keeps its output
+    only where made with the settings asked now (the training summary.json reports)."""
+    to_run = []
+    for t in todo:
+        if t["skipped"]:
+            steps.skip(t["name"], t["out"], t["settings"], t["clear"], t["whole"])
+        elif not (done(t["out"]) and steps.reuse(t["name"], t["settings"], t["clear"], t["whole"])):
+            to_run.append(t)
+    return to_run
 
 
 def text_seed(texts, seed):
@@ -144,21 +151,21 @@ def seed_steps(S, seed, runs, steps, data, variants, threads, skip, texts=None):
     common = ["--data", data, "--seed", str(text_seed(texts, seed))]
     todo = []  # run after training
 
-    def run(name, cmd, out, reads=variants, clear=None, whole=True):
+    def run(name, cmd, out, reads=variants, clear=None, whole=True, skipped=False):
         todo.append(dict(name=name + f" (seed {seed})", cmd=cmd, out=out, settings=eval_settings(cmd, S, seed, reads),
-                         clear=clear or [os.path.dirname(out)], whole=whole))
+                         clear=clear or [os.path.dirname(out)], whole=whole, skipped=skipped))
     # gates (RESULTS.md): loss by position at trained θ; many: position 1 has one token per sequence
     gate = os.path.join(results, f"s{seed}", "gate")
     run("gate", ["eval_long.py", *ckpts, *common, "--length", str(N), "--rope_method", "none", "--num_seqs",
                  str(E["gate_seqs"]), "--batch_size", "32", "--labels", *variants, "--baseline", "softmax",
                  "--out_dir", gate], os.path.join(gate, "summary.json"), whole=bool(complete(gate, variants)))
-    for method, scale in (("theta", 50), ("dynamic_ntk", 1)) * ("eval_long" not in skip):  # Fig. 5; Table 4
+    for method, scale in (("theta", 50), ("dynamic_ntk", 1)):  # Fig. 5; Table 4
         out = os.path.join(results, f"s{seed}", f"eval_long_{method}")
         run(f"eval_long {method}", ["eval_long.py", *ckpts, *common, "--length", str(E.get("length_x", 10) * N),
                                     "--rope_method", method, "--rope_scale", str(scale), "--num_seqs",
                                     str(E["num_seqs"]), "--batch_size", "4", "--labels", *variants, "--baseline",
                                     "softmax", "--out_dir", out] + (["--fading"] if method == "theta" else []),
-            os.path.join(out, "summary.json"), whole=bool(complete(out, variants)))
+            os.path.join(out, "summary.json"), whole=bool(complete(out, variants)), skipped="eval_long" in skip)
     for name, how in COPY_RUNS.items() if "copy_seqs" in E else ():  # the copy gate (eval_copy.py)
         out, some = os.path.join(results, f"s{seed}", name), ["softmax"] if "--logit_scale" in how else variants
         run(name, ["eval_copy.py", *[os.path.join(runs, v, "ckpt.pt") for v in some], *common, "--span",
@@ -167,8 +174,8 @@ def seed_steps(S, seed, runs, steps, data, variants, threads, skip, texts=None):
             os.path.join(out, "summary.json"), some)
     for name, how in RETRIEVAL_RUNS.items() if "sft" not in S else ():  # no fine-tuning: every seed's models
         retrieval_steps(E, ckpts, ckpts, variants, common + how, os.path.join(results, f"s{seed}", name),
-                        lambda step_name, cmd, out, clear: run(step_name + name[6:].replace("_", " "), cmd, out,
-                                                               clear=clear), skip)
+                        lambda step_name, cmd, out, clear, skipped: run(step_name + name[6:].replace("_", " "), cmd,
+                                                                        out, clear=clear, skipped=skipped), skip)
     todo = pending(steps, todo)
     if todo:
         train_all(S, runs, steps, os.path.dirname(data), seed, variants, threads)
@@ -183,22 +190,21 @@ NEEDLE_FILES = {"needle": ["needle"], "needle scores": ["needle_score_heads", "n
 
 
 def retrieval_steps(E, ckpts, sft_ckpts, variants, common, out, run, skip):
-    """needle (SSMax Fig. 6) and needle scores (Figs. 7-8) on sft_ckpts, passkey (LSSAR Fig. 3) on ckpts, into out."""
+    """needle (SSMax Fig. 6) and needle scores (Figs. 7-8) on sft_ckpts, passkey (LSSAR Fig. 3) on ckpts, into out;
+    run(name, cmd, out, clear, skipped) with skipped True for those in skip."""
     nl = ["--batch_size", str(E.get("batch_size", 4)), "--max_new_tokens", "8", "--labels", *variants, *common,
           "--out_dir", out]
     files = lambda name: [os.path.join(out, f"{stem}.{ext}") for stem in NEEDLE_FILES[name]
                           for ext in ("csv", "png", "json", "jsonl")]
-    if "needle" not in skip:
-        run("needle", ["needle.py", "needle", "--ckpt", *sft_ckpts, "--context_sizes", *map(str, E["needle_contexts"]),
-                       "--samples", str(E["samples"]), *nl], os.path.join(out, "needle.json"), files("needle"))
-    if "score" not in skip:
-        run("needle scores", ["needle.py", "score", "--ckpt", *sft_ckpts, "--context", str(E["score_context"]),
-                              "--trials", str(E["trials"]), *nl], os.path.join(out, "needle_score_trials.json"),
-            files("needle scores"))
-    if "passkey" not in skip:
-        run("passkey", ["needle.py", "passkey", "--ckpt", *ckpts, "--context_sizes", *map(str, E["passkey_contexts"]),
-                        "--samples", str(E["passkey_samples"]), *nl], os.path.join(out, "passkey.json"),
-            files("passkey"))
+    run("needle", ["needle.py", "needle", "--ckpt", *sft_ckpts, "--context_sizes", *map(str, E["needle_contexts"]),
+                   "--samples", str(E["samples"]), *nl], os.path.join(out, "needle.json"), files("needle"),
+        "needle" in skip)
+    run("needle scores", ["needle.py", "score", "--ckpt", *sft_ckpts, "--context", str(E["score_context"]),
+                          "--trials", str(E["trials"]), *nl], os.path.join(out, "needle_score_trials.json"),
+        files("needle scores"), "score" in skip)
+    run("passkey", ["needle.py", "passkey", "--ckpt", *ckpts, "--context_sizes", *map(str, E["passkey_contexts"]),
+                    "--samples", str(E["passkey_samples"]), *nl], os.path.join(out, "passkey.json"), files("passkey"),
+        "passkey" in skip)
 
 
 def sft_retrieval(S, seed, runs, steps, data, variants, common, skip):
@@ -208,8 +214,8 @@ def sft_retrieval(S, seed, runs, steps, data, variants, common, skip):
     ckpts, sft_ckpts = ([os.path.join(runs, *sub, v, "ckpt.pt") for v in variants] for sub in ((), ("sft",)))
     todo = []
     retrieval_steps(E, ckpts, sft_ckpts, variants, common, os.path.join(steps.results, "needle"),
-                    lambda name, cmd, out, clear: todo.append(dict(
-                        name=name, cmd=cmd, out=out, clear=clear, whole=True,
+                    lambda name, cmd, out, clear, skipped: todo.append(dict(
+                        name=name, cmd=cmd, out=out, clear=clear, whole=True, skipped=skipped,
                         settings=eval_settings(cmd, S, seed, variants, sft=S["sft"]))), skip)
     todo = pending(steps, todo)
     if not todo:
@@ -257,7 +263,8 @@ def main(a):
 
 def run_steps(a, S, root, data_dir, steps, variants, began=None):
     """Every seed's steps, then the first seed's retrieval after fine-tuning, then summary.json from the steps'
-    records: what they ran, not what this command asked (the same, unless recorded before settings were). began: the
+    records: what they ran, not what this command asked (the same, unless recorded before settings were); a skipped
+    step's output only where made with the same settings (summary.json's `skipped` says). began: the
     plan a --commit-results run began with (lib/plans.py), checked again before summary.json."""
     results = steps.results
     roots = {seed: os.path.join(root, f"s{seed}") for seed in a.seeds}  # every seed's runs: its own folder
@@ -284,7 +291,8 @@ def run_steps(a, S, root, data_dir, steps, variants, began=None):
     report.summarize(results, roots, labels, N, rows, list(COPY_RUNS), scale=a.scale, dataset=ran["dataset"],
                      config=ran, tokens_per_variant=ran["train"]["batch_size"] * ran["model"]["block_size"]
                      * ran["train"]["max_iters"] * ran["train"]["gradient_accumulation_steps"],
-                     wall_s=round(steps.wall_s(), 1), texts=a.texts or "shared", **plan)
+                     wall_s=round(steps.wall_s(), 1), texts=a.texts or "shared", skipped=steps.skipped,
+                     left_out=steps.left_out, **plan)
     if a.commit_results:
         pack(results, a.seeds)
     print(f"done: {results}/summary.json")

@@ -78,10 +78,10 @@ def loss_table(rows, variants, seeds, baseline="softmax"):
                                                               for s in have(v, baseline)])) for v in variants}
 
 
-def long_context(results, seeds, variants, method):
+def long_context(results, seeds, variants, method, read=read_json):
     """One eval_long method over seeds: every model's windows (extended RoPE and native θ) and its paired
     differences to the baseline, with the figure eval_long_<method>_differences.png. None if a seed lacks it."""
-    per_seed = [read_json(results, f"s{s}", f"eval_long_{method}", "summary.json") for s in seeds]
+    per_seed = [read(results, f"s{s}", f"eval_long_{method}", "summary.json") for s in seeds]
     if not all(per_seed):
         return None
     models = {m["label"]: [next(x for x in p["models"] if x["label"] == m["label"]) for p in per_seed]
@@ -146,19 +146,19 @@ def by_seed(values):
     return out
 
 
-def retrieval(results, seeds, folder="needle"):
+def retrieval(results, seeds, folder="needle", read=read_json):
     """Retrieval on every seed's models (a scale without fine-tuning, results/s<seed>/<folder>/): the share of exact
     answers per model and context (the needle's pooled over depths within a seed) and the needle score with its
     baselines (top_minus_control: the best head's weight on the needle minus on a control span), over seeds."""
     out = {}
     for name in ("needle", "passkey"):
-        got, acc = [read_json(results, f"s{s}", folder, f"{name}.json") for s in seeds], {}
+        got, acc = [read(results, f"s{s}", folder, f"{name}.json") for s in seeds], {}
         for g in got if all(got) else ():
             for key, (a,) in pool_cells(g["cells"], "accuracy").items():
                 acc.setdefault(key, []).append(a)
         if acc:
             out[name] = by_seed(acc)
-    got, scores = [read_json(results, f"s{s}", folder, "needle_score_trials.json") for s in seeds], {}
+    got, scores = [read(results, f"s{s}", folder, "needle_score_trials.json") for s in seeds], {}
     for g in got if all(got) else ():
         for r in g["scores"]:
             for k in SCORE_KEYS:
@@ -169,13 +169,16 @@ def retrieval(results, seeds, folder="needle"):
     return out
 
 
-def summarize(results, roots, variants, N, rows, copy_runs=("copy",), **head):
-    """summary.json: what RESULTS.md quotes, read back from the steps' own outputs. head: scale, config, ..."""
+def summarize(results, roots, variants, N, rows, copy_runs=("copy",), left_out=(), **head):
+    """summary.json: what RESULTS.md quotes, read back from the steps' own outputs but those in left_out (a skipped
+    step's made with other training than the summary reports: runs.Steps.skip). head: scale, config, skipped, ..."""
     seeds = list(roots)
+    def read(*path):  # an output left out reads as one not made
+        return None if os.path.normpath(os.path.join(*path)) in left_out else read_json(*path)
     summary = dict(head, seeds=seeds, variants=variants, losses=loss_table(rows, variants, seeds),
                    interval="mean, sample sd and 95% Student-t interval over training seeds (compare.seed_interval)")
     for method in ("theta", "dynamic_ntk"):
-        got = long_context(results, seeds, variants, method)
+        got = long_context(results, seeds, variants, method, read)
         if got:
             summary[f"eval_long_{method}"] = got
     curves = [read_csv_if(os.path.join(results, f"s{s}", "gate", "per_position.csv")) for s in seeds]
@@ -187,16 +190,16 @@ def summarize(results, roots, variants, N, rows, copy_runs=("copy",), **head):
         summary["gates_minus_softmax"] = {v: {g: compare.seed_interval([x[g] - b[g] for x, b in zip(gs, gates[
             "softmax"])]) for g in gs[0]} for v, gs in gates.items() if v != "softmax" and "softmax" in gates}
     for name in copy_runs:  # "copy" first: the others are paired with its softmax
-        copies = [read_json(results, f"s{s}", name, "summary.json") for s in seeds]
+        copies = [read(results, f"s{s}", name, "summary.json") for s in seeds]
         native = summary.get("copy_gate", {}).get("softmax", {}).get("ratio_per_seed")
         if all(copies) and (name == "copy" or native):
             summary["copy_gate" + name[4:]] = copy_gate(copies, None if name == "copy" else native)
     for folder in ("needle", "needle_native"):  # every seed's (characters), else the first seed's (below)
-        found = retrieval(results, seeds, folder)
+        found = retrieval(results, seeds, folder, read)
         if found:
             summary["retrieval" + folder[6:]] = found
     for name in ("needle", "passkey", "needle_score_trials"):
-        s = read_json(results, "needle", f"{name}.json")
+        s = read(results, "needle", f"{name}.json")
         if s:
             summary[name] = s["cells"]
             if "scores" in s:  # with control-span and uniform baselines

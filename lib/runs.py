@@ -5,7 +5,10 @@ runs folder (out-repro-<name>/: checkpoints, train.py's logs) is scratch: it doe
 the report needs from it is kept beside the results (train_log.csv.gz), and training runs again only when an
 evaluation that needs its checkpoints is missing; each seed's runs record the training they hold (settings.json).
 A reproduction reads the same way as the synthetic suite: settings that differ from a step's record refuse in one
-line (StepError) unless redo is asked; steps recorded before settings were take their record as it is, with a warning.
+line (StepError) unless redo is asked. A step's settings are recorded before it runs (started.json) and again when it
+is done (steps.jsonl), so an output left by a kill is judged by what it was started with; an output with no record is
+of settings not known (other settings), except in a results folder whose records predate settings altogether, and
+a step whose steps.jsonl line predates them: those are taken as they are, with a warning.
 """
 import csv, gzip, json, os, shutil, subprocess, sys, threading, time
 
@@ -61,15 +64,26 @@ def remove(*paths):
             os.remove(p)
 
 
-def judge(old, want, what, redo, clear, whole=True):
+def mismatch(old, want, whole=True, known=True):
+    """What judge() finds different between `old`, a step's record, and `want`, in words ([]: the same, or an output
+    recorded before settings were and whole, taken as it is). known False: no record at all, in a folder that records
+    settings (a run cut short between its output and its record): what it was made with is not known."""
+    if old is None and not known:
+        return ["an output with no record of its settings (its run was cut short before recording them)"]
+    if old is None:
+        return [] if whole else ["an output made before settings were recorded, without all that is asked now"]
+    return differences(old, plain(want))
+
+
+def judge(old, want, what, redo, clear, whole=True, known=True):
     """True if `old`, what a step's record says it was made with, is `want`; a step recorded before settings were
-    (None) is taken as it is, with a warning, where its output is whole. Other settings: StepError, or with redo the
-    `clear` paths are removed and False (it is made again)."""
-    if old is None and whole:
-        print(f"warning: {what}: made before settings were recorded; taken as it is", flush=True)
+    (None) is taken as it is, with a warning, where its output is whole and `known` (mismatch()). Other settings:
+    StepError, or with redo the `clear` paths are removed and False (it is made again)."""
+    diff = mismatch(old, want, whole, known)
+    if old is None and not diff:
+        print(f"warning: {what}: made before settings were recorded; taken as it is, as every output older than "
+              f"settings records is", flush=True)
         return True
-    diff = ["an output made before settings were recorded, without all that is asked now"] if old is None else \
-        differences(old, plain(want))
     if diff and not redo:
         raise refuse(what, diff)
     if diff:
@@ -79,8 +93,9 @@ def judge(old, want, what, redo, clear, whole=True):
 
 
 class Steps:
-    """One reproduction's step runner over its results folder: what each done step was made with (steps.jsonl), the
-    wall time of every call up to its last finished step (wall.json, so an interrupted call counts), and redo."""
+    """One reproduction's step runner over its results folder: what each step was started with (started.json, until
+    it is done) and done with (steps.jsonl), the wall time of every call up to its last finished step (wall.json, so
+    an interrupted call counts), redo, and what became of the steps this call skips (skip())."""
 
     def __init__(self, results, redo=False):
         self.results, self.redo, self.lock, self.t0 = results, redo, threading.Lock(), time.time()
@@ -90,11 +105,42 @@ class Steps:
                 r = json.loads(line) if line.strip() else {}
                 if "step" in r:
                     self.recorded[r["step"]] = r.get("settings")
+        self.started = read_json(results, "started.json") or {}  # started, not yet done: later than steps.jsonl
+        self.recorded.update(self.started)
+        # a folder whose records all predate settings: an output with no record is taken as it is, as theirs are
+        self.legacy = bool(self.recorded) and not any(self.recorded.values())
+        self.used = set()  # the steps whose outputs this call reuses or makes: ran() reads their records
+        self.skipped, self.left_out = {}, set()  # skip(): step -> what became of it; outputs a report must not read
         self.wall0 = (read_json(results, "wall.json") or {}).get("wall_s", 0.0)
 
     def reuse(self, name, settings, clear=(), whole=True):
         """judge() of step `name`, whose output exists, against its record."""
-        return judge(self.recorded.get(name), settings, f"step {name!r} in {self.results}", self.redo, clear, whole)
+        ok = judge(self.recorded.get(name), settings, f"step {name!r} in {self.results}", self.redo, clear, whole,
+                   name in self.recorded or self.legacy)
+        if ok:
+            self.used.add(name)
+        return ok
+
+    def skip(self, name, out, settings, clear=(), whole=True):
+        """A step this call does not run (--skip): True where its output `out` was made with `settings` (it counts);
+        else it is left out (self.left_out), or with redo removed: a summary holds only what was made as asked now."""
+        if not done(out):
+            self.skipped[name] = "not made"
+            return False
+        old = self.recorded.get(name)
+        diff = mismatch(old, settings, whole, name in self.recorded or self.legacy)
+        if not diff:
+            self.used.add(name)
+            self.skipped[name] = "kept: made with the settings asked now" if old else \
+                "kept: made before settings were recorded, taken as it is"
+            return True
+        self.left_out.add(os.path.normpath(out))
+        if self.redo:
+            remove(*clear)
+        self.skipped[name] = (f"{'removed (--redo)' if self.redo else 'left out of the summary'}: made with other "
+                              f"settings ({'; '.join(diff[:3])})")
+        print(f"[--skip] {name}: {self.skipped[name]}", flush=True)
+        return False
 
     def run(self, name, cmd, out=None, threads=None, settings=None, clear=(), whole=True):
         """Run one command unless `out` (a path) exists and was made with `settings` (default: the command line);
@@ -105,6 +151,7 @@ class Steps:
             print(f"[skip] {name}: {out} exists")
             return
         print(f"[run] {name}: {' '.join(cmd)}", flush=True)
+        self.record_start(name, settings)  # before its output can exist: a kill leaves what it was made with
         t0 = time.time()
         rc = subprocess.run([sys.executable, os.path.join(REPO, cmd[0]), *cmd[1:]],  # outputs under the cwd
                             env={**os.environ, **REUSE_FREED_MEMORY,
@@ -116,7 +163,25 @@ class Steps:
             f.write(json.dumps(dict(step=name, command=" ".join(cmd), wall_s=round(time.time() - t0, 1),
                                     settings=settings)) + "\n")
             self.recorded[name] = settings
+            self.used.add(name)
+            self.started.pop(name, None)  # after its steps.jsonl line: a kill between them leaves the same settings
+            self.write_started()
             self.tick()
+
+    def record_start(self, name, settings):
+        with self.lock:
+            self.started[name] = self.recorded[name] = settings
+            self.write_started()
+
+    def write_started(self):
+        """started.json: the steps started and not done, with their settings (steps.jsonl keeps one line a finished
+        step: its cost); none left, no file."""
+        if not self.started:
+            remove(os.path.join(self.results, "started.json"))
+            return
+        with open(os.path.join(self.results, "started.json.tmp"), "w") as f:
+            json.dump(self.started, f, indent=1)
+        os.replace(os.path.join(self.results, "started.json.tmp"), os.path.join(self.results, "started.json"))
 
     def tick(self):
         """wall.json: the calls before this one, and this one up to now."""
@@ -128,9 +193,9 @@ class Steps:
         return self.wall0 + time.time() - self.t0
 
     def ran(self, key):
-        """The one value of settings[key] that every recorded step holding it was made with (e.g. "train"), or None
-        where none records it (steps recorded before settings were)."""
-        got = [s[key] for s in self.recorded.values() if s and key in s]
+        """The one value of settings[key] that every step this call reused or made, holding it, was made with (e.g.
+        "train"), or None where none records it (steps recorded before settings were)."""
+        got = [self.recorded[n][key] for n in self.used if self.recorded.get(n) and key in self.recorded[n]]
         return got[0] if got and all(g == got[0] for g in got) else None
 
 

@@ -1,0 +1,87 @@
+"""The lm suite reuses only what was made as asked now: an output left by a run killed before its record is judged
+by the settings it started with (lib/runs.py's started.json), and summary.json leaves out a skipped step's output
+made with other training than it reports (reproduce.py --skip)."""
+import json
+import shutil
+
+import pytest
+
+import reproduce
+from lib import runs
+from test_reproduce import TOY  # the GPT-2-token toy's model and training
+
+
+def mark_step(tmp_path, exit_status=0):
+    """A step that writes its output (its argument) and exits with exit_status: 1 stands for a kill after the output."""
+    script = tmp_path / f"mark{exit_status}.py"
+    script.write_text(f"import sys; open(sys.argv[1], 'w').write(sys.argv[2]); sys.exit({exit_status})\n")
+    return lambda steps, out, it: steps.run("eval x", [str(script), str(out), str(it)], str(out),
+                                            settings={"train": {"max_iters": it}})
+
+
+def test_an_output_left_by_a_kill_before_its_record_is_judged_by_the_settings_it_started_with(tmp_path):
+    res = tmp_path / "res"
+    res.mkdir()
+    out = res / "out.txt"
+    with pytest.raises(runs.StepError, match="failed"):  # the output is made, the run dies before steps.jsonl
+        mark_step(tmp_path, exit_status=1)(runs.Steps(str(res)), out, 16)
+    assert out.read_text() == "16" and not (res / "steps.jsonl").exists()
+    run = mark_step(tmp_path)
+    with pytest.raises(runs.StepError, match=r"train.max_iters 16 -> 20\): --redo"):  # not taken as it is
+        run(runs.Steps(str(res)), out, 20)
+    assert out.read_text() == "16"
+    run(runs.Steps(str(res)), out, 16)  # what it started with: reused
+    assert out.read_text() == "16" and not (res / "steps.jsonl").exists()
+    steps = runs.Steps(str(res), redo=True)
+    run(steps, out, 20)
+    assert out.read_text() == "20" and steps.ran("train") == {"max_iters": 20}
+    assert not (res / "started.json").exists()  # done: its record is steps.jsonl's line
+
+
+def test_an_output_with_no_record_is_taken_as_it_is_only_where_no_record_carries_settings(tmp_path, capsys):
+    res = tmp_path / "res"
+    res.mkdir()
+    out, run = res / "out.txt", mark_step(tmp_path)
+    out.write_text("16")  # an older call's output whose records were lost (the auditor's a2.py)
+    other = {"step": "gate", "command": "", "wall_s": 1, "settings": {"train": {"max_iters": 16}}}
+    (res / "steps.jsonl").write_text(json.dumps(other) + "\n")
+    with pytest.raises(runs.StepError, match="no record of its settings"):
+        run(runs.Steps(str(res)), out, 20)
+    run(runs.Steps(str(res), redo=True), out, 20)
+    assert out.read_text() == "20"
+    # a folder whose steps.jsonl predates settings records altogether: its outputs are taken as they are
+    (res / "steps.jsonl").write_text(json.dumps({k: v for k, v in other.items() if k != "settings"}) + "\n")
+    assert not (res / "started.json").exists()
+    run(runs.Steps(str(res)), out, 40)
+    assert out.read_text() == "20" and "made before settings were recorded" in capsys.readouterr().out
+
+
+def test_summary_json_leaves_out_a_skipped_steps_outputs_made_with_other_training(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(reproduce.SCALES, "toy", {**TOY, "variants": ("softmax", "ssmax")})
+    args = ["--scale", "toy", "--seeds", "1"]
+    reproduce.main(args)  # every step at 8 iterations
+    res = tmp_path / "out-results" / "toy"
+    first = json.load(open(res / "summary.json"))
+    retrieval = ("needle", "passkey", "needle_score_trials", "needle_scores")
+    assert all(k in first for k in (*retrieval, "eval_long_theta"))
+    shutil.copytree(res / "needle", tmp_path / "needle_at_8")
+    skip = ["--skip", "eval_long", "needle", "passkey", "score"]
+    reproduce.main(args + ["--max_iters", "12", "--redo", *skip])  # the gate and the models at 12
+    got = json.load(open(res / "summary.json"))
+    assert not any(k in got for k in (*retrieval, "eval_long_theta", "eval_long_dynamic_ntk"))
+    # what the records of the outputs it reads say (not "recorded": False, as records of 8 and 12 gave)
+    assert got["config"]["train"]["max_iters"] == 12 and "recorded" not in got["config"]
+    assert first["skipped"] == {}
+    assert got["skipped"]["needle"].startswith("removed (--redo): made with other settings (train.train.max_iters "
+                                               "8 -> 12")
+    assert set(got["skipped"]) == {"needle", "needle scores", "passkey", "eval_long theta (seed 1)",
+                                   "eval_long dynamic_ntk (seed 1)"}
+    assert not (res / "needle" / "needle.json").exists() and not (res / "s1" / "eval_long_theta").exists()
+    # the 8-iteration outputs back (a copied results folder): without --redo they stay, out of the summary
+    shutil.copytree(tmp_path / "needle_at_8", res / "needle", dirs_exist_ok=True)
+    reproduce.main(args + ["--max_iters", "12", *skip])
+    got = json.load(open(res / "summary.json"))
+    assert not any(k in got for k in retrieval) and (res / "needle" / "needle.json").exists()
+    assert got["skipped"]["passkey"].startswith("left out of the summary: made with other settings")
+    assert got["skipped"]["eval_long theta (seed 1)"] == "not made"
