@@ -219,7 +219,12 @@ def plot_per_position(path, curves, train_lens, w, logx, title):
 def plot_differences(path, diffs, models, ropes, title):
     """One panel per RoPE setting (rows) and window kind (columns: prefix_kx = the loss of a kN-token sequence, LSSAR
     Table 4; kx = its last N positions): each model's mean difference to the baseline with its CI, by k on a log
-    axis. ropes: {rope: its description}; models: labels in order (their colors)."""
+    axis. ropes: {rope: its description}; models: labels in order (their colors). No differences (the baseline
+    alone): no figure, and none of an earlier call's."""
+    if not diffs:
+        if os.path.exists(path):
+            os.remove(path)
+        return
     kinds = (("prefix_", "prefix_kx: loss of kN-token sequences"), ("", "kx: last N positions up to kN"))
     fig, axes = figure(len(kinds), len(ropes), sharey="col")  # shared y per column: extended vs native
     others = [m for m in models if any(d["model"] == m for d in diffs)]

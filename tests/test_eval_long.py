@@ -441,3 +441,14 @@ def test_fading_softmax_max_decays_ssmax_stays_near_one(tmp_path):
     header, sweep = read_csv(tmp_path / "fading_zmax.csv")
     assert header[0] == "z_max" and "softmax_n100000" in header
     assert sweep[-1, header.index("softmax_n10")] > 0.99 > sweep[-1, header.index("softmax_n100000")]
+
+
+def test_the_baseline_alone_evaluates_without_a_difference_figure(ckpts, data_dir, tmp_path):
+    from lib import compare
+    path = tmp_path / "eval_long_theta_differences.png"
+    path.write_text("an earlier call's")  # eval_long with softmax only raised IndexError drawing it
+    compare.plot_differences(str(path), [], ["softmax"], {"plain": "native θ"}, "softmax alone")
+    assert not path.exists()
+    eval_long.main([ckpts["softmax"], "--data", data_dir, "--rope_method", "theta", "--rope_scale", "4", "--length",
+                    str(2 * N), "--num_seqs", "2", "--batch_size", "2", "--out_dir", str(tmp_path / "ev")])
+    assert (tmp_path / "ev" / "summary.json").exists()
