@@ -10,28 +10,10 @@ import torch
 
 import train
 from conftest import one_line_error
+from test_train import VOCAB, data_dir, one_thread  # noqa: F401 (its fixtures: random ids, one thread)
 
 BASE = ["device=cpu", "n_layer=1", "n_head=2", "n_embd=32", "ffn_hidden=64", "block_size=16", "batch_size=2",
         "gradient_accumulation_steps=1", "eval_iters=1", "log_interval=1", "warmup_iters=1"]
-VOCAB = 256
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    os.makedirs(d / "rand")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 2048), ("val", 512)):
-        rng.integers(0, VOCAB, n).astype(np.uint16).tofile(d / "rand" / f"{split}.bin")
-    return str(d)
 
 
 def lm(data_dir, out, *extra):  # a language model on the random data
