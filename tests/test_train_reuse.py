@@ -4,7 +4,6 @@ over it, a kill during a switched resume's first eval finished by the next resum
 that names no out_dir, --compare of a run with no training steps. Tiny models on tiny random data, CPU only."""
 import os
 
-import numpy as np
 import pytest
 import torch
 
