@@ -4,7 +4,6 @@ later call leaves none of an earlier call's files in its results folder. Tiny ru
 import csv
 import dataclasses
 import json
-import os
 
 import pytest
 
