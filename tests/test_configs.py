@@ -146,6 +146,7 @@ def test_paper_configs_keep_the_papers_recipe_for_every_quick_scorer_setting():
         swap = path.endswith("ssmax_swap.py")
         assert (cfg.batch_size, cfg.block_size, cfg.gradient_accumulation_steps) == (16, 1024, 128)  # 2,097,152 tokens
         assert cfg.max_iters == (25_000 if swap else 200_000) and cfg.warmup_iters == 1000
+        assert not swap or cfg.init_from.endswith("ckpt_175000.pt")  # (f): 87.5 %, not the finished softmax run
         assert (cfg.learning_rate, cfg.lr_schedule, cfg.weight_decay, cfg.beta1, cfg.beta2, cfg.grad_clip) == (
             6e-4, "constant", 0.1, 0.9, 0.95, 1.0)
         assert (cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.ffn_hidden) == (12, 12, 768, 2048)

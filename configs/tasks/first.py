@@ -1,6 +1,6 @@
 # FIRST (Chiang & Cholak 2022): the answer at every position is the first bit after <bos>. Their model: d_model 16,
 # FFN 64, 2 layers, Adam lr 3e-4. Ours is a little wider so that every scorer reaches the gate at N in the budget.
-# 2 layers x 2 heads x 32 wide (~17k parameters); N = 32, tested up to 16 N = 512.
+# 2 layers x 2 heads x 32 wide (~21k parameters); N = 32, tested up to 16 N = 512.
 # 32 sequences x 32 tokens = 1,024 tokens/iter x 1,500 iters (LSSAR needs them to reach the gate; all get them).
 task = "first"
 pos = "nope"  # content and the causal mask only: no RoPE-extrapolation confound
