@@ -66,6 +66,18 @@ def _measure(fn, grads, cuda):
     return ms, (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
+def fwd_bwd_ms(name, q, k, v, do, params, measure=_measure, cuda=True):
+    """kernels.py's attention: fwd ms (no grad), bwd ms (the backward alone, on a kept graph), peak MiB of either
+    above the inputs (bench/tiles.py's candidates)."""
+    with torch.no_grad():
+        fwd, mib1 = measure(lambda: kernels.attention(q, k, v, name, **params), [], cuda)
+    xs = [t.detach().requires_grad_() for t in (q, k, v)]
+    ps = {n: t.detach().requires_grad_() for n, t in params.items()}
+    out = kernels.attention(*xs, name, **ps)
+    bwd, mib2 = measure(lambda: out.backward(do, retain_graph=True), [*xs, *ps.values()], cuda)
+    return dict(fwd_ms=fwd, bwd_ms=bwd, fwdbwd_ms=fwd + bwd, peak_mib=None if mib1 is None else max(mib1, mib2))
+
+
 def plot(rows, out):
     """<out>.png: TFLOP/s vs T, a panel per (D, mode); colour: scorer, line style: provider. rows: benchmark()'s,
     or a CSV's (csv.DictReader), so a table measured elsewhere can be drawn again."""

@@ -11,7 +11,6 @@ The model fields of the config file apply (a scorer's own options only to that s
 """
 import argparse
 import os
-import runpy
 import statistics
 import sys
 import time
@@ -23,14 +22,17 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from lib import tracking  # noqa: E402
+from lib.config import OWN_OPTIONS, run_config  # noqa: E402
 from model import GPT, GPTConfig, SCORERS, auto_backend  # noqa: E402
 
 
 def model_config(path, scorer, **overrides):
-    """GPTConfig from a config file's assignments (train.py's config files), for `scorer`."""
-    assigned = runpy.run_path(path)
-    kw = {f.name: assigned[f.name] for f in fields(GPTConfig) if f.name in assigned}
-    kw = {k: v for k, v in kw.items() if k.split("_")[0] not in ("ssmax", "ssa") or k.split("_")[0] == scorer}
+    """GPTConfig from a config file's assignments as train.py reads them (its `base` first), for `scorer`: the file's
+    scorer options (s, b, n inits, reweight_p, the forget gate's) only for the file's own scorer."""
+    assigned = run_config(path)
+    own = scorer == assigned.get("scorer", "softmax")  # else e.g. lssar's p = 15 re-weighted the softmax baseline
+    kw = {f.name: assigned[f.name] for f in fields(GPTConfig)
+          if f.name in assigned and (own or f.name not in (*OWN_OPTIONS, "reweight_p"))}
     return GPTConfig(**{**kw, "scorer": scorer, **{k: v for k, v in overrides.items() if v is not None}}), assigned
 
 
@@ -49,7 +51,10 @@ def attention_path(cfg, device, step):
 def make_step(cfg, batch_size, device, compile=False):
     torch.manual_seed(0)
     model = GPT(cfg).to(device).train()
-    forward = torch.compile(model) if compile else model  # compiled in the warm-up steps (their time: warm-up s)
+    # compiled in the warm-up steps (their time: warm-up s); every scorer is one more graph of GPT.forward, and past
+    # dynamo's default limit of 8 the 9th (fox) silently ran eager under its "compiled" label
+    torch._dynamo.config.recompile_limit = 64
+    forward = torch.compile(model) if compile else model
     device_type = torch.device(device).type
     optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type)
     ctx = torch.autocast(device_type, torch.bfloat16) if device_type == "cuda" else nullcontext()
@@ -141,10 +146,13 @@ if __name__ == "__main__":
           f"after {args.warmup}, {'bf16 autocast' if args.device.startswith('cuda') else 'fp32'}", flush=True)
     print("| scorer | attention path | tokens/s | vs softmax | ms/step | MFU | peak GiB | warm-up s |\n"
           "|---|---|---|---|---|---|---|---|", flush=True)
-    base = None
+    base = {}  # "" and " compiled": each row against softmax run the same way (compiled rows had eager softmax's)
     for scorer, r in measure(args.config, args.scorers, args.steps, args.warmup, args.batch_size, args.device,
                              args.interleave, args.compile, block_size=args.block_size, backend=args.backend):
-        base = base or (r["tokens_per_s"] if scorer == "softmax" else None)
-        print(f"| {scorer} | {r['path']} | {r['tokens_per_s']:,.0f} | {fmt(base and r['tokens_per_s'] / base, '.3f')} "
+        name, _, how = scorer.partition(" ")
+        if name == "softmax":
+            base[how] = r["tokens_per_s"]
+        ratio = base.get(how) and r["tokens_per_s"] / base[how]
+        print(f"| {scorer} | {r['path']} | {r['tokens_per_s']:,.0f} | {fmt(ratio, '.3f')} "
               f"| {r['ms']:.1f} | {fmt(r['mfu'] and 100 * r['mfu'], '.1f')}{'%' if r['mfu'] else ''} | "
               f"{fmt(r['peak_gib'], '.2f')} | {r['warmup_s']:.1f} |", flush=True)

@@ -48,19 +48,19 @@ def test_sweep_ranks_only_correct_spill_free_candidates_and_writes_every_row(mon
     assert got["fwd", 64, 32]["status"].startswith("error: RuntimeError: out of resource")
     assert got["fwd", 32, 16]["status"] == "spills 32 B" and got["fwd", 32, 16]["fwd_ms"] is not None
     won = tiles.best(rows)
-    assert won["softmax", 16, "fwd"] is got["fwd", 32, 32] and won["softmax", 16, "dq"] is got["dq", 32, 32]
+    assert won["softmax", 16, 40, "fwd"] is got["fwd", 32, 32] and won["softmax", 16, 40, "dq"] is got["dq", 32, 32]
     assert len(won) == 2
     written = list(csv.DictReader(open(tmp_path / "t.csv")))
     assert [(r["kernel"], r["status"]) for r in written] == [(r["kernel"], r["status"]) for r in rows]
-    assert any("| softmax | 16 | fwd | 32,32,4,1 |" in line for line in tiles.summary(rows))
+    assert any("| softmax | 16 | 40 | fwd | 32,32,4,1 |" in line for line in tiles.summary(rows))
     # the same rows read back give the lists to paste
     lines = tiles.apply(tiles._read(tmp_path / "t.csv"))
     assert lines[0] == "FWD_TUNE = [(32, 32, 4, 1)]" and "BWD_TUNE = [(32, 32, 4, 1)]" in lines
 
 
 def test_apply_keeps_the_fewest_shapes_near_every_fastest_time():
-    def row(scorer, kernel, cfg, ms, status="ok"):
-        return dict(scorer=scorer, D=64, kernel=kernel, status=status, fwd_ms=ms, bwd_ms=ms,
+    def row(scorer, kernel, cfg, ms, status="ok", T=1024):
+        return dict(scorer=scorer, D=64, T=T, kernel=kernel, status=status, fwd_ms=ms, bwd_ms=ms,
                     **dict(zip(("BLOCK_M", "BLOCK_N", "warps", "stages"), cfg)))
     a, b, c = (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 3)
     rows = [row("softmax", "fwd", a, 1.00), row("softmax", "fwd", b, 1.02), row("ssa", "fwd", a, 2.0),
@@ -68,6 +68,31 @@ def test_apply_keeps_the_fewest_shapes_near_every_fastest_time():
             row("lssa", "fwd", b, 3.0)]
     lines = tiles.apply(rows)
     assert lines[0] == "FWD_TUNE = [(64, 64, 4, 3)]"  # within 3 % of softmax's best, and the best of ssa and lssa
+    # two sweeps at one D and other T are ranked apart: a, fastest at 1,024, does not hide b, 2x faster at 4,096
+    rows = [row("softmax", "fwd", a, 1.0), row("softmax", "fwd", b, 1.2), row("softmax", "fwd", a, 10.0, T=4096),
+            row("softmax", "fwd", b, 5.0, T=4096)]
+    assert sorted(eval(tiles.apply(rows)[0].removeprefix("FWD_TUNE = "))) == [b, a]  # both kept
+
+
+def test_a_wrong_default_judges_no_candidate_the_float64_reference_does(monkeypatch):
+    # the autotuner's own pick computing a wrong out (as dk/dv's did on 2026-11-27) marked right candidates wrong
+    import torch
+    real = tiles.kernels._attn_fwd_tuned
+
+    class Broken:
+        fn, cache, best_config = real.fn, real.cache, property(lambda self: real.best_config)
+
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                real[grid](*a, **kw)
+                a[real.fn.arg_names.index("O")].add_(1.0)
+            return launch
+    monkeypatch.setattr(tiles.kernels, "_attn_fwd_tuned", Broken())
+    rows = tiles.sweep(["softmax"], {"fwd": [GOOD, WRONG]}, B=1, H=2, T=40, D=16, dtype=torch.float32, device="cpu",
+                       measure=lambda fn, grads, cuda: (1.0, None))
+    got = {(r["kernel"], r["BLOCK_M"], r["BLOCK_N"]): r for r in rows}
+    assert got["default", None, None]["status"] == "off the float64 reference"
+    assert got["fwd", *GOOD[:2]]["status"] == "ok" and got["fwd", *GOOD[:2]]["err_ref"] < 1e-5
 
 
 def test_default_candidates_are_shapes_the_autotuner_would_keep():
