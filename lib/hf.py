@@ -60,6 +60,10 @@ def model_args(cfg):
     bad += [f"hidden_act {cfg.get('hidden_act')!r} (SwiGLU needs silu)"] * (cfg.get("hidden_act", "silu") != "silu")
     bad += [f"sliding_window {cfg.get('sliding_window')}"] * bool(cfg.get("sliding_window"))
     bad += [f"rope_type {kind!r} (only the default)" for kind in kinds]
+    # this repository's export of a scorer model: imported as softmax, its scorer and parameters would be dropped
+    ours = cfg.get("nanoscorer") if isinstance(cfg.get("nanoscorer"), dict) else None
+    bad += [f"a nanoscorer export of scorer {ours.get('scorer')!r} (import runs softmax only: use the checkpoint it "
+            "was exported from)"] if ours else []
     heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
     if heads and hidden and (cfg.get("head_dim") or hidden // heads) != hidden // heads:
         bad.append(f"head_dim {cfg['head_dim']} != hidden_size / num_attention_heads")

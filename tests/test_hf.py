@@ -157,10 +157,12 @@ def test_bad_inputs_are_one_error_line(imported, tmp_path):
     cfg = json.load(open(tmp_path / "biased" / "config.json"))
     json.dump({**cfg, "model_type": "gpt2"}, open(tmp_path / "biased" / "config.json", "w"))
     assert "model_type 'gpt2' (supported: llama, mistral)" in refused("biased")
-    for rope in ({"rope_parameters": None, "rope_scaling": {"type": "linear", "factor": 4.0}},  # an older config
-                 {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}):  # beside the default rope_parameters
-        json.dump({**cfg, "attention_bias": False, **rope}, open(tmp_path / "biased" / "config.json", "w"))
-        assert "unsupported architecture: rope_type 'linear' (only the default)" in refused("biased")
+    linear = "unsupported architecture: rope_type 'linear' (only the default)"
+    for extra, words in (({"rope_parameters": None, "rope_scaling": {"type": "linear", "factor": 4.0}}, linear),
+                         ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, linear),  # beside rope_parameters
+                         ({"nanoscorer": {"scorer": "ssmax"}}, "a nanoscorer export of scorer 'ssmax'")):  # not softmax
+        json.dump({**cfg, "attention_bias": False, **extra}, open(tmp_path / "biased" / "config.json", "w"))
+        assert words in refused("biased")
     os.remove(tmp_path / "biased" / "config.json")
     assert "has no config.json" in refused("biased")
     llama(str(tmp_path / "small"), False, vocab_size=200)  # a tokenizer of 300 ids over 200 embeddings
