@@ -39,11 +39,12 @@ def token_losses(model, x, batch_size):
 
 def evaluate(model, tokens, N, args):
     """{distance_x: (d, first, second, control)} for one model, each (num_seqs, L-1): the span's tokens 1..L-1 in the
-    first copy, the second and the control span; d = k N, at least the span. RoPE is set for each sequence length."""
+    first copy, the second and the control span; d = k N (a k N below the span is skipped: it was measured at the
+    span's length under k's label). RoPE is set for each sequence length."""
     out, L = {}, args.span
     for k in args.distances:
-        d = max(L, round(k * N))
-        if any(d == seen for seen, *_ in out.values()):  # short N: several multiples fall on the span's length
+        d = round(k * N)
+        if d < L or any(d == seen for seen, *_ in out.values()):  # overlapping copies; or a distance measured
             continue
         x, control, a, b = longrange.copy_sequences(tokens, d, L, args.num_seqs, args.seed, kind=args.kind)
         model.extend_rope(args.rope_method, args.rope_scale, x.shape[1] - 1)  # "none": the trained θ, any length
@@ -94,6 +95,10 @@ def run(args, folder):
     dataset.check_ids(args.data, args.split, min(a["vocab_size"] for a in model_args))  # a damaged file: one line
     if longrange.GATE_DISTANCE not in args.distances:  # the gate is always measured
         args.distances = sorted({*args.distances, longrange.GATE_DISTANCE})
+    short = [a["block_size"] for a in model_args if round(longrange.GATE_DISTANCE * a["block_size"]) < args.span]
+    if short:
+        raise ValueError(f"--span {args.span} is longer than the copy gate's distance {longrange.GATE_DISTANCE:g} N "
+                         f"of a model with N = {short[0]}: give --span <= {round(longrange.GATE_DISTANCE * short[0])}")
     models, rows = [], []
     labels = compare.unique_labels(args.labels or [f"{a.get('scorer', 'softmax')} #{i + 1}"
                                                    for i, a in enumerate(model_args)], args.ckpt)

@@ -215,3 +215,18 @@ def test_eval_copy_rescales_only_softmax_and_refuses_another_scorer_in_one_line(
     msg = one_line_error(eval_copy.main, [os.path.join(out, "ckpt.pt"), "--data", os.path.join(char_data, "play"),
                                           "--span", "8", "--logit_scale", "qwen", "--out_dir", str(tmp_path / "c")])
     assert "--logit_scale qwen rescales softmax models; got one with scorer='ssmax'" in msg
+
+
+def test_eval_copy_labels_each_distance_by_where_it_measured_and_refuses_a_span_past_the_gate(char_data, tmp_path):
+    # k N below the span was measured at the span's length under k's label (0.125 N reported at 0.25 N's distance)
+    out = str(tmp_path / "run")
+    train.main([*TINY, f"data_dir={char_data}", "dataset=play", f"out_dir={out}", "max_iters=2", "eval_interval=2"])
+    res, N = str(tmp_path / "copy"), 64  # TINY's block_size
+    span = N // 4
+    eval_copy.main([os.path.join(out, "ckpt.pt"), "--data", os.path.join(char_data, "play"), "--span", str(span),
+                    "--distances", "0.125", "0.25", "0.5", "--num_seqs", "2", "--out_dir", res])
+    (m,) = json.load(open(os.path.join(res, "summary.json")))["models"]
+    assert {k: r["distance"] for k, r in m["by_distance"].items()} == {"0.25": N // 4, "0.5": N // 2}
+    msg = one_line_error(eval_copy.main, [os.path.join(out, "ckpt.pt"), "--data", os.path.join(char_data, "play"),
+                                          "--span", str(N), "--out_dir", str(tmp_path / "c2")])
+    assert f"--span {N} is longer than the copy gate's distance 0.5 N" in msg
