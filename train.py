@@ -85,6 +85,8 @@ def setup(explicit):
         if run.master and cfg.dataset in EMBEDDED:
             dataset.fetch(cfg.dataset, cfg.data_dir)
         cfg = vocab.data_vocab(cfg, explicit, ckpt, os.path.join(cfg.data_dir, cfg.dataset))
+    if cfg.sft_data:  # its size sets max_iters: missing, the cost check below counted 200,000 ("356 hours")
+        retrieval.check_sft_path(cfg.sft_data)
     cpu_cost_check(cfg, device_type, ckpt["iter_num"] if run.resuming else 0)  # before any download or model
     torch.manual_seed(cfg.seed)  # same on every rank: one saved RNG state fits all
     return cfg, ckpt, run

@@ -236,13 +236,16 @@ def load_hay(data_dir, split, vocab_size=None):
 # ----------------------------------------------------------------------------------------------------------------
 # Reading the SFT sets back (train.py's sft_data)
 
+def check_sft_path(path):  # train.py asks first: its CPU cost check would count the default max_iters
+    if not os.path.isfile(path):
+        raise DataError(f"sft_data {path!r} " + ("is a directory, expected a .jsonl file" if os.path.isdir(path) else
+                        "does not exist") + " (`python needle.py sft_data` writes one)")
+
 def load_sft(path, block_size, enc=None):
     """{"prompt", "answer"} lines -> [(ids, n_prompt)]: prompt + answer + <|endoftext|> in at most block_size + 1
     tokens of enc (default GPT-2's BPE; a character model's codec for its own), the prompt cropped on the left so
     that the answer stays (an over-long answer keeps its beginning)."""
-    if not os.path.isfile(path):
-        raise DataError(f"sft_data {path!r} " + ("is a directory, expected a .jsonl file" if os.path.isdir(path) else
-                        "does not exist") + " (`python needle.py sft_data` writes one)")
+    check_sft_path(path)
     try:
         rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
         prompts, answers = [r["prompt"] for r in rows], [r["answer"] for r in rows]
