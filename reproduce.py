@@ -76,7 +76,7 @@ def main(argv=None):
     p.add_argument("--suite", choices=["lm", "synthetic"], default="lm",
                    help="lm: the papers' language-model experiments (--scale); synthetic: synthetic.py's task suite")
     p.add_argument("--quick", action="store_true", help="--suite synthetic: recall x {softmax, ssmax} x 10 seeds "
-                   "(~9 min on 2 cores)")
+                   "(~4.5 min on 2 cores)")
     p.add_argument("--texts", choices=["shared", "per_seed"], help="lm: the test texts, the same for every seed "
                    "(shared, the default: texts can be the unit) or drawn per seed (per_seed: distinct texts)")
     p.add_argument("--jobs", type=int, help="runs at once: on a CPU one core each (default 2; lm: seeds); the "

@@ -137,7 +137,7 @@ SUITE.update({t: Entry("recall", budget(*r), LONG[:7], seeds=10, settings=GPU_SE
 GPU = dict(tasks=["first-gpu", "recall-gpu"], pilot=["first-gpu", *RUNGS], jobs=8)
 DEFAULT_TASKS = ["first", "recall", "recall-rope", "every", "some", "linear"]
 # the comparison a quick run can decide (issue #47): recall at 800 iterations, where every one of the full suite's
-# 10 seeds differed (p = 2/1024); ~50 s a run, 20 runs on 2 workers ~9 min. FIRST's 6 seeds could not (p >= 2/16)
+# 10 seeds differed (p = 2/1024); ~25 s a run, 20 runs on 2 workers 4.4 min. FIRST's 6 seeds could not (p >= 2/16)
 QUICK = dict(tasks=["recall"], settings=["softmax", "ssmax"], seeds=10)
 N_EVAL = 64  # per run, length, condition: seeds are the unit
 
