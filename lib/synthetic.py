@@ -25,8 +25,10 @@ REPO_OUT = REPO  # output root; tests point it elsewhere
 def _one_core():  # one core per worker, `jobs` workers at once
     import torch
     torch.set_num_threads(1)
-    # imports and CUDA start here, not in a worker's first run: train_s compares rungs (select_budget)
-    import eval_tasks, train  # noqa: F401
+    # what train.py and eval_tasks.py import, and CUDA, start here, not in a worker's first run: train_s compares
+    # rungs (select_budget)
+    import kernels_cpu, model, tasks  # noqa: F401
+    from lib import checkpoint, config, dataset, retrieval, rescale, tracking, vocab  # noqa: F401
     if torch.cuda.is_available():
         torch.cuda.init()
 
