@@ -239,8 +239,8 @@ def train(explicit):
                                       if os.path.isfile(run.ckpt_path) else "no checkpoint was written yet")
 
     def finish_eval(state):  # best.pt first, then the eval's log line
-        return tracking.record_eval(state, cfg, info, raw_model, lambda: save(run.best_path, {k: state[k] for k in
-                                                                                          BEST_KEYS}))
+        return tracking.record_eval(state, cfg, info, raw_model, lambda: save(run.best_path, {k: state.get(k) for k in
+                                                                                          BEST_KEYS}))  # older: no hf
 
     losses = None
     if master:

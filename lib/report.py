@@ -82,7 +82,8 @@ def long_context(results, seeds, variants, method, read=read_json):
     """One eval_long method over seeds: every model's windows (extended RoPE and native θ) and its paired
     differences to the baseline, with the figure eval_long_<method>_differences.png. None if a seed lacks it."""
     per_seed = [read(results, f"s{s}", f"eval_long_{method}", "summary.json") for s in seeds]
-    if not all(per_seed):
+    if not all(per_seed):  # and no figure of earlier models (plot_differences of nothing removes it)
+        compare.plot_differences(os.path.join(results, f"eval_long_{method}_differences.png"), [], [], {}, "")
         return None
     models = {m["label"]: [next(x for x in p["models"] if x["label"] == m["label"]) for p in per_seed]
               for m in per_seed[0]["models"]}  # label -> its results, one per seed

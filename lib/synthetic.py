@@ -92,8 +92,9 @@ def run_one(task, setting, seed, runs, n_eval, e, over, redo=False, evaluate=Tru
     args = ["--lengths", *[str(m * N) for m in e.multiples], "--n", str(e.n_eval or n_eval), "--rope", *e.ropes,
             "--diagnose", str(32 if e.diagnose else 0), *(x.format(N=N) for x in RESCALED.get(setting, []))]
     settings, evaluated = os.path.join(out, "eval_settings.json"), os.path.join(out, "eval", "per_prompt.csv")
+    legacy = not open(marker).read().strip()  # a run from before records: its evaluation had none either (as lm's)
     if not (os.path.isfile(evaluated) and reuse(settings, dict(train=train, eval=args), f"the evaluation {out}/eval",
-                                                redo, os.path.join(out, "eval"), whole=False)):
+                                                redo, os.path.join(out, "eval"), whole=legacy)):
         ran = True
         os.makedirs(out, exist_ok=True)
         record(settings, dict(train=train, eval=args))  # before: an evaluation cut short is judged by it

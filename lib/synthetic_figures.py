@@ -131,7 +131,7 @@ def attention(att, path):
             axes[0, j].plot(x, np.mean(mass, 0), "o-", ms=3, color=COLORS.get(s, "k"), label=s)
             # before row_mass was written, a row not summing to 1 had -sum w log w of its raw weights: no entropy
             scorer = dict(o.split("=") for o in SETTINGS[s])["scorer"]
-            if "row_mass" in rows[0] or SCORERS[scorer].sums_to_one:
+            if SCORERS[scorer].sums_to_one or all(r.get("row_mass") for run in by_run.values() for r in run):
                 axes[1, j].plot(x, np.mean(ent, 0), "o-", ms=3, color=COLORS.get(s, "k"), label=s)
         axes[0, j].plot(x, [1 / L for L in lengths], ":", color="gray", label="uniform 1/L")
         axes[1, j].plot(x, [math.log(L) for L in lengths], ":", color="gray", label="uniform: log L")

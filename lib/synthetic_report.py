@@ -188,7 +188,7 @@ def report(runs, results, todo, setup):
     acc, att, prompts = gather(runs, todo)
     compare.write_csv(os.path.join(results, "accuracy.csv"), acc, list(acc[0]))
     if att:
-        compare.write_csv(os.path.join(results, "attention.csv"), att, list(att[0]))
+        compare.write_csv(os.path.join(results, "attention.csv"), att, list(dict.fromkeys(k for r in att for k in r)))
     for name in ("attention.csv", "attention.png") if not att else ():  # an earlier call's, of other runs
         if os.path.exists(os.path.join(results, name)):
             os.remove(os.path.join(results, name))

@@ -78,6 +78,7 @@ def test_summary_json_leaves_out_a_skipped_steps_outputs_made_with_other_trainin
     assert set(got["skipped"]) == {"needle", "needle scores", "passkey", "eval_long theta (seed 1)",
                                    "eval_long dynamic_ntk (seed 1)"}
     assert not (res / "needle" / "needle.json").exists() and not (res / "s1" / "eval_long_theta").exists()
+    assert not list(res.glob("eval_long_*_differences.png"))  # no figure of the 8-iteration models either
     # the 8-iteration outputs back (a copied results folder): without --redo they stay, out of the summary
     shutil.copytree(tmp_path / "needle_at_8", res / "needle", dirs_exist_ok=True)
     reproduce.main(args + ["--max_iters", "12", *skip])

@@ -81,3 +81,33 @@ def test_a_later_call_leaves_no_earlier_calls_attention_files(suite, tmp_path):
     suite(task="flipflop")  # not diagnosed, no verdict endpoint (its report had crashed drawing horizons.png)
     assert not any((res / f).exists() for f in ("attention.csv", "attention.png", "horizons.png"))
     assert (res / "accuracy.png").exists() and "flipflop" in (res / "tables.md").read_text()
+
+
+def test_a_run_from_before_settings_records_is_taken_as_it_is_evaluation_included(suite, tmp_path):
+    # as the lm suite's rule: its evaluation had no record either, and was refused while its training was taken
+    suite()
+    run = tmp_path / "out-synthetic" / "first-softmax-s0"
+    (run / "done").write_text("")
+    (run / "train_settings.json").unlink()
+    (run / "eval_settings.json").unlink()
+    suite()  # neither trained nor evaluated again (the workers print a warning each)
+    last = json.loads((tmp_path / "out-results" / "synthetic" / "steps.jsonl").read_text().splitlines()[-1])
+    assert not last["ran"]
+
+
+def test_attention_png_leaves_out_a_settings_entropy_where_any_of_its_runs_lacks_row_mass(monkeypatch):
+    # decided by a task's first row: a new run first let an old sigmoid run's raw -sum w log w (9.42 nats) through
+    from matplotlib.figure import Figure
+
+    from lib import synthetic_figures
+    def row(setting, scorer, seed, L, mass=None):
+        return dict(task="first", model=f"first-{setting}-s{seed}", setting=setting, scorer=scorer, length=str(L),
+                    layer="0", head="0", target_mass="0.5", entropy="9.42", **({} if mass is None else
+                                                                                {"row_mass": mass}))
+    rows = [row(s, sc, seed, L, mass) for s, sc in (("sigmoid", "sigmoid"), ("softmax", "softmax"))
+            for seed, mass in ((0, "1.3"), (1, None)) for L in (32, 64)]
+    figs = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figs.append(self))
+    synthetic_figures.attention(rows, "attention.png")
+    entropy = figs[0].axes[1]
+    assert [line.get_label() for line in entropy.get_lines()] == ["softmax", "uniform: log L"]

@@ -176,3 +176,18 @@ def test_a_missing_sft_file_is_named_before_the_cpu_cost_check_counts_the_defaul
     msg = one_line_error(train.main, lm(data_dir, tmp_path / "sft", f"init_from={src / 'ckpt.pt'}",
                                         f"sft_data={tmp_path / 'missing.jsonl'}", "max_iters=1000000000"))
     assert "missing.jsonl' does not exist" in msg and "hours" not in msg
+
+
+def test_a_checkpoint_from_before_a_key_was_recorded_finishes_its_cut_eval(data_dir, tmp_path):
+    # best.pt takes BEST_KEYS from the checkpoint's state: one written before "hf" existed raised KeyError
+    out = tmp_path / "run"
+    train.main(lm(data_dir, out, "max_iters=2", "eval_interval=2"))
+    ck = load(out / "ckpt.pt")
+    del ck["hf"]
+    ck["eval"]["is_best"] = True  # its eval makes best.pt
+    torch.save(ck, out / "ckpt.pt")
+    lines = (out / "log.jsonl").read_text().splitlines()
+    cut = max(i for i, line in enumerate(lines) if '"val_loss"' in line)  # killed before its eval's log line
+    (out / "log.jsonl").write_text("\n".join(lines[:cut] + lines[cut + 1:]) + "\n")
+    train.main(lm(data_dir, out, "resume=True", "max_iters=4", "eval_interval=2"))
+    assert [r["iter"] for r in evals(out)] == [0, 2, 4] and load(out / "best.pt")["hf"] is None
