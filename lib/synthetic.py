@@ -14,7 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from lib import plans
 from lib.folders import held
-from lib.runs import StepError, judge, plain
+from lib.runs import StepError, judge, plain, remove
 from lib.synthetic_suite import (  # noqa: F401 (the suite's definitions, for a reader and the tests)
     CONTROLS, CORE, DEFAULT_TASKS, GPU, LONG, LRS, N_EVAL, QUICK, REPO, RESCALED, RESCALINGS, SETTINGS, SHORT, SUITE,
     RUNGS, SWEPT, ZOO, Entry, overrides, plan, recipe, select_budget, select_lr, sweep_accuracy)
@@ -148,9 +148,9 @@ def main(quick=False, jobs=None, n_eval=N_EVAL, settings=None, task_names=None, 
         suite(runs, results, plan(task_names, settings, seeds), jobs, n_eval, command, task_names, redo,
               synthetic_report, began)
         sweep, ladder = any("-lr" in t for t in task_names), sum(t in RUNGS for t in task_names) > 1
-        for name in [*["selected.json", "sweep.png"] * (not sweep), *["selected_budget.json"] * (not ladder)]:
-            if os.path.exists(os.path.join(results, name)):  # an earlier call's choice, not of these runs
-                os.remove(os.path.join(results, name))
+        # an earlier call's choice, not of these runs
+        remove(*(os.path.join(results, name) for name in [*["selected.json", "sweep.png"] * (not sweep),
+                                                          *["selected_budget.json"] * (not ladder)]))
         if sweep:  # its choice of rate, by the committed rule
             rows = synthetic_report.compare.read_csv(os.path.join(results, "accuracy.csv"))
             chosen = select_lr(rows)

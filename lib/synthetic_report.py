@@ -16,6 +16,7 @@ import numpy as np
 
 import tasks
 from lib import compare, synthetic_figures
+from lib.runs import remove
 
 GATE = dict(accuracy=0.95, mse=0.1)  # validity gate: each setting's mean at L = N
 SOLVED = 0.95  # a horizon's accuracy
@@ -189,9 +190,8 @@ def report(runs, results, todo, setup):
     compare.write_csv(os.path.join(results, "accuracy.csv"), acc, list(acc[0]))
     if att:
         compare.write_csv(os.path.join(results, "attention.csv"), att, list(dict.fromkeys(k for r in att for k in r)))
-    for name in ("attention.csv", "attention.png") if not att else ():  # an earlier call's, of other runs
-        if os.path.exists(os.path.join(results, name)):
-            os.remove(os.path.join(results, name))
+    else:  # an earlier call's, of other runs
+        remove(os.path.join(results, "attention.csv"), os.path.join(results, "attention.png"))
     path = os.path.join(results, "per_prompt.csv.gz")
     with gzip.GzipFile(path, "wb", mtime=0) as gz, io.TextIOWrapper(gz, newline="") as f:  # mtime 0: same bytes
         w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in prompts for k in r)))  # old runs: fewer
