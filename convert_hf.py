@@ -17,7 +17,8 @@ optimizer state: resume=True on it refuses. Export writes the inverse, with the 
 (the imported tokenizer.json, or GPT-2's vocab.json and merges.txt from the offline BPE files): a softmax RoPE model
 loads as a plain LlamaForCausalLM; a row-template scorer (ssmax, ssa, lssa, sigmoid, softpick) as a LlamaForCausalLM
 whose config.json holds the scorer and its per-head parameters per layer, run by hf_scorers.py's attention function
-(import it first). NoPE, fox's forget gate, stick-breaking, re-weighting and character vocabularies are refused.
+(import it first), and such an export imports back as that scorer, its options and per-head parameters (a
+fine-tune continues it). NoPE, fox's forget gate, stick-breaking, re-weighting and character vocabularies are refused.
 Only model.safetensors or the shards its index names are read; an export keeps an import's BOS and refuses a
 real-valued task's model. Anything unsupported is one `error:` line naming it. Needs requirements-hf.txt.
 """

@@ -8,7 +8,7 @@ transformers through hf_scorers.py, exactly as model.py scores it).
 
 lm-eval's tasks download their data on first use (Hugging Face datasets). Offline, a task of local files runs: a YAML
 in --include_path with `dataset_path: json` and `dataset_kwargs: {data_files: {test: /path/docs.jsonl}}`
-(tests/test_hf.py writes one). The model reads up to --max_length tokens (default: its block_size N) with its
+(tests/test_hf_scorers.py writes one). The model reads up to --max_length tokens (default: its block_size N) with its
 trained RoPE θ; on CUDA in bf16 weights, on CPU in fp32. Writes results.md (lm-eval's table) and results.json (its
 results, n-shot, versions and task configs, with the checkpoint, its model_args, its run_info and this run's) to
 --out_dir, only whole, never over an earlier evaluation's. Needs requirements-hf.txt (lm-eval, accelerate).

@@ -6,8 +6,9 @@ model exported by `convert_hf.py export` with a scorer other than softmax names 
     from transformers import LlamaForCausalLM
     model = LlamaForCausalLM.from_pretrained("hf-ssmax", attn_implementation="nanoscorer")
 
-config.json's "nanoscorer" holds the scorer and its per-head parameters, per layer: {"scorer": "ssmax", "params":
-{"s": [[s of each head] for each layer], "b": ...}}. It also names the attention ("attn_implementation"), so without
+config.json's "nanoscorer" holds the scorer, its per-head parameters per layer and its GPTConfig options (for
+convert_hf.py's import back): {"scorer": "ssmax", "params": {"s": [[s of each head] for each layer], "b": ...},
+"options": {"ssmax_bias": true, ...}}. It also names the attention ("attn_implementation"), so without
 this import from_pretrained refuses the folder instead of running softmax in its place (a folder saved again by
 transformers drops that name: pass attn_implementation then). The mask function sdpa_mask is registered for the
 name too, else a padded batch would arrive without a mask.

@@ -11,7 +11,7 @@ import tasks
 from lib import folders, vocab
 from lib.checkpoint import load_checkpoint, read_checkpoint, run_info, save_checkpoint
 from lib.corpora import package_dir
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, param_name
 from scorers import SCORERS
 
 HF_ATTENTION = "nanoscorer"  # hf_scorers.NAME: the attention transformers runs a scorer's export with
@@ -60,10 +60,6 @@ def model_args(cfg):
     bad += [f"hidden_act {cfg.get('hidden_act')!r} (SwiGLU needs silu)"] * (cfg.get("hidden_act", "silu") != "silu")
     bad += [f"sliding_window {cfg.get('sliding_window')}"] * bool(cfg.get("sliding_window"))
     bad += [f"rope_type {kind!r} (only the default)" for kind in kinds]
-    # this repository's export of a scorer model: imported as softmax, its scorer and parameters would be dropped
-    ours = cfg.get("nanoscorer") if isinstance(cfg.get("nanoscorer"), dict) else None
-    bad += [f"a nanoscorer export of scorer {ours.get('scorer')!r} (import runs softmax only: use the checkpoint it "
-            "was exported from)"] if ours else []
     heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
     if heads and hidden and (cfg.get("head_dim") or hidden // heads) != hidden // heads:
         bad.append(f"head_dim {cfg['head_dim']} != hidden_size / num_attention_heads")
@@ -74,6 +70,45 @@ def model_args(cfg):
                 block_size=cfg.get("max_position_embeddings", 2048), norm_eps=cfg.get("rms_norm_eps", 1e-6),
                 rope_theta=float({**ropes[0], **ropes[1]}.get("rope_theta", cfg.get("rope_theta", 10000.0))),
                 tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), scorer="softmax", pos="rope")
+
+
+def scorer_of(cfg, args):
+    """This repository's export of a scorer model (config.json's nanoscorer block, as export_hf writes it): the
+    GPTConfig fields of its scorer and options, and its per-head parameters {name: per layer, per head}; none for a
+    plain Llama. An export from before the options were written: an optional parameter given (ssmax's b) is on."""
+    spec = cfg.get("nanoscorer")
+    if spec is None:
+        return {}, {}
+    if not isinstance(spec, dict) or not isinstance(spec.get("params", {}), dict):
+        raise ConvertError(f"config.json's nanoscorer is {spec!r}, not {{scorer, params, options}} as exports write it")
+    entry, params, options = SCORERS.get(spec.get("scorer")), spec.get("params", {}), dict(spec.get("options") or {})
+    fields = {f for prm in (entry.params if entry else ()) for f in prm.fields()}
+    why = refusals({**args, "scorer": spec.get("scorer")}, {})  # what an export never writes
+    why += [f"option {k!r} (scorer {spec['scorer']!r} has {', '.join(sorted(fields)) or 'none'})"
+            for k in sorted(set(options) - fields)] if not why else []
+    if why:
+        raise ConvertError(f"config.json's nanoscorer block cannot be imported: {'; '.join(why)}")
+    options.update({prm.only_if: True for prm in entry.params if prm.only_if and prm.name in params
+                    and prm.only_if not in options})
+    return {"scorer": spec["scorer"], **options}, params
+
+
+def scorer_state(model, params):
+    """The checkpoint names and stored (raw) values of an export's per-head parameters, checked against the model."""
+    state, L, H = {}, model.config.n_layer, model.config.n_head
+    want = {prm.name for prm in model.transformer.h[0].attn.params}
+    if set(params) != want:
+        raise ConvertError(f"config.json's nanoscorer params are {sorted(params)}; scorer {model.config.scorer!r} with "
+                           f"these options has {sorted(want)}")
+    for prm in model.transformer.h[0].attn.params:
+        value = torch.tensor(params[prm.name], dtype=torch.float64)
+        if value.shape != (L, H) or not value.isfinite().all() or (prm.low is not None and (value <= prm.low).any()):
+            raise ConvertError(f"config.json's nanoscorer {prm.name} must be {L} layers x {H} heads of finite values"
+                               + (f" > {prm.low:g}" if prm.low is not None else "") + f", got {params[prm.name]}")
+        raw = value if prm.low is None else (value - prm.low).expm1().log()  # the stored form: softplus^-1
+        state.update({f"transformer.h.{i}.attn.{param_name(model.config.scorer, prm)}": raw[i].float()
+                      for i in range(L)})
+    return state
 
 
 def read_weights(folder):
@@ -111,8 +146,14 @@ def import_hf(name, out):
         raise ConvertError(f"{folder} has no config.json")
     cfg = json.load(open(os.path.join(folder, "config.json")))
     args = model_args(cfg)
-    model = GPT(GPTConfig(**args))
-    missing, unexpected = model.load_state_dict(to_state(read_weights(folder), args), strict=False)
+    options, params = scorer_of(cfg, args)
+    args.update(options)
+    try:
+        model = GPT(GPTConfig(**args))
+    except ValueError as e:  # an option out of its bound (check_options)
+        raise ConvertError(f"config.json's nanoscorer block: {e}") from None
+    state = {**to_state(read_weights(folder), args), **scorer_state(model, params)}
+    missing, unexpected = model.load_state_dict(state, strict=False)
     if [k for k in missing if not k.startswith("lm_head")] or unexpected:  # lm_head: the tied wte
         raise ConvertError(f"weights that do not fit: missing {missing[:3]}, unexpected {unexpected[:3]}")
     enc = vocab.hf_codec(folder) if os.path.isfile(os.path.join(folder, "tokenizer.json")) else None
@@ -127,8 +168,8 @@ def import_hf(name, out):
     save_checkpoint({"model": model.state_dict(), "model_args": args, "config": {}, "iter_num": 0,
                      "run_info": run_info(), "codec": vocab.record(enc) if enc else None,
                      "hf": {"source": name, "config": cfg, "bos_token": bos}}, os.path.join(out, "ckpt.pt"))
-    print(f"{out}/ckpt.pt: {model.get_num_params() / 1e6:.1f}M parameters, {args['n_head']} heads, "
-          f"{args['n_kv_head']} KV heads, N = {args['block_size']}, tokenizer: "
+    print(f"{out}/ckpt.pt: {model.get_num_params() / 1e6:.1f}M parameters, scorer {args['scorer']}, "
+          f"{args['n_head']} heads, {args['n_kv_head']} KV heads, N = {args['block_size']}, tokenizer: "
           + (f"{enc.n_vocab:,} ids" if enc else "none (no tokenizer.json: sample.py cannot decode)"))
 
 
@@ -215,8 +256,9 @@ def export_hf(path, out):
     if a["scorer"] != "softmax":  # hf_scorers.py runs it; without that import, from_pretrained refuses the folder
         model, _ = load_checkpoint(path)
         layers = [block.attn.scorer_params() for block in model.transformer.h]
+        options = {f: a[f] for prm in SCORERS[a["scorer"]].params for f in prm.fields() if f in a}
         cfg.update(attn_implementation=HF_ATTENTION, nanoscorer=dict(scorer=a["scorer"], params={
-            name: [x[name].tolist() for x in layers] for name in layers[0]}))  # per layer, per head
+            name: [x[name].tolist() for x in layers] for name in layers[0]}, options=options))  # per layer, per head
     held = [f for f in (*TOKENIZER_FILES, "model.safetensors", "config.json") if os.path.exists(os.path.join(out, f))]
     if held:
         raise ConvertError(f"{out} already holds {', '.join(held)}: give another --out")
