@@ -90,7 +90,7 @@ def plot(path, models, args):
 def run(args, folder):
     # every checkpoint must read the data's vocabulary (by content), checked before any model runs
     model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)["model_args"] for p in args.ckpt]
-    rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale)
+    rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale, args.rope_method)
     tokens = dataset.load_split(args.data, args.split)
     dataset.check_ids(args.data, args.split, min(a["vocab_size"] for a in model_args))  # a damaged file: one line
     if longrange.GATE_DISTANCE not in args.distances:  # the gate is always measured

@@ -127,7 +127,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
         return []
     # check all checkpoints (mmap'd, each against the data's vocabulary, by content) before any model runs
     model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)["model_args"] for p in args.ckpt]
-    rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale)
+    rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale, args.rope_method)
     args.length = args.length or 10 * model_args[0]["block_size"]  # the first checkpoint fixes L
     N, path = max((a["block_size"], path) for a, path in zip(model_args, args.ckpt))
     if args.length < N:

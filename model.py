@@ -153,7 +153,7 @@ def rope_extension(method, head_dim, theta, scale, train_len, seq_len):
             return d * math.log(train_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
         low, high = max(math.floor(dim_of(32)), 0), min(math.ceil(dim_of(1)), d - 1)
         ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0, 1)
-        return base / scale * ramp + base * (1 - ramp), 0.1 * math.log(scale) + 1.0
+        return base / scale * ramp + base * (1 - ramp), 0.1 * math.log(scale) + 1.0 if scale > 1 else 1.0
     raise ValueError(f"unknown RoPE extension method {method!r}; allowed: {', '.join(ROPE_METHODS)}")
 
 def apply_rope(x, cos, sin):
@@ -215,11 +215,12 @@ class CausalSelfAttention(nn.Module):
         if self.rope:  # nope: the causal mask alone carries the order
             cos, sin = cos[offset:offset + T], sin[offset:offset + T]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.q_scale is not None:
+        if self.q_scale is not None:  # sized to the evaluated length: a short table would broadcast its last row
+            assert self.q_scale.size(0) >= offset + T, f"q_scale has {self.q_scale.size(0)} rows, not {offset + T}"
             q = q * self.q_scale[offset:offset + T, None].to(q.dtype)
         params = self.scorer_params()
-        if hasattr(self, "fgate"):  # FoX's c: prefix sums of log sigmoid(f), fp32, continued from the cache
-            c = F.logsigmoid(self.fgate(x).float()).transpose(1, 2).cumsum(-1)  # (B, nh, T)
+        if hasattr(self, "fgate"):  # FoX's c (B, nh, T): prefix sums of log sigmoid(f), fp32 at least, cache-continued
+            c = F.logsigmoid(self.fgate(x).to(torch.promote_types(x.dtype, torch.float32))).transpose(1, 2).cumsum(-1)
             if cache is not None:
                 cache["c"] = c = torch.cat([cache["c"], cache["c"][..., -1:] + c], dim=-1) if "c" in cache else c
             params["c"] = c

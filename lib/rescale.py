@@ -57,11 +57,15 @@ def factors(kind, L, N, floor=LLAMA4_FLOOR):
     return f.float()
 
 
-def check(scorers, kind):
-    """One error for a rescaling asked of a model that is not softmax: its logits already carry its own scale."""
+def check(scorers, kind, rope_method=None):
+    """One error for a rescaling asked of a model that is not softmax (its logits already carry their own scale),
+    and for YaRN's temperature asked twice: --rope_method yarn already multiplies cos and sin by its mscale."""
     bad = [s for s in scorers if kind is not None and s != "softmax"]
     if bad:
         raise ValueError(f"--logit_scale {kind} rescales softmax models; got one with scorer={bad[0]!r}")
+    if kind == "yarn" and rope_method == "yarn":
+        raise ValueError("--logit_scale yarn with --rope_method yarn applies YaRN's temperature twice (the RoPE "
+                         "method's mscale already scales the logits): use one of them")
 
 
 def apply(model, kind, L, floor=LLAMA4_FLOOR):

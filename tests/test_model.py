@@ -66,6 +66,14 @@ def test_cached_generation_equals_uncached(variant):
     torch.testing.assert_close(torch.cat(step_logits, 1), full_logits[:, 4:], rtol=1e-5, atol=1e-5)
 
 
+def test_fox_decodes_a_float64_model_exactly_its_forget_gates_in_float64():
+    torch.manual_seed(0)
+    m = GPT(tiny(**VARIANTS["fox"])).double().eval()
+    idx, cache = torch.randint(0, 64, (2, 12)), [{} for _ in m.transformer.h]
+    steps = [m(idx[:, :5], cache=cache)[0]] + [m(idx[:, t:t + 1], cache=cache)[0] for t in range(5, 12)]
+    torch.testing.assert_close(torch.cat(steps, 1), m(idx, idx)[0][:, 4:], rtol=1e-12, atol=1e-12)  # fp32 c: 3e-6
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_scorer_parameter_gets_a_nonzero_gradient(variant):
     torch.manual_seed(0)

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+import model
 from lib import rescale
 from model import GPT, SCORERS, GPTConfig, attention, attention_weights
 
@@ -126,6 +127,19 @@ def test_a_rescaled_softmax_model_equals_one_whose_query_weights_carry_the_facto
     torch.testing.assert_close(m(idx, idx)[0], plain)  # None takes it off
     with pytest.raises(ValueError, match="rescales softmax models; got one with scorer='ssmax'"):
         rescale.apply(GPT(GPTConfig(**{**cfg.__dict__, "scorer": "ssmax"})), "qwen", 24)
+    rescale.apply(m, "yarn", 24)
+    cache = [{} for _ in m.transformer.h]
+    m(idx[:1, :23], cache=cache)
+    with pytest.raises(AssertionError, match="q_scale has 24 rows, not 25"):  # 2 rows after 23: row 23's factor
+        m(idx[:1, 22:24], cache=cache)                                        # broadcast to both, silently
+
+
+def test_yarns_temperature_is_applied_once_and_only_past_the_training_length():
+    with pytest.raises(ValueError, match="--logit_scale yarn with --rope_method yarn applies YaRN's temperature twice"):
+        rescale.check(["softmax"], "yarn", "yarn")
+    rescale.check(["softmax"], "yarn", "theta")  # the temperature on q, θ extended: one temperature
+    for scale, want in ((0.5, 1.0), (1.0, 1.0), (4.0, 0.1 * math.log(4) + 1)):  # YaRN's get_mscale: 1 at scale <= 1
+        assert model.rope_extension("yarn", 16, 10000.0, scale, 32, 64)[1] == pytest.approx(want)
 
 
 def test_stickbreaking_backward_is_the_derivation_in_kernels_stick_docstring():
