@@ -1,9 +1,8 @@
 """Nothing lost, mixed or misreported (issue #44), one test per cause: two processes on one folder (a lock per run,
-per evaluation, per suite), resume=True over results without their ckpt.pt, a rerun whose settings changed, a
-character vocabulary of the same size and other characters, two checkpoints of one run told apart, a cut log line,
-a full disk, ids past the vocabulary, a padded vocabulary, a checkpoint without optimizer state, and the remaining
-bad values. Tiny models on tiny data, CPU only."""
-import csv
+per evaluation, per suite), resume=True over results without their ckpt.pt, a cut log line, a full disk, ids past the
+vocabulary, a padded vocabulary, a checkpoint without optimizer state, and the remaining bad values; reruns with other
+settings are in test_no_mixed_settings.py, vocabularies and checkpoints told apart in test_no_mixed_models.py. Tiny
+models on tiny data, CPU only."""
 import gc
 import json
 import os
@@ -16,13 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-import eval_copy
 import eval_long
-import eval_tasks
 import sample
 import train
 from conftest import one_line_error
-from lib import dataset, folders, runs, vocab
+from lib import folders, vocab
 from lib.checkpoint import run_info, save_checkpoint
 from model import GPT, GPTConfig
 
@@ -31,9 +28,6 @@ TINY = ["device=cpu", f"vocab_size={VOCAB}", "n_layer=1", "n_head=2", "n_embd=16
         "batch_size=2", "gradient_accumulation_steps=1", "eval_iters=1", "log_interval=1", "warmup_iters=1",
         "dataset=rand"]
 TEXT = "To be, or not to be: that is the question.\nWhether 'tis nobler in the mind to suffer\n" * 30
-CHAR = ["device=cpu", "n_layer=1", "n_head=2", "n_embd=16", "ffn_hidden=32", "block_size=32", "batch_size=2",
-        "gradient_accumulation_steps=1", "eval_iters=1", "log_interval=1", "warmup_iters=1", "max_iters=1",
-        "eval_interval=1"]
 
 
 @pytest.fixture(scope="module")
@@ -135,144 +129,6 @@ def test_a_second_evaluation_into_one_folder_and_a_second_suite_stop_in_one_line
     p = other_process(tmp_path / "out-repro-cpu_char")
     msg = one_line_error(reproduce.main, ["--scale", "cpu_char", "--seeds", "1"])
     assert f"a reproduction's runs is being written by process {p.pid}" in msg
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# 3: a rerun reuses a step only when its settings are the ones asked for
-
-def test_a_step_done_with_other_settings_refuses_or_with_redo_runs_again(tmp_path, capsys):
-    script = tmp_path / "mark.py"  # a step: writes its output
-    script.write_text("import sys; open(sys.argv[1], 'w').write(sys.argv[2])\n")
-    out = tmp_path / "res" / "out.txt"
-    out.parent.mkdir()
-    run = lambda steps, max_iters: steps.run("train x", [str(script), str(out), str(max_iters)], str(out),
-                                             settings={"train": {"max_iters": max_iters}})
-    run(runs.Steps(str(out.parent)), 20)
-    run(runs.Steps(str(out.parent)), 20)  # the same settings: reused
-    assert out.read_text() == "20" and "[skip] train x" in capsys.readouterr().out
-    with pytest.raises(runs.StepError, match=r"step 'train x' in .* was made with other settings than asked now "
-                                             r"\(train.max_iters 20 -> 40\): --redo runs it again"):
-        run(runs.Steps(str(out.parent)), 40)
-    assert out.read_text() == "20"
-    steps = runs.Steps(str(out.parent), redo=True)
-    run(steps, 40)
-    assert out.read_text() == "40" and steps.ran("train") == {"max_iters": 40}  # what summary.json reports
-    lines = [json.loads(line) for line in open(out.parent / "steps.jsonl")]
-    assert [r["settings"]["train"]["max_iters"] for r in lines] == [20, 40]
-    (out.parent / "steps.jsonl").write_text(json.dumps({"step": "train x", "command": "old", "wall_s": 1}) + "\n")
-    run(runs.Steps(str(out.parent)), 80)  # recorded before settings were: taken as it is, with a warning
-    assert out.read_text() == "40" and "made before settings were recorded" in capsys.readouterr().out
-    assert json.load(open(out.parent / "wall.json"))["wall_s"] >= 0  # every call's time, kept after each step
-
-
-def test_a_seeds_runs_hold_one_training_and_may_gain_variants(tmp_path):
-    root = str(tmp_path / "s1")
-    want = lambda it, **v: {"train": {"max_iters": it}, "variants": v}
-    runs.check_runs(root, want(20, softmax={"scorer": "softmax"}), redo=False)
-    (tmp_path / "s1" / "softmax").mkdir()
-    runs.check_runs(root, want(20, softmax={"scorer": "softmax"}, ssa={"scorer": "ssa"}), redo=False)  # added
-    assert set(json.load(open(tmp_path / "s1" / "settings.json"))["variants"]) == {"softmax", "ssa"}
-    with pytest.raises(runs.StepError, match=r"train.max_iters 20 -> 40"):
-        runs.check_runs(root, want(40, softmax={"scorer": "softmax"}), redo=False)
-    with pytest.raises(runs.StepError, match=r"variants.ssa.scorer"):
-        runs.check_runs(root, want(20, ssa={"scorer": "ssmax"}), redo=False)
-    runs.check_runs(root, want(40, softmax={"scorer": "softmax"}), redo=True)  # scratch: trained again
-    assert not (tmp_path / "s1" / "softmax").exists()
-
-
-def test_the_lm_suite_refuses_a_rerun_with_other_iterations_before_it_trains(tmp_path, monkeypatch):
-    import reproduce
-    monkeypatch.chdir(tmp_path)
-    res = tmp_path / "out-results" / "cpu_char"
-    (res / "s1" / "gate").mkdir(parents=True)
-    labels = [{"label": v} for v in reproduce.SCALES["cpu_char"]["variants"]]
-    (res / "s1" / "gate" / "summary.json").write_text(json.dumps({"models": labels}))
-    S = reproduce.SCALES["cpu_char"]
-    cmd_settings = runs.plain(dict(train=dict(model=S["model"], train={**S["train"], "max_iters": 20}, dataset=S[
-        "dataset"], switch_at=reproduce.SWITCH_AT)))
-    (res / "steps.jsonl").write_text(json.dumps(dict(step="gate (seed 1)", command="", wall_s=1,
-                                                     settings=cmd_settings)) + "\n")
-    msg = one_line_error(reproduce.main, ["--scale", "cpu_char", "--seeds", "1", "--max_iters", "40",
-                                          "--skip", "eval_long", "needle", "score", "passkey"])
-    assert "step 'gate (seed 1)'" in msg and "train.train.max_iters 20 -> 40" in msg and "--redo" in msg
-    assert not (tmp_path / "out-repro-cpu_char" / "s1").exists()  # nothing trained
-    msg = one_line_error(reproduce.main, ["--scale", "cpu_char", "--seeds", "1", "--max_iters", "20", "--variants",
-                                          "softmax", "--skip", "eval_long", "needle", "score", "passkey"])
-    assert "step 'gate (seed 1)'" in msg and "variants" in msg  # a variant set other than its evaluation's
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# 4: vocabularies matched by content
-
-@pytest.fixture(scope="module")
-def char_runs(tmp_path_factory):
-    """A character model of TEXT, and a dataset of the same size whose characters differ (one swapped)."""
-    d = tmp_path_factory.mktemp("chars")
-    (d / "a.txt").write_text(TEXT)
-    (d / "b.txt").write_text(TEXT.replace("q", "Q"))  # as many characters, other ids
-    for name in ("a", "b"):
-        dataset.prepare(str(d / f"{name}.txt"), out_dir=str(d), tokenizer="char")
-    train.main([*CHAR, f"data_dir={d}", "dataset=a", f"out_dir={d / 'run'}"])
-    return d
-
-
-def test_a_character_vocabulary_of_the_same_size_with_other_characters_is_refused_everywhere(char_runs, capsys):
-    d, ckpt = char_runs, str(char_runs / "run" / "ckpt.pt")
-    assert vocab.vocab_size(str(d / "a")) == vocab.vocab_size(str(d / "b"))
-    stored = torch.load(ckpt, weights_only=True)["codec"]
-    assert stored["kind"] == "char" and stored["itos"] == vocab.codec(str(d / "a")).itos
-    assert torch.load(d / "run" / "best.pt", weights_only=True)["codec"] == stored
-    for main, argv in ((sample.main, ["--ckpt", ckpt, "--data", str(d / "b"), "--max_new_tokens", "2"]),
-                       (eval_copy.main, [ckpt, "--data", str(d / "b"), "--span", "4", "--out_dir", str(d / "c")]),
-                       (train.main, [*CHAR, f"data_dir={d}", "dataset=b", f"out_dir={d / 'run'}", "resume=True",
-                                     "max_iters=2"])):
-        msg = one_line_error(main, argv)
-        assert "another vocabulary" in msg and "sha256" in msg, msg
-    assert not (d / "c").exists() and torch.load(ckpt, weights_only=True)["iter_num"] == 1
-    os.rename(d / "a", d / "a-moved")  # its dataset gone: the checkpoint alone decodes
-    try:
-        sample.main(["--ckpt", ckpt, "--start", "To be", "--max_new_tokens", "3", "--num_samples", "1"])
-    finally:
-        os.rename(d / "a-moved", d / "a")
-    assert capsys.readouterr().out.startswith("To be")
-    old = {k: v for k, v in torch.load(ckpt, weights_only=True).items() if k != "codec"}  # before codecs
-    torch.save(old, d / "old.pt")
-    capsys.readouterr()
-    sample.main(["--ckpt", str(d / "old.pt"), "--data", str(d / "a"), "--max_new_tokens", "2", "--num_samples", "1"])
-    eval_copy.main([str(d / "old.pt"), "--data", str(d / "b"), "--span", "4", "--num_seqs", "2", "--distances", "0.5",
-                    "--out_dir", str(d / "c-old")])  # no codec: matched by size, with a warning
-    assert "stores no vocabulary (an older checkpoint)" in capsys.readouterr().err
-
-
-def test_nanogpts_pickled_character_vocabulary_is_refused_not_unpickled(data_dir, tmp_path):
-    d = tmp_path / "rand"
-    shutil.copytree(os.path.join(data_dir, "rand"), d)
-    (d / "meta.pkl").write_bytes(b"not read")
-    msg = one_line_error(train.main, args(str(tmp_path), tmp_path / "out", "max_iters=1"))
-    assert "meta.pkl" in msg and "never unpickles" in msg
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# 5: every row says which model made it
-
-def test_two_checkpoints_of_one_run_are_told_apart_in_every_row(char_runs, tmp_path, monkeypatch):
-    d = char_runs
-    ckpts = [str(d / "run" / "ckpt.pt"), str(d / "run" / "best.pt")]
-    eval_copy.main([*ckpts, "--data", str(d / "a"), "--span", "4", "--num_seqs", "2", "--distances", "0.5",
-                    "--labels", "x", "x", "--out_dir", str(tmp_path / "copy")])
-    rows = list(csv.DictReader(open(tmp_path / "copy" / "per_sequence.csv")))
-    assert {(r["model"], r["checkpoint"], r["iter"]) for r in rows} == {
-        ("x", os.path.abspath(ckpts[0]), "1"), ("x #2 (run/best.pt)", os.path.abspath(ckpts[1]), "1")}
-    train.main(["device=cpu", "task=first", "pos=nope", "block_size=8", "n_layer=1", "n_head=2", "n_embd=16",
-                "ffn_hidden=32", "batch_size=4", "eval_iters=1", "max_iters=1", "eval_interval=1",
-                f"out_dir={tmp_path / 'task'}"])
-    task = [str(tmp_path / "task" / f) for f in ("ckpt.pt", "best.pt")]
-    eval_tasks.main([*task, "--lengths", "8", "--n", "2", "--out_dir", str(tmp_path / "tev")])
-    for name in ("accuracy.csv", "per_prompt.csv"):
-        rows = list(csv.DictReader(open(tmp_path / "tev" / name)))
-        label = "model" if name == "accuracy.csv" else "run"
-        assert {(r[label], r["checkpoint"]) for r in rows} == {("task", os.path.abspath(task[0])), (
-            "task #2 (task/best.pt)", os.path.abspath(task[1]))}
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,70 @@
+"""A rerun reuses a step only when its settings are the ones asked for (issue #44, cause 3): a step done with other
+settings refuses, or runs again with --redo; a seed's runs hold one training and may gain variants; the LM suite
+refuses a rerun with other iterations before it trains. CPU only."""
+import json
+
+import pytest
+
+from conftest import one_line_error
+from lib import runs
+
+
+def test_a_step_done_with_other_settings_refuses_or_with_redo_runs_again(tmp_path, capsys):
+    script = tmp_path / "mark.py"  # a step: writes its output
+    script.write_text("import sys; open(sys.argv[1], 'w').write(sys.argv[2])\n")
+    out = tmp_path / "res" / "out.txt"
+    out.parent.mkdir()
+    run = lambda steps, max_iters: steps.run("train x", [str(script), str(out), str(max_iters)], str(out),
+                                             settings={"train": {"max_iters": max_iters}})
+    run(runs.Steps(str(out.parent)), 20)
+    run(runs.Steps(str(out.parent)), 20)  # the same settings: reused
+    assert out.read_text() == "20" and "[skip] train x" in capsys.readouterr().out
+    with pytest.raises(runs.StepError, match=r"step 'train x' in .* was made with other settings than asked now "
+                                             r"\(train.max_iters 20 -> 40\): --redo runs it again"):
+        run(runs.Steps(str(out.parent)), 40)
+    assert out.read_text() == "20"
+    steps = runs.Steps(str(out.parent), redo=True)
+    run(steps, 40)
+    assert out.read_text() == "40" and steps.ran("train") == {"max_iters": 40}  # what summary.json reports
+    lines = [json.loads(line) for line in open(out.parent / "steps.jsonl")]
+    assert [r["settings"]["train"]["max_iters"] for r in lines] == [20, 40]
+    (out.parent / "steps.jsonl").write_text(json.dumps({"step": "train x", "command": "old", "wall_s": 1}) + "\n")
+    run(runs.Steps(str(out.parent)), 80)  # recorded before settings were: taken as it is, with a warning
+    assert out.read_text() == "40" and "made before settings were recorded" in capsys.readouterr().out
+    assert json.load(open(out.parent / "wall.json"))["wall_s"] >= 0  # every call's time, kept after each step
+
+
+def test_a_seeds_runs_hold_one_training_and_may_gain_variants(tmp_path):
+    root = str(tmp_path / "s1")
+    want = lambda it, **v: {"train": {"max_iters": it}, "variants": v}
+    runs.check_runs(root, want(20, softmax={"scorer": "softmax"}), redo=False)
+    (tmp_path / "s1" / "softmax").mkdir()
+    runs.check_runs(root, want(20, softmax={"scorer": "softmax"}, ssa={"scorer": "ssa"}), redo=False)  # added
+    assert set(json.load(open(tmp_path / "s1" / "settings.json"))["variants"]) == {"softmax", "ssa"}
+    with pytest.raises(runs.StepError, match=r"train.max_iters 20 -> 40"):
+        runs.check_runs(root, want(40, softmax={"scorer": "softmax"}), redo=False)
+    with pytest.raises(runs.StepError, match=r"variants.ssa.scorer"):
+        runs.check_runs(root, want(20, ssa={"scorer": "ssmax"}), redo=False)
+    runs.check_runs(root, want(40, softmax={"scorer": "softmax"}), redo=True)  # scratch: trained again
+    assert not (tmp_path / "s1" / "softmax").exists()
+
+
+def test_the_lm_suite_refuses_a_rerun_with_other_iterations_before_it_trains(tmp_path, monkeypatch):
+    import reproduce
+    monkeypatch.chdir(tmp_path)
+    res = tmp_path / "out-results" / "cpu_char"
+    (res / "s1" / "gate").mkdir(parents=True)
+    labels = [{"label": v} for v in reproduce.SCALES["cpu_char"]["variants"]]
+    (res / "s1" / "gate" / "summary.json").write_text(json.dumps({"models": labels}))
+    S = reproduce.SCALES["cpu_char"]
+    cmd_settings = runs.plain(dict(train=dict(model=S["model"], train={**S["train"], "max_iters": 20}, dataset=S[
+        "dataset"], switch_at=reproduce.SWITCH_AT)))
+    (res / "steps.jsonl").write_text(json.dumps(dict(step="gate (seed 1)", command="", wall_s=1,
+                                                     settings=cmd_settings)) + "\n")
+    msg = one_line_error(reproduce.main, ["--scale", "cpu_char", "--seeds", "1", "--max_iters", "40",
+                                          "--skip", "eval_long", "needle", "score", "passkey"])
+    assert "step 'gate (seed 1)'" in msg and "train.train.max_iters 20 -> 40" in msg and "--redo" in msg
+    assert not (tmp_path / "out-repro-cpu_char" / "s1").exists()  # nothing trained
+    msg = one_line_error(reproduce.main, ["--scale", "cpu_char", "--seeds", "1", "--max_iters", "20", "--variants",
+                                          "softmax", "--skip", "eval_long", "needle", "score", "passkey"])
+    assert "step 'gate (seed 1)'" in msg and "variants" in msg  # a variant set other than its evaluation's

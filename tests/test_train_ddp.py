@@ -1,0 +1,41 @@
+"""DDP on CPU: torchrun with two gloo processes gives the losses and weights of one process, and only rank 0
+writes (the usual files, each log line once, nothing in the working directory). Tiny models on tiny random data."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+import train
+import test_train
+from test_train import ENV, TRAIN, read_log, step_losses, tiny_args
+
+data_dir, one_thread = test_train.data_dir, test_train.one_thread  # its fixtures: random ids, one thread
+
+
+def test_torchrun_two_cpu_processes_equal_one_process_and_only_rank0_writes(data_dir, tmp_path):
+    ddp_out, one_out = tmp_path / "ddp", tmp_path / "one"
+    # gradient_accumulation_steps is global: 2 micro-steps on each of 2 processes = 4 on one
+    common = ["gradient_accumulation_steps=4", "max_iters=4", "eval_interval=2"]
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", TRAIN,
+                        *tiny_args(data_dir, ddp_out, *common)], cwd=cwd, env=ENV,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("config: ") == 1 and "2 process(es)" in r.stdout
+    train.main(tiny_args(data_dir, one_out, *common))
+    ddp, one = step_losses(ddp_out), step_losses(one_out)
+    assert list(ddp) == list(one) == [0, 1, 2, 3]
+    np.testing.assert_allclose(list(ddp.values()), list(one.values()), rtol=1e-5, atol=0)
+    assert len(set(ddp.values())) == 4  # it trained
+    # only rank 0 wrote: the usual files, each log line once, nothing in the working directory
+    assert sorted(os.listdir(ddp_out)) == ["best.pt", "ckpt.pt", "log.jsonl", "loss.png"]
+    rows = read_log(ddp_out)
+    assert sum("config" in r for r in rows) == 1 and len(rows) == 1 + 4 + 3  # config, 4 steps, evals at 0, 2, 4
+    assert os.listdir(cwd) == []
+    a, b = (torch.load(d / "ckpt.pt", map_location="cpu", weights_only=True) for d in (ddp_out, one_out))
+    assert a["iter_num"] == 4 and a["config"]["gradient_accumulation_steps"] == 4
+    for k, v in a["model"].items():
+        torch.testing.assert_close(v, b["model"][k], rtol=1e-4, atol=1e-6)

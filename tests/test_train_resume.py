@@ -1,0 +1,130 @@
+"""Resuming a train.py run: resume=True after k iterations gives the losses and weights of an uninterrupted run, in
+process and in a new process after a SIGKILL; a resume refuses to change the architecture or a kept scorer's options;
+a kill during an evaluation (writing best.pt, or the final one) is finished by the resume. Tiny models on tiny random
+data, CPU only."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import train
+import test_train
+from test_train import ENV, REPO, TRAIN, error_of, read_log, run_script, step_losses, tiny_args
+
+data_dir, one_thread = test_train.data_dir, test_train.one_thread  # its fixtures: random ids, one thread
+
+
+def test_resume_after_k_iterations_gives_the_losses_and_weights_of_an_uninterrupted_run(data_dir, tmp_path):
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    common = ["eval_interval=3", "dropout=0.1"]  # dropout: the torch RNG state must be restored too
+    train.main(tiny_args(data_dir, whole, *common, "max_iters=7"))
+    # resume=True: a relaunch of the same command; the first launch finds no checkpoint and starts from scratch
+    train.main(tiny_args(data_dir, parts, *common, "max_iters=3", "resume=True"))
+    assert torch.load(parts / "ckpt.pt", weights_only=True)["iter_num"] == 3
+    train.main(tiny_args(data_dir, parts, *common, "max_iters=7", "resume=True"))
+    want = step_losses(whole)
+    assert list(want) == list(range(7)) and len(set(want.values())) == 7
+    assert step_losses(parts) == want  # exact float equality, step by step
+    assert list(step_losses(parts, since_last_start=True)) == [3, 4, 5, 6]  # the resumed run did only the rest
+    a, b = (torch.load(d / "ckpt.pt", map_location="cpu", weights_only=True) for d in (whole, parts))
+    assert a["iter_num"] == b["iter_num"] == 7
+    assert a["model"].keys() == b["model"].keys()
+    assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
+    evals = {r["iter"]: r["val_loss"] for r in read_log(parts) if "val_loss" in r}
+    assert evals == {r["iter"]: r["val_loss"] for r in read_log(whole) if "val_loss" in r}
+
+
+def test_a_killed_run_resumed_in_a_new_process_continues_with_the_uninterrupted_losses(data_dir, tmp_path):
+    out, ref = tmp_path / "killed", tmp_path / "ref"
+    def args(out_dir, max_iters):
+        return tiny_args(data_dir, out_dir, "eval_interval=4", "eval_iters=1", "log_interval=1000",
+                         f"max_iters={max_iters}")
+    p = run_script(*args(out, 100000))  # would run for a long time
+    deadline, evals = time.time() + 120, []
+    while time.time() < deadline and p.poll() is None:
+        if os.path.exists(out / "log.jsonl"):
+            with open(out / "log.jsonl") as f:  # an eval line is written after its checkpoint
+                evals = [r["iter"] for r in map(json.loads, f.read().splitlines()[:-1]) if "val_loss" in r]
+            if evals and evals[-1] >= 4:
+                break
+        time.sleep(0.02)
+    p.send_signal(signal.SIGKILL)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGKILL and evals and evals[-1] >= 4, err  # killed mid-way, past a checkpoint
+    k = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=True)["iter_num"]
+    assert k >= 4 and k % 4 == 0
+    n = k + 5
+    before_kill = step_losses(out)
+    r = subprocess.run([sys.executable, TRAIN, "init_from=resume", f"out_dir={out}", f"max_iters={n}"], cwd=REPO,
+                       env=ENV, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    train.main(args(ref, n))  # the same run, never stopped
+    want = step_losses(ref)
+    resumed = step_losses(out, since_last_start=True)
+    assert list(resumed) == list(range(k, n))
+    assert resumed == {i: want[i] for i in range(k, n)}  # exactly
+    assert all(want[i] == loss for i, loss in before_kill.items() if i < n)
+    a, b = (torch.load(d / "ckpt.pt", map_location="cpu", weights_only=True)["model"] for d in (out, ref))
+    assert all(torch.equal(v, b[key]) for key, v in a.items())
+
+
+def test_resume_refuses_to_change_the_architecture_or_the_options_of_a_kept_scorer(data_dir, tmp_path):
+    out = tmp_path / "out"
+    train.main(tiny_args(data_dir, out, "max_iters=1", "eval_interval=1", "scorer=ssmax"))
+    assert "n_layer=2 differs from the checkpoint's 1" in error_of(tiny_args(data_dir, out, "init_from=resume",
+                                                                              "n_layer=2"))
+    # its s exists already: a new init would not apply (a scorer switch may set it: tests below)
+    msg = error_of(tiny_args(data_dir, out, "init_from=resume", "scorer=ssmax", "ssmax_s_init=0.5"))
+    assert "ssmax_s_init=0.5 differs from the checkpoint's 1.0: it cannot change when resuming with the same " \
+           "scorer" in msg
+    msg = error_of(tiny_args(data_dir, out, "init_from=resume", "scorer=softmax", "n_embd=64"))
+    assert "n_embd=64 differs from the checkpoint's 32: it cannot change when resuming" in msg  # a switch too
+
+
+class _Killed(BaseException):
+    """A SIGKILL in the middle of a checkpoint write, simulated in-process."""
+
+
+def _kill_during_eval(monkeypatch, at_iter, file):
+    """best.pt: killed while writing it; ckpt.pt: killed just after writing it, before best.pt and the log line."""
+    real = train.save_checkpoint
+    def save(state, path):
+        if path.endswith(file) and state["iter_num"] == at_iter:
+            if file == "best.pt":
+                open(f"{path}.tmp", "wb").write(b"half a zip")  # what a kill mid-write leaves behind
+            else:
+                real(state, path)
+            raise _Killed
+        real(state, path)
+    monkeypatch.setattr(train, "save_checkpoint", save)
+
+
+@pytest.mark.parametrize("kill_at,file", [(0, "best.pt"), (4, "ckpt.pt")], ids=["writing-best", "final-eval"])
+def test_a_kill_during_an_eval_is_finished_by_the_resume(data_dir, tmp_path, monkeypatch, capsys, kill_at, file):
+    out, ref = tmp_path / "out", tmp_path / "ref"
+    args = ["max_iters=4", "eval_interval=2", "resume=True"]
+    train.main(tiny_args(data_dir, ref, *args))
+    with monkeypatch.context() as m:
+        _kill_during_eval(m, kill_at, file)
+        with pytest.raises(_Killed):
+            train.main(tiny_args(data_dir, out, *args))
+    assert kill_at not in [r["iter"] for r in read_log(out) if "val_loss" in r]
+    assert (out / "best.pt.tmp").exists() == (file == "best.pt")
+    capsys.readouterr()
+    train.main(tiny_args(data_dir, out, *args))
+    printed = capsys.readouterr().out
+    evals = {r["iter"]: r["val_loss"] for r in read_log(out) if "val_loss" in r}
+    assert evals == {r["iter"]: r["val_loss"] for r in read_log(ref) if "val_loss" in r}  # the record is back
+    assert "done: val loss" in printed and not list(out.glob("*.tmp"))
+    best, want = (torch.load(d / "best.pt", weights_only=True) for d in (out, ref))
+    assert best["iter_num"] == want["iter_num"] and "optimizer" not in best
+    assert all(torch.equal(v, want["model"][k]) for k, v in best["model"].items())
+    capsys.readouterr()
+    log = read_log(out)
+    train.main(tiny_args(data_dir, out, *args))  # relaunching a finished run says so and changes nothing
+    assert "already done" in capsys.readouterr().out and read_log(out) == log

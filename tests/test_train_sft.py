@@ -1,0 +1,96 @@
+"""SFT in train.py (sft_data=): the targets are the answer and <|endoftext|> with -1 on the prompt and the padding,
+long prompts are cropped on the left and long answers on the right, a bad SFT file is one error line, and a run in
+epochs lowers the answer loss. Tiny models, CPU only."""
+import json
+import math
+
+import pytest
+import torch
+
+import train
+from lib import retrieval
+from lib import vocab
+import test_train
+from test_train import error_of, read_log
+
+one_thread = test_train.one_thread  # its fixture: one thread
+
+
+SFT_ROWS = [{"prompt": "Question: What is the capital of France?\nAnswer:", "answer": " Paris"},
+            {"prompt": "Question: Who wrote Hamlet?\nAnswer:", "answer": " William Shakespeare"},
+            {"prompt": "Where is Denver?", "answer": " Colorado, in the United States"},
+            {"prompt": "2 + 2 =", "answer": " 4"}]
+
+
+def write_sft(path, rows=SFT_ROWS):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+def test_sft_targets_are_answer_and_endoftext_with_minus_one_on_prompt_and_padding(tmp_path):
+    enc, T = vocab.get_tokenizer(), 32
+    examples = retrieval.load_sft(write_sft(tmp_path / "sft.jsonl"), T)
+    assert len(examples) == len(SFT_ROWS)
+    for (ids, n_prompt), row in zip(examples, SFT_ROWS):
+        p, a = enc.encode_ordinary(row["prompt"]), enc.encode_ordinary(row["answer"])
+        assert ids.tolist() == p + a + [vocab.EOT] and n_prompt == len(p)
+    x, y = retrieval.sft_batch(examples, torch.tensor([1, 3, 0]), T)
+    assert x.shape == y.shape == (3, T) and x.dtype == y.dtype == torch.long
+    for b, i in enumerate([1, 3, 0]):
+        ids, n_prompt = examples[i]
+        n = len(ids) - 1
+        assert x[b, :n].tolist() == ids[:-1].tolist()
+        assert (x[b, n:] == 0).all()  # padding: an id every vocabulary has (its targets are -1)
+        answer = enc.encode_ordinary(SFT_ROWS[i]["answer"]) + [vocab.EOT]
+        assert y[b].tolist() == [-1] * (n_prompt - 1) + answer + [-1] * (T - n)
+
+
+def test_sft_crops_long_prompts_on_the_left_and_long_answers_on_the_right(tmp_path):
+    enc, T = vocab.get_tokenizer(), 8
+    rows = [{"prompt": "one two three four five six seven eight nine ten", "answer": " eleven twelve"},
+            {"prompt": "short", "answer": " a b c d e f g h i j k l m n o p"}]
+    examples = retrieval.load_sft(write_sft(tmp_path / "sft.jsonl", rows), T)
+    (ids0, n0), (ids1, n1) = examples
+    p0, a0 = enc.encode_ordinary(rows[0]["prompt"]), enc.encode_ordinary(rows[0]["answer"]) + [vocab.EOT]
+    assert len(ids0) == T + 1 and ids0.tolist() == p0[-(T + 1 - len(a0)):] + a0 and n0 == T + 1 - len(a0)
+    a1 = enc.encode_ordinary(rows[1]["answer"])
+    assert ids1.tolist() == a1[:T + 1] and n1 == 0  # the answer's beginning, no prompt left
+    x, y = retrieval.sft_batch(examples, torch.tensor([0, 1]), T)
+    assert y[0].tolist() == [-1] * (n0 - 1) + a0 and y[1].tolist() == a1[1:T + 1]
+
+
+@pytest.mark.parametrize("content,words", [
+    (None, "does not exist"),
+    ("a directory", "is a directory, expected a .jsonl file"),
+    ("", "every line must be"),
+    ('{"prompt": "a", "answer": "b"}\nnot json\n', "every line must be"),
+    ('{"prompt": "a"}\n', "every line must be"),
+    ('{"prompt": "a", "answer": 3}\n', "every line must be"),
+    ('["a", "b"]\n', "every line must be"),
+])
+def test_bad_sft_file_is_one_error_line(content, words, tmp_path):
+    path = tmp_path / "sft.jsonl"
+    if content == "a directory":
+        path.mkdir()
+    elif content is not None:
+        path.write_text(content)
+    msg = error_of(["device=cpu", f"sft_data={path}", f"out_dir={tmp_path / 'out'}", "n_layer=1", "n_head=2",
+                    "n_embd=32", "ffn_hidden=64", "block_size=16", "max_iters=1"])
+    assert words in msg and str(path) in msg
+
+
+def test_sft_run_in_epochs_lowers_the_answer_loss(tmp_path, capsys):
+    out = tmp_path / "out"
+    path = write_sft(tmp_path / "sft.jsonl")
+    train.main(["device=cpu", f"sft_data={path}", f"out_dir={out}", "n_layer=1", "n_head=2", "n_embd=32",
+                "ffn_hidden=64", "block_size=32", "batch_size=2", "gradient_accumulation_steps=1", "sft_epochs=5",
+                "learning_rate=1e-2", "weight_decay=0", "eval_interval=100", "eval_iters=2"])
+    assert "iterations per epoch" in capsys.readouterr().out
+    ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=True)
+    cfg = ckpt["config"]  # 4 examples / (1 x 2 per iteration) = 2 iterations per epoch
+    assert cfg["max_iters"] == cfg["lr_decay_iters"] == 10 and cfg["warmup_iters"] == 2 and ckpt["iter_num"] == 10
+    evals = [r for r in read_log(out) if "val_loss" in r]
+    assert [r["iter"] for r in evals] == [0, 10]
+    assert evals[-1]["val_loss"] < 0.7 * evals[0]["val_loss"]  # the answers are being learned
+    # the loss sums the answer tokens' losses per sequence (>= 2 tokens each), not their mean: at init > log(vocab)
+    assert evals[0]["val_loss"] > 1.5 * math.log(vocab.VOCAB_SIZE)
