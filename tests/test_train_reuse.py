@@ -9,7 +9,10 @@ import torch
 
 import train
 from conftest import one_line_error
-from test_train import VOCAB, data_dir, one_thread  # noqa: F401 (its fixtures: random ids, one thread)
+import test_train
+from test_train import VOCAB
+
+data_dir, one_thread = test_train.data_dir, test_train.one_thread  # its fixtures: random ids, one thread
 
 BASE = ["device=cpu", "n_layer=1", "n_head=2", "n_embd=32", "ffn_hidden=64", "block_size=16", "batch_size=2",
         "gradient_accumulation_steps=1", "eval_iters=1", "log_interval=1", "warmup_iters=1"]
