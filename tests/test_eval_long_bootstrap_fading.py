@@ -1,0 +1,65 @@
+"""eval_long.py without a model: the bootstrap CI on hand cases (no spread, 1/√n shrinkage, chunked resamples, paired
+differences) and the SSMax paper's Fig. 1 (attention fading: softmax's max decays, SSMax's stays near 1, each point
+equal to softmax of the actual vector). CPU only."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lib import compare
+import eval_long
+from test_eval_long import read_csv
+
+
+def test_bootstrap_ci_on_hand_cases():
+    assert compare.bootstrap_ci([0.25] * 10) == pytest.approx((0.25, 0.25, 0.25))  # no spread, no uncertainty
+    rng = np.random.default_rng(1)
+    widths = {}
+    for n in (100, 400, 1600):
+        d = rng.normal(0.1, 1.0, n)
+        mean, lo, hi = compare.bootstrap_ci(d)
+        assert mean == pytest.approx(d.mean()) and lo < mean < hi
+        # close to the normal approximation mean ± 1.96 s / √n, so it shrinks as 1/√n
+        assert hi - lo == pytest.approx(2 * 1.96 * d.std(ddof=1) / math.sqrt(n), rel=0.15)
+        widths[n] = hi - lo
+    assert widths[400] / widths[100] == pytest.approx(0.5, rel=0.2)
+    assert widths[1600] / widths[400] == pytest.approx(0.5, rel=0.2)
+    assert compare.bootstrap_ci(d, seed=3) == compare.bootstrap_ci(d, seed=3)
+    few = compare.RESAMPLE_CELLS  # drawing the resamples in chunks draws the same ones
+    compare.RESAMPLE_CELLS = 7 * n
+    try:
+        assert compare.bootstrap_ci(d, seed=3) == compare.bootstrap_ci(d, seed=3, n_boot=2000)
+        chunked = compare.bootstrap_ci(d, seed=3)
+    finally:
+        compare.RESAMPLE_CELLS = few
+    assert chunked == compare.bootstrap_ci(d, seed=3)
+    # paired: sequences differ widely in difficulty, model b is a + 0.1 nat on every one of them
+    difficulty = rng.normal(5, 2, 50)
+    rows = [dict(model=m, rope="native", window="prefix_2x", tokens=32, sequence=j, loss=x + offset)
+            for m, offset in (("a", 0.0), ("b", 0.1)) for j, x in enumerate(difficulty)]
+    (d,) = compare.paired_differences(rows, "a")
+    assert (d["model"], d["baseline"], d["window"], d["k"], d["tokens"], d["n_seqs"]) == ("b", "a", "prefix_2x", 2,
+                                                                                          32, 50)
+    assert d["mean_diff"] == pytest.approx(0.1) and d["ci_hi"] - d["ci_lo"] < 1e-9
+    _, lo, hi = compare.bootstrap_ci(difficulty)  # unpaired, each model's own mean is uncertain by ~1 nat
+    assert hi - lo > 0.5
+
+
+def test_fading_softmax_max_decays_ssmax_stays_near_one(tmp_path):
+    eval_long.main(["--fading", "--out_dir", str(tmp_path)])
+    assert (tmp_path / "fading.png").stat().st_size > 10_000
+    header, table = read_csv(tmp_path / "fading.csv")
+    assert header == ["n", "softmax_max", "ssmax_max_s0.43"]
+    n, soft, ssmax = table.T
+    assert n[-1] == 1e6 and (np.diff(soft) < 0).all()
+    assert soft[-1] < 1e-3 and ssmax[-1] > 0.99
+    for k in (2, 1000, 100000):  # the closed form equals softmax of the actual vector
+        z = torch.full((k,), -2.0, dtype=torch.float64)
+        z[-1] = 3.0
+        row = table[n == k][0]
+        assert row[1] == pytest.approx(torch.softmax(z, 0)[-1].item(), rel=1e-9)
+        assert row[2] == pytest.approx(torch.softmax(0.43 * math.log(k) * z, 0)[-1].item(), rel=1e-9)
+    header, sweep = read_csv(tmp_path / "fading_zmax.csv")
+    assert header[0] == "z_max" and "softmax_n100000" in header
+    assert sweep[-1, header.index("softmax_n10")] > 0.99 > sweep[-1, header.index("softmax_n100000")]

@@ -1,0 +1,107 @@
+"""prepare_data.py on a damaged dataset or bad input: check_prepared (what train.py asks before training) names a
+truncated or missing .bin and prepare repairs it, a rebuild cut short keeps the old dataset or is refused (never read as
+GPT-2), and every error is one line with exit status 2."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import prepare_data
+from lib import corpora
+from lib import dataset as pdata
+from lib import vocab
+from test_prepare_data import REPO_DIR, read_all, write_jsonl
+
+# -----------------------------------------------------------------------------
+# check_prepared: what train.py asks before training
+
+@pytest.fixture
+def prepared(tmp_path):
+    write_jsonl(tmp_path / "c.jsonl", n=20)
+    return pdata.prepare(str(tmp_path / "c.jsonl"), out_dir=str(tmp_path / "data"), val_frac=0.2)
+
+def test_check_prepared_accepts_a_good_dataset(prepared):
+    assert pdata.check_prepared(prepared) is None
+    assert "shakespeare" in corpora.EMBEDDED and "c" not in corpora.EMBEDDED  # train.py re-prepares only EMBEDDED ones
+
+def test_check_prepared_names_a_truncated_train_bin_and_prepare_repairs_it(prepared, tmp_path):
+    meta, toks = read_all(prepared)
+    n = meta["tokens"]["train"]
+    with open(os.path.join(prepared, "train.bin"), "r+b") as f:
+        f.truncate(2 * (n - 5) + 1)  # an interrupted write: 5 tokens short, the last one half written
+    with pytest.raises(pdata.DataError) as e:
+        pdata.check_prepared(prepared)
+    msg = str(e.value)
+    assert "\n" not in msg and os.path.join(prepared, "train.bin") in msg
+    assert f"truncated: {n - 5:,} tokens on disk vs {n:,} in meta.json" in msg
+    assert f"python prepare_data.py {tmp_path / 'c.jsonl'} --name c --out_dir {tmp_path / 'data'}" in msg
+    pdata.prepare(str(tmp_path / "c.jsonl"), out_dir=str(tmp_path / "data"), val_frac=0.2)  # what train.py runs
+    assert pdata.check_prepared(prepared) is None
+    assert read_all(prepared)[0]["sha256"] == meta["sha256"]  # the same bytes as before, rewritten whole
+    assert not any(f.endswith(".tmp") for f in os.listdir(prepared))
+
+def test_check_prepared_names_a_missing_train_bin_beside_val_bin(prepared):
+    os.remove(os.path.join(prepared, "train.bin"))
+    with pytest.raises(pdata.DataError, match="train.bin is missing; re-prepare it with `python prepare_data.py "):
+        pdata.check_prepared(prepared)
+    os.rename(os.path.join(prepared, "val.bin"), os.path.join(prepared, "train.bin"))
+    with pytest.raises(pdata.DataError, match="val.bin is missing"):
+        pdata.check_prepared(prepared)
+
+def test_a_rebuild_cut_short_keeps_the_old_dataset_or_is_refused_never_read_as_gpt2(tmp_path, monkeypatch):
+    # meta.json was removed and the .bin files renamed before hashing: a full disk there left .bin files without
+    # meta.json, which fetch took for another tool's GPT-2 files (a character dataset decoded as BPE)
+    for k in range(4):
+        (tmp_path / f"d{k}.txt").write_text("To be, or not to be, that is the question. " * 5 + str(k))
+    src, out = str(tmp_path / "*.txt"), str(tmp_path / "data")
+    d = pdata.prepare(src, name="chars", out_dir=out, tokenizer="char", val_frac=0.3)
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(pdata.json, "dump", full)  # the disk fills while meta.json is written
+    with pytest.raises(corpora.DataError, match="No space left"):
+        pdata.prepare(src, name="chars", out_dir=out, tokenizer="char", val_frac=0.3, force=True)
+    monkeypatch.undo()
+    assert pdata.fetch("chars", out) == d and vocab.data_record(d)["kind"] == "char"  # the old one, whole
+    replace = os.replace
+    def killed(a, b):  # the build stops after the .bin renames, before meta.json's
+        if b.endswith("meta.json"):
+            raise KeyboardInterrupt
+        replace(a, b)
+    monkeypatch.setattr(pdata.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        pdata.prepare(src, name="chars", out_dir=out, tokenizer="char", val_frac=0.3, force=True)
+    monkeypatch.undo()
+    with pytest.raises(corpora.DataError, match="meta.json is missing"):
+        pdata.fetch("chars", out)
+
+# -----------------------------------------------------------------------------
+# errors: one line, exit status 2
+
+@pytest.mark.parametrize("args, words", [
+    (["no_such_source"], ["unknown source 'no_such_source'",
+                          "shakespeare, kjv, english, shakespeare_char, kjv_char, english_char, hf:"]),
+    (["{tmp}/nothing/*.jsonl"], ["no files match"]),
+    (["{tmp}/empty.jsonl"], ["empty.jsonl", "no rows"]),
+    (["{tmp}/c.jsonl", "--text_field", "body"], ["text field 'body' not found", "'content'"]),
+    (["{tmp}/blank.txt"], ["0 non-empty documents"]),
+    (["{tmp}/short.txt"], ["short.txt' is one document of 2 tokens, too short to split by tokens"]),
+    (["hf:nobody/no-such-dataset"], ["cannot load 'hf:nobody/no-such-dataset'"]),  # offline in tests: fails fast
+    (["kjv", "--val_frac", "1.5"], ["val_frac=1.5"]),
+])
+def test_errors_are_one_line(tmp_path, capsys, args, words):
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "blank.txt").write_text("  \n")
+    (tmp_path / "short.txt").write_text("Hi.")
+    write_jsonl(tmp_path / "c.jsonl", n=3)
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main([a.format(tmp=tmp_path) for a in args] + ["--out_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1
+    assert all(w in err for w in words), err
+
+def test_cli_bad_glob_subprocess(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(REPO_DIR, "prepare_data.py"), str(tmp_path / "*.parquet")],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == f"error: no files match {str(tmp_path / '*.parquet')!r}"

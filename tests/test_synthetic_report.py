@@ -1,0 +1,85 @@
+"""The synthetic suite's report (synthetic_report.py): the seed-level summary (paired differences, t intervals,
+sign-flip p, horizons), its verdict rule, Holm over the verdict and control tables, "at ceiling" instead of an
+interval, and a results folder re-reported from its own accuracy.csv. CPU only."""
+import json
+import os
+
+import pytest
+
+from lib import compare, synthetic, synthetic_report
+
+
+def _rows(setting, seed, accs, task="first"):
+    return [dict(task=task, base="first", setting=setting, seed=seed, length=32 * m, train_length=32, accuracy=a,
+                 mse="", loss=0.1, condition="", rope="nope") for m, a in zip((1, 2, 4), accs)]
+
+
+def test_summary_pairs_by_seed_with_t_interval_sign_flip_p_and_horizons():
+    acc = [r for seed in range(6) for r in _rows("softmax", seed, (1.0, 0.9, 0.5 + 0.05 * seed))
+           + _rows("ssmax", seed, (1.0, 1.0, 0.97 if seed else 0.8))]
+    t = synthetic_report.summarize(acc)["first"]
+    cell = next(c for c in t["cells"] if (c["setting"], c["multiple"]) == ("ssmax", 4))
+    d = [(0.97 if s else 0.8) - (0.5 + 0.05 * s) for s in range(6)]
+    assert cell["vs_softmax"]["diffs"] == pytest.approx(d) and cell["per_seed"][0] == 0.8
+    mean, sd, lo, hi = compare.seed_interval(d)
+    assert (cell["vs_softmax"]["ci_lo"], cell["vs_softmax"]["ci_hi"]) == pytest.approx((lo, hi))
+    assert cell["vs_softmax"]["sign_flip_p"] == pytest.approx(2 / 64)  # every seed better: 2 of 64 assignments
+    assert t["horizons"]["|nope"]["softmax"] == {s: 1 for s in range(6)}  # 0.9 at 2 N fails
+    assert t["horizons"]["|nope"]["ssmax"] == {0: 2, **{s: 4 for s in range(1, 6)}}
+    (v,) = t["verdicts"][0]
+    assert v["verdict"] == "reproduced" and v["multiple"] == 4 and t["gate"]["passed"]
+
+
+@pytest.mark.parametrize("ssmax_at_n,ssmax_long,softmax_long,verdict", [
+    (0.5, 1.0, 0.5, "not testable"),  # ssmax misses the gate at N
+    (1.0, 0.2, 0.6, "contradicted"),  # worse on every seed
+    (1.0, 1.0, 1.0, "not testable"),  # softmax solves the length: no room to show the claim
+    (1.0, None, 0.5, "inconclusive"),  # better on half the seeds, worse on the other half
+])
+def test_the_verdict_rule(ssmax_at_n, ssmax_long, softmax_long, verdict):
+    acc = [r for seed in range(6) for r in _rows("softmax", seed, (1.0, 1.0, softmax_long))
+           + _rows("ssmax", seed, (ssmax_at_n, 1.0, ssmax_long if ssmax_long is not None else (0.9 if seed % 2
+                                                                                                else 0.1)))]
+    (v,) = synthetic_report.summarize(acc)["first"]["verdicts"][0]
+    assert v["verdict"] == verdict, v
+
+
+def test_every_and_some_are_never_contradicted_they_do_not_test_length():
+    acc = [r for seed in range(6) for r in _rows("softmax", seed, (1.0, 1.0, 0.9), task="every")
+           + _rows("ssa", seed, (1.0, 1.0, 0.2), task="every")]
+    for r in acc:
+        r.update(base="every", condition="sigma=10")
+    (v,) = synthetic_report.summarize(acc)["every"]["verdicts"][0]
+    assert v["verdict"] == "not reproduced at this scale" and "not length" in v["why"]
+
+
+def test_verdict_and_control_tables_report_holm_over_their_rows_and_say_at_ceiling_instead_of_an_interval():
+    acc = [r for seed in range(6) for s, accs in (("softmax", (1.0, 0.9, 0.5)), ("ssmax", (1.0, 1.0, 1.0)),
+                                                  ("lssa", (1.0, 1.0, 0.9 if seed else 0.4)),
+                                                  ("ssmax-s2", (1.0, 1.0, 1.0)), ("ssmax-fixed-s", (1.0, 1.0, 1.0)))
+           for r in _rows(s, seed, accs)]
+    t = synthetic_report.summarize(acc)["first"]
+    ssmax, fixed, lssa = (next(v for v in t["verdicts"][0] if v["setting"] == s) for s in ("ssmax", "ssmax-fixed-s",
+                                                                                          "lssa"))
+    # p: 2/64, 2/64 and 4/64 (lssa's seed 0 is worse): Holm over 3 rows 3 x 2/64, 3 x 2/64, max(that, 1 x 4/64)
+    assert (ssmax["holm_p"], fixed["holm_p"], lssa["holm_p"]) == pytest.approx((6 / 64, 6 / 64, 6 / 64))
+    assert ssmax["verdict"] == "reproduced"  # the rule, uncorrected, stands as ruled; Holm is reported beside it
+    same = next(k for k in t["contrasts"] if (k["a"], k["b"]) == ("ssmax-s2", "ssmax-fixed-s"))
+    assert same["accuracy"]["at_bound"] == 1.0 and same["reading"] == "at ceiling"  # not "the same within ±0.05"
+    assert same["log2_horizon"]["at_bound"] == 2  # both at the longest length tested, 4 N
+    table = synthetic_report.tables({"first": t})
+    assert "| ssmax-s2 − ssmax-fixed-s | at ceiling (both 1.000 on every seed) (1) | 1 | at ceiling (both 4 N on " \
+           "every seed) (1) | at ceiling |" in table
+    assert "| Holm p |" in table and f"| {ssmax['sign_flip_p']:.4f} | 0.0938 | 6 |" in table
+
+
+def test_a_results_folder_re_reports_from_its_own_accuracy_csv(tmp_path):
+    import shutil
+    shutil.copytree(os.path.join(synthetic.REPO, "results", "synthetic-first-long"), tmp_path / "r")
+    before = json.load(open(tmp_path / "r" / "summary.json"))
+    synthetic_report.rereport(str(tmp_path / "r"))
+    after = json.load(open(tmp_path / "r" / "summary.json"))
+    assert after["tasks_summary"] == before["tasks_summary"] and after["run_info"] == before["run_info"]
+    committed = os.path.join(synthetic.REPO, "results", "synthetic-first-long", "tables.md")
+    assert (tmp_path / "r" / "tables.md").read_text() == open(committed).read()  # the committed tables: this code's
+    assert after["rereport_run_info"]["git_sha"]
