@@ -6,7 +6,8 @@ lengths with 95% intervals, and what the attention does as n grows.
     python eval_tasks.py out-recall-ssmax/ckpt.pt --lengths 32 128 512 --out_dir out-recall-eval --diagnose 32
 
 accuracy.csv: a row per checkpoint x length x test condition x RoPE evaluation, with the final answer's accuracy,
-its 95% Wilson interval and its loss in nats (linear: eq. 2's MSE, normal interval). attention.csv (--diagnose K):
+its 95% Wilson interval and its loss in nats (linear: eq. 2's squared error averaged over the scored points k >= 3,
+normal interval; eq. 2 divides by N_p, N_p / (N_p - 2) times less). attention.csv (--diagnose K):
 per layer and head, the final row's attention mass on the target, its entropy (normalised to sum 1), its mass, the
 uniform mass 1/L and the learned s (SSMax Figs. 1, 7, 8 without an LM's floor effect). Checkpoints, lengths and
 memory are checked before the first evaluation; the files reach --out_dir when all are done, never over an earlier
@@ -69,7 +70,7 @@ BATCH = 16  # test sequences scored at once
 @torch.no_grad()
 def score(model, c, L, n, stream, batch=BATCH):
     """Per sequence: (1/0 for a right/wrong final answer (its last scored position), its loss in nats), or eq. 2's
-    MSE (linear)."""
+    squared error averaged over the scored points (linear; eq. 2 divides its sum by N_p, not N_p - 2)."""
     task, out, dev = TASKS[c.task], [], model.lm_head.weight.device
     for i in range(0, n, batch):
         x, y = (t.to(dev) for t in get_batch(c, stream, torch.arange(i, min(n, i + batch)), L, test=True))

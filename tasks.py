@@ -17,9 +17,11 @@ Tasks (each with its own small vocabulary; targets are -1, or NaN for real-value
 - every / some: the quantifier tasks of Naim et al. 2025 (SSA paper, sec. 3-4) on reals: is every (some) number so
   far positive? Ours are balanced: half the sequences hold exactly one counterexample (witness) at a uniform position.
 - linear: in-context linear functions y = a x + b (Garg et al. 2022; SSA paper): x1, y1, x2, y2, ..., predict each y
-  from its x for the 3rd point on; a, b ~ N(0, task_sigma) (tested at larger sigma), x ~ N(0, 1); eq. 2's MSE.
+  from its x for the 3rd point on; a, b ~ N(0, task_sigma) (tested at larger sigma), x ~ N(0, 1); eq. 2's squared
+  error, averaged over the scored points (eq. 2 divides by N_p: 5 % less at N_p = 40).
 Reals enter through a linear embedding x W (features: the value, and for linear which slot it is) and leave through
-a scalar head (lib/checkpoint.py's RealGPT). A batch is a pure function of (seed, stream, sample index), so resume and DDP stay exact.
+a scalar head (lib/checkpoint.py's RealGPT). A batch is a pure function of (seed, stream, sample index), so resume and
+DDP stay exact.
 """
 from dataclasses import dataclass
 
@@ -138,8 +140,9 @@ TASKS = {
     "first": Task(first, lambda c: 3),
     "mqar": Task(mqar, lambda c: FILL + 2 * c.task_keys),
     "recall": Task(recall, lambda c: FILL + c.task_keys * (c.task_keys + 2)),
-    "flipflop": Task(flipflop, lambda c: 5, conditions=(("p_i=0.8", {}), ("sparse p_i=0.98", {"task_p_ignore": 0.98}),
-                                                         ("dense p_i=0.1", {"task_p_ignore": 0.1}))),
+    # each condition sets what its name says (the first had no override: a run trained at 0.5 was tested at 0.5)
+    "flipflop": Task(flipflop, lambda c: 5, conditions=tuple((f"{kind}p_i={p}", {"task_p_ignore": p}) for kind, p in
+                                                             (("", 0.8), ("sparse ", 0.98), ("dense ", 0.1)))),
     "every": Task(every, lambda c: 1, "bce", 1, SIGMAS),
     "some": Task(some, lambda c: 1, "bce", 1, SIGMAS),
     "linear": Task(linear, lambda c: 1, "mse", 3, tuple((f"sigma={s}", {"task_sigma": float(s)}) for s in (1, 2, 4))),

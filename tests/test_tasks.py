@@ -138,6 +138,13 @@ def test_quantifier_sequences_are_balanced_and_flipflop_keeps_its_ignore_rate():
     assert 0.97 < (ops == 2).float().mean() < 0.99
 
 
+def test_each_test_condition_draws_what_its_name_says_whatever_the_run_trained_on():
+    trained = cfg("flipflop", task_p_ignore=0.5)  # eval_tasks: the run's config, then the condition's overrides
+    for name, over in tasks.TASKS["flipflop"].conditions:  # "p_i=0.8" had no override: it drew 0.5 here
+        x, _ = tasks.get_batch(SimpleNamespace(**{**vars(trained), **over}), 2, torch.arange(200), 200)
+        assert abs((x[:, 2:-2:2] == 2).float().mean() - float(name.split("=")[1])) < 0.02, name
+
+
 def test_a_batch_is_a_pure_function_of_seed_stream_and_index_so_any_slice_is_the_same_data():
     c = cfg("recall")
     a = tasks.get_batch(c, 0, torch.arange(8), 33)
