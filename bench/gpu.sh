@@ -3,7 +3,7 @@
 # its files while it stays warm, so later steps may follow earlier ones):
 #
 #     LIMIT=300 bash bench/gpu.sh tests  # any step stopped at 300 s (default 570): under the device call's timeout_s
-#     bash bench/gpu.sh tests [K]  # CUDA-only tests: test_kernels, test_sdpa, test_compile, test_reweight_ties (-k K)
+#     bash bench/gpu.sh tests [K]  # CUDA-only tests: test_kernels*, test_sdpa, test_compile, test_reweight_ties (-k K)
 #     bash bench/gpu.sh bench      # bench/attention.py at D = 128, T = 1k, 4k, 16k (every scorer and peer)
 #     bash bench/gpu.sh bench64    # bench/attention.py at D = 64 and T = 2k, 8k
 #     bash bench/gpu.sh repro      # reproduce.py --scale gpu; rerun it: finished steps are skipped
@@ -44,7 +44,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 limit=${LIMIT:-570}
 case "${1:-}" in
     # SIGINT at the limit: pytest stops as on Ctrl-C and still prints the failures so far (last time they were lost)
-    tests) timeout -s INT -k 20 $limit python3 -m pytest -v -rA --tb=short -k "${2:-cuda}" tests/test_kernels.py \
+    tests) timeout -s INT -k 20 $limit python3 -m pytest -v -rA --tb=short -k "${2:-cuda}" tests/test_kernels*.py \
                tests/test_sdpa.py tests/test_compile.py tests/test_reweight_ties.py > "$out/cuda_tests.log" 2>&1 ;;
     bench) timeout $limit python3 bench/attention.py --D 128 --T 1024 4096 16384 --out "$out/kernels_d128" \
                > "$out/bench_d128.log" 2>&1 ;;

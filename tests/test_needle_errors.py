@@ -1,0 +1,94 @@
+"""needle.py's one-line errors: bad arguments and options, every checkpoint and --out_dir checked before the first
+model runs, a failed evaluation leaves no file and the out_dir free, the script itself exits with one stderr line.
+Tiny models, CPU only."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import needle
+import test_needle
+from conftest import code_carrying_copy
+from test_needle import one_line_error, read_csv
+
+# test_needle's module fixtures, bound here by name for pytest (a `from` import of a fixture reads as unused)
+enc, data_dir, ckpts = test_needle.enc, test_needle.data_dir, test_needle.ckpts
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["needle", "--context_sizes", "20"], "context size 20 is too short"),
+    (["bogus"], "'bogus'"),
+    (["needle", "--ckpt", "nowhere/ckpt.pt"], "'nowhere/ckpt.pt' does not exist"),
+    (["score", "--data", "no/such/dataset"], "'no/such/dataset' has no val.bin"),
+    (["passkey", "--labels", "a", "b"], "--labels a b: give one distinct name per --ckpt (1 checkpoints)"),
+])
+def test_bad_input_is_one_error_line(ckpts, data_dir, argv, named):
+    argv = argv + ["--data", data_dir] * ("--data" not in argv) + ["--ckpt", ckpts[0]] * ("--ckpt" not in argv)
+    with pytest.raises(SystemExit) as e:
+        needle.main(argv)
+    message = e.value.code
+    assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message and named in message
+
+
+@pytest.mark.parametrize("scale", ["0", "-2", "inf", "nan"])
+def test_rope_scale_zero_negative_or_not_finite_is_one_error_line(ckpts, scale):
+    assert f"--rope_scale {float(scale)}" in one_line_error(["passkey", "--ckpt", ckpts[0], "--rope_scale", scale])
+
+
+def test_sft_length_too_small_names_the_option_not_a_context_size(tmp_path, data_dir):
+    msg = one_line_error(["sft_data", "--synthetic", "3", "--sft_length", "10", "--data", data_dir, "--out_dir",
+                          str(tmp_path)])
+    assert "--sft_length 10 is too short" in msg and "context size" not in msg
+
+
+def no_model_runs(*args, **kwargs):
+    pytest.fail("a model was evaluated")
+
+
+BAD_SECOND = {"carries code": "cannot be loaded safely: it refers to io.open", "directory": "is a directory",
+              "truncated": "not a torch.save zip archive"}
+
+
+@pytest.mark.parametrize("kind", BAD_SECOND)
+def test_bad_second_checkpoint_fails_before_any_model_is_evaluated(kind, ckpts, tmp_path, monkeypatch):
+    monkeypatch.setattr(needle, "evaluate", no_model_runs)
+    bad = tmp_path / "second.pt"
+    if kind == "carries code":
+        code_carrying_copy(ckpts[1], bad, tmp_path / "pwned")
+    elif kind == "truncated":
+        bad.write_bytes(open(ckpts[1], "rb").read()[:2000])
+    else:
+        bad.mkdir()
+    msg = one_line_error(["passkey", "--ckpt", ckpts[0], str(bad), "--out_dir", str(tmp_path / "res")])
+    assert repr(str(bad)) in msg and BAD_SECOND[kind] in msg
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "res" / "passkey.csv").exists()
+
+
+def test_out_dir_that_is_a_file_is_one_error_line_before_any_model_runs(ckpts, tmp_path, monkeypatch):
+    monkeypatch.setattr(needle, "evaluate", no_model_runs)
+    (tmp_path / "res").write_text("a file")
+    msg = one_line_error(["passkey", "--ckpt", ckpts[0], "--out_dir", str(tmp_path / "res")])
+    assert f"--out_dir {str(tmp_path / 'res')!r} is a file, expected a folder for the results" in msg
+
+
+def test_a_checkpoint_that_fails_to_load_leaves_no_partial_results_and_the_out_dir_free(ckpts, tmp_path):
+    c = torch.load(ckpts[1], weights_only=True)  # a readable checkpoint whose weights are not its model_args'
+    torch.save({**c, "model_args": {**c["model_args"], "n_layer": 3}}, tmp_path / "misfit.pt")
+    common = ["--context_sizes", "64", "--samples", "2", "--out_dir", str(tmp_path / "res")]
+    msg = one_line_error(["passkey", "--ckpt", ckpts[0], str(tmp_path / "misfit.pt"), *common])
+    assert "misfit.pt" in msg and "does not fit this model" in msg
+    assert sorted(os.listdir(tmp_path)) == ["misfit.pt"]  # no out_dir, no staging folder beside it
+    needle.main(["passkey", "--ckpt", ckpts[0], *common])  # the rerun without it
+    rows = read_csv(tmp_path / "res" / "passkey.csv")
+    assert len(rows) == 2 and {r["model"] for r in rows} == {os.path.dirname(ckpts[0])}
+    assert [c["n"] for c in json.load(open(tmp_path / "res" / "passkey.json"))["cells"]] == [2]
+
+
+def test_bad_input_exits_nonzero_with_one_stderr_line(tmp_path):
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "needle.py")
+    r = subprocess.run([sys.executable, script, "passkey", "--ckpt", str(tmp_path / "missing.pt")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and "missing.pt" in r.stderr

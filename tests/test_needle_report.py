@@ -1,0 +1,96 @@
+"""needle.py end to end, every mode (needle, passkey, score): the CSV, JSON and PNG outputs agree with each other, each
+row and cell records the asked and the actual depth, every checkpoint sees the same prompts, the score's summary per
+model and its wandb table. Tiny models and real English, CPU only."""
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+
+import needle
+import test_needle
+from lib import retrieval
+from test_needle import read_csv
+
+# test_needle's module fixtures, bound here by name for pytest (a `from` import of a fixture reads as unused)
+enc, data_dir, ckpts = test_needle.enc, test_needle.data_dir, test_needle.ckpts
+
+
+def test_needle_end_to_end_csv_json_png_consistent(ckpts, data_dir, tmp_path):
+    needle.main(["needle", "--ckpt", *ckpts, "--data", data_dir, "--context_sizes", "96", "160", "--depths", "10", "50",
+                 "90", "--samples", "3", "--batch_size", "4", "--out_dir", str(tmp_path)])
+    rows, result = read_csv(tmp_path / "needle.csv"), json.load(open(tmp_path / "needle.json"))
+    assert len(rows) == 2 * 2 * 3 * 3 and {r["score"] for r in rows} <= {"exact", "first_digit", "wrong"}
+    assert {"git_sha", "torch", "triton", "device", "seed"} <= set(result["run_info"])
+    assert result["args"]["context_sizes"] == [96, 160] and result["args"]["rope_scale"] == 50.0
+    assert len(result["cells"]) == 2 * 2 * 3
+    for c in result["cells"]:
+        key = (c["model"], c["context"], c["depth"])
+        scores = [r["score"] for r in rows if (r["model"], int(r["context"]), int(r["depth"])) == key]
+        assert c["n"] == len(scores) == 3 and c["accuracy"] == scores.count("exact") / 3
+        assert c["first_digit"] == 1 - scores.count("wrong") / 3
+    assert all(retrieval.score_answer(r["output"], int(r["number"])) == r["score"] for r in rows)
+    # the grid is the asked depth; each row and cell also says where its needles went
+    assert list(rows[0])[3:5] == ["depth", "actual_depth"]
+    assert all(abs(float(r["actual_depth"]) - int(r["depth"])) <= 100 * retrieval.DEPTH_TOLERANCE for r in rows)
+    for c in result["cells"]:
+        depths = [float(r["actual_depth"]) for r in rows if (r["model"], int(r["context"]), int(r["depth"])) ==
+                  (c["model"], c["context"], c["depth"])]
+        assert c["actual_depth"] == pytest.approx(np.mean(depths), abs=0.05)
+    by_model = [[(r["context"], r["depth"], r["city"], r["number"]) for r in rows if r["model"] == m]
+                for m in {r["model"] for r in rows}]
+    assert by_model[0] == by_model[1]  # every checkpoint sees the same prompts
+    assert all(r["city"] in retrieval.EVAL_CITIES and int(r["number"]) % 2 == 0 for r in rows)
+    assert (tmp_path / "needle.png").stat().st_size > 1000
+
+
+def test_passkey_end_to_end(ckpts, tmp_path):
+    needle.main(["passkey", "--ckpt", ckpts[0], "--context_sizes", "64", "128", "--samples", "3",
+                 "--out_dir", str(tmp_path), "--labels", "softmax"])
+    rows, result = read_csv(tmp_path / "passkey.csv"), json.load(open(tmp_path / "passkey.json"))
+    assert len(rows) == 6 and all(10000 <= int(r["number"]) <= 99999 for r in rows)
+    assert {r["model"] for r in rows} == {"softmax"}  # --labels names the model
+    assert [(c["context"], c["n"]) for c in result["cells"]] == [(64, 3), (128, 3)]
+    assert (tmp_path / "passkey.png").stat().st_size > 1000
+
+
+def test_score_end_to_end(ckpts, data_dir, tmp_path, capsys):
+    needle.main(["score", "--ckpt", *ckpts, "--data", data_dir, "--context", "128", "--trials", "5",
+                 "--out_dir", str(tmp_path)])
+    heads, trials = read_csv(tmp_path / "needle_score_heads.csv"), read_csv(tmp_path / "needle_score_trials.csv")
+    fig7 = json.load(open(tmp_path / "needle_score_heads.json"))["fig7"]
+    assert len(heads) == 2 * 2 * 2 and len(trials) == 2 * 5  # 2 models x 2 layers x 2 heads; 5 trials per model
+    for m in {h["model"] for h in heads}:
+        scores = [float(h["score"]) for h in heads if h["model"] == m]
+        assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
+        top7, = [f for f in fig7 if f["model"] == m]
+        assert (top7["city"], top7["number"], top7["depth"]) == ("Tokyo", 8106422, 50)
+        assert top7["top_score"] == pytest.approx(scores[0])
+    assert all(float(t["top_score"]) > 0 and t["score"] in needle.MARKERS for t in trials)
+    for t in trials:  # the baselines: uniform = span tokens / keys, a control span as long and off the needle
+        a, n, c = int(t["span_start"]), int(t["span_tokens"]), int(t["control_start"])
+        assert int(t["keys"]) == 128 and float(t["uniform"]) == pytest.approx(n / 128)
+        assert c + n <= a or c >= a + n
+        assert float(t["top_score"]) >= float(t["mean_score"]) and float(t["control_top_score"]) >= float(
+            t["control_mean_score"])
+    scores = json.load(open(tmp_path / "needle_score_trials.json"))["scores"]
+    for s in scores:  # per model: the means over its trials
+        rows = [t for t in trials if t["model"] == s["model"]]
+        assert s["n"] == len(rows) == 5
+        for k in ("top_score", "mean_score", "control_top_score", "control_mean_score", "uniform"):
+            assert s[k] == pytest.approx(np.mean([float(t[k]) for t in rows]))
+    out = capsys.readouterr().out  # one summary line per model, named by its run folder, not its path
+    for ckpt in ckpts:
+        assert f"\n{os.path.basename(os.path.dirname(ckpt))}: needle score " in "\n" + out
+    assert (tmp_path / "needle_score_heads.png").exists() and (tmp_path / "needle_score_trials.png").exists()
+
+
+def test_score_wandb_table_holds_the_csv_columns(ckpts, data_dir, tmp_path, monkeypatch):
+    logged = []  # tracking.log_table's cells must be scalars: a per-head tensor made it fail after every result
+    monkeypatch.setattr(needle.tracking, "log_table", lambda project, name, rows, out_dir: logged.extend(rows))
+    needle.main(["score", "--ckpt", ckpts[0], "--data", data_dir, "--context", "128", "--trials", "2", "--wandb",
+                 "--out_dir", str(tmp_path)])
+    header = next(csv.reader(open(tmp_path / "needle_score_trials.csv")))
+    assert len(logged) == 3 and all(list(r) == header for r in logged)
+    assert all(isinstance(v, (int, float, str)) for r in logged for v in r.values())
