@@ -3,8 +3,8 @@ nanoscorer model: one Llama-style GPT (RoPE, RMSNorm, SwiGLU, no biases, untied 
 `scorer` switch. The scorers are one registry in scorers.py (SCORERS, each with its paper), with the
 reference path that reads like the papers' equations (definitions: SCORERS.md); attention() below dispatches to it
 or to a fast path (kernels_sdpa.py, kernels.py and kernels_stick.py on a GPU, kernels_cpu.py, kernels_flex.py).
-Beside the GPT: the softmax -> SSMax switch (convert_scorer). Checkpoints, and the synthetic tasks' real-valued
-model RealGPT, are lib/checkpoint.py's.
+RoPE is rope.py's. Beside the GPT: the softmax -> SSMax switch (convert_scorer). Checkpoints, and the synthetic
+tasks' real-valued model RealGPT, are lib/checkpoint.py's.
 """
 import math
 from dataclasses import asdict, dataclass
@@ -14,8 +14,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import rope
 import scorers
 from kernels_sdpa import sdpa_attention
+from rope import ROPE_METHODS, apply_rope, precompute_rope, rope_extension, rope_inv_freq  # noqa: F401 (extend_rope's)
 from scorers import LSSAR_DEFAULT_P, SCORERS, attention_weights, reweight  # noqa: F401
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -76,6 +78,7 @@ class GPTConfig:
     ffn_hidden: int = 2048  # SwiGLU width (the SSMax paper's 162M model)
     dropout: float = 0.0
     rope_theta: float = 10000.0
+    rope_scaling: Optional[dict] = None  # a pretrained model's frequency scaling (rope.py: linear, llama3)
     norm_eps: float = 1e-6  # RMSNorm's (Llama: 1e-5 or 1e-6, as its config says)
     tie_embeddings: bool = False  # lm_head shares wte's weight (SmolLM2); the SSMax paper's is untied
     pos: str = "rope"  # or nope: no positions (Kazemnejad et al. 2023)
@@ -103,6 +106,7 @@ class GPTConfig:
         if self.n_kv_head is not None and not (0 < self.n_kv_head <= self.n_head and self.n_head % self.n_kv_head == 0):
             raise ValueError(f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head} (or be None: n_head)")
         scorers.check_options(self)
+        rope.check_scaling(self.rope_scaling)
         if self.backend not in ("auto", *SCORERS[self.scorer].backends):
             raise ValueError(f"backend={self.backend!r} does not run scorer={self.scorer!r}; its backends: "
                              f"{', '.join(SCORERS[self.scorer].backends)} (or auto)")
@@ -117,49 +121,6 @@ class GPTConfig:
     @property
     def p(self):  # the exponent that applies (lssar: 15 when None)
         return SCORERS[self.scorer].p if self.reweight_p is None else self.reweight_p
-
-# ----------------------------------------------------------------------------------------------------------------
-# RoPE: tables are not persisted, so θ can change on load
-
-def rope_inv_freq(head_dim, theta):
-    return 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-
-def precompute_rope(T, head_dim, theta=10000.0, inv_freq=None):
-    inv_freq = rope_inv_freq(head_dim, theta) if inv_freq is None else inv_freq
-    angles = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq.to(torch.float64))  # (T, hs/2)
-    return angles.cos().float(), angles.sin().float()
-
-ROPE_METHODS = ("none", "theta", "pi", "ntk", "dynamic_ntk", "yarn")
-
-def rope_extension(method, head_dim, theta, scale, train_len, seq_len):
-    """Inverse frequencies and cos/sin multiplier (mscale) to run a model trained at length train_len with base θ
-    on seq_len tokens. none: unchanged; theta: θ*scale (the SSMax paper: 10,000 -> 500,000); pi: positions/scale
-    (Chen et al. 2023); ntk: θ*scale^(d/(d-2)) (NTK-aware); dynamic_ntk: ntk with the factor grown to the actual
-    length, scale*seq_len/train_len - (scale-1), none below train_len (the LSSAR paper's choice); yarn: per-frequency
-    ramp between interpolation and extrapolation, beta_fast=32, beta_slow=1, mscale 0.1*ln(scale)+1 (Peng et al.)."""
-    d = head_dim
-    base = rope_inv_freq(d, theta)
-    if method == "none":
-        return base, 1.0
-    if method == "theta":
-        return rope_inv_freq(d, theta * scale), 1.0
-    if method == "pi":
-        return base / scale, 1.0
-    if method in ("ntk", "dynamic_ntk"):
-        factor = scale if method == "ntk" else max(1.0, scale * seq_len / train_len - (scale - 1))
-        return rope_inv_freq(d, theta * factor ** (d / (d - 2))), 1.0
-    if method == "yarn":
-        def dim_of(rotations):  # dim with `rotations` turns in train_len
-            return d * math.log(train_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
-        low, high = max(math.floor(dim_of(32)), 0), min(math.ceil(dim_of(1)), d - 1)
-        ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0, 1)
-        return base / scale * ramp + base * (1 - ramp), 0.1 * math.log(scale) + 1.0 if scale > 1 else 1.0
-    raise ValueError(f"unknown RoPE extension method {method!r}; allowed: {', '.join(ROPE_METHODS)}")
-
-def apply_rope(x, cos, sin):
-    """x (B, nh, T, hs); rotates pairs (x[..., :hs/2], x[..., hs/2:]) by the position angles."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
 # ----------------------------------------------------------------------------------------------------------------
 # The model
@@ -296,7 +257,8 @@ class GPT(nn.Module):
         weights. mscale multiplies cos and sin (YaRN's attention temperature). Tables grow on demand."""
         hs = self.config.n_embd // self.config.n_head
         self.rope_theta = self.config.rope_theta if theta is None else theta
-        self.rope_inv_freq = rope_inv_freq(hs, self.rope_theta) if inv_freq is None else inv_freq
+        scaling = self.config.rope_scaling
+        self.rope_inv_freq = rope_inv_freq(hs, self.rope_theta, scaling) if inv_freq is None else inv_freq
         self.rope_mscale = mscale
         cos, sin = precompute_rope(length or self.config.block_size, hs, inv_freq=self.rope_inv_freq)
         self.register_buffer("rope_cos", (cos * mscale).to(self.lm_head.weight.device), persistent=False)
@@ -305,7 +267,7 @@ class GPT(nn.Module):
     def extend_rope(self, method, scale, L):
         """Rotary tables for L tokens by rope_extension(method), weights untouched; returns θ, effective θ, mscale."""
         cfg, hs = self.config, self.config.n_embd // self.config.n_head
-        inv_freq, mscale = rope_extension(method, hs, cfg.rope_theta, scale, cfg.block_size, L)
+        inv_freq, mscale = rope_extension(method, hs, cfg.rope_theta, scale, cfg.block_size, L, cfg.rope_scaling)
         self.set_rope(cfg.rope_theta * scale if method == "theta" else cfg.rope_theta, inv_freq, L, mscale)
         # θ_eff: the base, if plain RoPE (not pi, yarn)
         theta_eff = float(inv_freq[1]) ** (-hs / 2) if hs > 2 else None

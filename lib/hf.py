@@ -12,6 +12,7 @@ from lib import folders, vocab
 from lib.checkpoint import load_checkpoint, read_checkpoint, run_info, save_checkpoint
 from lib.corpora import package_dir
 from model import GPT, GPTConfig, param_name
+from rope import SCALINGS, check_scaling
 from scorers import SCORERS
 
 HF_ATTENTION = "nanoscorer"  # hf_scorers.NAME: the attention transformers runs a scorer's export with
@@ -54,12 +55,20 @@ def model_args(cfg):
     """GPTConfig fields of a Hugging Face config.json, or ConvertError naming what is unsupported."""
     family, ropes = cfg.get("model_type"), [cfg.get(k) or {} for k in ("rope_scaling", "rope_parameters")]
     # transformers 5 reads both keys, and an older config's rope_scaling names its kind "type"
-    kinds = sorted({r.get("rope_type") or r.get("type") or "default" for r in ropes} - {"default"})
+    kinds = sorted({r.get("rope_type") or r.get("type") or "default" for r in ropes if r} or {"default"})
+    rope = {**ropes[0], **ropes[1]}
+    scaling = {"rope_type": kinds[0], **{k: rope.get(k) for k in SCALINGS[kinds[0]]}} if kinds[0] in SCALINGS else None
     bad = [f"model_type {family!r} (supported: {', '.join(FAMILIES)})"] * (family not in FAMILIES)
     bad += [f"{k}=true" for k in ("attention_bias", "mlp_bias") if cfg.get(k)]
     bad += [f"hidden_act {cfg.get('hidden_act')!r} (SwiGLU needs silu)"] * (cfg.get("hidden_act", "silu") != "silu")
     bad += [f"sliding_window {cfg.get('sliding_window')}"] * bool(cfg.get("sliding_window"))
-    bad += [f"rope_type {kind!r} (only the default)" for kind in kinds]
+    bad += [f"rope_scaling {ropes[0]} beside rope_parameters {ropes[1]} (two kinds)"] * (len(kinds) > 1)
+    bad += [f"rope_type {kinds[0]!r} (supported: default, {', '.join(SCALINGS)})"] * (
+        len(kinds) == 1 and kinds[0] not in ("default", *SCALINGS))
+    try:
+        check_scaling(scaling)
+    except ValueError as e:
+        bad.append(str(e))
     heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
     if heads and hidden and (cfg.get("head_dim") or hidden // heads) != hidden // heads:
         bad.append(f"head_dim {cfg['head_dim']} != hidden_size / num_attention_heads")
@@ -68,7 +77,7 @@ def model_args(cfg):
     return dict(vocab_size=cfg["vocab_size"], n_layer=cfg["num_hidden_layers"], n_head=heads,
                 n_kv_head=cfg.get("num_key_value_heads") or heads, n_embd=hidden, ffn_hidden=cfg["intermediate_size"],
                 block_size=cfg.get("max_position_embeddings", 2048), norm_eps=cfg.get("rms_norm_eps", 1e-6),
-                rope_theta=float({**ropes[0], **ropes[1]}.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+                rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))), rope_scaling=scaling,
                 tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), scorer="softmax", pos="rope")
 
 
@@ -250,9 +259,12 @@ def export_hf(path, out):
                hidden_size=C, intermediate_size=a["ffn_hidden"], num_hidden_layers=a["n_layer"],
                num_attention_heads=a["n_head"], num_key_value_heads=a["n_kv_head"] or a["n_head"],
                max_position_embeddings=a["block_size"], rms_norm_eps=a["norm_eps"], rope_theta=a["rope_theta"],
+               rope_parameters={"rope_type": "default", **(a.get("rope_scaling") or {}), "rope_theta": a["rope_theta"]},
                tie_word_embeddings=tie, hidden_act="silu", attention_bias=False, mlp_bias=False,
                torch_dtype="float32", eos_token_id=codec.get("eot"),
                bos_token_id=source.get("config", {}).get("bos_token_id"))
+    if a.get("rope_scaling"):  # transformers 5 reads rope_parameters; the older key for other readers
+        cfg["rope_scaling"] = a["rope_scaling"]
     if a["scorer"] != "softmax":  # hf_scorers.py runs it; without that import, from_pretrained refuses the folder
         model, _ = load_checkpoint(path)
         layers = [block.attn.scorer_params() for block in model.transformer.h]

@@ -1,9 +1,9 @@
 """Pretrained models in and out (issue #46): tiny random Llama models that transformers builds from a config (no
-download) imported with convert_hf.py (GQA, RMSNorm eps 1e-5, tied and untied embeddings, shards, head_dim null:
-logits and greedy generation as transformers'), exported back with the source's BOS, an imported model's tokenizer as
-a codec (text round trip, sample.py --ckpt alone, data prepared with it, uint32 ids past 65,535), a scorer swap that
-trains and resumes exactly, each bad input as one error line. Scorer models: tests/test_hf_scorers.py. Skipped
-without requirements-hf.txt."""
+download) imported with convert_hf.py (GQA, RMSNorm eps 1e-5, tied and untied embeddings, shards, head_dim null,
+Llama 3's and linear RoPE scaling: logits and greedy generation as transformers'), exported back with the source's
+BOS, an imported model's tokenizer as a codec (text round trip, sample.py --ckpt alone, data prepared with it, uint32
+ids past 65,535), a scorer swap that trains and resumes exactly, each bad input as one error line. Scorer models:
+tests/test_hf_scorers.py. Skipped without requirements-hf.txt."""
 import json
 import os
 import shutil
@@ -19,6 +19,7 @@ from safetensors.torch import save_file  # noqa: E402
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import convert_hf  # noqa: E402
+import rope  # noqa: E402
 import sample  # noqa: E402
 import train  # noqa: E402
 from conftest import one_line_error  # noqa: E402
@@ -80,6 +81,33 @@ def test_an_imported_llama_gives_transformers_logits_and_greedy_tokens(imported,
     assert torch.equal(model.generate(x[:1, :5], 12, temperature=0), want)  # with the KV cache
     if tie:  # the shards the index names are read, not the copy beside them
         assert "layers.0.attention.wq.weight" not in lib_hf.read_weights(ckpt["hf"]["source"])
+
+
+# Llama 3's frequency scaling, its three bands met at head_dim 16, θ 500, 64 original positions: 2 kept, 1 blended
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("scaling", [LLAMA3, {"rope_type": "linear", "factor": 4.0}], ids=["llama3", "linear"])
+def test_a_llama_with_rope_scaling_imports_and_exports_with_transformers_frequencies_and_logits(tmp_path, scaling):
+    hf = llama(str(tmp_path / "src"), False, rope_parameters={**scaling, "rope_theta": 500.0})
+    convert_hf.main(["import", str(tmp_path / "src"), "--out", str(tmp_path / "run")])
+    model, ckpt = load_checkpoint(str(tmp_path / "run" / "ckpt.pt"))
+    assert ckpt["model_args"]["rope_scaling"] == scaling and ckpt["model_args"]["rope_theta"] == 500.0
+    torch.testing.assert_close(model.rope_inv_freq.float(), hf.model.rotary_emb.inv_freq, rtol=1e-6, atol=0)
+    assert not torch.allclose(model.rope_inv_freq, rope.rope_inv_freq(16, 500.0))  # the scaling took effect
+    x = torch.randint(0, V, (2, 60))
+    with torch.no_grad():
+        assert (model.eval()(x, x)[0] - hf(x).logits).abs().max() < 1e-5
+        convert_hf.main(["export", str(tmp_path / "run" / "ckpt.pt"), "--out", str(tmp_path / "hf")])
+        back = LlamaForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+        assert (back(x).logits - hf(x).logits).abs().max() < 1e-5
+    (tmp_path / "play.txt").write_text(TEXT)  # a fine-tune keeps the scaling
+    dataset.prepare(str(tmp_path / "play.txt"), out_dir=str(tmp_path / "data"), tokenizer=str(tmp_path / "run/ckpt.pt"))
+    train.main(["device=cpu", f"data_dir={tmp_path / 'data'}", "dataset=play", f"init_from={tmp_path / 'run/ckpt.pt'}",
+                "block_size=32", "batch_size=2", "gradient_accumulation_steps=1", "eval_iters=1", "max_iters=1",
+                f"out_dir={tmp_path / 'tuned'}"])
+    assert torch.load(tmp_path / "tuned" / "ckpt.pt", weights_only=True)["model_args"]["rope_scaling"] == scaling
 
 
 def test_an_exported_model_loads_as_a_plain_llama_with_the_sources_bos_left_padded_batch_included(imported, tmp_path):
@@ -154,9 +182,10 @@ def test_bad_inputs_are_one_error_line(imported, tmp_path):
     cfg = json.load(open(tmp_path / "biased" / "config.json"))
     json.dump({**cfg, "model_type": "gpt2"}, open(tmp_path / "biased" / "config.json", "w"))
     assert "model_type 'gpt2' (supported: llama, mistral)" in refused("biased")
-    linear = "unsupported architecture: rope_type 'linear' (only the default)"
-    for extra, words in (({"rope_parameters": None, "rope_scaling": {"type": "linear", "factor": 4.0}}, linear),
-                         ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, linear)):  # beside rope_parameters
+    dynamic = "unsupported architecture: rope_type 'dynamic' (supported: default, linear, llama3)"
+    for extra, words in (({"rope_parameters": None, "rope_scaling": {"type": "dynamic", "factor": 4.0}}, dynamic),
+                         ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, "beside rope_parameters"),
+                         ({"rope_parameters": {**LLAMA3, "high_freq_factor": 0.5}}, "high_freq_factor > low_freq")):
         json.dump({**cfg, "attention_bias": False, **extra}, open(tmp_path / "biased" / "config.json", "w"))
         assert words in refused("biased")
     os.remove(tmp_path / "biased" / "config.json")

@@ -1,0 +1,77 @@
+"""
+Rotary position embeddings (Su et al. 2021) for model.py: the inverse frequencies of a base θ, with a pretrained
+model's frequency scaling (GPTConfig.rope_scaling: linear, or Llama 3's), the cos/sin tables (not persisted, so θ can
+change on load), the rotation, and the extension methods that run a model past its training length (eval_long.py,
+eval_copy.py, needle.py: GPT.extend_rope).
+"""
+import math
+
+import torch
+
+# a pretrained model's scaling, as its config.json names it (convert_hf.py imports and exports it): its fields, each > 0
+SCALINGS = {"linear": ("factor",),
+            "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+def check_scaling(scaling):
+    """ValueError, one line, for a rope_scaling other than None or {"rope_type": one of SCALINGS, its fields > 0}."""
+    if scaling is None:
+        return
+    need = SCALINGS.get(scaling.get("rope_type")) if isinstance(scaling, dict) else None
+    ok = need is not None and set(scaling) == {"rope_type", *need} and all(
+        type(scaling[k]) in (int, float) and math.isfinite(scaling[k]) and scaling[k] > 0 for k in need)
+    if not ok or (scaling["rope_type"] == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]):
+        raise ValueError(f"rope_scaling={scaling!r}: need None or a rope_type with its fields > 0: "
+                         + "; ".join(f"{kind}: {', '.join(f)}" for kind, f in SCALINGS.items())
+                         + " (llama3: high_freq_factor > low_freq_factor)")
+
+def rope_inv_freq(head_dim, theta, scaling=None):
+    """θ^(-2i/d) for i < d/2. scaling linear: every frequency / factor (position interpolation); llama3: the
+    frequencies that turn fewer than low_freq_factor times over the original context are / factor, those that turn
+    more than high_freq_factor times are kept, and between the two a linear blend in the number of turns."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    if scaling is None:
+        return inv_freq
+    if scaling["rope_type"] == "linear":
+        return inv_freq / scaling["factor"]
+    turns = scaling["original_max_position_embeddings"] * inv_freq / (2 * math.pi)  # context / wavelength
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    keep = ((turns - low) / (high - low)).clamp(0, 1)  # 0: interpolated, 1: kept
+    return inv_freq / scaling["factor"] * (1 - keep) + inv_freq * keep
+
+def precompute_rope(T, head_dim, theta=10000.0, inv_freq=None):
+    inv_freq = rope_inv_freq(head_dim, theta) if inv_freq is None else inv_freq
+    angles = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq.to(torch.float64))  # (T, hs/2)
+    return angles.cos().float(), angles.sin().float()
+
+def apply_rope(x, cos, sin):
+    """x (B, nh, T, hs); rotates pairs (x[..., :hs/2], x[..., hs/2:]) by the position angles."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+
+ROPE_METHODS = ("none", "theta", "pi", "ntk", "dynamic_ntk", "yarn")
+
+def rope_extension(method, head_dim, theta, scale, train_len, seq_len, scaling=None):
+    """Inverse frequencies and cos/sin multiplier (mscale) to run a model trained at length train_len with base θ
+    (and its rope_scaling) on seq_len tokens. none: unchanged; theta: θ*scale (the SSMax paper: 10,000 -> 500,000);
+    pi: positions/scale (Chen et al. 2023); ntk: θ*scale^(d/(d-2)) (NTK-aware); dynamic_ntk: ntk with the factor
+    grown to the actual length, scale*seq_len/train_len - (scale-1), none below train_len (the LSSAR paper's choice);
+    yarn: per-frequency ramp between interpolation and extrapolation, beta_fast=32, beta_slow=1, mscale
+    0.1*ln(scale)+1 past scale 1 (Peng et al.)."""
+    d = head_dim
+    base = rope_inv_freq(d, theta, scaling)
+    if method == "none":
+        return base, 1.0
+    if method == "theta":
+        return rope_inv_freq(d, theta * scale, scaling), 1.0
+    if method == "pi":
+        return base / scale, 1.0
+    if method in ("ntk", "dynamic_ntk"):
+        factor = scale if method == "ntk" else max(1.0, scale * seq_len / train_len - (scale - 1))
+        return rope_inv_freq(d, theta * factor ** (d / (d - 2)), scaling), 1.0
+    if method == "yarn":
+        def dim_of(rotations):  # dim with `rotations` turns in train_len
+            return d * math.log(train_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+        low, high = max(math.floor(dim_of(32)), 0), min(math.ceil(dim_of(1)), d - 1)
+        ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0, 1)
+        return base / scale * ramp + base * (1 - ramp), 0.1 * math.log(scale) + 1.0 if scale > 1 else 1.0
+    raise ValueError(f"unknown RoPE extension method {method!r}; allowed: {', '.join(ROPE_METHODS)}")
