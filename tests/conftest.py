@@ -24,6 +24,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # in case torch was imported before this file
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread on a shared CPU (and runs compared across processes match): a module
+    takes it with pytestmark = pytest.mark.usefixtures("one_thread")."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture
 def off_by_one(monkeypatch):
     """cases.OFF_BY_ONE in the registry for one test: a row-template scorer with no backend branch of its own."""

@@ -32,12 +32,7 @@ TINY = ["device=cpu", "n_layer=1", "n_head=2", "n_embd=16", "ffn_hidden=32", "ba
         "log_interval=1", "warmup_iters=1", "gradient_accumulation_steps=1", "max_iters=1", "eval_interval=1"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny models, one thread
 
 
 @pytest.fixture(scope="module")

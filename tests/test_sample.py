@@ -13,7 +13,7 @@ import torch
 
 from lib import vocab
 import sample
-from conftest import WritesAFile, code_carrying_copy
+from conftest import WritesAFile, code_carrying_copy, one_line_error
 from lib.checkpoint import load_checkpoint, read_checkpoint, run_info, save_checkpoint
 from model import GPT, GPTConfig, precompute_rope
 
@@ -130,18 +130,11 @@ BAD = [(["--ckpt", "nope/ckpt.pt"], "does not exist"),
 
 @pytest.mark.parametrize("argv,words", BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_bad_input_is_one_error_line(argv, words, ckpt):
-    with pytest.raises(SystemExit) as e:
-        sample.main(["--ckpt", ckpt, *argv])
-    msg = e.value.code
-    assert isinstance(msg, str) and msg.startswith("error: ") and "\n" not in msg and words in msg
+    assert words in one_line_error(sample.main, ["--ckpt", ckpt, *argv])
 
 
-def one_error_line(argv):
-    with pytest.raises(SystemExit) as e:
-        sample.main(argv)
-    msg = e.value.code  # a str: printed to stderr, exit status 1
-    assert isinstance(msg, str) and msg.startswith("error: ") and "\n" not in msg
-    return msg
+def one_error_line(argv):  # sample.main's
+    return one_line_error(sample.main, argv)
 
 
 def test_a_checkpoint_carrying_code_is_refused_and_the_code_never_runs(ckpt, tmp_path):

@@ -1,7 +1,7 @@
 """train.py's command line: config files and key=value overrides coerced to the field types, one-line errors (unknown
 key, wrong type, inapplicable scorer option, missing dataset, zero, negative and impossible values), --help; and the
 helpers and fixtures the other test_train_*.py files share (tiny_args, read_log, step_losses, error_of, run_script,
-data_dir, one_thread). Tiny models on tiny random data, CPU only."""
+data_dir). Tiny models on tiny random data, CPU only."""
 import json
 import os
 import subprocess
@@ -24,13 +24,7 @@ ENV = {**{k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK",
                                                             "MASTER_PORT")}, "OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread on a shared CPU (and runs compared across processes match)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny models, one thread
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import os
 import re
 
 import numpy as np
+import pytest
 import torch
 
 import train
@@ -15,7 +16,8 @@ from lib.checkpoint import load_checkpoint
 import test_train
 from test_train import VOCAB, error_of, read_log, tiny_args
 
-data_dir, one_thread = test_train.data_dir, test_train.one_thread  # its fixtures: random ids, one thread
+data_dir = test_train.data_dir  # its fixture: random ids
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny models, one thread
 
 
 def test_a_new_run_refuses_an_out_dir_holding_a_run_unless_resume_or_overwrite(data_dir, tmp_path):

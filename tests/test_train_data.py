@@ -3,13 +3,15 @@ line, or, for an embedded corpus, prepared again. Tiny models, CPU only."""
 import json
 import os
 
+import pytest
 import torch
 
 import train
 import test_train
 from test_train import TINY, error_of
 
-data_dir, one_thread = test_train.data_dir, test_train.one_thread  # its fixtures: random ids, one thread
+data_dir = test_train.data_dir  # its fixture: random ids
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny models, one thread
 
 
 def test_missing_embedded_dataset_is_prepared_automatically(tmp_path, capsys):

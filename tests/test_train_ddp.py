@@ -5,13 +5,15 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 import train
 import test_train
 from test_train import ENV, TRAIN, read_log, step_losses, tiny_args
 
-data_dir, one_thread = test_train.data_dir, test_train.one_thread  # its fixtures: random ids, one thread
+data_dir = test_train.data_dir  # its fixture: random ids
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny models, one thread
 
 
 def test_torchrun_two_cpu_processes_equal_one_process_and_only_rank0_writes(data_dir, tmp_path):

@@ -16,7 +16,8 @@ from lib.checkpoint import run_info
 import test_train
 from test_train import read_log, tiny_args
 
-data_dir, one_thread = test_train.data_dir, test_train.one_thread  # its fixtures: random ids, one thread
+data_dir = test_train.data_dir  # its fixture: random ids
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny models, one thread
 
 
 def test_resolved_config_is_printed_with_every_field_whole_and_stored_in_the_checkpoint(data_dir, tmp_path, capsys):

@@ -16,7 +16,8 @@ import train
 import test_train
 from test_train import ENV, REPO, TRAIN, error_of, read_log, run_script, step_losses, tiny_args
 
-data_dir, one_thread = test_train.data_dir, test_train.one_thread  # its fixtures: random ids, one thread
+data_dir = test_train.data_dir  # its fixture: random ids
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny models, one thread
 
 
 def test_resume_after_k_iterations_gives_the_losses_and_weights_of_an_uninterrupted_run(data_dir, tmp_path):

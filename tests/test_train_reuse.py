@@ -12,7 +12,8 @@ from conftest import one_line_error
 import test_train
 from test_train import VOCAB
 
-data_dir, one_thread = test_train.data_dir, test_train.one_thread  # its fixtures: random ids, one thread
+data_dir = test_train.data_dir  # its fixture: random ids
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny models, one thread
 
 BASE = ["device=cpu", "n_layer=1", "n_head=2", "n_embd=32", "ffn_hidden=64", "block_size=16", "batch_size=2",
         "gradient_accumulation_steps=1", "eval_iters=1", "log_interval=1", "warmup_iters=1"]

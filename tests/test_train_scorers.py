@@ -14,7 +14,8 @@ from model import ssmax_s_for_switch
 import test_train
 from test_train import read_log, step_losses, tiny_args
 
-data_dir, one_thread = test_train.data_dir, test_train.one_thread  # its fixtures: random ids, one thread
+data_dir = test_train.data_dir  # its fixture: random ids
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny models, one thread
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -10,10 +10,9 @@ import torch
 import train
 from lib import retrieval
 from lib import vocab
-import test_train
 from test_train import error_of, read_log
 
-one_thread = test_train.one_thread  # its fixture: one thread
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny models, one thread
 
 
 SFT_ROWS = [{"prompt": "Question: What is the capital of France?\nAnswer:", "answer": " Paris"},

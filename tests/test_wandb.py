@@ -8,7 +8,6 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 
 import train
 from lib import tracking
@@ -19,12 +18,7 @@ TINY = ["device=cpu", f"vocab_size={VOCAB}", "n_layer=2", "n_head=2", "n_embd=32
         "learning_rate=1e-2"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny models, one thread
 
 
 @pytest.fixture(scope="module")
