@@ -8,9 +8,9 @@ fine-tuned, evaluated with every script here), and a nanoscorer model goes back 
     python convert_hf.py export out-ssmax/ckpt.pt --out hf-ssmax               # a scorer: import hf_scorers to load
 
 Import reads config.json and the safetensors weights of LlamaForCausalLM or a Llama-compatible family without
-attention or MLP biases (llama, mistral without a sliding window), its RoPE plain or scaled as Llama 3's or
-linearly (rope_scaling, rope.py); the names map one to one (q, k, v_proj concatenated into c_attn; transformers'
-rotate_half RoPE is apply_rope's convention). The checkpoint holds the
+output-projection or MLP biases (llama, mistral without a sliding window; qwen2, whose q, k, v biases become
+qkv_bias), its RoPE plain or scaled as Llama 3's or linearly (rope_scaling, rope.py); the names map one to one (q, k,
+v_proj concatenated into c_attn; transformers' rotate_half RoPE is apply_rope's convention). The checkpoint holds the
 model, its model_args (grouped KV heads, RMSNorm eps, tied embeddings) and the tokenizer (its tokenizer.json) as its
 codec, so sample.py --ckpt alone decodes, the evaluations match data by content, and train.py init_from= swaps its
 scorer and fine-tunes it on data prepared with it (prepare_data.py --tokenizer out-smollm/ckpt.pt). It has no

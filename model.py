@@ -1,10 +1,10 @@
 """
-nanoscorer model: one Llama-style GPT (RoPE, RMSNorm, SwiGLU, no biases, untied head) whose attention has a
-`scorer` switch. The scorers are one registry in scorers.py (SCORERS, each with its paper), with the
-reference path that reads like the papers' equations (definitions: SCORERS.md); attention() below dispatches to it
-or to a fast path (kernels_sdpa.py, kernels.py and kernels_stick.py on a GPU, kernels_cpu.py, kernels_flex.py).
-RoPE is rope.py's. Beside the GPT: the softmax -> SSMax switch (convert_scorer). Checkpoints, and the synthetic
-tasks' real-valued model RealGPT, are lib/checkpoint.py's.
+nanoscorer model: one Llama-style GPT (RoPE, RMSNorm, SwiGLU, no biases but an imported Qwen2's q, k, v ones, untied
+head) whose attention has a `scorer` switch. The scorers are one registry in scorers.py (SCORERS, each with its
+paper), with the reference path that reads like the papers' equations (definitions: SCORERS.md); attention() below
+dispatches to it or to a fast path (kernels_sdpa.py, kernels.py and kernels_stick.py on a GPU, kernels_cpu.py,
+kernels_flex.py). RoPE is rope.py's. Beside the GPT: the softmax -> SSMax switch (convert_scorer). Checkpoints, and
+the synthetic tasks' real-valued model RealGPT, are lib/checkpoint.py's.
 """
 import math
 from dataclasses import asdict, dataclass
@@ -81,6 +81,7 @@ class GPTConfig:
     rope_scaling: Optional[dict] = None  # a pretrained model's frequency scaling (rope.py: linear, llama3)
     norm_eps: float = 1e-6  # RMSNorm's (Llama: 1e-5 or 1e-6, as its config says)
     tie_embeddings: bool = False  # lm_head shares wte's weight (SmolLM2); the SSMax paper's is untied
+    qkv_bias: bool = False  # q, k, v projections with a bias (Qwen2's, imported); the paper's have none
     pos: str = "rope"  # or nope: no positions (Kazemnejad et al. 2023)
     scorer: str = "softmax"
     ssmax_s_init: float = 1.0
@@ -145,7 +146,9 @@ class CausalSelfAttention(nn.Module):
         self.rope = config.pos == "rope"
         self.q_scale = None  # (L,) factors on row i's logits: lib/rescale.py's, evaluation only (not saved)
         self.kv_size = C // H * self.n_kv_head  # each of k and v: n_kv_head heads
-        self.c_attn, self.c_proj = nn.Linear(C, C + 2 * self.kv_size, bias=False), nn.Linear(C, C, bias=False)
+        self.c_attn, self.c_proj = nn.Linear(C, C + 2 * self.kv_size, bias=config.qkv_bias), nn.Linear(C, C, bias=False)
+        if config.qkv_bias:  # starts at 0
+            nn.init.zeros_(self.c_attn.bias)
         if SCORERS[config.scorer].forget:  # FoX: f = w_f x + b_f per head (b_f starts at 0: sigmoid 1/2)
             self.fgate = nn.Linear(C, H, bias=True)
             nn.init.constant_(self.fgate.bias, config.fgate_bias_init)

@@ -18,7 +18,7 @@ from scorers import SCORERS
 HF_ATTENTION = "nanoscorer"  # hf_scorers.NAME: the attention transformers runs a scorer's export with
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json")
 
-FAMILIES = ("llama", "mistral")  # Llama-compatible: same weights and attention, no biases
+FAMILIES = ("llama", "mistral", "qwen2")  # Llama-compatible: same weights and attention; qwen2: q, k, v biases
 LAYER = {"attn.c_proj": "self_attn.o_proj", "mlp.w_gate": "mlp.gate_proj", "mlp.w_up": "mlp.up_proj",
          "mlp.c_proj": "mlp.down_proj", "ln_1": "input_layernorm", "ln_2": "post_attention_layernorm"}
 
@@ -61,7 +61,9 @@ def model_args(cfg):
     bad = [f"model_type {family!r} (supported: {', '.join(FAMILIES)})"] * (family not in FAMILIES)
     bad += [f"{k}=true" for k in ("attention_bias", "mlp_bias") if cfg.get(k)]
     bad += [f"hidden_act {cfg.get('hidden_act')!r} (SwiGLU needs silu)"] * (cfg.get("hidden_act", "silu") != "silu")
-    bad += [f"sliding_window {cfg.get('sliding_window')}"] * bool(cfg.get("sliding_window"))
+    sliding = cfg.get("use_sliding_window", True) and cfg.get("sliding_window")  # qwen2 names it and turns it off
+    bad += [f"sliding_window {cfg.get('sliding_window')}"] * bool(
+        sliding or "sliding_attention" in (cfg.get("layer_types") or []))
     bad += [f"rope_scaling {ropes[0]} beside rope_parameters {ropes[1]} (two kinds)"] * (len(kinds) > 1)
     bad += [f"rope_type {kinds[0]!r} (supported: default, {', '.join(SCALINGS)})"] * (
         len(kinds) == 1 and kinds[0] not in ("default", *SCALINGS))
@@ -78,7 +80,8 @@ def model_args(cfg):
                 n_kv_head=cfg.get("num_key_value_heads") or heads, n_embd=hidden, ffn_hidden=cfg["intermediate_size"],
                 block_size=cfg.get("max_position_embeddings", 2048), norm_eps=cfg.get("rms_norm_eps", 1e-6),
                 rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))), rope_scaling=scaling,
-                tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), scorer="softmax", pos="rope")
+                tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), qkv_bias=family == "qwen2",
+                scorer="softmax", pos="rope")
 
 
 def scorer_of(cfg, args):
@@ -140,8 +143,9 @@ def to_state(w, args):
                  "lm_head.weight": w["model.embed_tokens.weight" if args["tie_embeddings"] else "lm_head.weight"]}
         for i in range(args["n_layer"]):
             hf = f"model.layers.{i}."
-            state[f"transformer.h.{i}.attn.c_attn.weight"] = torch.cat([w[hf + f"self_attn.{x}_proj.weight"]
-                                                                        for x in "qkv"])
+            for kind in ("weight", "bias")[:1 + args["qkv_bias"]]:
+                state[f"transformer.h.{i}.attn.c_attn.{kind}"] = torch.cat([w[f"{hf}self_attn.{x}_proj.{kind}"]
+                                                                            for x in "qkv"])
             state.update({f"transformer.h.{i}.{ours}.weight": w[f"{hf}{theirs}.weight"]
                           for ours, theirs in LAYER.items()})
     except KeyError as e:
@@ -252,12 +256,15 @@ def export_hf(path, out):
         out_w["lm_head.weight"] = w["lm_head.weight"]
     for i in range(a["n_layer"]):
         hf, ours = f"model.layers.{i}.", f"transformer.h.{i}."
-        q, k, v = w[ours + "attn.c_attn.weight"].split([C, kv, kv])
-        out_w.update({f"{hf}self_attn.{x}_proj.weight": t for x, t in zip("qkv", (q, k, v))})
+        for kind in ("weight", "bias")[:1 + bool(a.get("qkv_bias"))]:
+            out_w.update({f"{hf}self_attn.{x}_proj.{kind}": t
+                          for x, t in zip("qkv", w[f"{ours}attn.c_attn.{kind}"].split([C, kv, kv]))})
         out_w.update({f"{hf}{theirs}.weight": w[f"{ours}{o}.weight"] for o, theirs in LAYER.items()})
-    cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=a["vocab_size"],
-               hidden_size=C, intermediate_size=a["ffn_hidden"], num_hidden_layers=a["n_layer"],
-               num_attention_heads=a["n_head"], num_key_value_heads=a["n_kv_head"] or a["n_head"],
+    qwen2 = a.get("qkv_bias")  # Qwen2's attention: Llama's with q, k, v biases
+    cfg = dict(architectures=["Qwen2ForCausalLM" if qwen2 else "LlamaForCausalLM"], model_type="qwen2" if qwen2 else
+               "llama", vocab_size=a["vocab_size"], hidden_size=C, intermediate_size=a["ffn_hidden"],
+               num_hidden_layers=a["n_layer"], num_attention_heads=a["n_head"],
+               num_key_value_heads=a["n_kv_head"] or a["n_head"],
                max_position_embeddings=a["block_size"], rms_norm_eps=a["norm_eps"], rope_theta=a["rope_theta"],
                rope_parameters={"rope_type": "default", **(a.get("rope_scaling") or {}), "rope_theta": a["rope_theta"]},
                tie_word_embeddings=tie, hidden_act="silu", attention_bias=False, mlp_bias=False,

@@ -16,7 +16,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM,  # noqa: E402
+                          Qwen2Config, Qwen2ForCausalLM)
 
 import convert_hf  # noqa: E402
 import rope  # noqa: E402
@@ -24,7 +25,8 @@ import sample  # noqa: E402
 import train  # noqa: E402
 from conftest import one_line_error  # noqa: E402
 from lib import dataset, hf as lib_hf, vocab  # noqa: E402
-from lib.checkpoint import load_checkpoint  # noqa: E402
+from lib.checkpoint import load_checkpoint, read_checkpoint  # noqa: E402
+from lib.config import TrainConfig, TrainError, model_config  # noqa: E402
 
 TEXT = "To be, or not to be: that is the question. Whether 'tis nobler in the mind to suffer\n" * 60
 V = 320  # the model's vocabulary: the tokenizer's 300 ids, padded
@@ -81,6 +83,38 @@ def test_an_imported_llama_gives_transformers_logits_and_greedy_tokens(imported,
     assert torch.equal(model.generate(x[:1, :5], 12, temperature=0), want)  # with the KV cache
     if tie:  # the shards the index names are read, not the copy beside them
         assert "layers.0.attention.wq.weight" not in lib_hf.read_weights(ckpt["hf"]["source"])
+
+
+def test_a_qwen2_with_its_q_k_v_biases_imports_and_exports_with_transformers_logits(tmp_path):
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
+    hf = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():  # biases that matter (transformers starts them at 0)
+        for name, t in hf.named_parameters():
+            if name.endswith("bias"):
+                t.add_(torch.randn_like(t) * 0.5)
+    hf.save_pretrained(str(tmp_path / "src"))
+    src = json.load(open(tmp_path / "src" / "config.json"))  # as Qwen2.5's: a window named, and turned off
+    json.dump({**src, "sliding_window": 32768, "use_sliding_window": False}, open(tmp_path / "src" / "config.json", "w"))
+    convert_hf.main(["import", str(tmp_path / "src"), "--out", str(tmp_path / "run")])
+    model, ckpt = load_checkpoint(str(tmp_path / "run" / "ckpt.pt"))
+    assert ckpt["model_args"]["qkv_bias"] and model.transformer.h[0].attn.c_attn.bias.abs().min() > 0
+    x = torch.randint(0, V, (2, 40))
+    with torch.no_grad():
+        assert (model.eval()(x, x)[0] - hf(x).logits).abs().max() < 1e-5
+        assert torch.equal(model.generate(x[:1, :5], 12, temperature=0),
+                           hf.generate(x[:1, :5], max_new_tokens=12, do_sample=False))
+        convert_hf.main(["export", str(tmp_path / "run" / "ckpt.pt"), "--out", str(tmp_path / "hf")])
+        back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+        assert type(back) is Qwen2ForCausalLM and (back(x).logits - hf(x).logits).abs().max() < 1e-5
+    ckpt = read_checkpoint(str(tmp_path / "run" / "ckpt.pt"))  # a fine-tune without the biases would drop them
+    cfg = TrainConfig(**{**ckpt["model_args"], "qkv_bias": False})
+    with pytest.raises(TrainError, match="qkv_bias=False differs from the checkpoint's True: it cannot change"):
+        model_config(cfg, {"qkv_bias": False}, ckpt, resuming=False)
+    json.dump({**src, "sliding_window": 16, "use_sliding_window": True}, open(tmp_path / "src" / "config.json", "w"))
+    assert "sliding_window 16" in one_line_error(convert_hf.main, ["import", str(tmp_path / "src"), "--out",
+                                                                   str(tmp_path / "r2")])
 
 
 # Llama 3's frequency scaling, its three bands met at head_dim 16, θ 500, 64 original positions: 2 kept, 1 blended
@@ -181,7 +215,7 @@ def test_bad_inputs_are_one_error_line(imported, tmp_path):
     assert "unsupported architecture: attention_bias=true" in refused("biased")
     cfg = json.load(open(tmp_path / "biased" / "config.json"))
     json.dump({**cfg, "model_type": "gpt2"}, open(tmp_path / "biased" / "config.json", "w"))
-    assert "model_type 'gpt2' (supported: llama, mistral)" in refused("biased")
+    assert "model_type 'gpt2' (supported: llama, mistral, qwen2)" in refused("biased")
     dynamic = "unsupported architecture: rope_type 'dynamic' (supported: default, linear, llama3)"
     for extra, words in (({"rope_parameters": None, "rope_scaling": {"type": "dynamic", "factor": 4.0}}, dynamic),
                          ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, "beside rope_parameters"),

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from transformers import AttentionInterface, AutoTokenizer, LlamaForCausalLM, StaticCache  # noqa: E402
+from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer, StaticCache  # noqa: E402
 
 import convert_hf  # noqa: E402
 import hf_scorers  # noqa: E402
@@ -30,6 +30,8 @@ def nanoscorer_ckpt(path, codec=None, task="", **args):
     with torch.no_grad():
         for block in model.transformer.h:
             block.attn.c_attn.weight.mul_(5)  # peaked rows: the scorers differ
+            if block.attn.c_attn.bias is not None:  # qkv_bias: biases that matter (they start at 0)
+                block.attn.c_attn.bias.normal_()
             for prm in block.attn.params:  # raw values: s, b, ssa's b and n in 0.3..1.1
                 getattr(block.attn, param_name(model.config.scorer, prm)).copy_(torch.rand(4) * 0.8 + 0.3)
     save_checkpoint({"model": model.state_dict(), "model_args": vars(model.config), "config": {"task": task},
@@ -37,10 +39,11 @@ def nanoscorer_ckpt(path, codec=None, task="", **args):
     return model, str(path)
 
 
-EXPORTED = [(name, {}) for name in hf_scorers.RUNS if name != "softmax"] + [("ssmax", dict(ssmax_bias=True))]
+EXPORTED = [(name, {}) for name in hf_scorers.RUNS if name != "softmax"] + [("ssmax", dict(ssmax_bias=True)),
+                                                                            ("ssa", dict(qkv_bias=True))]  # Qwen2
 
 
-@pytest.mark.parametrize("scorer,extra", EXPORTED, ids=[n + "_bias" * bool(x) for n, x in EXPORTED])
+@pytest.mark.parametrize("scorer,extra", EXPORTED, ids=[n + "".join(f"_{k}" for k in x) for n, x in EXPORTED])
 def test_a_scorer_model_runs_in_transformers_as_in_nanoscorer_left_padded_batch_included(tmp_path, scorer, extra,
                                                                                          monkeypatch):
     model, path = nanoscorer_ckpt(tmp_path / "ckpt.pt", scorer=scorer, **extra)
@@ -49,7 +52,7 @@ def test_a_scorer_model_runs_in_transformers_as_in_nanoscorer_left_padded_batch_
     want = [block.attn.scorer_params() for block in model.transformer.h]
     assert cfg["attn_implementation"] == hf_scorers.NAME and cfg["nanoscorer"]["scorer"] == scorer
     assert cfg["nanoscorer"]["params"] == {k: [x[k].tolist() for x in want] for k in want[0]}  # per layer and head
-    back = LlamaForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()  # config.json names the attention
+    back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()  # config.json names the attention
     x = torch.randint(1, V, (2, 20))
     mask = torch.ones_like(x)
     mask[1, :5] = 0  # the second row left-padded by 5
@@ -58,7 +61,7 @@ def test_a_scorer_model_runs_in_transformers_as_in_nanoscorer_left_padded_batch_
         for pos in ((mask.cumsum(-1) - 1).clamp(min=0), None):  # n_i from the mask: with or without position_ids
             got = back(x, attention_mask=mask, position_ids=pos).logits
             assert max((got[0] - ours[0]).abs().max(), (got[1, 5:] - ours[1]).abs().max()) < 1e-5
-        softmax = LlamaForCausalLM.from_pretrained(str(tmp_path / "hf"), attn_implementation="sdpa").eval()
+        softmax = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), attn_implementation="sdpa").eval()
         assert (softmax(x[:1]).logits[0] - ours[0]).abs().max() > 1e-2  # the scorer ran, not softmax
         got = back.generate(x, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
         assert torch.equal(got[0], model.generate(x[:1], 6, temperature=0)[0])  # each row as it alone
@@ -71,7 +74,7 @@ def test_a_scorer_model_runs_in_transformers_as_in_nanoscorer_left_padded_batch_
     if scorer == "ssmax" and not extra:  # without hf_scorers' registration: refused, never softmax in its place
         monkeypatch.delitem(AttentionInterface._global_mapping, hf_scorers.NAME)
         with pytest.raises(ValueError, match="not supported"):
-            LlamaForCausalLM.from_pretrained(str(tmp_path / "hf"))
+            AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
 
 
 def test_models_transformers_cannot_run_refuse_export_in_one_line(tmp_path):
@@ -134,7 +137,7 @@ def test_an_export_from_before_options_were_written_and_bad_scorer_blocks(tmp_pa
     cases = [({"scorer": "nosuch"}, "scorer 'nosuch' (unknown to this code)"),
              ({"scorer": "lssar", "params": {}}, "re-weighting (p=15.0"),
              ({"scorer": "fox", "params": {}}, "scorer 'fox' (its forget gate"),
-             ({**block, "options": {"ssmax_lean_s": False}}, "option 'ssmax_lean_s' (scorer 'ssmax' has ssmax_b_init, "),
+             ({**block, "options": {"ssmax_lean_s": False}}, "option 'ssmax_lean_s' (scorer 'ssmax' has ssmax_b_init"),
              ({**block, "options": {"ssmax_bias": False}}, "params are ['b', 's']; scorer 'ssmax' with these options "
                                                            "has ['s']"),
              ({**block, "params": {"s": s[:1], "b": b}}, "nanoscorer s must be 2 layers x 4 heads of finite values"),
