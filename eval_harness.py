@@ -28,8 +28,8 @@ def load(path, folder, device, dtype):
     """The checkpoint exported into folder, loaded back as transformers' model and tokenizer."""
     hf.export_hf(path, folder)
     import hf_scorers  # registers the scorers' attention with transformers
-    from transformers import AutoTokenizer, LlamaForCausalLM
-    model = LlamaForCausalLM.from_pretrained(folder, attn_implementation=hf_scorers.NAME, dtype=dtype)
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # Llama's or Qwen2's, as config.json says
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation=hf_scorers.NAME, dtype=dtype)
     return model.to(device).eval(), AutoTokenizer.from_pretrained(folder)
 
 

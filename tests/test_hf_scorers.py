@@ -172,6 +172,16 @@ def test_a_gpt2_vocabulary_model_exports_gpt2s_tokenizer(gpt2_ssmax):
     assert json.load(open(os.path.join(folder, "config.json")))["eos_token_id"] == vocab.EOT
 
 
+def test_eval_harness_loads_a_qwen2_export_with_its_biases(tmp_path):
+    import eval_harness
+    model, path = nanoscorer_ckpt(tmp_path / "ckpt.pt", vocab.record(None), vocab_size=50304, n_embd=32,
+                                  scorer="ssmax", qkv_bias=True)
+    back, _ = eval_harness.load(path, str(tmp_path / "hf"), "cpu", torch.float32)  # LlamaForCausalLM dropped them
+    x = torch.randint(1, 50257, (1, 20))
+    with torch.no_grad():
+        assert (back(x).logits - model(x, x)[0]).abs().max() < 1e-5
+
+
 def test_eval_harness_runs_a_local_lm_eval_task_offline(gpt2_ssmax, tmp_path):
     pytest.importorskip("lm_eval")
     pytest.importorskip("accelerate")
