@@ -11,7 +11,7 @@ modelling or a synthetic task of tasks.py. No run is overwritten unasked; checkp
     python train.py --compare out-softmax out-ssmax [--out compare.png]           # runs' log.jsonl in one figure
 
 Resuming (init_from="resume"; resume=True: if the checkpoint exists) restores weights, optimizer, RNG states and the
-data position, so the losses are those of a run never stopped; under DDP, K processes see exactly the batches of one.
+data position, so the losses are those of a run never stopped; under DDP, K processes see the batches and masks of one.
 A resume may switch the scorer (scorer= and its ssmax_*/ssa_* options), the SSMax paper's variant (f): same batches
 as the unswitched run, AdamW's state kept for every kept weight, the new s (and b) fresh at s0 (or ssmax_s_init), the
 switched model evaluated first. A finished run (here out-softmax, at max_iters 3,325) switches only if overwrite=True:
@@ -289,6 +289,8 @@ def train(explicit):
         for micro_step in range(accum):
             if run.ddp:  # all-reduce the gradients once, at the last micro-step
                 model.require_backward_grad_sync = micro_step == accum - 1
+            if cfg.dropout:  # masks of (seed, step, the micro-batch's place in the global batch), not of the rank
+                torch.manual_seed(hash((cfg.seed, iter_num, run.rank * accum + micro_step)) % 2 ** 63)
             loss = batch_loss(cfg, run.ctx, model, *get_batch(cfg, data, "train", ix[micro_step], run.device)) / accum
             loss.backward()
             loss_sum += loss.detach()

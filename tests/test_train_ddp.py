@@ -1,5 +1,6 @@
-"""DDP on CPU: torchrun with two gloo processes gives the losses and weights of one process, and only rank 0
-writes (the usual files, each log line once, nothing in the working directory). Tiny models on tiny random data."""
+"""DDP on CPU: torchrun with two gloo processes gives the losses and weights of one process, dropout included, and
+only rank 0 writes (the usual files, each log line once, nothing in the working directory). Tiny models on tiny random
+data."""
 import os
 import subprocess
 import sys
@@ -18,8 +19,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny models, o
 
 def test_torchrun_two_cpu_processes_equal_one_process_and_only_rank0_writes(data_dir, tmp_path):
     ddp_out, one_out = tmp_path / "ddp", tmp_path / "one"
-    # gradient_accumulation_steps is global: 2 micro-steps on each of 2 processes = 4 on one
-    common = ["gradient_accumulation_steps=4", "max_iters=4", "eval_interval=2"]
+    # gradient_accumulation_steps is global: 2 micro-steps on each of 2 processes = 4 on one; dropout: rank 1 drew
+    # rank 0's masks (0.0054 off in the loss)
+    common = ["gradient_accumulation_steps=4", "max_iters=4", "eval_interval=2", "dropout=0.2"]
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", TRAIN,

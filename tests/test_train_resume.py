@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny models, o
 
 def test_resume_after_k_iterations_gives_the_losses_and_weights_of_an_uninterrupted_run(data_dir, tmp_path):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    common = ["eval_interval=3", "dropout=0.1"]  # dropout: the torch RNG state must be restored too
+    common = ["eval_interval=3", "dropout=0.1"]  # dropout: its masks must be the uninterrupted run's
     train.main(tiny_args(data_dir, whole, *common, "max_iters=7"))
     # resume=True: a relaunch of the same command; the first launch finds no checkpoint and starts from scratch
     train.main(tiny_args(data_dir, parts, *common, "max_iters=3", "resume=True"))
