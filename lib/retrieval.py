@@ -62,11 +62,12 @@ def draw_number(rng, split, digits=7):
 def score_answer(text, number, enc=None):
     """The first run of digits in text against the number; digits as enc's prompts write them (default: as digits).
     Single spaces inside a run are allowed (" 8 1 0" reads 810) except for characters, whose letter digits would
-    read the next word's a-j as digits (" eibcg and": 48126, not 481260)."""
+    read the next word's a-j as digits (" eibcg and": 48126, not 481260); and for characters a run is a whole word
+    (" The eibcg": 48126; the e of " The" or the a-j of " each" is no digit; a word of a-j alone, " bad", reads 103)."""
     symbols = prompts_of(enc)["symbols"] if enc else DIGITS
     if symbols != DIGITS:  # read enc's symbols as digits, and a written digit as no digit
         text = text.translate(str.maketrans(symbols + DIGITS, DIGITS + "?" * 10))
-    m = re.search(r"\d(?: ?\d)*" if symbols == DIGITS else r"\d+", text)
+    m = re.search(r"\d(?: ?\d)*" if symbols == DIGITS else r"(?<!\w)\d+(?!\w)", text)  # a whole word
     digits = m.group().replace(" ", "") if m else ""
     return "exact" if digits == str(number) else "first_digit" if digits[:1] == str(number)[0] else "wrong"
 
@@ -144,7 +145,7 @@ def trials(args, enc, hay, L, rng):
     elif args.mode == "passkey":
         filler = enc.encode(P["filler"])
         for i in range(args.samples):
-            k, depth = int(rng.integers(10**4, 10**5)), int(rng.integers(0, 101))
+            k, depth = draw_number(rng, "eval", 5), int(rng.integers(0, 101))  # even: no fine-tune answer (odd)
             key = enc.encode(P["passkey"].format(k=spell(k, enc)))
             filled = filler * (L // len(filler) + 1)
             ids, pos, actual = build_prompt(enc, filled, key, enc.encode(P["passkey_question"]), L, depth,

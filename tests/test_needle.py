@@ -126,6 +126,7 @@ def test_passkey_prompt_has_the_key_once_at_a_boundary_and_exact_length(enc):
     for t in retrieval.trials(Args, enc, None, 200, np.random.default_rng(0)):
         text = enc.decode(t["ids"].tolist())
         assert len(t["ids"]) == 200 and 10000 <= t["number"] <= 99999
+        assert t["number"] % 2 == 0  # an evaluation number: the synthetic fine-tune's are odd (characters: 5 digits)
         assert text.count(f"The pass key is {t['number']}. Remember it. {t['number']} is the pass key.") == 1
         assert text.startswith(retrieval.PASSKEY_INTRO) and text.endswith(" What is the pass key? The pass key is")
         assert enc.decode(t["ids"][:t["pos"]].tolist()).endswith(".")

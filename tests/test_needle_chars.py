@@ -68,6 +68,10 @@ def test_character_answers_read_one_run_without_spaces_so_a_following_word_adds_
     assert retrieval.score_answer(" eibcg a", 48126, chars) == "exact"
     assert retrieval.score_answer(" e i b c g", 48126, chars) == "first_digit"  # no spaced run for characters
     assert retrieval.score_answer(" eibc gand", 48126, chars) == "first_digit"
+    # a run is a whole word: the h, e of " The" or the e of " tell" are no digits
+    assert retrieval.score_answer(" The eibcg.", 48126, chars) == "exact"  # was wrong: "T74" read first
+    assert retrieval.score_answer(" tell me", 48126, chars) == "wrong"  # was first_digit: "t4ll" read 4
+    assert retrieval.score_answer(" each", 48126, chars) == "first_digit"  # a word of a-j alone reads as one: 4027
     # GPT-2's BPE writes real digits: single spaces still join them
     assert retrieval.score_answer(" 4 8 1 2 6 and", 48126, enc) == "exact"
     assert retrieval.score_answer(" 48126 and", 48126, enc) == "exact"
