@@ -112,8 +112,8 @@ def bin_means(curves, L):
     for lo, hi in bins(L):
         cell = {}
         for name, v in curves.items():
-            part = v[..., lo - 1:hi]
-            if np.all(np.isnan(part)):
+            part = v[..., lo - 1:hi]  # loss_c is nan up to c: a bin partly there would mean other positions than loss's
+            if np.all(np.isnan(part)) or (name.startswith("loss_c") and np.isnan(part).any()):
                 continue
             cell[name] = float(np.nanmean(part))
             if v.ndim == 2:

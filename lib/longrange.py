@@ -86,11 +86,12 @@ def copy_sequences(tokens, d, L, num_seqs, seed, lead=LEAD, kind="text"):
     rng = np.random.default_rng([seed, d])
     starts, others = (rng.integers(0, len(tokens) - k + 1, size=num_seqs) for k in (n, L))
     x = np.stack([np.asarray(tokens[s:s + n], dtype=np.int64) for s in starts])
+    source = x.copy()  # both random spans are drawn from the sequence as it was, never from the copy
     if kind == "random":
-        x[:, lead:lead + L] = np.take_along_axis(x, rng.integers(0, n, (num_seqs, L)), 1)
+        x[:, lead:lead + L] = np.take_along_axis(source, rng.integers(0, n, (num_seqs, L)), 1)
     control = x.copy()
     x[:, lead + d:] = x[:, lead:lead + L]
-    control[:, lead + d:] = (np.take_along_axis(x, rng.integers(0, n, (num_seqs, L)), 1) if kind == "random" else
+    control[:, lead + d:] = (np.take_along_axis(source, rng.integers(0, n, (num_seqs, L)), 1) if kind == "random" else
                              np.stack([np.asarray(tokens[o:o + L], dtype=np.int64) for o in others]))
     return x, control, lead, lead + d
 

@@ -144,3 +144,12 @@ def test_bad_input_is_one_error_line(ckpts, data_dir, tmp_path):
     assert "--context" in one_line_error(eval_rows.main, ["--ckpt", ckpts["softmax"], "--context", str(N), *base])
     assert "--labels" in one_line_error(eval_rows.main, ["--ckpt", ckpts["softmax"], "--labels", "a", "b", *base])
     assert not os.path.exists(out)  # nothing written by a failed evaluation
+
+
+def test_a_truncated_context_bin_is_reported_only_where_it_is_defined_at_every_position():
+    loss = np.linspace(3.0, 1.0, 32)  # loss falls with position; loss_c = loss wherever defined (context no help)
+    cut = np.where(np.arange(1, 33) > 20, loss, np.nan)  # loss_c20: nan up to t = 20
+    out = eval_rows.bin_means({"loss": loss, "loss_c20": cut, "loss_c16": np.where(np.arange(1, 33) > 16, loss,
+                                                                                    np.nan)}, 32)
+    assert "loss_c20" not in out["17-32"]  # it was the mean of 21-32 beside loss's of 17-32: 0.13 apart
+    assert out["17-32"]["loss_c16"] == out["17-32"]["loss"]  # c on a bin edge: the same positions

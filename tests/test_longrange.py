@@ -230,3 +230,14 @@ def test_eval_copy_labels_each_distance_by_where_it_measured_and_refuses_a_span_
     msg = one_line_error(eval_copy.main, [os.path.join(out, "ckpt.pt"), "--data", os.path.join(char_data, "play"),
                                           "--span", str(N), "--out_dir", str(tmp_path / "c2")])
     assert f"--span {N} is longer than the copy gate's distance 0.5 N" in msg
+
+
+def test_random_copies_draw_the_span_and_its_control_from_the_sequence_as_it_was():
+    tokens, (d, L, num, lead) = np.arange(100_000), (32, 16, 40, longrange.LEAD)
+    x, control, a, b = longrange.copy_sequences(tokens, d, L, num, seed=0, kind="random")
+    rng = np.random.default_rng([0, d])  # its draws, in its order
+    starts, _ = (rng.integers(0, len(tokens) - k + 1, size=num) for k in (lead + d + L, L))
+    was = starts[:, None] + np.arange(lead + d + L)  # the sequences before any span was written
+    span, other = (np.take_along_axis(was, rng.integers(0, lead + d + L, (num, L)), 1) for _ in range(2))
+    assert (x[:, a:a + L] == span).all() and (x[:, b:] == span).all()
+    assert (control[:, b:] == other).all()  # it was drawn from the copied sequence: the span twice in it
