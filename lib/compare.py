@@ -14,7 +14,8 @@ import numpy as np
 
 PER_SEQUENCE_COLUMNS = ("model", "ckpt", "rope", "rope_method", "rope_scale", "theta", "sequence", "start", "window",
                         "tokens", "loss")
-DIFFERENCE_COLUMNS = ("model", "baseline", "rope", "window", "k", "tokens", "n_seqs", "mean_diff", "ci_lo", "ci_hi")
+DIFFERENCE_COLUMNS = ("model", "baseline", "rope", "window", "k", "tokens", "baseline_tokens", "n_seqs", "mean_diff",
+                      "ci_lo", "ci_hi")  # tokens: the model's window; baseline_tokens: the baseline's (its own N)
 LEVEL = 0.95
 FADING_S = 0.43  # the SSMax paper's Fig. 1
 FADING_ZMAX_N, FADING_ZMAX_S = (10, 1000, 100000), (0.43, 1.0)  # Fig. 3: a few sizes, two s
@@ -147,7 +148,9 @@ def window_multiple(window):
 
 def paired_differences(rows, baseline, n_boot=2000, seed=0):
     """Every model minus `baseline`, per RoPE setting and window, over the sequences both have: DIFFERENCE_COLUMNS
-    dicts. rows: per-sequence dicts with PER_SEQUENCE_COLUMNS (values as written or as read back from the CSV)."""
+    dicts. rows: per-sequence dicts with PER_SEQUENCE_COLUMNS (values as written or as read back from the CSV). A
+    window is matched by its label, k x each model's own N: where the N differ, the two windows are other positions
+    of the same sequences (tokens and baseline_tokens differ)."""
     loss = defaultdict(dict)  # (model, rope, window) -> {sequence: loss}
     tokens = {}
     for r in rows:
@@ -161,7 +164,8 @@ def paired_differences(rows, baseline, n_boot=2000, seed=0):
         seqs = sorted(mine.keys() & base.keys())
         mean, lo, hi = bootstrap_ci([mine[s] - base[s] for s in seqs], n_boot, seed=seed)
         out.append(dict(model=model, baseline=baseline, rope=rope, window=window, k=window_multiple(window),
-                        tokens=tokens[model, window], n_seqs=len(seqs), mean_diff=mean, ci_lo=lo, ci_hi=hi))
+                        tokens=tokens[model, window], baseline_tokens=tokens[baseline, window], n_seqs=len(seqs),
+                        mean_diff=mean, ci_lo=lo, ci_hi=hi))
     return out
 
 def wilson(k, n, z=1.96):

@@ -39,8 +39,8 @@ def test_bootstrap_ci_on_hand_cases():
     rows = [dict(model=m, rope="native", window="prefix_2x", tokens=32, sequence=j, loss=x + offset)
             for m, offset in (("a", 0.0), ("b", 0.1)) for j, x in enumerate(difficulty)]
     (d,) = compare.paired_differences(rows, "a")
-    assert (d["model"], d["baseline"], d["window"], d["k"], d["tokens"], d["n_seqs"]) == ("b", "a", "prefix_2x", 2,
-                                                                                          32, 50)
+    assert (d["model"], d["baseline"], d["window"], d["k"], d["tokens"], d["baseline_tokens"], d["n_seqs"]) == (
+        "b", "a", "prefix_2x", 2, 32, 32, 50)
     assert d["mean_diff"] == pytest.approx(0.1) and d["ci_hi"] - d["ci_lo"] < 1e-9
     _, lo, hi = compare.bootstrap_ci(difficulty)  # unpaired, each model's own mean is uncertain by ~1 nat
     assert hi - lo > 0.5
