@@ -64,6 +64,13 @@ def remove(*paths):
             os.remove(p)
 
 
+def write_json(path, obj, indent=None):
+    """obj as JSON at path, whole or not at all: written beside it, then renamed over it."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=indent)
+    os.replace(path + ".tmp", path)
+
+
 def mismatch(old, want, whole=True, known=True):
     """What judge() finds different between `old`, a step's record, and `want`, in words ([]: the same, or an output
     recorded before settings were and whole, taken as it is). known False: no record at all, in a folder that records
@@ -179,15 +186,11 @@ class Steps:
         if not self.started:
             remove(os.path.join(self.results, "started.json"))
             return
-        with open(os.path.join(self.results, "started.json.tmp"), "w") as f:
-            json.dump(self.started, f, indent=1)
-        os.replace(os.path.join(self.results, "started.json.tmp"), os.path.join(self.results, "started.json"))
+        write_json(os.path.join(self.results, "started.json"), self.started, indent=1)
 
     def tick(self):
         """wall.json: the calls before this one, and this one up to now."""
-        with open(os.path.join(self.results, "wall.json.tmp"), "w") as f:
-            json.dump({"wall_s": round(self.wall_s(), 1)}, f)
-        os.replace(os.path.join(self.results, "wall.json.tmp"), os.path.join(self.results, "wall.json"))
+        write_json(os.path.join(self.results, "wall.json"), {"wall_s": round(self.wall_s(), 1)})
 
     def wall_s(self):
         return self.wall0 + time.time() - self.t0
@@ -215,9 +218,7 @@ def check_runs(root, want, redo):
                      f"are")
     os.makedirs(root, exist_ok=True)
     variants = {**(have or {}).get("variants", {}), **plain(want["variants"])}
-    with open(path + ".tmp", "w") as f:
-        json.dump({"train": plain(want["train"]), "variants": variants}, f, indent=1)
-    os.replace(path + ".tmp", path)
+    write_json(path, {"train": plain(want["train"]), "variants": variants}, indent=1)
 
 
 def complete(out_dir, variants):

@@ -14,7 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from lib import plans
 from lib.folders import held
-from lib.runs import StepError, judge, plain, remove
+from lib.runs import StepError, judge, plain, remove, write_json
 from lib.synthetic_suite import (  # noqa: F401 (the suite's definitions, for a reader and the tests)
     CONTROLS, CORE, DEFAULT_TASKS, GPU, LONG, LRS, N_EVAL, QUICK, REPO, RESCALED, RESCALINGS, SETTINGS, SHORT, SUITE,
     RUNGS, SWEPT, ZOO, Entry, overrides, plan, recipe, select_budget, select_lr, sweep_accuracy)
@@ -56,9 +56,7 @@ def reuse(path, want, what, redo, clear, whole=True):
 
 
 def record(path, settings):
-    with open(path + ".tmp", "w") as f:
-        json.dump(plain(settings), f)
-    os.replace(path + ".tmp", path)
+    write_json(path, plain(settings))
 
 
 def run_one(task, setting, seed, runs, n_eval, e, over, redo=False, evaluate=True):

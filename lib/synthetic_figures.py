@@ -11,6 +11,7 @@ import math, os
 
 import numpy as np
 
+from lib.runs import remove
 from lib.synthetic_suite import SETTINGS
 from scorers import SCORERS
 
@@ -31,9 +32,7 @@ def horizons(summary, path, primary, below_n):
     rows = [(task, cond, rope) for task, t in summary.items() for cond, rope, _ in primary.get(task, [])
             if any(c["metric"] == "accuracy" and (c["condition"], c["rope"]) == (cond, rope) for c in t["cells"])]
     if not rows:  # no task with a verdict endpoint (flipflop alone): no figure, and none of an earlier call's
-        if os.path.exists(path):
-            os.remove(path)
-        return
+        return remove(path)
     from matplotlib.figure import Figure
     fig = Figure(figsize=(17, 3.6 * len(rows)), layout="constrained")
     axes = fig.subplots(len(rows), 3, squeeze=False, gridspec_kw=dict(width_ratios=[1.3, 1, 1]))
