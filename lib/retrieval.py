@@ -63,7 +63,8 @@ def score_answer(text, number, enc=None):
     """The first run of digits in text against the number; digits as enc's prompts write them (default: as digits).
     Single spaces inside a run are allowed (" 8 1 0" reads 810) except for characters, whose letter digits would
     read the next word's a-j as digits (" eibcg and": 48126, not 481260); and for characters a run is a whole word
-    (" The eibcg": 48126; the h, e of " The" or the e of " tell" are no digits; a word of a-j alone, " bad", reads 103)."""
+    (" The eibcg": 48126; the h, e of " The" or the e of " tell" are no digits; a word of a-j alone, " bad", reads
+    103)."""
     symbols = prompts_of(enc)["symbols"] if enc else DIGITS
     if symbols != DIGITS:  # read enc's symbols as digits, and a written digit as no digit
         text = text.translate(str.maketrans(symbols + DIGITS, DIGITS + "?" * 10))
