@@ -9,19 +9,21 @@ fine-tuned, evaluated with every script here), and a nanoscorer model goes back 
 
 Import reads config.json and the safetensors weights of LlamaForCausalLM or a Llama-compatible family without
 output-projection or MLP biases (llama, mistral without a sliding window; qwen2, whose q, k, v biases become
-qkv_bias), its RoPE plain or scaled as Llama 3's or linearly (rope_scaling, rope.py); the names map one to one (q, k,
-v_proj concatenated into c_attn; transformers' rotate_half RoPE is apply_rope's convention). The checkpoint holds the
-model, its model_args (grouped KV heads, RMSNorm eps, tied embeddings) and the tokenizer (its tokenizer.json) as its
-codec, so sample.py --ckpt alone decodes, the evaluations match data by content, and train.py init_from= swaps its
-scorer and fine-tunes it on data prepared with it (prepare_data.py --tokenizer out-smollm/ckpt.pt). It has no
-optimizer state: resume=True on it refuses. Export writes the inverse, with the tokenizer files AutoTokenizer loads
-(the imported tokenizer.json, or GPT-2's vocab.json and merges.txt from the offline BPE files): a softmax RoPE model
-loads as a plain LlamaForCausalLM; a row-template scorer (ssmax, ssa, lssa, sigmoid, softpick) as a LlamaForCausalLM
-whose config.json holds the scorer and its per-head parameters per layer, run by hf_scorers.py's attention function
-(import it first), and such an export imports back as that scorer, its options and per-head parameters (a
-fine-tune continues it). NoPE, fox's forget gate, stick-breaking, re-weighting and character vocabularies are refused.
-Only model.safetensors or the shards its index names are read; an export keeps an import's BOS and refuses a
-real-valued task's model. Anything unsupported is one `error:` line naming it. Needs requirements-hf.txt.
+qkv_bias; qwen3, whose q, k norms become qk_norm; a head_dim of its own), its RoPE plain or scaled as Llama 3's or
+linearly (rope_scaling, rope.py); the names map one to one (q, k, v_proj concatenated into c_attn; transformers'
+rotate_half RoPE is apply_rope's convention). The checkpoint holds the model, its model_args (grouped KV heads,
+RMSNorm eps, tied embeddings) and the tokenizer (its tokenizer.json) as its codec, so sample.py --ckpt alone decodes,
+the evaluations match data by content, and train.py init_from= swaps its scorer and fine-tunes it on data prepared
+with it (prepare_data.py --tokenizer out-smollm/ckpt.pt). It has no optimizer state: resume=True on it refuses.
+Export writes the inverse, with the tokenizer files AutoTokenizer loads (the imported tokenizer.json, or GPT-2's
+vocab.json and merges.txt from the offline BPE files): a softmax RoPE model loads as a plain LlamaForCausalLM
+(Qwen2ForCausalLM, Qwen3ForCausalLM with their biases, norms); a row-template scorer (ssmax, ssa, lssa, sigmoid,
+softpick) as a LlamaForCausalLM whose config.json holds the scorer and its per-head parameters per layer, run by
+hf_scorers.py's attention function (import it first), and such an export imports back as that scorer, its options and
+per-head parameters (a fine-tune continues it). NoPE, fox's forget gate, stick-breaking, re-weighting and character
+vocabularies are refused. Only model.safetensors or the shards its index names are read; an export keeps an import's
+BOS and refuses a real-valued task's model. Anything unsupported is one `error:` line naming it. Needs
+requirements-hf.txt.
 """
 import argparse, sys
 

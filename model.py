@@ -1,10 +1,10 @@
 """
-nanoscorer model: one Llama-style GPT (RoPE, RMSNorm, SwiGLU, no biases but an imported Qwen2's q, k, v ones, untied
-head) whose attention has a `scorer` switch. The scorers are one registry in scorers.py (SCORERS, each with its
-paper), with the reference path that reads like the papers' equations (definitions: SCORERS.md); attention() below
-dispatches to it or to a fast path (kernels_sdpa.py, kernels.py and kernels_stick.py on a GPU, kernels_cpu.py,
-kernels_flex.py). RoPE is rope.py's. Beside the GPT: the softmax -> SSMax switch (convert_scorer). Checkpoints, and
-the synthetic tasks' real-valued model RealGPT, are lib/checkpoint.py's.
+nanoscorer model: one Llama-style GPT (RoPE, RMSNorm, SwiGLU, no biases, untied head; an import's q, k, v biases
+(Qwen2) or q, k norms and own head size (Qwen3)) whose attention has a `scorer` switch. The scorers are one registry
+in scorers.py (SCORERS, each with its paper), with the reference path that reads like the papers' equations
+(definitions: SCORERS.md); attention() below dispatches to it or to a fast path (kernels_sdpa.py, kernels.py and
+kernels_stick.py on a GPU, kernels_cpu.py, kernels_flex.py). RoPE is rope.py's. Beside the GPT: the softmax -> SSMax
+switch (convert_scorer). Checkpoints, and the synthetic tasks' real-valued model RealGPT, are lib/checkpoint.py's.
 """
 import math
 from dataclasses import asdict, dataclass
@@ -82,6 +82,8 @@ class GPTConfig:
     norm_eps: float = 1e-6  # RMSNorm's (Llama: 1e-5 or 1e-6, as its config says)
     tie_embeddings: bool = False  # lm_head shares wte's weight (SmolLM2); the SSMax paper's is untied
     qkv_bias: bool = False  # q, k, v projections with a bias (Qwen2's, imported); the paper's have none
+    head_dim: Optional[int] = None  # None: n_embd / n_head; a pretrained model's own (Qwen3: 128 at any width)
+    qk_norm: bool = False  # RMSNorm of each head's q and k before RoPE (Qwen3's, imported)
     pos: str = "rope"  # or nope: no positions (Kazemnejad et al. 2023)
     scorer: str = "softmax"
     ssmax_s_init: float = 1.0
@@ -102,7 +104,9 @@ class GPTConfig:
         if self.backend not in BACKENDS or self.pos not in POS:
             raise ValueError(f"unknown backend {self.backend!r} or pos {self.pos!r}; allowed: {', '.join(BACKENDS)}; "
                              f"{', '.join(POS)}")
-        if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
+        if self.head_dim is not None and (self.head_dim <= 0 or self.head_dim % 2):
+            raise ValueError(f"head_dim={self.head_dim} must be even and > 0 (RoPE), or None (n_embd / n_head)")
+        if self.head_dim is None and (self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2):
             raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} heads of even size (RoPE)")
         if self.n_kv_head is not None and not (0 < self.n_kv_head <= self.n_head and self.n_head % self.n_kv_head == 0):
             raise ValueError(f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head} (or be None: n_head)")
@@ -118,6 +122,10 @@ class GPTConfig:
                              f"forget gate (fox), finite; scorer={self.scorer!r}")
         if self.reweight_p is not None and not self.reweight_p > 0:
             raise ValueError(f"reweight_p={self.reweight_p} must be > 0 (or None for no re-weighting)")
+
+    @property
+    def head_size(self):  # each head's q, k and v
+        return self.n_embd // self.n_head if self.head_dim is None else self.head_dim
 
     @property
     def p(self):  # the exponent that applies (lssar: 15 when None)
@@ -145,8 +153,12 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.scorer, self.p, self.backend = H, config.scorer, config.p, config.backend
         self.rope = config.pos == "rope"
         self.q_scale = None  # (L,) factors on row i's logits: lib/rescale.py's, evaluation only (not saved)
-        self.kv_size = C // H * self.n_kv_head  # each of k and v: n_kv_head heads
-        self.c_attn, self.c_proj = nn.Linear(C, C + 2 * self.kv_size, bias=config.qkv_bias), nn.Linear(C, C, bias=False)
+        self.hs = config.head_size
+        self.q_size, self.kv_size = H * self.hs, self.n_kv_head * self.hs  # k and v: n_kv_head heads each
+        self.c_attn = nn.Linear(C, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
+        self.c_proj = nn.Linear(self.q_size, C, bias=False)
+        if config.qk_norm:  # one weight per head dimension, shared by the heads (Qwen3)
+            self.q_norm, self.k_norm = RMSNorm(self.hs, config.norm_eps), RMSNorm(self.hs, config.norm_eps)
         if config.qkv_bias:  # starts at 0
             nn.init.zeros_(self.c_attn.bias)
         if SCORERS[config.scorer].forget:  # FoX: f = w_f x + b_f per head (b_f starts at 0: sigmoid 1/2)
@@ -172,9 +184,12 @@ class CausalSelfAttention(nn.Module):
                 for prm in self.params}
 
     def forward(self, x, cos, sin, cache=None, capture=None):
-        B, T, C = x.size()
-        q, k, v = self.c_attn(x).split([C, self.kv_size, self.kv_size], dim=2)
-        q, k, v = (t.view(B, T, -1, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh or n_kv, T, hs)
+        B, T = x.shape[:2]
+        q, k, v = self.c_attn(x).split([self.q_size, self.kv_size, self.kv_size], dim=2)
+        q, k, v = (t.view(B, T, -1, self.hs) for t in (q, k, v))
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, nh or n_kv, T, hs)
         offset = 0 if cache is None or "k" not in cache else cache["k"].size(2)
         if self.rope:  # nope: the causal mask alone carries the order
             cos, sin = cos[offset:offset + T], sin[offset:offset + T]
@@ -204,7 +219,7 @@ class CausalSelfAttention(nn.Module):
                 q[:, :, t:t + 1], k[:, :, :offset + t + 1], self.scorer, p=self.p, offset=offset + t,
                 **scorers.upto(params, offset + t + 1)),
                 (0, T - t - 1)) for t in rows], dim=2).detach())  # (B, nh, len(rows), offset + T)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        y = y.transpose(1, 2).contiguous().view(B, T, self.q_size)
         return self.c_proj(y)
 
 class MLP(nn.Module):  # SwiGLU
@@ -258,7 +273,7 @@ class GPT(nn.Module):
     def set_rope(self, theta=None, inv_freq=None, length=None, mscale=1.0):
         """(Re)build the rotary tables: a new θ (or inverse frequencies from an extension method) on the same
         weights. mscale multiplies cos and sin (YaRN's attention temperature). Tables grow on demand."""
-        hs = self.config.n_embd // self.config.n_head
+        hs = self.config.head_size
         self.rope_theta = self.config.rope_theta if theta is None else theta
         scaling = self.config.rope_scaling
         self.rope_inv_freq = rope_inv_freq(hs, self.rope_theta, scaling) if inv_freq is None else inv_freq
@@ -269,7 +284,7 @@ class GPT(nn.Module):
 
     def extend_rope(self, method, scale, L):
         """Rotary tables for L tokens by rope_extension(method), weights untouched; returns θ, effective θ, mscale."""
-        cfg, hs = self.config, self.config.n_embd // self.config.n_head
+        cfg, hs = self.config, self.config.head_size
         inv_freq, mscale = rope_extension(method, hs, cfg.rope_theta, scale, cfg.block_size, L, cfg.rope_scaling)
         self.set_rope(cfg.rope_theta * scale if method == "theta" else cfg.rope_theta, inv_freq, L, mscale)
         # θ_eff: the base, if plain RoPE (not pi, yarn)
@@ -322,7 +337,7 @@ class GPT(nn.Module):
         cfg = self.config  # 6N + attention (PaLM appendix B); N without a lookup table, which does no matmul
         wte = self.transformer.wte
         lookup = wte.weight.numel() if isinstance(wte, nn.Embedding) and not cfg.tie_embeddings else 0
-        return 6 * (self.get_num_params() - lookup) + 12 * cfg.n_layer * cfg.n_embd * T
+        return 6 * (self.get_num_params() - lookup) + 12 * cfg.n_layer * cfg.n_head * cfg.head_size * T
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True, vocab=None):

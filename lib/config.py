@@ -65,7 +65,7 @@ TrainConfig = make_dataclass("TrainConfig", [(f.name, f.type, field(default=f.de
                              bases=(_TrainFields,))
 MODEL_FIELDS = [f.name for f in fields(GPTConfig)]
 ARCH_FIELDS = ("vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "norm_eps", "tie_embeddings",
-               "qkv_bias")  # a checkpoint's architecture cannot change (a switch would drop its weights)
+               "qkv_bias", "head_dim", "qk_norm")  # a checkpoint's architecture cannot change (a switch drops weights)
 SCORER_OPTIONS = list(dict.fromkeys(f for e in SCORERS.values() for prm in e.params for f in prm.fields()))
 OWN_OPTIONS = (*SCORER_OPTIONS, "fgate_bias_init")  # a scorer's own: a switch resets them, a resume keeps them
 LR_SCHEDULES = ("constant", "cosine")

@@ -18,9 +18,11 @@ from scorers import SCORERS
 HF_ATTENTION = "nanoscorer"  # hf_scorers.NAME: the attention transformers runs a scorer's export with
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json")
 
-FAMILIES = ("llama", "mistral", "qwen2")  # Llama-compatible: same weights and attention; qwen2: q, k, v biases
+# Llama-compatible: same weights and attention; qwen2: q, k, v biases; qwen3: q, k norms, its own head_dim
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 LAYER = {"attn.c_proj": "self_attn.o_proj", "mlp.w_gate": "mlp.gate_proj", "mlp.w_up": "mlp.up_proj",
          "mlp.c_proj": "mlp.down_proj", "ln_1": "input_layernorm", "ln_2": "post_attention_layernorm"}
+QK_NORM = {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}  # Qwen3's, per head dimension
 
 
 class ConvertError(Exception):
@@ -71,9 +73,7 @@ def model_args(cfg):
         check_scaling(scaling)
     except ValueError as e:
         bad.append(str(e))
-    heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
-    if heads and hidden and (cfg.get("head_dim") or hidden // heads) != hidden // heads:
-        bad.append(f"head_dim {cfg['head_dim']} != hidden_size / num_attention_heads")
+    heads, hidden, head_dim = cfg.get("num_attention_heads"), cfg.get("hidden_size"), cfg.get("head_dim")
     if bad:
         raise ConvertError(f"unsupported architecture: {'; '.join(bad)}")
     return dict(vocab_size=cfg["vocab_size"], n_layer=cfg["num_hidden_layers"], n_head=heads,
@@ -81,6 +81,7 @@ def model_args(cfg):
                 block_size=cfg.get("max_position_embeddings", 2048), norm_eps=cfg.get("rms_norm_eps", 1e-6),
                 rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))), rope_scaling=scaling,
                 tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), qkv_bias=family == "qwen2",
+                head_dim=None if head_dim in (None, hidden // heads) else head_dim, qk_norm=family == "qwen3",
                 scorer="softmax", pos="rope")
 
 
@@ -147,10 +148,15 @@ def to_state(w, args):
                 state[f"transformer.h.{i}.attn.c_attn.{kind}"] = torch.cat([w[f"{hf}self_attn.{x}_proj.{kind}"]
                                                                             for x in "qkv"])
             state.update({f"transformer.h.{i}.{ours}.weight": w[f"{hf}{theirs}.weight"]
-                          for ours, theirs in LAYER.items()})
+                          for ours, theirs in layer_names(args)})
     except KeyError as e:
         raise ConvertError(f"the weights lack {e.args[0]!r}: not a Llama-family checkpoint") from None
     return state
+
+
+def layer_names(a):
+    """(ours, theirs) of a layer's weights besides q, k, v: a Qwen3's q and k norms too."""
+    return [*LAYER.items(), *(QK_NORM.items() if a.get("qk_norm") else ())]
 
 
 def import_hf(name, out):
@@ -200,6 +206,8 @@ def refusals(a, codec, task=""):
     p = entry.p if a.get("reweight_p") is None else a["reweight_p"]
     why += [f"re-weighting (p={p}: hf_scorers.py does not run it)"] * (p is not None)
     why += ["a character vocabulary (transformers has no tokenizer for it)"] * (codec.get("kind") == "char")
+    why += ["q, k, v biases with q, k norms (Qwen2 has the one, Qwen3 the other)"] * bool(a.get("qkv_bias") and
+                                                                                        a.get("qk_norm"))
     n_in = getattr(tasks.TASKS.get(task), "n_in", 0)
     why += [f"task {task!r} (real-valued inputs: its wte is a Linear of {n_in} features, no tokens)"] * bool(n_in)
     return why
@@ -249,7 +257,8 @@ def export_hf(path, out):
         raise ConvertError(f"{path} cannot be exported: {'; '.join(why)}")
     st = need("safetensors.torch")
     w, tie = ckpt["model"], a["tie_embeddings"]
-    C, kv = a["n_embd"], a["n_embd"] // a["n_head"] * (a["n_kv_head"] or a["n_head"])
+    C, hs = a["n_embd"], a.get("head_dim") or a["n_embd"] // a["n_head"]
+    q, kv = hs * a["n_head"], hs * (a["n_kv_head"] or a["n_head"])
     out_w = {"model.embed_tokens.weight": w["transformer.wte.weight"],
              "model.norm.weight": w["transformer.ln_f.weight"]}
     if not tie:
@@ -258,12 +267,13 @@ def export_hf(path, out):
         hf, ours = f"model.layers.{i}.", f"transformer.h.{i}."
         for kind in ("weight", "bias")[:1 + bool(a.get("qkv_bias"))]:
             out_w.update({f"{hf}self_attn.{x}_proj.{kind}": t
-                          for x, t in zip("qkv", w[f"{ours}attn.c_attn.{kind}"].split([C, kv, kv]))})
-        out_w.update({f"{hf}{theirs}.weight": w[f"{ours}{o}.weight"] for o, theirs in LAYER.items()})
-    qwen2 = a.get("qkv_bias")  # Qwen2's attention: Llama's with q, k, v biases
-    cfg = dict(architectures=["Qwen2ForCausalLM" if qwen2 else "LlamaForCausalLM"], model_type="qwen2" if qwen2 else
-               "llama", vocab_size=a["vocab_size"], hidden_size=C, intermediate_size=a["ffn_hidden"],
-               num_hidden_layers=a["n_layer"], num_attention_heads=a["n_head"],
+                          for x, t in zip("qkv", w[f"{ours}attn.c_attn.{kind}"].split([q, kv, kv]))})
+        out_w.update({f"{hf}{theirs}.weight": w[f"{ours}{o}.weight"] for o, theirs in layer_names(a)})
+    # Qwen2's attention: Llama's with q, k, v biases; Qwen3's: with q, k norms
+    family = "qwen2" if a.get("qkv_bias") else "qwen3" if a.get("qk_norm") else "llama"
+    cfg = dict(architectures=[f"{family.title()}ForCausalLM"], model_type=family, vocab_size=a["vocab_size"],
+               hidden_size=C, intermediate_size=a["ffn_hidden"],
+               num_hidden_layers=a["n_layer"], num_attention_heads=a["n_head"], head_dim=hs,
                num_key_value_heads=a["n_kv_head"] or a["n_head"],
                max_position_embeddings=a["block_size"], rms_norm_eps=a["norm_eps"], rope_theta=a["rope_theta"],
                rope_parameters={"rope_type": "default", **(a.get("rope_scaling") or {}), "rope_theta": a["rope_theta"]},

@@ -17,7 +17,7 @@ pytest.importorskip("tokenizers")
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM,  # noqa: E402
-                          Qwen2Config, Qwen2ForCausalLM)
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 import convert_hf  # noqa: E402
 import rope  # noqa: E402
@@ -115,6 +115,34 @@ def test_a_qwen2_with_its_q_k_v_biases_imports_and_exports_with_transformers_log
     json.dump({**src, "sliding_window": 16, "use_sliding_window": True}, open(tmp_path / "src" / "config.json", "w"))
     assert "sliding_window 16" in one_line_error(convert_hf.main, ["import", str(tmp_path / "src"), "--out",
                                                                    str(tmp_path / "r2")])
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_a_qwen3_and_a_llama_with_their_own_head_dim_import_and_export_with_transformers_logits(tmp_path, family):
+    torch.manual_seed(0)  # head_dim 32 at width 64, 4 heads: q is 128 wide, as Qwen3's 128 at any width
+    kw = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=32, max_position_embeddings=64, tie_word_embeddings=True)
+    hf = (Qwen3ForCausalLM(Qwen3Config(**kw)) if family == "qwen3" else LlamaForCausalLM(LlamaConfig(**kw))).eval()
+    with torch.no_grad():  # q, k norms that matter (transformers starts them at 1)
+        for name, t in hf.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                t.uniform_(0.5, 1.5)
+    hf.save_pretrained(str(tmp_path / "src"))
+    convert_hf.main(["import", str(tmp_path / "src"), "--out", str(tmp_path / "run")])
+    model, ckpt = load_checkpoint(str(tmp_path / "run" / "ckpt.pt"))
+    assert ckpt["model_args"]["head_dim"] == 32 and ckpt["model_args"]["qk_norm"] == (family == "qwen3")
+    x = torch.randint(0, V, (2, 40))
+    with torch.no_grad():
+        assert (model.eval()(x, x)[0] - hf(x).logits).abs().max() < 1e-5
+        assert torch.equal(model.generate(x[:1, :5], 12, temperature=0),
+                           hf.generate(x[:1, :5], max_new_tokens=12, do_sample=False))
+        convert_hf.main(["export", str(tmp_path / "run" / "ckpt.pt"), "--out", str(tmp_path / "hf")])
+        back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+        assert type(back) is type(hf) and (back(x).logits - hf(x).logits).abs().max() < 1e-5
+    ckpt = read_checkpoint(str(tmp_path / "run" / "ckpt.pt"))  # a fine-tune cannot drop the norms or resize heads
+    for field, value in (("qk_norm", family != "qwen3"), ("head_dim", None)):
+        with pytest.raises(TrainError, match=f"{field}={value} differs from the checkpoint's"):
+            model_config(TrainConfig(**{**ckpt["model_args"], field: value}), {field: value}, ckpt, resuming=False)
 
 
 # Llama 3's frequency scaling, its three bands met at head_dim 16, θ 500, 64 original positions: 2 kept, 1 blended
@@ -215,7 +243,7 @@ def test_bad_inputs_are_one_error_line(imported, tmp_path):
     assert "unsupported architecture: attention_bias=true" in refused("biased")
     cfg = json.load(open(tmp_path / "biased" / "config.json"))
     json.dump({**cfg, "model_type": "gpt2"}, open(tmp_path / "biased" / "config.json", "w"))
-    assert "model_type 'gpt2' (supported: llama, mistral, qwen2)" in refused("biased")
+    assert "model_type 'gpt2' (supported: llama, mistral, qwen2, qwen3)" in refused("biased")
     dynamic = "unsupported architecture: rope_type 'dynamic' (supported: default, linear, llama3)"
     for extra, words in (({"rope_parameters": None, "rope_scaling": {"type": "dynamic", "factor": 4.0}}, dynamic),
                          ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, "beside rope_parameters"),

@@ -32,6 +32,8 @@ def nanoscorer_ckpt(path, codec=None, task="", **args):
             block.attn.c_attn.weight.mul_(5)  # peaked rows: the scorers differ
             if block.attn.c_attn.bias is not None:  # qkv_bias: biases that matter (they start at 0)
                 block.attn.c_attn.bias.normal_()
+            if hasattr(block.attn, "q_norm"):  # qk_norm: norm weights that matter (they start at 1)
+                block.attn.q_norm.weight.uniform_(0.5, 1.5), block.attn.k_norm.weight.uniform_(0.5, 1.5)
             for prm in block.attn.params:  # raw values: s, b, ssa's b and n in 0.3..1.1
                 getattr(block.attn, param_name(model.config.scorer, prm)).copy_(torch.rand(4) * 0.8 + 0.3)
     save_checkpoint({"model": model.state_dict(), "model_args": vars(model.config), "config": {"task": task},
@@ -39,8 +41,8 @@ def nanoscorer_ckpt(path, codec=None, task="", **args):
     return model, str(path)
 
 
-EXPORTED = [(name, {}) for name in hf_scorers.RUNS if name != "softmax"] + [("ssmax", dict(ssmax_bias=True)),
-                                                                            ("ssa", dict(qkv_bias=True))]  # Qwen2
+EXPORTED = [(name, {}) for name in hf_scorers.RUNS if name != "softmax"] + [  # Qwen2's biases, Qwen3's norms
+    ("ssmax", dict(ssmax_bias=True)), ("ssa", dict(qkv_bias=True)), ("lssa", dict(qk_norm=True, head_dim=32))]
 
 
 @pytest.mark.parametrize("scorer,extra", EXPORTED, ids=[n + "".join(f"_{k}" for k in x) for n, x in EXPORTED])
@@ -85,7 +87,8 @@ def test_models_transformers_cannot_run_refuse_export_in_one_line(tmp_path):
              (dict(scorer="lssar"), None, "re-weighting (p=15.0"),
              (dict(scorer="ssmax", reweight_p=4.0), None, "re-weighting (p=4.0"),
              (dict(vocab_size=3), char, "a character vocabulary (transformers has no tokenizer for it)"),
-             (dict(vocab_size=1, task="linear"), None, "task 'linear' (real-valued inputs: its wte is a Linear of 3")]
+             (dict(vocab_size=1, task="linear"), None, "task 'linear' (real-valued inputs: its wte is a Linear of 3"),
+             (dict(qkv_bias=True, qk_norm=True), None, "q, k, v biases with q, k norms (Qwen2 has the one, Qwen3")]
     for i, (args, codec, why) in enumerate(cases):
         _, path = nanoscorer_ckpt(tmp_path / f"{i}.pt", codec, **args)
         msg = one_line_error(convert_hf.main, ["export", path, "--out", str(tmp_path / f"hf{i}")])

@@ -224,11 +224,12 @@ def test_per_token_losses_and_ignore_index():
     torch.testing.assert_close(per_tok.sum() / 12, mean)
 
 
-@pytest.mark.parametrize("tie", [False, True])
-def test_flops_per_token_equal_the_counted_matmuls_of_a_training_step(tie):
-    # an untied wte is a lookup: counting it as a matmul overstated the 162M model's MFU by 27 %
+@pytest.mark.parametrize("tie,heads", [(False, {}), (True, {}), (False, dict(head_dim=48, qk_norm=True))])
+def test_flops_per_token_equal_the_counted_matmuls_of_a_training_step(tie, heads):
+    # an untied wte is a lookup: counting it as a matmul overstated the 162M model's MFU by 27 %; heads of their own
+    # width (Qwen3's): attention's matmuls are n_head x head_dim wide, not n_embd
     from torch.utils.flop_counter import FlopCounterMode
-    m = GPT(tiny(vocab_size=256, block_size=32, backend="torch", tie_embeddings=tie))
+    m = GPT(tiny(vocab_size=256, block_size=32, backend="torch", tie_embeddings=tie, **heads))
     assert tracking.mfu(m, 1000.0, 32, device="cpu") is None
     x = torch.randint(0, 256, (2, 32))
     with FlopCounterMode(display=False) as fc:
