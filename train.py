@@ -307,9 +307,9 @@ def train(explicit):
         dt = time.time() - t0
         if master and cfg.compile and iter_num == start_iter:  # the compiling happens in this step, once
             print(f"compile: the first step took {dt:.1f} s (torch.compile traces and compiles the model once)")
-        dt_avg = dt if dt_avg is None else 0.9 * dt_avg + 0.1 * dt
+        dt_avg = dt if dt_avg is None or iter_num == start_iter + 1 else 0.9 * dt_avg + 0.1 * dt  # first step: out
         mfu = tracking.mfu(raw_model, tokens_per_iter / dt / run.world, T, run.device)  # per GPU
-        eta = (cfg.max_iters - iter_num - 1) * dt_avg  # seconds
+        eta = (cfg.max_iters - iter_num - 1) * dt_avg  # s, evals out; a compile in the first step weighed ~60 steps
         if master:  # log.jsonl every step, print every log_interval
             tracking.progress({"iter": iter_num, "loss": loss_value, "lr": lr, "tokens_per_s": tokens_per_iter / dt,
                                "mfu": mfu, "eta_s": eta, "elapsed": time.time() - t_start}, cfg, info, raw_model)

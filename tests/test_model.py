@@ -248,3 +248,15 @@ def test_checkpoint_round_trip_is_atomic_and_restores_the_model(tmp_path):
     torch.testing.assert_close(m(idx, idx)[0], m2(idx, idx)[0])
     with pytest.raises(checkpoint.CheckpointError, match="does not exist"):
         checkpoint.load_checkpoint(str(tmp_path / "missing.pt"))
+
+
+@pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
+                                        ("NVIDIA H100 NVL", 835e12), ("NVIDIA H800 PCIe", 756e12),
+                                        ("NVIDIA H200", 989e12), ("NVIDIA L40S", 362e12), ("NVIDIA L40", 181e12),
+                                        ("NVIDIA L4", 121e12), ("NVIDIA A100-SXM4-80GB", 312e12)])
+def test_mfu_divides_by_the_dense_bf16_peak_of_the_exact_card(monkeypatch, name, peak):
+    # "H100" matched the PCIe (756 TFLOP/s) and NVL (835) cards as the SXM's 989; "L4" matched the L40 (181) as 121
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    m = GPT(tiny())
+    assert tracking.mfu(m, 1e6, 32, device="cuda") == pytest.approx(m.flops_per_token(32) * 1e6 / peak)
