@@ -60,7 +60,7 @@ def stream_docs(source, files, text_field, hf_split):
     else:
         builder = FILE_BUILDERS[os.path.splitext(source)[1].lower()]
         # a .txt file is one document, not one per line
-        extra = {"sample_by": "document"} if builder == "text" else {}
+        extra = {"sample_by": "document", "encoding": "utf-8-sig"} if builder == "text" else {}  # no BOM as text
         kwargs = dict(path=builder, data_files=files, split="train", **extra)
     try:
         rows = iter(datasets.load_dataset(**kwargs, streaming=True))

@@ -208,6 +208,8 @@ def _build(data_dir, args, source, files, tokenizer, text_field, hf_split, val_f
                 rule = f"one document, split by tokens: its last {n_val:,} tokens (val_frac) to val"
         elif pending:  # the last document fills an empty split
             write("val" if n_docs["val"] == 0 else "train" if n_docs["train"] == 0 else pending[0], pending[1])
+            if source in EMBEDDED:  # what was written: a token budget keeps only the first documents
+                rule = f"seeded shuffle of documents, {n_docs['val']} of {i} to val"
     if n_docs["train"] == 0:
         for p in paths.values():
             os.remove(p + ".tmp")

@@ -79,13 +79,17 @@ class HFCodec:
         self.eot_token, self.n_vocab = eot, self.tok.get_vocab_size(with_added_tokens=True)
 
     def encode_ordinary(self, text):
-        return self.tok.encode(text, add_special_tokens=False).ids
+        return self.encode_ordinary_batch([text])[0]
 
-    def encode_ordinary_batch(self, texts):
-        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+    def encode_ordinary_batch(self, texts):  # as tiktoken's: a written "<|endoftext|>" (any special token) is text
+        self.tok.encode_special_tokens = True
+        try:
+            return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+        finally:
+            self.tok.encode_special_tokens = False
 
     def encode(self, text, allowed_special=()):  # its own special tokens are parsed in the text
-        return self.encode_ordinary(text)
+        return self.tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids):
         return self.tok.decode(ids, skip_special_tokens=False)

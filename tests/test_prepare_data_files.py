@@ -1,10 +1,12 @@
 """prepare_data.py's streaming loader on local files (.jsonl, .parquet, .txt): the text field picked by name or by
 length and printed, the token budget held exactly, determinism, rebuilds when args or files change, one document per
-.txt file or one file split by tokens, a document the tokenizer drops whole is skipped, and a corpus with no text
-column or no documents is one error line."""
+.txt file or one file split by tokens, a document the tokenizer drops whole is skipped, a corpus with no text
+column or no documents is one error line; a written <|endoftext|> is text under an imported tokenizer too, a .txt's
+byte-order mark is no text, and a token budget's split is recorded as made."""
 import json
 import os
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -148,3 +150,40 @@ def test_a_document_the_tokenizer_drops_whole_is_skipped_not_the_end_of_the_corp
     d = pdata.prepare(str(tmp_path / "c.jsonl"), out_dir=str(tmp_path / "out"), tokenizer=str(tmp_path), val_frac=0.2)
     with open(os.path.join(d, "meta.json")) as f:
         assert sum(json.load(f)["documents"].values()) == 40
+
+
+def test_a_written_endoftext_is_text_with_an_imported_tokenizer_as_with_gpt2(tmp_path):
+    tk = pytest.importorskip("tokenizers")
+    words = "doc one two three < | endoftext > inside".split()
+    tok = tk.Tokenizer(tk.models.WordLevel({w: i for i, w in enumerate(["[UNK]", *words])}, unk_token="[UNK]"))
+    tok.pre_tokenizer = tk.pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<|endoftext|>"])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    eot = tok.token_to_id("<|endoftext|>")
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": eot}))
+    rows = [{"text": f"doc {w} inside <|endoftext|> doc {w}"} for w in ("one", "two", "three")] * 10
+    with open(tmp_path / "c.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    d = pdata.prepare(str(tmp_path / "c.jsonl"), out_dir=str(tmp_path / "out"), tokenizer=str(tmp_path), val_frac=0.2)
+    with open(os.path.join(d, "meta.json")) as f:
+        meta = json.load(f)
+    toks = {s: np.fromfile(os.path.join(d, f"{s}.bin"), dtype=meta["dtype"]) for s in pdata.SPLITS}
+    for s in pdata.SPLITS:  # one <|endoftext|> per document: the written one is no separator
+        assert int((toks[s] == eot).sum()) == meta["documents"][s]
+    assert vocab.hf_codec(str(tmp_path)).encode("a <|endoftext|>")[-1] == eot  # prompts still name it (sample.py)
+
+
+def test_a_txt_files_byte_order_mark_is_no_text(tmp_path):
+    (tmp_path / "a.txt").write_bytes("\ufeffFirst file.\r\nSecond line.\r\n".encode("utf-8"))
+    (tmp_path / "b.txt").write_text("Another file.\n")
+    d = pdata.prepare(str(tmp_path / "*.txt"), out_dir=str(tmp_path / "out"), val_frac=0.5)
+    meta, toks = read_all(d)
+    text = vocab.get_tokenizer().decode([t for s in pdata.SPLITS for t in toks[s].tolist()])
+    assert "\ufeff" not in text and "First file.\nSecond line.\n" in text
+
+
+def test_a_token_budget_on_an_embedded_corpus_records_the_split_it_made(tmp_path):
+    d = pdata.prepare("english", out_dir=str(tmp_path), max_tokens=400_000)
+    meta, _ = read_all(d)
+    n = sum(meta["documents"].values())
+    assert meta["split_rule"] == f"seeded shuffle of documents, {meta['documents']['val']} of {n} to val"
