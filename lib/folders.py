@@ -6,7 +6,7 @@ excludes a second open in the same process (the synthetic suite's workers run tr
 record locks do not. And the folder an evaluation writes its results into (results_dir): never over an earlier
 evaluation's, never partial.
 """
-import contextlib, errno, glob, os, shutil
+import contextlib, errno, glob, json, os, shutil
 
 try:
     import fcntl
@@ -16,6 +16,13 @@ except ImportError:  # not POSIX (Windows): no lock, as before
 
 class FolderError(Exception):
     """A folder another process writes (the message names its pid), or that holds earlier results: one line."""
+
+
+def write_json(path, obj, **kw):
+    """obj as JSON at path (kw: json.dump's), whole or not at all: written beside it, then renamed over it."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, **kw)
+    os.replace(path + ".tmp", path)
 
 
 def path_of(folder):

@@ -7,6 +7,7 @@ since the run began, and returns what summary.json records. A run without --comm
 """
 import datetime, json, os, subprocess
 
+from lib.folders import write_json
 from lib.runs import StepError
 
 PLAN, RECORD = "plan.md", "plan_run.json"
@@ -51,8 +52,7 @@ def begin(results):
         _same(first, plan)
         return first
     first = dict(plan, run_started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-    with open(record, "w") as f:
-        json.dump(first, f, indent=1)
+    write_json(record, first, indent=1)
     print(f"plan: {plan['path']} at commit {plan['commit'][:12]} ({plan['committed_at']})", flush=True)
     return first
 

@@ -11,7 +11,7 @@ import json, os
 
 import numpy as np
 
-from lib import compare, longrange
+from lib import compare, folders, longrange
 
 
 def read_json(*path):
@@ -205,10 +205,9 @@ def summarize(results, roots, variants, N, rows, copy_runs=("copy",), left_out=(
             summary[name] = s["cells"]
             if "scores" in s:  # with control-span and uniform baselines
                 summary["needle_scores"] = s["scores"]
-    with open(os.path.join(results, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
     with open(os.path.join(results, "tables.md"), "w") as f:
         f.write(tables(summary))
+    folders.write_json(os.path.join(results, "summary.json"), summary, indent=1)  # last, whole: what RESULTS.md reads
     return summary
 
 

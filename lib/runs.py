@@ -12,6 +12,7 @@ a step whose steps.jsonl line predates them: those are taken as they are, with a
 """
 import csv, gzip, json, os, shutil, subprocess, sys, threading, time
 
+from lib.folders import write_json
 from lib.report import read_json
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,13 +63,6 @@ def remove(*paths):
             shutil.rmtree(p)
         elif os.path.exists(p):
             os.remove(p)
-
-
-def write_json(path, obj, indent=None):
-    """obj as JSON at path, whole or not at all: written beside it, then renamed over it."""
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=indent)
-    os.replace(path + ".tmp", path)
 
 
 def mismatch(old, want, whole=True, known=True):

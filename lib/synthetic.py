@@ -13,8 +13,8 @@ import contextlib, json, multiprocessing, os, runpy, sys, time
 from concurrent.futures import ProcessPoolExecutor
 
 from lib import plans
-from lib.folders import held
-from lib.runs import StepError, judge, plain, remove, write_json
+from lib.folders import held, write_json
+from lib.runs import StepError, judge, plain, remove
 from lib.synthetic_suite import (  # noqa: F401 (the suite's definitions, for a reader and the tests)
     CONTROLS, CORE, DEFAULT_TASKS, GPU, LONG, LRS, N_EVAL, QUICK, REPO, RESCALED, RESCALINGS, SETTINGS, SHORT, SUITE,
     RUNGS, SWEPT, ZOO, Entry, overrides, plan, recipe, select_budget, select_lr, sweep_accuracy)
@@ -195,8 +195,7 @@ def suite(runs, results, todo, jobs, n_eval, command, task_names, redo, syntheti
                     log.write(json.dumps(r) + "\n")
                 if r["ran"]:
                     wall, last = wall + time.time() - last, time.time()
-                    with open(path, "w") as f:
-                        json.dump({"wall_s": round(wall)}, f)
+                    write_json(path, {"wall_s": round(wall)})
     setup = dict(command=command, wall_s=round(wall), jobs=jobs, n_eval=n_eval,
                  settings={s: SETTINGS[s] for s in dict.fromkeys(s for _, s, _ in todo)}, ran=recorded(runs, todo),
                  tasks={t: dict(config=SUITE[t].config, extra=SUITE[t].extra, multiples=SUITE[t].multiples,

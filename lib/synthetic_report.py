@@ -16,6 +16,7 @@ import numpy as np
 
 import tasks
 from lib import compare, synthetic_figures
+from lib.folders import write_json
 from lib.runs import remove
 
 GATE = dict(accuracy=0.95, mse=0.1)  # validity gate: each setting's mean at L = N
@@ -186,6 +187,8 @@ def contrast(t, a, b, cond, rope, mult):
 # Files: CSVs, summary.json, tables.md, figures
 
 def report(runs, results, todo, setup):
+    """Every file of the report, summary.json last (gone meanwhile): a folder with it holds one report whole."""
+    remove(os.path.join(results, "summary.json"))
     acc, att, prompts = gather(runs, todo)
     compare.write_csv(os.path.join(results, "accuracy.csv"), acc, list(acc[0]))
     if att:
@@ -198,24 +201,23 @@ def report(runs, results, todo, setup):
         w.writeheader()
         w.writerows(prompts)
     from lib.checkpoint import run_info
-    summary = write(results, acc, {**setup, "run_info": run_info()})
+    summary = summarize(acc)
     synthetic_figures.draw(summary, att, results, {task: primary(task) for task in summary}, BELOW_N)
+    write(results, summary, {**setup, "run_info": run_info()})
     for task, t in summary.items():
         print(f"{task}: gate {'passed' if t['gate']['passed'] else 'FAILED: ' + ', '.join(t['gate']['failed'])}")
 
 
-def write(results, acc, head):
-    """summary.json (head, the rule, the statistics of acc) and tables.md; the summary."""
-    summary = summarize(acc)
+def write(results, summary, head):
+    """tables.md, then summary.json (head, the rule, the statistics: summarize's) whole."""
     rule = dict(gate=GATE, solved=SOLVED, alpha=ALPHA, min_seeds=MIN_SEEDS, equivalent=EQUIVALENT,
                 correction="none (the rule as committed); holm_p: Holm's adjusted p over each table's rows, reported",
                 ceiling=f"both settings at one of {ACCURACY_BOUNDS} (accuracy) or the tested horizon's bounds on every "
                         "seed: at_bound, no interval, no equivalence")
-    with open(os.path.join(results, "summary.json"), "w") as f:
-        json.dump({**head, "rule": rule, "tasks_summary": summary}, f, indent=1, default=float)
     with open(os.path.join(results, "tables.md"), "w") as f:
         f.write(tables(summary))
-    return summary
+    write_json(os.path.join(results, "summary.json"), {**head, "rule": rule, "tasks_summary": summary}, indent=1,
+               default=float)
 
 
 def rereport(results):
@@ -224,7 +226,8 @@ def rereport(results):
     from lib.checkpoint import run_info
     with open(os.path.join(results, "summary.json")) as f:
         head = {k: v for k, v in json.load(f).items() if k not in ("rule", "tasks_summary")}
-    write(results, compare.read_csv(os.path.join(results, "accuracy.csv")), {**head, "rereport_run_info": run_info()})
+    write(results, summarize(compare.read_csv(os.path.join(results, "accuracy.csv"))),
+          {**head, "rereport_run_info": run_info()})
 
 
 def _f(x, d=3):

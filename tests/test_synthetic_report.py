@@ -1,6 +1,6 @@
 """The synthetic suite's report (synthetic_report.py): the seed-level summary (paired differences, t intervals,
 sign-flip p, horizons), its verdict rule, Holm over the verdict and control tables, "at ceiling" instead of an
-interval, and a results folder re-reported from its own accuracy.csv. CPU only."""
+interval, a results folder re-reported from its own accuracy.csv, and summary.json written last. CPU only."""
 import json
 import os
 
@@ -83,3 +83,22 @@ def test_a_results_folder_re_reports_from_its_own_accuracy_csv(tmp_path):
     committed = os.path.join(synthetic.REPO, "results", "synthetic-first-long", "tables.md")
     assert (tmp_path / "r" / "tables.md").read_text() == open(committed).read()  # the committed tables: this code's
     assert after["rereport_run_info"]["git_sha"]
+
+
+def test_a_report_cut_short_leaves_no_summary_json_and_a_finished_one_writes_it_last(tmp_path, monkeypatch):
+    acc = [r for seed in range(3) for s in ("softmax", "ssmax") for r in _rows(s, seed, (1.0, 0.9, 0.5))]
+    monkeypatch.setattr(synthetic_report, "gather", lambda runs, todo: (acc, [], [dict(prompt=0)]))
+    (tmp_path / "summary.json").write_text('{"an": "earlier report"}')
+    seen = []
+
+    def draw(summary, att, results, primary, below):  # the figures: the summary.json of no report beside them
+        seen.append(os.path.exists(tmp_path / "summary.json"))
+        if len(seen) == 1:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(synthetic_report.synthetic_figures, "draw", draw)
+    with pytest.raises(KeyboardInterrupt):
+        synthetic_report.report("runs", str(tmp_path), [], {"command": "x"})
+    assert not os.path.exists(tmp_path / "summary.json") and (tmp_path / "accuracy.csv").exists()
+    synthetic_report.report("runs", str(tmp_path), [], {"command": "x"})
+    assert seen == [False, False] and json.load(open(tmp_path / "summary.json"))["command"] == "x"
+    assert (tmp_path / "tables.md").stat().st_mtime_ns <= (tmp_path / "summary.json").stat().st_mtime_ns
