@@ -28,11 +28,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import kernels_cpu
 import tasks
-from lib import dataset, folders, longrange, retrieval, tracking, vocab
+from lib import dataset, folders, longrange, sft, tracking, vocab
 from lib.checkpoint import (CheckpointError, build_model, check_out_dir, clear_out_dir, read_checkpoint, run_info,
                             save_checkpoint)
-from lib.config import (TrainConfig, TrainError, cpu_cost_check, model_config, parse_args, resolve, sft_schedule,
-                        usage)
+from lib.config import TrainConfig, TrainError, cpu_cost_check, model_config, parse_args, resolve, usage
 from lib.corpora import EMBEDDED
 from model import GPTConfig, convert_scorer
 
@@ -86,7 +85,7 @@ def setup(explicit):
             dataset.fetch(cfg.dataset, cfg.data_dir)
         cfg = vocab.data_vocab(cfg, explicit, ckpt, os.path.join(cfg.data_dir, cfg.dataset))
     if cfg.sft_data:  # its size sets max_iters: missing, the cost check below counted 200,000 ("356 hours")
-        retrieval.check_sft_path(cfg.sft_data)
+        sft.check_sft_path(cfg.sft_data)
     cpu_cost_check(cfg, device_type, ckpt["iter_num"] if run.resuming else 0)  # before any download or model
     torch.manual_seed(cfg.seed)  # same on every rank: one saved RNG state fits all
     return cfg, ckpt, run
@@ -104,9 +103,9 @@ def load_data(cfg, run, explicit, ckpt):
         data.size = {"train": 2 ** 62, "val": 2 ** 62}
     elif cfg.sft_data:
         enc = vocab.checkpoint_codec(ckpt) if ckpt else None
-        data.sft, data.codec = retrieval.load_sft(cfg.sft_data, T, enc), vocab.record(enc) if enc else None
-        data.size = {"train": len(data.sft), "val": len(data.sft)}
-        cfg = sft_schedule(cfg, len(data.sft))
+        data.sft = sft.split_sft(sft.load_sft(cfg.sft_data, T, enc), cfg.sft_val_frac, cfg.seed)
+        data.codec, data.size = vocab.record(enc) if enc else None, dict(zip(dataset.SPLITS, map(len, data.sft)))
+        cfg = sft.sft_schedule(cfg, data.size["train"])  # (train, val) examples
     else:  # checked against meta.json: never train on a truncated split
         data.dir = dataset.fetch(cfg.dataset, cfg.data_dir, make=run.master)  # embedded or hub: made on first use
         if run.ddp:  # the other ranks wait for it
@@ -129,7 +128,7 @@ def get_batch(cfg, data, split, ix, device):  # ix: window offsets, sample or ex
     if cfg.task:
         x, y = tasks.get_batch(cfg, tasks.TRAIN if split == "train" else tasks.VAL, ix, T)
     elif cfg.sft_data:
-        x, y = retrieval.sft_batch(data.sft, ix, T)
+        x, y = sft.sft_batch(data.sft[dataset.SPLITS.index(split)], ix, T)
     else:
         tokens = dataset.load_split(data.dir, split)  # a new memmap per batch avoids a leak (nanoGPT)
         w = np.stack([tokens[i:i + T + 1] for i in ix.tolist()]).astype(np.int64)
@@ -142,7 +141,7 @@ def get_batch(cfg, data, split, ix, device):  # ix: window offsets, sample or ex
 def next_indices(cfg, data, it, n):  # n indices: the global batch of step `it`
     if not cfg.sft_data:
         return torch.randint(data.size["train"], (n,), generator=data.g)
-    return retrieval.sft_order(cfg.seed, it, n, len(data.sft))
+    return sft.sft_order(cfg.seed, it, n, data.size["train"])
 
 
 def batch_loss(cfg, ctx, model, x, y):  # SFT: the paper's answer-span loss sum per sequence

@@ -2,9 +2,10 @@
 # summed over the answer tokens, AdamW (0.9, 0.999), no weight decay, lr 2e-5 cosine with one epoch of warmup,
 # 10 epochs, 128 sequences of 1,024 tokens per iteration (every sequence padded to the checkpoint's block_size):
 #   16 batch x 1,024 tokens x 8 accum = 131,072 tokens/iter
-# SQuAD 2.0's ~86,800 answerable questions are 679 iters an epoch x 10 = 6,790 iters = 890M tokens: for the 162M
-# model on one H100 at configs/softmax.py's measured rates, ~38 min compiled (393,900 tokens/s: add compile=True) or
-# ~99 min eager (149,744: the default); sft_epochs=2 gives a first look in ~8 / ~20 min.
+# SQuAD 2.0's ~86,800 answerable questions, 5 % held out for the val loss (sft_val_frac; 0: train on all, val then
+# the training examples), are 645 iters an epoch x 10 = 6,450 iters = 845M tokens: for the 162M model on one H100 at
+# configs/softmax.py's measured rates, ~36 min compiled (393,900 tokens/s: add compile=True) or ~94 min eager
+# (149,744: the default); sft_epochs=2 gives a first look in ~7 / ~19 min.
 #   python needle.py sft_data                      # -> out-needle/sft_squad.jsonl (or --synthetic N, offline)
 #   python train.py configs/sft.py                 # the quick run's out-ssmax/ckpt.pt -> out-ssmax-sft
 #   python train.py configs/sft.py init_from=out-softmax/ckpt.pt out_dir=out-softmax-sft

@@ -15,7 +15,7 @@ from typing import get_args
 import torch
 
 import tasks
-from lib import longrange
+from lib import longrange, sft
 from lib.checkpoint import CheckpointError, build_model, check_task, loaded_inits
 from model import GPTConfig, ssmax_s_for_switch
 from scorers import SCORERS
@@ -38,7 +38,8 @@ class _TrainFields:
     copy_span: int = 32  # the repeated span's length, in tokens
     copy_kind: str = "text"  # text: a span of the window; random: tokens drawn from it (a code only a copy predicts)
     sft_data: str = ""  # .jsonl of {"prompt", "answer"}
-    sft_epochs: int = 0  # > 0: schedule in epochs (sft_schedule)
+    sft_epochs: int = 0  # > 0: schedule in epochs (sft.sft_schedule)
+    sft_val_frac: float = 0.05  # SFT examples held out (seeded) for the val loss; 0: val is the training examples
     batch_size: int = 16  # micro-batch; ~2.1M tokens a step
     gradient_accumulation_steps: int = 128  # global: split across DDP ranks
     learning_rate: float = 6e-4
@@ -79,7 +80,7 @@ RANGES = {**dict.fromkeys(("batch_size", "gradient_accumulation_steps", "eval_in
                                                         lambda v: 0 <= v <= 1e30)),
           "seed": ("in [0, 2**63)", lambda v: 0 <= v < 2 ** 63),  # torch's and numpy's generators both take it
           "out_dir": ("a folder name, not empty", lambda v: v.strip() != ""),
-          **dict.fromkeys(("dropout", "beta1", "beta2"), ("in [0, 1)", lambda v: 0 <= v < 1)),
+          **dict.fromkeys(("dropout", "beta1", "beta2", "sft_val_frac"), ("in [0, 1)", lambda v: 0 <= v < 1)),
           "copy_frac": ("in [0, 1]", lambda v: 0 <= v <= 1)}
 
 
@@ -227,15 +228,6 @@ def model_config(cfg, explicit, ckpt, resuming):
     return model_args, switch
 
 
-def sft_schedule(cfg, n_examples):
-    """SFT with sft_epochs > 0: the paper's schedule is in epochs, so max_iters = lr_decay_iters = that many epochs
-    and warmup_iters = one epoch, in iterations of gradient_accumulation_steps x batch_size examples."""
-    if cfg.sft_epochs <= 0:
-        return cfg
-    epoch = math.ceil(n_examples / (cfg.gradient_accumulation_steps * cfg.batch_size))
-    return replace(cfg, max_iters=cfg.sft_epochs * epoch, lr_decay_iters=cfg.sft_epochs * epoch, warmup_iters=epoch)
-
-
 def usage(doc):
     """train.py's --help: its docstring, the command line and every config field with its default."""
     fields_text = ", ".join(f"{f.name}={f.default!r}" for f in fields(TrainConfig))
@@ -256,7 +248,7 @@ def cpu_hours(cfg, start_iter=0, rate=None):
     iters = cfg.max_iters
     if cfg.sft_data and cfg.sft_epochs > 0 and os.path.isfile(cfg.sft_data):  # train.py sets max_iters from the data
         examples = sum(1 for line in open(cfg.sft_data, encoding="utf-8") if line.strip())
-        iters = cfg.sft_epochs * math.ceil(examples / (cfg.gradient_accumulation_steps * cfg.batch_size))
+        iters = sft.sft_schedule(cfg, examples - sft.held_out(examples, cfg.sft_val_frac)).max_iters
     T, C = cfg.block_size, cfg.n_embd
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * T
     tokens = max(0, iters - start_iter) * tokens_per_iter

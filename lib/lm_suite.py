@@ -230,7 +230,8 @@ def sft_retrieval(S, seed, runs, steps, data, variants, common, skip):
                    max_iters=S["sft"]["max_iters"], batch_size=S["sft"]["batch_size"], gradient_accumulation_steps=1,
                    learning_rate=S["sft"]["learning_rate"], lr_schedule="cosine", lr_decay_iters=S["sft"]["max_iters"],
                    min_lr=0.0, warmup_iters=S["sft"]["max_iters"] // 10, beta2=0.999, weight_decay=0.0,
-                   eval_interval=S["sft"]["max_iters"], eval_iters=5, log_interval=20, device=S["train"]["device"])
+                   eval_interval=S["sft"]["max_iters"], eval_iters=5, log_interval=20, device=S["train"]["device"],
+                   sft_val_frac=0.0)  # the committed runs' recipe: every example trains (ckpt.pt is read, not best)
         for v in variants:
             steps.run(f"sft {v}", ["train.py", *kv({**sft, "init_from": os.path.join(runs, v, "ckpt.pt"),
                                                     "out_dir": os.path.join(sft_dir, v), "resume": True})],

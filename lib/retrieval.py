@@ -6,7 +6,7 @@ baselines, and the retrieval fine-tuning sets (SQuAD 2.0, synthetic needles). No
 Prompts are built in token space, each piece encoded on its own, exactly the context size, with the needle (or pass
 key) at a boundary near depth % of the haystack (build_prompt); the depth it went to is recorded as actual_depth.
 """
-import functools, itertools, json, os, re
+import functools, itertools, os, re
 
 import numpy as np
 import torch
@@ -234,47 +234,3 @@ def load_hay(data_dir, split, vocab_size=None):
         dataset.check_ids(data_dir, split, vocab_size)
     return tokens[tokens != vocab.codec(data_dir).eot_token]  # one running text
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# Reading the SFT sets back (train.py's sft_data)
-
-def check_sft_path(path):  # train.py asks first: its CPU cost check would count the default max_iters
-    if not os.path.isfile(path):
-        raise DataError(f"sft_data {path!r} " + ("is a directory, expected a .jsonl file" if os.path.isdir(path) else
-                        "does not exist") + " (`python needle.py sft_data` writes one)")
-
-def load_sft(path, block_size, enc=None):
-    """{"prompt", "answer"} lines -> [(ids, n_prompt)]: prompt + answer + <|endoftext|> in at most block_size + 1
-    tokens of enc (default GPT-2's BPE; a character model's codec for its own), the prompt cropped on the left so
-    that the answer stays (an over-long answer keeps its beginning)."""
-    check_sft_path(path)
-    try:
-        rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
-        prompts, answers = [r["prompt"] for r in rows], [r["answer"] for r in rows]
-        assert rows and all(isinstance(s, str) for s in prompts + answers)
-    except (ValueError, KeyError, TypeError, AssertionError):
-        raise DataError(f"{path}: every line must be a JSON object {{\"prompt\": str, \"answer\": str}}")
-    enc, examples = enc or vocab.get_tokenizer(), []
-    for p, a in zip(enc.encode_ordinary_batch(prompts), enc.encode_ordinary_batch(answers)):
-        a = (a + [enc.eot_token])[:block_size + 1]
-        p = p[max(0, len(p) - (block_size + 1 - len(a))):]
-        examples.append((np.array(p + a, dtype=np.int64), len(p)))
-    return examples
-
-
-def sft_batch(examples, ix, T):
-    x = torch.zeros((len(ix), T), dtype=torch.long)  # padding (any id: it follows the example), targets -1
-    y = torch.full((len(ix), T), -1, dtype=torch.long)
-    for b, i in enumerate(ix.tolist()):
-        ids, n_prompt = examples[i]
-        x[b, :len(ids) - 1], y[b, :len(ids) - 1] = torch.from_numpy(ids[:-1]), torch.from_numpy(ids[1:])
-        y[b, :max(n_prompt - 1, 0)] = -1  # t predicts t + 1: no loss on prompt tokens
-    return x, y
-
-
-def sft_order(seed, it, n, m):
-    """The n example indices of training step it: epochs of seeded shuffles of the m examples (example k of the
-    stream is in epoch k // m), so a resumed run draws what an unstopped one would."""
-    k = torch.arange(it * n, (it + 1) * n)
-    return torch.cat([torch.randperm(m, generator=torch.Generator().manual_seed(seed + int(e)))[k[k // m == e] % m]
-                      for e in (k // m).unique()])

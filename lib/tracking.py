@@ -110,10 +110,12 @@ def announce(cfg, model, run, tokens_per_iter, data, info=None):
     # break between fields only: each copies back whole
     print("config: " + textwrap.fill(", ".join(f"{k}={v!r}" for k, v in asdict(cfg).items()), 116,
                                      subsequent_indent="  ", break_long_words=False, break_on_hyphens=False))
-    epoch = len(data.sft) / (tokens_per_iter / cfg.block_size) if data.sft else None
+    epoch = len(data.sft[0]) / (tokens_per_iter / cfg.block_size) if data.sft else None
+    sft = data.sft and (f"; SFT examples: {len(data.sft[0]):,} to train, " + (
+        "val: the same (sft_val_frac=0)" if data.sft[1] is data.sft[0] else f"{len(data.sft[1]):,} held out for val"))
     print(f"{model.get_num_params() / 1e6:.2f}M parameters, {run.world} process(es), {tokens_per_iter:,} tokens per "
           f"iteration, device {run.device}" + (f"; unigram entropy of train {data.unigram:.4f} nats" if data.unigram
-                                               else "") + (f"; {epoch:.1f} iterations per epoch" if epoch else ""))
+                                               else "") + (f"; {epoch:.1f} iterations per epoch{sft}" if epoch else ""))
     if data.dir and not os.path.isfile(os.path.join(data.dir, "meta.json")):  # another tool's .bin files
         print(f"warning: {data.dir} has no meta.json: its ids are taken as GPT-2's (a character dataset needs the "
               f"meta.json that prepare_data.py writes)", file=sys.stderr)

@@ -1,6 +1,7 @@
 """SFT in train.py (sft_data=): the targets are the answer and <|endoftext|> with -1 on the prompt and the padding,
-long prompts are cropped on the left and long answers on the right, a bad SFT file is one error line, and a run in
-epochs lowers the answer loss. Tiny models, CPU only."""
+long prompts are cropped on the left (and said) and long answers on the right, a bad SFT file is one error line, a
+run in epochs lowers the answer loss, and its val loss is that of held-out examples (or, asked, says it is the training
+examples'). Tiny models, CPU only."""
 import json
 import math
 
@@ -8,8 +9,9 @@ import pytest
 import torch
 
 import train
-from lib import retrieval
+from lib import sft
 from lib import vocab
+from lib.dataset import DataError
 from test_train import error_of, read_log
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny models, one thread
@@ -28,12 +30,12 @@ def write_sft(path, rows=SFT_ROWS):
 
 def test_sft_targets_are_answer_and_endoftext_with_minus_one_on_prompt_and_padding(tmp_path):
     enc, T = vocab.get_tokenizer(), 32
-    examples = retrieval.load_sft(write_sft(tmp_path / "sft.jsonl"), T)
+    examples = sft.load_sft(write_sft(tmp_path / "sft.jsonl"), T)
     assert len(examples) == len(SFT_ROWS)
     for (ids, n_prompt), row in zip(examples, SFT_ROWS):
         p, a = enc.encode_ordinary(row["prompt"]), enc.encode_ordinary(row["answer"])
         assert ids.tolist() == p + a + [vocab.EOT] and n_prompt == len(p)
-    x, y = retrieval.sft_batch(examples, torch.tensor([1, 3, 0]), T)
+    x, y = sft.sft_batch(examples, torch.tensor([1, 3, 0]), T)
     assert x.shape == y.shape == (3, T) and x.dtype == y.dtype == torch.long
     for b, i in enumerate([1, 3, 0]):
         ids, n_prompt = examples[i]
@@ -48,13 +50,13 @@ def test_sft_crops_long_prompts_on_the_left_and_long_answers_on_the_right(tmp_pa
     enc, T = vocab.get_tokenizer(), 8
     rows = [{"prompt": "one two three four five six seven eight nine ten", "answer": " eleven twelve"},
             {"prompt": "short", "answer": " a b c d e f g h i j k l m n o p"}]
-    examples = retrieval.load_sft(write_sft(tmp_path / "sft.jsonl", rows), T)
+    examples = sft.load_sft(write_sft(tmp_path / "sft.jsonl", rows), T)
     (ids0, n0), (ids1, n1) = examples
     p0, a0 = enc.encode_ordinary(rows[0]["prompt"]), enc.encode_ordinary(rows[0]["answer"]) + [vocab.EOT]
     assert len(ids0) == T + 1 and ids0.tolist() == p0[-(T + 1 - len(a0)):] + a0 and n0 == T + 1 - len(a0)
     a1 = enc.encode_ordinary(rows[1]["answer"])
     assert ids1.tolist() == a1[:T + 1] and n1 == 0  # the answer's beginning, no prompt left
-    x, y = retrieval.sft_batch(examples, torch.tensor([0, 1]), T)
+    x, y = sft.sft_batch(examples, torch.tensor([0, 1]), T)
     assert y[0].tolist() == [-1] * (n0 - 1) + a0 and y[1].tolist() == a1[1:T + 1]
 
 
@@ -86,10 +88,42 @@ def test_sft_run_in_epochs_lowers_the_answer_loss(tmp_path, capsys):
                 "learning_rate=1e-2", "weight_decay=0", "eval_interval=100", "eval_iters=2"])
     assert "iterations per epoch" in capsys.readouterr().out
     ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=True)
-    cfg = ckpt["config"]  # 4 examples / (1 x 2 per iteration) = 2 iterations per epoch
+    cfg = ckpt["config"]  # 3 training examples (1 held out) / (1 x 2 per iteration) = 2 iterations per epoch
     assert cfg["max_iters"] == cfg["lr_decay_iters"] == 10 and cfg["warmup_iters"] == 2 and ckpt["iter_num"] == 10
     evals = [r for r in read_log(out) if "val_loss" in r]
     assert [r["iter"] for r in evals] == [0, 10]
-    assert evals[-1]["val_loss"] < 0.7 * evals[0]["val_loss"]  # the answers are being learned
+    assert evals[-1]["train_loss"] < 0.7 * evals[0]["train_loss"]  # the answers are being learned
     # the loss sums the answer tokens' losses per sequence (>= 2 tokens each), not their mean: at init > log(vocab)
     assert evals[0]["val_loss"] > 1.5 * math.log(vocab.VOCAB_SIZE)
+
+
+def test_a_cropped_prompt_is_reported_not_silent(tmp_path, capsys):
+    rows = [{"prompt": "The code is 41. " + "filler words " * 20 + "What is the code?", "answer": " 41"},
+            {"prompt": "2 + 2 =", "answer": " 4"}]
+    sft.load_sft(write_sft(tmp_path / "sft.jsonl", rows), 16)
+    err = capsys.readouterr().err
+    assert "1 of 2 SFT prompts do not fit block_size 16" in err
+    sft.load_sft(write_sft(tmp_path / "sft.jsonl", rows), 64)
+    assert capsys.readouterr().err == ""
+
+
+def test_sft_val_is_held_out_examples_and_sft_val_frac_0_says_val_is_the_training_examples(tmp_path, capsys):
+    examples = sft.load_sft(write_sft(tmp_path / "sft.jsonl", SFT_ROWS * 10), 32)
+    kept, held = sft.split_sft(examples, 0.1, 3)
+    index = lambda xs: [next(i for i, e in enumerate(examples) if e is x) for x in xs]
+    assert len(held) == 4 and sorted(index(kept) + index(held)) == list(range(40))
+    assert index(kept) == sorted(index(kept)) and index(held) == sorted(index(held))  # in file order
+    assert index(sft.split_sft(examples, 0.1, 3)[1]) == index(held) != index(sft.split_sft(examples, 0.1, 4)[1])
+    assert all(x is examples for x in sft.split_sft(examples, 0.0, 3)) and sft.held_out(40, 0.001) == 1
+    with pytest.raises(DataError, match="sft_val_frac=0.05 holds out all 1 SFT example"):
+        sft.split_sft(examples[:1], 0.05, 0)
+    losses = {}
+    for frac in (0.25, 0.0):  # 1 of the 4 rows held out: its loss is not the other three's
+        train.main(["device=cpu", f"sft_data={write_sft(tmp_path / 'four.jsonl')}", f"out_dir={tmp_path / str(frac)}",
+                    "n_layer=1", "n_head=2", "n_embd=32", "ffn_hidden=64", "block_size=32", "batch_size=2",
+                    "gradient_accumulation_steps=1", "max_iters=0", "eval_iters=1", f"sft_val_frac={frac}"])
+        losses[frac] = next(r for r in read_log(tmp_path / str(frac)) if "val_loss" in r)
+    out = capsys.readouterr().out
+    assert "SFT examples: 3 to train, 1 held out for val" in out and "SFT examples: 4 to train, val: the same" in out
+    assert losses[0.25]["train_loss"] != losses[0.25]["val_loss"]
+    assert losses[0.0]["train_loss"] == losses[0.0]["val_loss"]

@@ -1,0 +1,89 @@
+"""
+Supervised fine-tuning's data in training (train.py's sft_data): the {"prompt", "answer"} lines that needle.py sft_data
+(lib/retrieval.py) or anyone writes, read back as token ids, split into training and held-out examples, batched with
+the loss on the answer only, drawn in seeded epochs, and the schedule in epochs.
+"""
+import json, math, os, sys
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from lib import vocab
+from lib.dataset import DataError  # bad input, shown in one line
+
+
+def check_sft_path(path):  # train.py asks first: its CPU cost check would count the default max_iters
+    if not os.path.isfile(path):
+        raise DataError(f"sft_data {path!r} " + ("is a directory, expected a .jsonl file" if os.path.isdir(path) else
+                        "does not exist") + " (`python needle.py sft_data` writes one)")
+
+def load_sft(path, block_size, enc=None):
+    """{"prompt", "answer"} lines -> [(ids, n_prompt)]: prompt + answer + <|endoftext|> in at most block_size + 1
+    tokens of enc (default GPT-2's BPE; a character model's codec for its own), the prompt cropped on the left so
+    that the answer stays (an over-long answer keeps its beginning)."""
+    check_sft_path(path)
+    try:
+        rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+        prompts, answers = [r["prompt"] for r in rows], [r["answer"] for r in rows]
+        assert rows and all(isinstance(s, str) for s in prompts + answers)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise DataError(f"{path}: every line must be a JSON object {{\"prompt\": str, \"answer\": str}}")
+    enc, examples, cropped = enc or vocab.get_tokenizer(), [], []
+    for p, a in zip(enc.encode_ordinary_batch(prompts), enc.encode_ordinary_batch(answers)):
+        a = (a + [enc.eot_token])[:block_size + 1]
+        cut = max(0, len(p) - (block_size + 1 - len(a)))
+        cropped += [cut] * (cut > 0)
+        p = p[cut:]
+        examples.append((np.array(p + a, dtype=np.int64), len(p)))
+    if cropped:  # the crop may take the passage or the needle the answer comes from: never silently
+        print(f"warning: {path}: {len(cropped):,} of {len(examples):,} SFT prompts do not fit block_size {block_size} "
+              f"with their answer and lose up to {max(cropped):,} tokens on the left (the text the answer may come "
+              f"from); write them at this length (needle.py sft_data --sft_length {block_size})", file=sys.stderr)
+    return examples
+
+
+def held_out(n, frac):
+    """How many of n SFT examples split_sft holds out for val: a share frac, at least one; frac 0: none."""
+    return max(1, round(frac * n)) if frac > 0 else 0
+
+
+def split_sft(examples, frac, seed):
+    """(train, val), each in file order: a seeded share frac of the examples held out for val; frac 0 holds out none,
+    and val is the training examples (their loss, no held-out one: the first eval said so only by equal losses)."""
+    n_val = held_out(len(examples), frac)
+    if n_val >= len(examples) > 0:
+        raise DataError(f"sft_val_frac={frac} holds out all {len(examples)} SFT example(s): give more, or "
+                        f"sft_val_frac=0 (val is then the training examples)")
+    val = set(np.random.default_rng(seed).permutation(len(examples))[:n_val].tolist())
+    if not val:
+        return examples, examples
+    return [e for i, e in enumerate(examples) if i not in val], [e for i, e in enumerate(examples) if i in val]
+
+
+def sft_schedule(cfg, n_examples):
+    """SFT with sft_epochs > 0: the paper's schedule is in epochs of the n training examples, so max_iters =
+    lr_decay_iters = that many epochs and warmup_iters = one epoch, in iterations of gradient_accumulation_steps x
+    batch_size examples."""
+    if cfg.sft_epochs <= 0:
+        return cfg
+    epoch = math.ceil(n_examples / (cfg.gradient_accumulation_steps * cfg.batch_size))
+    return replace(cfg, max_iters=cfg.sft_epochs * epoch, lr_decay_iters=cfg.sft_epochs * epoch, warmup_iters=epoch)
+
+
+def sft_batch(examples, ix, T):
+    x = torch.zeros((len(ix), T), dtype=torch.long)  # padding (any id: it follows the example), targets -1
+    y = torch.full((len(ix), T), -1, dtype=torch.long)
+    for b, i in enumerate(ix.tolist()):
+        ids, n_prompt = examples[i]
+        x[b, :len(ids) - 1], y[b, :len(ids) - 1] = torch.from_numpy(ids[:-1]), torch.from_numpy(ids[1:])
+        y[b, :max(n_prompt - 1, 0)] = -1  # t predicts t + 1: no loss on prompt tokens
+    return x, y
+
+
+def sft_order(seed, it, n, m):
+    """The n example indices of training step it: epochs of seeded shuffles of the m examples (example k of the
+    stream is in epoch k // m), so a resumed run draws what an unstopped one would."""
+    k = torch.arange(it * n, (it + 1) * n)
+    return torch.cat([torch.randperm(m, generator=torch.Generator().manual_seed(seed + int(e)))[k[k // m == e] % m]
+                      for e in (k // m).unique()])
