@@ -62,8 +62,8 @@ def main(argv=None):
     try:
         model, ckpt = load_checkpoint(args.ckpt, device, backend=args.backend)
         enc = vocab.checkpoint_codec(vocab.language_model(args.ckpt, ckpt), args.data)  # a task run is refused
-        # a written <|endoftext|> is the trained separator
-        ids = enc.encode(start, allowed_special={"<|endoftext|>"}) or [enc.eot_token]
+        first = vocab.bos(enc)  # an import's texts start with its <s>; a written <|endoftext|> is the trained separator
+        ids = first + enc.encode(start, allowed_special={"<|endoftext|>"}) or [enc.eot_token]
     except (CheckpointError, dataset.DataError) as e:  # missing, corrupt, foreign or unsafe, a task run, a bad char
         p.error(str(e))
     model.eval()  # load_checkpoint leaves dropout on
@@ -76,7 +76,7 @@ def main(argv=None):
     torch.manual_seed(args.seed)  # seeds CPU and CUDA: same seed, same samples
     ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     x = torch.tensor([ids], dtype=torch.long, device=device)
-    skip = 0 if start else 1  # empty prompt: hide the starting <|endoftext|>
+    skip = len(first) or (0 if start else 1)  # hide the model's <s>, or an empty prompt's starting <|endoftext|>
     with torch.no_grad(), ctx:
         for _ in range(args.num_samples):
             y = model.generate(x, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,

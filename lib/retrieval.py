@@ -3,8 +3,9 @@ The retrieval tasks that needle.py runs: needle-in-a-haystack (SSMax paper, Naka
 (LSSAR paper, Gao & Spratling 2025, Fig. 3) prompts, answer grading, the needle score (SSMax Figs. 7-8) with its
 baselines, and the retrieval fine-tuning sets (SQuAD 2.0, synthetic needles). No model here: needle.py runs them.
 
-Prompts are built in token space, each piece encoded on its own, exactly the context size, with the needle (or pass
-key) at a boundary near depth % of the haystack (build_prompt); the depth it went to is recorded as actual_depth.
+Prompts are built in token space, each piece encoded on its own as it reads inside running text (vocab.continuation),
+exactly the context size, with the needle (or pass key) at a boundary near depth % of the haystack (build_prompt); the
+depth it went to is recorded as actual_depth.
 """
 import functools, itertools, os, re
 
@@ -111,18 +112,19 @@ def build_prompt(enc, hay, insert, question, L, depth, prefix=()):
     ids = np.concatenate([prefix, hay[:pos], insert, hay[pos:], question]).astype(np.int64)
     return ids, len(prefix) + pos, round(100 * pos / n, 1)
 
-def needle_trial(enc, hay, L, depth, city, number):
+def needle_trial(enc, hay, L, depth, city, number, prefix=()):
     P = prompts_of(enc)
-    head, tail = enc.encode(P["head"].format(city=city)), enc.encode(P["tail"].format(number=spell(number, enc)))
-    question = enc.encode(P["question"].format(city=city))
-    ids, pos, actual = build_prompt(enc, hay, head + tail, question, L, depth)
+    piece = functools.partial(vocab.continuation, enc)  # each piece's ids as inside the running text
+    head, tail = piece(P["head"].format(city=city)), piece(P["tail"].format(number=spell(number, enc)))
+    question = piece(P["question"].format(city=city))
+    ids, pos, actual = build_prompt(enc, hay, head + tail, question, L, depth, prefix)
     return dict(context=L, depth=depth, actual_depth=actual, city=city, number=number, ids=ids, pos=pos,
                 span=(pos + len(head), pos + len(head) + len(tail)), question=len(ids) - len(question))
 
-def needle_in_window(enc, hay, L, depth, city, number, rng):
+def needle_in_window(enc, hay, L, depth, city, number, rng, prefix=()):
     """needle_trial in a random stretch of hay."""
     s = int(rng.integers(max(len(hay) - L, 0) + 1))
-    return needle_trial(enc, hay[s:s + L], L, depth, city, number)
+    return needle_trial(enc, hay[s:s + L], L, depth, city, number, prefix)
 
 def control_span(t, rng):
     """[c, c + n): n haystack tokens, n the length of the needle's number span, drawn uniformly among the stretches
@@ -137,26 +139,28 @@ def control_span(t, rng):
     return c, c + e - a
 
 def trials(args, enc, hay, L, rng):
-    """The prompts of one context size, made lazily: long prompts add up."""
-    P = prompts_of(enc)
+    """The prompts of one context size, made lazily: long prompts add up. Each starts as the model's texts did in
+    pretraining (vocab.bos: an import's <s>)."""
+    P, first = prompts_of(enc), vocab.bos(enc)
     needle = lambda depth: needle_in_window(enc, hay, L, depth, EVAL_CITIES[rng.integers(len(EVAL_CITIES))],
-                                            draw_number(rng, "eval", P["digits"]), rng)
+                                            draw_number(rng, "eval", P["digits"]), rng, first)
     if args.mode == "needle":
         yield from (dict(needle(d), trial=i) for d in args.depths for i in range(args.samples))
     elif args.mode == "passkey":
-        filler = enc.encode(P["filler"])
+        piece = functools.partial(vocab.continuation, enc)  # after the intro, as inside the running text
+        filler = piece(P["filler"])
         for i in range(args.samples):
             k, depth = draw_number(rng, "eval", 5), int(rng.integers(0, 101))  # even: no fine-tune answer (odd)
-            key = enc.encode(P["passkey"].format(k=spell(k, enc)))
+            key = piece(P["passkey"].format(k=spell(k, enc)))
             filled = filler * (L // len(filler) + 1)
-            ids, pos, actual = build_prompt(enc, filled, key, enc.encode(P["passkey_question"]), L, depth,
-                                            enc.encode(P["intro"]))
+            ids, pos, actual = build_prompt(enc, filled, key, piece(P["passkey_question"]), L, depth,
+                                            first + enc.encode(P["intro"]))
             yield dict(trial=i, context=L, depth=depth, actual_depth=actual, number=k, ids=ids, pos=pos)
     else:  # score: Fig. 7's fixed needle, then Fig. 8's random ones
         # own rng: controls leave the prompts unchanged
         scored = lambda t, i: dict(t, trial=i, control=control_span(t, np.random.default_rng([args.seed, L, i])))
         fig7 = int(str(FIG7_NUMBER)[:P["digits"]])  # the paper's needle
-        yield scored(needle_in_window(enc, hay, L, args.depth, "Tokyo", fig7, rng), 0)
+        yield scored(needle_in_window(enc, hay, L, args.depth, "Tokyo", fig7, rng, first), 0)
         yield from (scored(needle(int(rng.integers(0, 101))), i) for i in range(1, args.trials + 1))
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -208,7 +212,7 @@ def synthetic_examples(enc, hay, n, length, rng):
     for _ in range(n):
         city, number = TRAIN_CITIES[rng.integers(len(TRAIN_CITIES))], draw_number(rng, "train", P["digits"])
         answer = P["tail"].format(number=spell(number, enc))
-        n_answer = len(enc.encode(answer))
+        n_answer = len(vocab.continuation(enc, answer))
         try:
             t = needle_in_window(enc, hay, length - n_answer, int(rng.integers(0, 101)), city, number, rng)
         except DataError as e:  # report it in --sft_length's terms

@@ -21,7 +21,8 @@ def check_sft_path(path):  # train.py asks first: its CPU cost check would count
 def load_sft(path, block_size, enc=None):
     """{"prompt", "answer"} lines -> [(ids, n_prompt)]: prompt + answer + <|endoftext|> in at most block_size + 1
     tokens of enc (default GPT-2's BPE; a character model's codec for its own), the prompt cropped on the left so
-    that the answer stays (an over-long answer keeps its beginning)."""
+    that the answer stays (an over-long answer keeps its beginning), after the model's start of text (vocab.bos: an
+    import's <s>, as its evaluation prompts have it)."""
     check_sft_path(path)
     try:
         rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
@@ -30,11 +31,14 @@ def load_sft(path, block_size, enc=None):
     except (ValueError, KeyError, TypeError, AssertionError):
         raise DataError(f"{path}: every line must be a JSON object {{\"prompt\": str, \"answer\": str}}")
     enc, examples, cropped = enc or vocab.get_tokenizer(), [], []
-    for p, a in zip(enc.encode_ordinary_batch(prompts), enc.encode_ordinary_batch(answers)):
-        a = (a + [enc.eot_token])[:block_size + 1]
-        cut = max(0, len(p) - (block_size + 1 - len(a)))
+    answers = ([vocab.continuation(enc, a) for a in answers] if isinstance(enc, vocab.HFCodec) else
+               enc.encode_ordinary_batch(answers))  # an answer continues its prompt: no "▁" of a text's own start
+    first = vocab.bos(enc)
+    for p, a in zip(enc.encode_ordinary_batch(prompts), answers):
+        a = (a + [enc.eot_token])[:block_size + 1 - len(first)]
+        cut = max(0, len(p) - (block_size + 1 - len(first) - len(a)))
         cropped += [cut] * (cut > 0)
-        p = p[cut:]
+        p = first + p[cut:]
         examples.append((np.array(p + a, dtype=np.int64), len(p)))
     if cropped:  # the crop may take the passage or the needle the answer comes from: never silently
         print(f"warning: {path}: {len(cropped):,} of {len(examples):,} SFT prompts do not fit block_size {block_size} "

@@ -77,6 +77,30 @@ class HFCodec:
             raise DataError("a Hugging Face tokenizer needs the tokenizers package: pip install -r requirements-hf.txt")
         self.text, self.tok = text, Tokenizer.from_str(text)
         self.eot_token, self.n_vocab = eot, self.tok.get_vocab_size(with_added_tokens=True)
+        self.anchor = (self.encode_ordinary("a") or [None])[-1]  # a letter: a token after it reads as mid-text
+        self.anchor_text = self.decode([self.anchor]) if self.anchor is not None else ""
+
+    @functools.cached_property
+    def cont(self):
+        """The same tokenizer without the prefix a text's start gets (SentencePiece's "▁", ByteLevel's " ")."""
+        from tokenizers import Tokenizer
+        cfg = json.loads(self.text)
+        cfg.update({k: _no_prefix(cfg.get(k)) for k in ("normalizer", "pre_tokenizer")})
+        tok = Tokenizer.from_str(json.dumps(cfg))
+        tok.encode_special_tokens = True  # ordinary: a written special token is text
+        return tok
+
+    @functools.cached_property
+    def bos(self):
+        """The ids its post-processor puts before a text (Llama's <s>, Llama 3's <|begin_of_text|>; Qwen's: none):
+        what the model saw first in pretraining, as transformers' tokenizer gives it."""
+        plain, full = (self.tok.encode("a", add_special_tokens=s).ids for s in (False, True))
+        return next((full[:i] for i in range(len(full) - len(plain) + 1) if full[i:i + len(plain)] == plain), [])
+
+    def encode_continuation(self, text):
+        """text's ids as it reads inside running text, not as a text of its own: " 4812" is "▁4812", not "▁▁4812",
+        and "\nWhat" no "▁<0x0A>What" (a SentencePiece tokenizer prepends "▁" to every text it encodes)."""
+        return self.cont.encode(text, add_special_tokens=False).ids
 
     def encode_ordinary(self, text):
         return self.encode_ordinary_batch([text])[0]
@@ -94,8 +118,34 @@ class HFCodec:
     def decode(self, ids):
         return self.tok.decode(ids, skip_special_tokens=False)
 
-    def decode_single_token_bytes(self, i):
-        return self.decode([i]).encode()
+    def decode_single_token_bytes(self, i):  # as the token reads mid-text: "▁The" is " The" (decoded alone, "The")
+        if self.anchor is None:
+            return self.decode([i]).encode()
+        return self.decode([self.anchor, i])[len(self.anchor_text):].encode()
+
+def _no_prefix(node):
+    """A normalizer or pre-tokenizer of a tokenizer.json without the prefix it adds to the start of a text: Prepend
+    ("▁", Llama 2's) dropped, Metaspace's and ByteLevel's prefix turned off (a Sequence: each of its parts)."""
+    if not isinstance(node, dict) or node.get("type") == "Prepend":
+        return None if isinstance(node, dict) else node
+    node = dict(node)
+    for key in ("normalizers", "pretokenizers"):
+        if key in node:
+            node[key] = [n for n in map(_no_prefix, node[key]) if n is not None]
+    if node.get("type") == "Metaspace":
+        node.update({"prepend_scheme": "never"} if "prepend_scheme" in node else {"add_prefix_space": False})
+    if node.get("type") == "ByteLevel":
+        node["add_prefix_space"] = False
+    return node
+
+def continuation(enc, text):
+    """text's ids as it reads inside running text: an imported tokenizer's encode_continuation, else encode (GPT-2's
+    BPE and characters add no prefix)."""
+    return enc.encode_continuation(text) if isinstance(enc, HFCodec) else enc.encode(text)
+
+def bos(enc):
+    """The ids a prompt starts with: an imported tokenizer's start of text (HFCodec.bos), else none."""
+    return list(enc.bos) if isinstance(enc, HFCodec) else []
 
 def hf_codec(path, eot=None):
     """The HFCodec of a tokenizer.json, of the folder that holds it (a Hugging Face model's: its config.json's
