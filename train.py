@@ -115,6 +115,7 @@ def load_data(cfg, run, explicit, ckpt):
         if ckpt is not None:  # the same symbols, not only as many
             vocab.language_model(run.source, ckpt, data.dir)
         data.size = {s: len(dataset.load_split(data.dir, s)) - T for s in dataset.SPLITS}
+        data.inode = {s: os.stat(os.path.join(data.dir, f"{s}.bin")).st_ino for s in dataset.SPLITS}  # get_batch's
         if min(data.size.values()) < 1:
             raise TrainError(f"{data.dir}: a split has fewer than block_size + 1 = {T + 1} tokens")
         for s in dataset.SPLITS:  # an id past the embedding would fail deep inside, mid-run
@@ -130,7 +131,7 @@ def get_batch(cfg, data, split, ix, device):  # ix: window offsets, sample or ex
     elif cfg.sft_data:
         x, y = sft.sft_batch(data.sft[dataset.SPLITS.index(split)], ix, T)
     else:
-        tokens = dataset.load_split(data.dir, split)  # a new memmap per batch avoids a leak (nanoGPT)
+        tokens = dataset.load_split(data.dir, split, data.inode[split])  # a new memmap a batch avoids a leak (nanoGPT)
         w = np.stack([tokens[i:i + T + 1] for i in ix.tolist()]).astype(np.int64)
         if split == "train" and cfg.copy_frac > 0:  # val stays plain text; eval_copy.py measures the copying
             longrange.insert_copies(w, ix.tolist(), cfg.copy_frac, cfg.copy_span, cfg.seed, cfg.copy_kind)

@@ -24,11 +24,16 @@ def dtype_of(data_dir):
     """The ids' type on disk: meta.json's (uint32 for a vocabulary past 65,535 ids), else uint16 (nanoGPT's)."""
     return np.dtype((read_meta(data_dir) or {}).get("dtype", "uint16"))
 
-def load_split(data_dir, split):
+def load_split(data_dir, split, inode=None):
+    """The split's ids, memory-mapped; inode: the file's at a run's start (a file prepared anew since is DataError:
+    a run reads one dataset, never a mix)."""
     assert split in SPLITS, f"split must be one of {SPLITS}, got {split!r}"
     path = os.path.join(data_dir, f"{split}.bin")
     if not os.path.isfile(path):
         raise DataError(f"dataset {data_dir!r} has no {split}.bin: prepare one (python prepare_data.py shakespeare)")
+    if inode is not None and os.stat(path).st_ino != inode:
+        raise DataError(f"{path} was prepared anew while this run read it: the run stops rather than train on two "
+                        f"datasets (a resume would go on with the new one)")
     # reads only the pages a batch touches
     return np.memmap(path, dtype=dtype_of(data_dir), mode="r")
 

@@ -1,7 +1,9 @@
 """train.py's datasets: a missing embedded dataset is prepared on demand; a truncated or missing split is one error
-line, or, for an embedded corpus, prepared again. Tiny models, CPU only."""
+line, or, for an embedded corpus, prepared again; a split prepared anew during a run stops it. Tiny models, CPU
+only."""
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -49,3 +51,20 @@ def test_a_truncated_or_missing_split_is_one_error_line_or_an_embedded_corpus_is
     train.main([*TINY, f"data_dir={tmp_path / 'emb'}", "dataset=kjv", f"out_dir={tmp_path / 'out2'}", "max_iters=0",
                 "vocab_size=50257"])
     assert os.path.getsize(e / "train.bin") == 2 * json.load(open(e / "meta.json"))["tokens"]["train"]
+
+
+def test_a_split_prepared_anew_during_a_run_stops_it_instead_of_mixing_two_datasets(data_dir, tmp_path, monkeypatch):
+    d = tmp_path / "data" / "rand"
+    shutil.copytree(os.path.join(data_dir, "rand"), d)
+    real, calls = train.get_batch, []
+
+    def get_batch(cfg, data, split, ix, device):
+        calls.append(split)
+        if len(calls) == 3:  # prepare_data.py --force meanwhile: new files renamed over the old ones
+            (d / "new.bin").write_bytes((d / "train.bin").read_bytes()[2:] + b"\0\0")
+            os.replace(d / "new.bin", d / "train.bin")
+        return real(cfg, data, split, ix, device)
+    monkeypatch.setattr(train, "get_batch", get_batch)
+    msg = error_of([*TINY, f"data_dir={tmp_path / 'data'}", "dataset=rand", f"out_dir={tmp_path / 'out'}",
+                    "max_iters=5", "eval_interval=100"])
+    assert "train.bin was prepared anew while this run read it" in msg  # at its first read after
