@@ -85,6 +85,22 @@ def test_an_imported_llama_gives_transformers_logits_and_greedy_tokens(imported,
         assert "layers.0.attention.wq.weight" not in lib_hf.read_weights(ckpt["hf"]["source"])
 
 
+def imports_and_exports_back(hf, tmp_path):
+    """tmp_path/src (hf, saved) imported: transformers' logits and greedy tokens; exported back: hf's class, its
+    logits. The import's model and checkpoint."""
+    convert_hf.main(["import", str(tmp_path / "src"), "--out", str(tmp_path / "run")])
+    model, ckpt = load_checkpoint(str(tmp_path / "run" / "ckpt.pt"))
+    x = torch.randint(0, V, (2, 40))
+    with torch.no_grad():
+        assert (model.eval()(x, x)[0] - hf(x).logits).abs().max() < 1e-5
+        assert torch.equal(model.generate(x[:1, :5], 12, temperature=0),
+                           hf.generate(x[:1, :5], max_new_tokens=12, do_sample=False))
+        convert_hf.main(["export", str(tmp_path / "run" / "ckpt.pt"), "--out", str(tmp_path / "hf")])
+        back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+        assert type(back) is type(hf) and (back(x).logits - hf(x).logits).abs().max() < 1e-5
+    return model, ckpt
+
+
 def test_a_qwen2_with_its_q_k_v_biases_imports_and_exports_with_transformers_logits(tmp_path):
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -97,17 +113,8 @@ def test_a_qwen2_with_its_q_k_v_biases_imports_and_exports_with_transformers_log
     hf.save_pretrained(str(tmp_path / "src"))
     src = json.load(open(tmp_path / "src" / "config.json"))  # as Qwen2.5's: a window named, and turned off
     json.dump({**src, "sliding_window": 32768, "use_sliding_window": False}, open(tmp_path / "src" / "config.json", "w"))
-    convert_hf.main(["import", str(tmp_path / "src"), "--out", str(tmp_path / "run")])
-    model, ckpt = load_checkpoint(str(tmp_path / "run" / "ckpt.pt"))
+    model, ckpt = imports_and_exports_back(hf, tmp_path)
     assert ckpt["model_args"]["qkv_bias"] and model.transformer.h[0].attn.c_attn.bias.abs().min() > 0
-    x = torch.randint(0, V, (2, 40))
-    with torch.no_grad():
-        assert (model.eval()(x, x)[0] - hf(x).logits).abs().max() < 1e-5
-        assert torch.equal(model.generate(x[:1, :5], 12, temperature=0),
-                           hf.generate(x[:1, :5], max_new_tokens=12, do_sample=False))
-        convert_hf.main(["export", str(tmp_path / "run" / "ckpt.pt"), "--out", str(tmp_path / "hf")])
-        back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
-        assert type(back) is Qwen2ForCausalLM and (back(x).logits - hf(x).logits).abs().max() < 1e-5
     ckpt = read_checkpoint(str(tmp_path / "run" / "ckpt.pt"))  # a fine-tune without the biases would drop them
     cfg = TrainConfig(**{**ckpt["model_args"], "qkv_bias": False})
     with pytest.raises(TrainError, match="qkv_bias=False differs from the checkpoint's True: it cannot change"):
@@ -128,17 +135,8 @@ def test_a_qwen3_and_a_llama_with_their_own_head_dim_import_and_export_with_tran
             if name.endswith(("q_norm.weight", "k_norm.weight")):
                 t.uniform_(0.5, 1.5)
     hf.save_pretrained(str(tmp_path / "src"))
-    convert_hf.main(["import", str(tmp_path / "src"), "--out", str(tmp_path / "run")])
-    model, ckpt = load_checkpoint(str(tmp_path / "run" / "ckpt.pt"))
+    _, ckpt = imports_and_exports_back(hf, tmp_path)
     assert ckpt["model_args"]["head_dim"] == 32 and ckpt["model_args"]["qk_norm"] == (family == "qwen3")
-    x = torch.randint(0, V, (2, 40))
-    with torch.no_grad():
-        assert (model.eval()(x, x)[0] - hf(x).logits).abs().max() < 1e-5
-        assert torch.equal(model.generate(x[:1, :5], 12, temperature=0),
-                           hf.generate(x[:1, :5], max_new_tokens=12, do_sample=False))
-        convert_hf.main(["export", str(tmp_path / "run" / "ckpt.pt"), "--out", str(tmp_path / "hf")])
-        back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
-        assert type(back) is type(hf) and (back(x).logits - hf(x).logits).abs().max() < 1e-5
     ckpt = read_checkpoint(str(tmp_path / "run" / "ckpt.pt"))  # a fine-tune cannot drop the norms or resize heads
     for field, value in (("qk_norm", family != "qwen3"), ("head_dim", None)):
         with pytest.raises(TrainError, match=f"{field}={value} differs from the checkpoint's"):

@@ -98,7 +98,7 @@ def test_copies_repeat_a_span_of_the_window_at_a_distance_it_holds_and_touch_not
 
 def test_copy_frac_changes_training_windows_only_and_the_same_batch_twice(char_data, tmp_path):
     cfg = train.TrainConfig(**train.parse_args(["block_size=64", "copy_frac=1.0", "copy_span=16", "seed=3"]))
-    data = type("D", (), dict(dir=os.path.join(char_data, "play"), sft=None))
+    data = type("D", (), dict(dir=os.path.join(char_data, "play"), sft=None, inode={"train": None, "val": None}))
     ix = torch.tensor([0, 100, 250])  # val holds 341 characters
     x1, y1 = train.get_batch(cfg, data, "train", ix, "cpu")
     x2, _ = train.get_batch(cfg, data, "train", ix, "cpu")
