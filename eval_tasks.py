@@ -59,7 +59,8 @@ def setting(c):
 def bytes_per_token(cfg):
     """Rough bytes per token of a CPU fp32 forward: activations, logits and, off SDPA, kernels_cpu's CHUNK-row
     blocks."""
-    per_token = 4 * (6 * cfg.n_embd + 2 * cfg.ffn_hidden + 2 * cfg.vocab_size) + 64
+    width = max(cfg.n_embd, cfg.n_head * cfg.head_size)  # heads of their own width (head_dim): q, k, v, y that wide
+    per_token = 4 * (6 * width + 2 * cfg.ffn_hidden + 2 * cfg.vocab_size) + 64
     blocks = auto_backend(cfg.scorer, cfg.p, "cpu") == "cpu" or SCORERS[cfg.scorer].forget  # fox: mask rows
     return per_token + (16 * CHUNK * cfg.n_head if blocks else 0)
 

@@ -250,11 +250,13 @@ def cpu_hours(cfg, start_iter=0, rate=None):
         examples = sum(1 for line in open(cfg.sft_data, encoding="utf-8") if line.strip())
         iters = sft.sft_schedule(cfg, examples - sft.held_out(examples, cfg.sft_val_frac)).max_iters
     T, C = cfg.block_size, cfg.n_embd
+    hs = cfg.head_dim or C // cfg.n_head  # GPTConfig.head_size: q is n_head heads wide, k and v n_kv_head
+    q, kv = cfg.n_head * hs, (cfg.n_kv_head or cfg.n_head) * hs
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * T
     tokens = max(0, iters - start_iter) * tokens_per_iter
-    # 2x the weights bounds it: small runs skip the meta model
-    weights = 2 * (2 * (cfg.vocab_size + 3) * C + cfg.n_layer * (4 * C * C + 3 * C * cfg.ffn_hidden))
-    if tokens * (6 * weights + 12 * cfg.n_layer * C * T) < CPU_SLOWEST_FLOPS * CPU_LIMIT_HOURS * 3600:
+    # 2x the weights bounds it: small runs skip the meta model (attention: c_attn C x (q + 2 kv), c_proj q x C)
+    weights = 2 * (2 * (cfg.vocab_size + 3) * C + cfg.n_layer * (2 * C * (q + kv) + 3 * C * cfg.ffn_hidden))
+    if tokens * (6 * weights + 12 * cfg.n_layer * q * T) < CPU_SLOWEST_FLOPS * CPU_LIMIT_HOURS * 3600:
         return 0.0
     try:
         with torch.device("meta"):  # exact count, no weights allocated

@@ -234,3 +234,17 @@ def test_a_linear_run_too_short_for_its_first_answer_is_too_short_not_diverged(t
     c = config(linear)
     for L, answers in ((4, 0), (5, 1)):  # the first answer, the 3rd point's y, is predicted at position 5
         assert (~torch.isnan(tasks.get_batch(c, 0, torch.arange(2), L)[1])).sum(1).tolist() == [answers] * 2
+
+
+def test_the_quick_skip_of_the_cost_check_bounds_heads_of_their_own_width():
+    # head_dim 128 at width 64, 8 heads: attention is 1024 wide, 16x n_embd. The skip's bound counted it n_embd wide
+    # (5.9 MFLOP/token against the exact 57.5), so a 6.5-hour run at 1e10 FLOP/s started unchecked (cpu_hours 0)
+    args = ["vocab_size=256", "n_layer=4", "n_head=8", "n_embd=64", "head_dim=128", "ffn_hidden=176", "block_size=1024",
+            "batch_size=8", "gradient_accumulation_steps=1", "max_iters=500"]
+    cfg = train.TrainConfig(**train.parse_args(args))
+    hours = config_lib.cpu_hours(cfg, rate=1e10)
+    with torch.device("meta"):
+        exact = GPT(GPTConfig(**{f: getattr(cfg, f) for f in MODEL_FIELDS})).flops_per_token(1024)
+    assert abs(hours / (500 * 8 * 1024 * exact / 1e10 / 3600) - 1) < 1e-9 and hours > 6
+    with pytest.raises(train.TrainError, match="allow_slow=True"):
+        config_lib.cpu_cost_check(cfg, "cpu", rate=1e10)

@@ -169,3 +169,14 @@ def test_diagnosed_entropy_is_of_the_row_normalised_to_sum_1(scorer):
             assert 0 <= r["entropy"] <= math.log(L) + 1e-5
             assert r["row_mass"] == pytest.approx(float(w.sum(-1).mean()), rel=1e-5)
             assert scorer != "softmax" or r["row_mass"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_bytes_per_token_counts_heads_of_their_own_width():
+    # head_dim 128 at width 64, 4 heads: q, k, v and y are 512 wide each, not 64 (measured on a CPU forward at 32,768
+    # tokens: 18,012 bytes a token against 4,009 at head_dim None; the estimate said 3,136 for both)
+    from eval_tasks import bytes_per_token
+    base = dict(vocab_size=16, block_size=64, n_layer=2, n_head=4, n_embd=64, ffn_hidden=176)
+    plain, wide = bytes_per_token(GPTConfig(**base)), bytes_per_token(GPTConfig(**base, head_dim=128))
+    assert plain == 3136  # unchanged where heads split n_embd
+    assert wide - plain >= 4 * (4 * 512 - 4 * 64)  # q, k, v, y: 512 floats each where 64 were counted
+    assert bytes_per_token(GPTConfig(**base, head_dim=8)) == plain  # narrower heads: n_embd's count still bounds it
