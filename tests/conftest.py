@@ -61,6 +61,18 @@ class WritesAFile:
         return open, (self.path, "w")
 
 
+def random_ids_data(tmp_path_factory, vocab, n_train=4096, n_val=1024):
+    """<data_dir>/rand/{train,val}.bin of uint16 token ids < vocab (seeded), what dataset.load_split reads; returns
+    data_dir. The training tests' dataset: dataset=rand with data_dir=<it>."""
+    import numpy as np
+    d = tmp_path_factory.mktemp("data")
+    os.makedirs(d / "rand")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", n_train), ("val", n_val)):
+        rng.integers(0, vocab, n).astype(np.uint16).tofile(d / "rand" / f"{split}.bin")
+    return str(d)
+
+
 def one_line_error(main, argv):
     """main(argv)'s exit message: one "error: ..." line, no traceback; returned for the caller's own checks."""
     with pytest.raises(SystemExit) as e:

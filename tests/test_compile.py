@@ -18,6 +18,7 @@ import kernels
 import kernels_stick
 import model
 from cases import cases, varied
+from conftest import random_ids_data
 from lib import vocab
 from model import GPT, GPTConfig
 import sample
@@ -32,12 +33,7 @@ TINY = ["device=cpu", f"vocab_size={V}", "n_layer=1", "n_head=2", "n_embd=32", "
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    os.makedirs(d / "rand")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 4096), ("val", 1024)):
-        rng.integers(0, V, n).astype(np.uint16).tofile(d / "rand" / f"{split}.bin")
-    return str(d)
+    return random_ids_data(tmp_path_factory, V)
 
 
 def losses(out):

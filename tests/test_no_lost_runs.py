@@ -4,10 +4,10 @@ file of the old run byte for byte. Tiny models on tiny random data, CPU only."""
 import os
 import sys
 
-import numpy as np
 import pytest
 import torch
 
+from conftest import random_ids_data
 import train
 
 VOCAB = 256
@@ -18,12 +18,7 @@ RUN_FILES = ("ckpt.pt", "best.pt", "log.jsonl", "loss.png")
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    os.makedirs(d / "rand")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 2048), ("val", 512)):
-        rng.integers(0, VOCAB, n).astype(np.uint16).tofile(d / "rand" / f"{split}.bin")
-    return str(d)
+    return random_ids_data(tmp_path_factory, VOCAB, 2048, 512)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import torch
 import eval_long
 import sample
 import train
-from conftest import one_line_error
+from conftest import one_line_error, random_ids_data
 from lib import folders, vocab
 from lib.checkpoint import run_info, save_checkpoint
 from model import GPT, GPTConfig
@@ -32,12 +32,7 @@ TEXT = "To be, or not to be: that is the question.\nWhether 'tis nobler in the m
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    os.makedirs(d / "rand")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 2048), ("val", 512)):
-        rng.integers(0, VOCAB, n).astype(np.uint16).tofile(d / "rand" / f"{split}.bin")
-    return str(d)
+    return random_ids_data(tmp_path_factory, VOCAB, 2048, 512)
 
 
 def args(data_dir, out, *extra):

@@ -7,10 +7,10 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
+from conftest import random_ids_data
 import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,13 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny models, o
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    """<data_dir>/rand/{train,val}.bin: uint16 random token ids, what dataset.load_split reads."""
-    d = tmp_path_factory.mktemp("data")
-    os.makedirs(d / "rand")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 4096), ("val", 1024)):
-        rng.integers(0, VOCAB, n).astype(np.uint16).tofile(d / "rand" / f"{split}.bin")
-    return str(d)
+    return random_ids_data(tmp_path_factory, VOCAB)
 
 
 def tiny_args(data_dir, out_dir, *extra):
