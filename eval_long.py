@@ -106,7 +106,8 @@ def write_results(args, folder, curves, models, rows, starts, baseline):
     compare.write_csv(out("per_sequence.csv"), rows, compare.PER_SEQUENCE_COLUMNS)
     diffs = compare.paired_differences(rows, baseline, args.n_boot, args.seed)
     compare.write_csv(out("differences.csv"), diffs, compare.DIFFERENCE_COLUMNS)
-    note = f"{args.num_seqs} sequences of {args.length:,} tokens ({args.split})"
+    note = f"{args.num_seqs} sequences of {args.length:,} tokens ({args.split})" + (
+        f", logits {args.logit_scale}" if args.logit_scale else "")  # runs at two scales must not look alike
     with open(out("summary.json"), "w") as f:
         json.dump(dict(models=models, baseline=baseline, differences=diffs, window_rule=WINDOW_RULE,
                        position_rule=POSITION_RULE, ci=f"{compare.LEVEL:.0%} percentile bootstrap over sequences, "

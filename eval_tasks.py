@@ -168,7 +168,8 @@ def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0, logit_scale
             for L in lengths:
                 rescale.apply(model, logit_scale, L, floor)
                 if rope != "nope":
-                    model.extend_rope("none" if rope == "plain" else rope, L / N if rope == "theta" else 1.0, L)
+                    scale = max(1.0, L / N) if rope == "theta" else 1.0  # no shrinking below N: the trained θ
+                    model.extend_rope("none" if rope == "plain" else rope, scale, L)
                 for ci, (cond, over) in enumerate(task.conditions):
                     cc = SimpleNamespace(**{**ckpt["config"], **over})
                     r = score(model, cc, L, n, stream=2 + ci)
@@ -203,7 +204,7 @@ def main(argv=None):
     ap.add_argument("--n", type=int, default=256, help="test sequences per length and condition")
     ap.add_argument("--out_dir", required=True)
     ap.add_argument("--rope", nargs="+", default=["plain"], choices=["plain", "theta", "dynamic_ntk"],
-                    help="RoPE models: plain theta, theta x L/N, or Dynamic NTK (NoPE models ignore it)")
+                    help="RoPE models: plain theta, theta x max(1, L/N), or Dynamic NTK (NoPE models ignore it)")
     ap.add_argument("--diagnose", type=int, default=0, help="sequences for the attention diagnostics (0: none)")
     ap.add_argument("--logit_scale", type=rescale.kind, metavar="KIND",
                    help=f"rescale a softmax model's logits, training-free: {', '.join(rescale.KINDS)} or a factor c")

@@ -287,9 +287,11 @@ class GPT(nn.Module):
         cfg, hs = self.config, self.config.head_size
         inv_freq, mscale = rope_extension(method, hs, cfg.rope_theta, scale, cfg.block_size, L, cfg.rope_scaling)
         self.set_rope(cfg.rope_theta * scale if method == "theta" else cfg.rope_theta, inv_freq, L, mscale)
-        # θ_eff: the base, if plain RoPE (not pi, yarn)
-        theta_eff = float(inv_freq[1]) ** (-hs / 2) if hs > 2 else None
-        plain = theta_eff is not None and torch.allclose(rope_inv_freq(hs, theta_eff), inv_freq.double(), rtol=1e-9)
+        # θ_eff: the base giving these frequencies under the model's rope_scaling (None: pi, yarn); from a ratio, as
+        # linear scaling divides inv[0] too and llama3 keeps the fastest two
+        theta_eff = float(inv_freq[1] / inv_freq[0]) ** (-hs / 2) if hs > 2 else None
+        plain = theta_eff is not None and torch.allclose(rope_inv_freq(hs, theta_eff, cfg.rope_scaling),
+                                                         inv_freq.double(), rtol=1e-9)
         return dict(rope_theta=self.rope_theta, rope_theta_effective=theta_eff if plain else None, mscale=mscale)
 
     def forward(self, idx, targets=None, cache=None, capture=None, reduction="mean"):

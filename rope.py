@@ -48,6 +48,14 @@ def apply_rope(x, cos, sin):
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
+def correction_dim(inv_freq, train_len, rotations):
+    """The fractional dim at which inv_freq (falling, >= 2 of them) turns `rotations` times in train_len tokens, by
+    linear interpolation of log turns between neighbouring dims (beyond the ends, of the end pair). Plain RoPE's log
+    turns are linear in the dim, so there it is YaRN's closed form exactly."""
+    log_turns, t = (train_len * inv_freq.double() / (2 * math.pi)).log(), math.log(rotations)
+    j = min(max(int((log_turns > t).sum()) - 1, 0), len(inv_freq) - 2)
+    return j + float((log_turns[j] - t) / (log_turns[j] - log_turns[j + 1]))
+
 ROPE_METHODS = ("none", "theta", "pi", "ntk", "dynamic_ntk", "yarn")
 
 def rope_extension(method, head_dim, theta, scale, train_len, seq_len, scaling=None):
@@ -56,7 +64,9 @@ def rope_extension(method, head_dim, theta, scale, train_len, seq_len, scaling=N
     pi: positions/scale (Chen et al. 2023); ntk: θ*scale^(d/(d-2)) (NTK-aware); dynamic_ntk: ntk with the factor
     grown to the actual length, scale*seq_len/train_len - (scale-1), none below train_len (the LSSAR paper's choice);
     yarn: per-frequency ramp between interpolation and extrapolation, beta_fast=32, beta_slow=1, mscale
-    0.1*ln(scale)+1 past scale 1 (Peng et al.)."""
+    0.1*ln(scale)+1 past scale 1 (Peng et al.), the ramp linear in the dim between the correction dims, floored and
+    ceiled (transformers'). On a rope_scaling model the correction dims are where its own (scaled) frequencies turn
+    32 and 1 times (correction_dim): our definition, transformers never puts YaRN on top of another scaling."""
     d = head_dim
     base = rope_inv_freq(d, theta, scaling)
     if method == "none":
@@ -70,6 +80,8 @@ def rope_extension(method, head_dim, theta, scale, train_len, seq_len, scaling=N
         return rope_inv_freq(d, theta * factor ** (d / (d - 2)), scaling), 1.0
     if method == "yarn":
         def dim_of(rotations):  # dim with `rotations` turns in train_len
+            if scaling is not None and d > 2:  # θ's closed form would place them at the unscaled frequencies
+                return correction_dim(base, train_len, rotations)
             return d * math.log(train_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
         low, high = max(math.floor(dim_of(32)), 0), min(math.ceil(dim_of(1)), d - 1)
         ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0, 1)

@@ -1,6 +1,7 @@
 """eval_long.py's RoPE extension methods: each equals its formula in the model's tables (YaRN's two regimes and its
 temperature), and Dynamic NTK per length (LSSAR Table 4: prefix_1x is native RoPE, window k is the model's own loss at
-kN tokens). Tiny models, CPU only."""
+kN tokens); on a model with rope_scaling, YaRN's correction dims from its own frequencies and the effective θ
+reported; --logit_scale named in the figures. Tiny models, CPU only."""
 import json
 import math
 import os
@@ -10,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+import rope
 from lib import compare
 import eval_long
 from lib.checkpoint import load_checkpoint, run_info, save_checkpoint
-from model import GPT
+from model import GPT, GPTConfig
 import test_eval_long
 from test_eval_long import N, tiny_config
 
@@ -128,3 +130,55 @@ def test_yarn_keeps_fast_dims_interpolates_slow_ones_and_scales_by_mscale():
         got_cos, got_sin = model.rope_cos[p].double().numpy(), model.rope_sin[p].double().numpy()
         assert np.allclose(got_cos[fast | slow], mscale * np.cos(p * want[fast | slow]), atol=1e-5)
         assert np.allclose(got_sin[fast | slow], mscale * np.sin(p * want[fast | slow]), atol=1e-5)
+
+
+# Llama 3's scaling with its three bands among HS = 16 frequencies at θ 10,000 (3 kept, 1 blended, 4 / factor),
+# the fastest two kept at θ x SCALE too; and linear scaling
+SCALINGS = {"llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 256}, "linear": {"rope_type": "linear", "factor": 4.0}}
+
+
+def scaled_model(kind, block_size):
+    return GPT(GPTConfig(**{**asdict(tiny_config(block_size=block_size)), "rope_scaling": SCALINGS[kind]}))
+
+
+@pytest.mark.parametrize("d,theta,train_len", [(16, 1e4, 1024), (64, 5e5, 131072), (128, 1e4, 64), (4, 10.0, 32)])
+def test_yarn_correction_dim_by_log_turns_is_the_closed_form_on_plain_rope(d, theta, train_len):
+    inv = rope.rope_inv_freq(d, theta)
+    for rotations in (32, 1, 1e-3, 1e6):  # inside the dims and beyond either end
+        closed = d * math.log(train_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+        assert rope.correction_dim(inv, train_len, rotations) == pytest.approx(closed, rel=0, abs=1e-12)
+
+
+@pytest.mark.parametrize("kind", list(SCALINGS))
+def test_yarn_on_a_scaled_model_ramps_where_its_own_frequencies_turn_32_and_1_times(kind):
+    train_len, L = 1024, 4096
+    model = scaled_model(kind, train_len)
+    model.extend_rope("yarn", SCALE, L)
+    base = rope.rope_inv_freq(HS, THETA, SCALINGS[kind]).numpy()  # the model's own, scaled frequencies
+    rotations = train_len * base / (2 * math.pi)
+    fast, slow = rotations > 32, rotations < 1
+    mid = ~fast & ~slow
+    assert fast.any() and slow.any() and mid.any()
+    inv = np.arctan2(model.rope_sin[1].double().numpy(), model.rope_cos[1].double().numpy())
+    assert np.allclose(inv[fast], base[fast], rtol=1e-5) and np.allclose(inv[slow], base[slow] / SCALE, rtol=1e-5)
+    assert ((inv[mid] <= base[mid] * (1 + 1e-6)) & (inv[mid] >= base[mid] / SCALE * (1 - 1e-6))).all()
+
+
+@pytest.mark.parametrize("kind", list(SCALINGS))
+def test_extend_rope_reports_a_scaled_models_effective_theta_under_its_own_scaling(kind):
+    model = scaled_model(kind, N)
+    want = {"none": THETA, "theta": THETA * SCALE, "ntk": THETA * SCALE ** (HS / (HS - 2)), "pi": None, "yarn": None}
+    for method, theta_eff in want.items():
+        got = model.extend_rope(method, SCALE, 10 * N)["rope_theta_effective"]
+        assert got == (None if theta_eff is None else pytest.approx(theta_eff, rel=1e-9)), method
+        if got is not None:  # the θ that, with the model's scaling, gives the tables it runs with
+            assert torch.allclose(rope.rope_inv_freq(HS, got, SCALINGS[kind]), model.rope_inv_freq, rtol=1e-9)
+
+
+def test_eval_long_names_the_logit_scale_in_its_figure(sharp_ckpt, data_dir, tmp_path, monkeypatch):
+    titles = []
+    monkeypatch.setattr(compare, "plot_per_position", lambda *a: titles.append(a[-1]))
+    eval_long.main([sharp_ckpt, "--data", data_dir, "--rope_method", "none", "--num_seqs", "2", "--logit_scale",
+                    "qwen", "--out_dir", str(tmp_path / "q")])
+    assert titles and all("logits qwen" in t for t in titles)

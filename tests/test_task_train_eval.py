@@ -1,7 +1,7 @@
 """Task models, trained and evaluated: the NoPE model sees a permuted prefix as the same set, the real-valued model
 (linear input, scalar head, non-NaN targets scored), training through train.py (resume exact, one-line errors),
-eval_tasks.py's accuracy.csv, per_prompt.csv and attention.csv, its diagnosed entropy of the normalised row, and the
-Wilson interval. Tiny sizes, CPU only."""
+eval_tasks.py's accuracy.csv, per_prompt.csv and attention.csv (--rope theta never below the trained θ), its
+diagnosed entropy of the normalised row, and the Wilson interval. Tiny sizes, CPU only."""
 import csv
 import math
 import os
@@ -150,6 +150,16 @@ def test_eval_writes_accuracy_with_wilson_intervals_and_attention_diagnostics(tm
             eval_tasks.main([ckpts[0], "--lengths", "8", "--device", "cuda", "--out_dir", str(tmp_path / "ev4")])
         assert "ckpt.pt: --device cuda: CUDA is not available here" in str(e.value.code)
         assert not (tmp_path / "ev4").exists()
+
+
+def test_eval_rope_theta_keeps_the_trained_theta_at_lengths_within_training(tmp_path):
+    run(tmp_path / "flip", "task=flipflop", "block_size=16", "max_iters=1", "eval_interval=1")
+    eval_tasks.main([str(tmp_path / "flip" / "ckpt.pt"), "--lengths", "8", "32", "--n", "4", "--rope", "plain",
+                     "theta", "--out_dir", str(tmp_path / "ev")])
+    prompts = list(csv.DictReader(open(tmp_path / "ev" / "per_prompt.csv")))
+    loss = lambda rope, L: [p["answer_loss"] for p in prompts if (p["rope"], p["length"]) == (rope, L)]
+    assert loss("theta", "8") == loss("plain", "8")  # θ x 1 at L = 8 < N = 16, never x 1/2
+    assert loss("theta", "32") != loss("plain", "32")  # θ x 2 past N
 
 
 @pytest.mark.parametrize("scorer", ["softmax", "sigmoid", "stickbreaking"])
