@@ -21,7 +21,7 @@ from tqdm import tqdm
 from lib import compare, folders, tracking, vocab
 from lib.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, run_info
 from lib.dataset import DataError  # bad input, printed by main as one line
-from lib.retrieval import cells, load_hay, score_answer, score_trials, sft_examples, trials
+from lib.retrieval import cells, load_hay, score_answer, score_trials, sft_examples, trials, with_lead
 from lib.vocab import EOT
 from model import BACKENDS, ROPE_METHODS
 
@@ -54,7 +54,7 @@ def greedy(model, idx, max_new_tokens, eot=EOT):
     return torch.cat(out, 1)
 
 def last_row_weights(model, idx):
-    """(n_layer, B, n_head, T): every head's weights of the last row (it generates the first answer token)."""
+    """(n_layer, B, n_head, T): every head's weights of the last row (score: of prompt + lead, retrieval.with_lead)."""
     return model.attention_rows(idx, rows=(-1,))[:, :, :, 0].float()  # O(T), never T x T
 
 def evaluate(model, label, prompts, args, enc, bar):
@@ -63,7 +63,7 @@ def evaluate(model, label, prompts, args, enc, bar):
         idx = torch.tensor(np.stack([t.pop("ids") for t in batch]), device=args.device)
         with torch.autocast(idx.device.type, torch.bfloat16, enabled=idx.device.type == "cuda"):  # bf16 as the paper
             out = [enc.decode(o) for o in greedy(model, idx, args.max_new_tokens, enc.eot_token).tolist()]
-            scores = score_trials(last_row_weights(model, idx).cpu(), [t["span"] for t in batch],
+            scores = score_trials(last_row_weights(model, with_lead(idx, batch)).cpu(), [t["span"] for t in batch],
                                   [t["control"] for t in batch]) if args.mode == "score" else [{}] * len(batch)
         for b, t in enumerate(batch):
             t.update(model=label, output=out[b], score=score_answer(out[b], t["number"], enc), **scores[b])

@@ -119,7 +119,19 @@ def needle_trial(enc, hay, L, depth, city, number, prefix=()):
     question = piece(P["question"].format(city=city))
     ids, pos, actual = build_prompt(enc, hay, head + tail, question, L, depth, prefix)
     return dict(context=L, depth=depth, actual_depth=actual, city=city, number=number, ids=ids, pos=pos,
-                span=(pos + len(head), pos + len(head) + len(tail)), question=len(ids) - len(question))
+                span=(pos + len(head), pos + len(head) + len(tail)), question=len(ids) - len(question),
+                lead=answer_lead(enc, tail))
+
+def answer_lead(enc, tail):
+    """The ids an answer (tail: the needle's " {number}.", which the answer repeats) writes before its number's first
+    symbol: none for GPT-2's BPE (" 81" holds one), " " for characters, SentencePiece's "▁" piece. The needle score
+    reads the row after them: the one that writes the number, not its space."""
+    symbols, lead = prompts_of(enc)["symbols"], []
+    for i in tail:
+        if any(c in symbols for c in enc.decode_single_token_bytes(i).decode(errors="replace")):
+            break
+        lead.append(i)
+    return lead
 
 def needle_in_window(enc, hay, L, depth, city, number, rng, prefix=()):
     """needle_trial in a random stretch of hay."""
@@ -142,6 +154,10 @@ def trials(args, enc, hay, L, rng):
     """The prompts of one context size, made lazily: long prompts add up. Each starts as the model's texts did in
     pretraining (vocab.bos: an import's <s>)."""
     P, first = prompts_of(enc), vocab.bos(enc)
+    for flag in ("context_sizes", "depths"):  # a repeat: one cell counted twice (a context seeds its prompts)
+        given = list(getattr(args, flag, None) or ())
+        if len(set(given)) < len(given):
+            raise DataError(f"--{flag} {' '.join(map(str, given))}: give each value once")
     needle = lambda depth: needle_in_window(enc, hay, L, depth, EVAL_CITIES[rng.integers(len(EVAL_CITIES))],
                                             draw_number(rng, "eval", P["digits"]), rng, first)
     if args.mode == "needle":
@@ -167,9 +183,15 @@ def trials(args, enc, hay, L, rng):
 # The needle score and its baselines
 # control span: a max over heads is high by selection alone
 
+def with_lead(idx, batch):
+    """(B, T + n): the prompts idx (B, T), each followed by its trial's answer lead (n ids; none for GPT-2's BPE):
+    the last row of these writes the number's first symbol, where the needle score reads the attention."""
+    lead = torch.tensor([t["lead"] for t in batch], dtype=idx.dtype, device=idx.device)  # (B, n)
+    return torch.cat([idx, lead], 1)
+
 def needle_scores(w, spans):
     """(B, n_layer, n_head): each prompt's weight on its span [a, e); w (n_layer, B, n_head, T) holds one query row
-    per prompt (needle.py: the last, which generates the first answer token)."""
+    per prompt (needle.py: the last of prompt + answer lead, which writes the number's first symbol)."""
     return torch.stack([w[:, b, :, a:e].sum(-1) for b, (a, e) in enumerate(spans)])
 
 def score_trials(w, spans, controls):

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import re
+import tempfile
 from dataclasses import asdict
 
 import numpy as np
@@ -69,7 +70,8 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
-def one_line_error(argv):  # needle.main's
+def one_line_error(argv):  # needle.main's, in an --out_dir of its own: parallel workers shared out-needle's lock
+    argv = argv if "--out_dir" in argv else [*argv, "--out_dir", os.path.join(tempfile.mkdtemp(), "out")]
     return conftest.one_line_error(needle.main, argv)
 
 

@@ -3,6 +3,7 @@ for N = 64, numbers spelled in letters and graded back, a model of other tokens 
 spell refused with one line. Tiny models and real English in characters, CPU only."""
 import json
 import os
+import types
 from dataclasses import asdict
 
 import numpy as np
@@ -13,7 +14,7 @@ import needle
 import test_needle
 from lib import dataset, vocab
 from lib import retrieval
-from lib.checkpoint import run_info, save_checkpoint
+from lib.checkpoint import load_checkpoint, run_info, save_checkpoint
 from model import GPT, GPTConfig
 from test_needle import TEXTS, one_line_error, read_csv
 
@@ -121,7 +122,28 @@ def test_needle_passkey_and_score_run_a_character_model_in_characters(char_ckpt,
     trials = read_csv(tmp_path / "s" / "needle_score_trials.csv")
     fig7 = json.load(open(tmp_path / "s" / "needle_score_heads.json"))["fig7"][0]
     assert (fig7["number"], int(fig7["span_tokens"])) == (81064, 7)  # " ibage." in characters
-    assert len(trials) == 2 and all(float(t["uniform"]) == pytest.approx(7 / 128) for t in trials)
+    # the row after the answer's space reads 129 keys: the prompt's 128 and the space (retrieval.answer_lead)
+    assert len(trials) == 2 and all(float(t["uniform"]) == pytest.approx(7 / 129) for t in trials)
+    assert all(int(t["keys"]) == 129 for t in trials)
+
+
+@pytest.mark.parametrize("codec", ["char", "gpt2"])
+def test_the_needle_score_reads_the_row_that_writes_the_numbers_first_symbol_not_the_answers_space(
+        codec, char_dir, char_ckpt, data_dir, ckpts):
+    # characters answer " ibage.": the prompt's last row writes " ", the next one "i"; GPT-2's " 81" holds a digit
+    data, ckpt, number = (char_dir, char_ckpt, 81064) if codec == "char" else (data_dir, ckpts[0], 8106422)
+    enc, model, L = vocab.codec(data), load_checkpoint(ckpt, "cpu")[0].eval(), 128
+    t = retrieval.needle_trial(enc, retrieval.load_hay(data, "val")[:L], L, 50, "Tokyo", number)
+    (a, e), ids = t["span"], t["ids"].tolist()
+    assert t["lead"] == retrieval.answer_lead(enc, ids[a:e]) == ([enc.encode(" ")[0]] if codec == "char" else [])
+    assert enc.decode([ids[a + len(t["lead"])]]).lstrip()[:1] == retrieval.spell(number, enc)[0]  # then the number
+    model.extend_rope("theta", 50, L)
+    w = needle.last_row_weights(model, torch.tensor([ids + t["lead"]]))  # the reference: that row's weights
+    args = types.SimpleNamespace(mode="score", batch_size=1, device="cpu", max_new_tokens=2)
+    t["control"] = retrieval.control_span(t, np.random.default_rng(0))
+    got, = needle.evaluate(model, "m", iter([t]), args, enc, types.SimpleNamespace(update=lambda n: None))
+    torch.testing.assert_close(got["heads"], retrieval.needle_scores(w, [(a, e)])[0])
+    assert got["keys"] == L + len(t["lead"]) and got["uniform"] == pytest.approx((e - a) / (L + len(t["lead"])))
 
 
 def test_a_model_of_other_tokens_or_a_needle_the_vocabulary_cannot_spell_is_one_error_line(ckpts, char_ckpt,

@@ -25,8 +25,9 @@ enc, data_dir, ckpts = test_needle.enc, test_needle.data_dir, test_needle.ckpts
     (["score", "--data", "no/such/dataset"], "'no/such/dataset' has no val.bin"),
     (["passkey", "--labels", "a", "b"], "--labels a b: give one distinct name per --ckpt (1 checkpoints)"),
 ])
-def test_bad_input_is_one_error_line(ckpts, data_dir, argv, named):
+def test_bad_input_is_one_error_line(ckpts, data_dir, argv, named, tmp_path):
     argv = argv + ["--data", data_dir] * ("--data" not in argv) + ["--ckpt", ckpts[0]] * ("--ckpt" not in argv)
+    argv += ["--out_dir", str(tmp_path / "out")]  # not out-needle: another worker may hold its lock
     with pytest.raises(SystemExit) as e:
         needle.main(argv)
     message = e.value.code
@@ -46,6 +47,15 @@ def test_sft_length_too_small_names_the_option_not_a_context_size(tmp_path, data
 
 def no_model_runs(*args, **kwargs):
     pytest.fail("a model was evaluated")
+
+
+@pytest.mark.parametrize("flag, values", [("--context_sizes", "64 128 64"), ("--depths", "50 10 50")])
+def test_a_context_or_depth_given_twice_is_one_error_line_before_any_model_runs(ckpts, data_dir, flag, values,
+                                                                                tmp_path, monkeypatch):
+    monkeypatch.setattr(needle, "evaluate", no_model_runs)  # a repeat: one cell counted twice
+    argv = ["needle", "--ckpt", ckpts[0], "--data", data_dir, "--out_dir", str(tmp_path), "--context_sizes", "64",
+            flag, *values.split()]
+    assert f"{flag} {values}: give each value once" in one_line_error(argv)
 
 
 BAD_SECOND = {"carries code": "cannot be loaded safely: it refers to io.open", "directory": "is a directory",
@@ -90,5 +100,5 @@ def test_a_checkpoint_that_fails_to_load_leaves_no_partial_results_and_the_out_d
 def test_bad_input_exits_nonzero_with_one_stderr_line(tmp_path):
     script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "needle.py")
     r = subprocess.run([sys.executable, script, "passkey", "--ckpt", str(tmp_path / "missing.pt")],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)  # its out-needle: not the repo's
     assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and "missing.pt" in r.stderr

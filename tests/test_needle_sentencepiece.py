@@ -56,6 +56,7 @@ def test_a_needle_and_its_question_have_the_ids_of_running_text(enc):
     ids, P = t["ids"].tolist(), retrieval.PROMPTS["bpe"]
     assert ids[t["pos"]:t["span"][1]] == running(enc, P["head"].format(city="Paris") + " 4812046.")
     assert ids[t["span"][0]:t["span"][1]] == running(enc, " 4812046.")  # "▁", 7 digits, ".": no "▁▁"
+    assert [enc.tok.id_to_token(i) for i in t["lead"]] == ["▁"]  # the needle score reads the row after it
     assert ids[t["question"]:] == running(enc, P["question"].format(city="Paris"))  # "\nWhat": no "▁<0x0A>"
     assert "is: 4812046." in enc.decode(ids) and " \nWhat" not in enc.decode(ids)
 
