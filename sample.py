@@ -5,9 +5,13 @@ Sample text from a trained checkpoint, one token at a time through the KV cache.
     python sample.py --ckpt out/ckpt.pt --start "ROMEO:" --num_samples 5 --temperature 0   # greedy
     python sample.py --ckpt out/ckpt.pt --start FILE:prompt.txt --rope_theta 500000        # long prompt, θ extended
 
---start "" starts from <|endoftext|> (a fresh document). Text is encoded and decoded with the codec of the dataset the
-model was trained on (its meta.json: characters for NAME_char, nanoGPT's rule), or of --data; GPT-2's without one. Generation may run past the training length: the rotary
-tables are built long enough for prompt + new tokens, with the checkpoint's θ or --rope_theta (same weights).
+--start "" starts from <|endoftext|> (a fresh document; from an imported tokenizer's start of text where it has one).
+Text is encoded and decoded with the checkpoint's own codec (GPT-2's BPE, its characters or an imported tokenizer;
+--data, if given, must hold the same); a checkpoint older than stored codecs reads the dataset it was trained on (its
+meta.json: characters for NAME_char, nanoGPT's rule), or --data's; GPT-2's without one. An imported tokenizer's prompt
+starts with its start of text (Llama's <s>), as transformers' does, hidden in the output. Generation may run past the
+training length: the rotary tables are built long enough for prompt + new tokens, with the checkpoint's θ or
+--rope_theta (same weights).
 Samples go to stdout, each followed by a line of dashes; bad input is one "error: ..." line and exit status 1.
 """
 import argparse, math, sys
@@ -34,7 +38,8 @@ def main(argv=None):
     p.add_argument("--top_k", type=int, default=200, help="sample only among the k most likely tokens")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--rope_theta", type=float, help="RoPE base θ for sampling (default: the checkpoint's)")
-    p.add_argument("--data", help="the dataset folder whose meta.json holds the codec (default: the training run's)")
+    p.add_argument("--data", help="a dataset folder whose meta.json must hold the checkpoint's own codec (an older "
+                                  "checkpoint without one: the codec; default: the training run's)")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: model.auto_backend")
     args = p.parse_args(argv)

@@ -3,7 +3,7 @@ Training for any scorer on a CPU, a GPU or many (DDP): the SSMax paper's recipe 
 modelling or a synthetic task of tasks.py. No run is overwritten unasked; checkpoints load with weights_only.
 
     python train.py configs/cpu_quick.py [scorer=ssmax out_dir=out-quick-ssmax]   # ~3 min on 2 CPU cores
-    python train.py configs/ssmax.py                                              # one GPU, ~1 h: the 162M model
+    python train.py configs/ssmax.py                                              # one H100, ~45 min: the 162M model
     torchrun --standalone --nproc_per_node=8 train.py configs/paper/ssmax.py      # the paper's full recipe
     python train.py configs/tasks/recall.py scorer=ssmax                          # a synthetic task (tasks.py)
     python train.py configs/ssmax_swap.py                                         # softmax -> SSMax, a new leg

@@ -5,7 +5,7 @@
 #       then SSMax for the rest with a fresh warmup (the constant lr makes the two legs one softmax run):
 #         python train.py configs/softmax.py max_iters=3325 && cp out-softmax/ckpt.pt out-softmax/ckpt_3325.pt
 #         python train.py configs/softmax.py resume=True        # softmax on to 3,800 (a resume is exact)
-#         python train.py configs/ssmax_swap.py                 # SSMax from ckpt_3325.pt, ~8 min on one H100:
+#         python train.py configs/ssmax_swap.py                 # SSMax from ckpt_3325.pt, ~6 min on one H100:
 #   16 batch x 1,024 tokens x 16 accum = 262,144 tokens/iter x 475 iters = 124,518,400 tokens
 #       This file's leg restarts the data stream and AdamW. Exactly the softmax run's last leg with another scorer (its
 #       batches, AdamW's state; no new warmup) is a resume that switches the scorer (train.py's docstring):

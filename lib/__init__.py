@@ -5,12 +5,14 @@ What the scripts share; nothing here is run directly.
     checkpoint.py         run_info (provenance), atomic save, safe read (weights_only), the model a checkpoint builds,
                           what a run's out_dir may hold before it writes
     dataset.py            a corpus -> data/<name>/{train,val}.bin, a dataset fetched on first use, its readers
-    vocab.py              GPT-2's BPE offline, the character vocabulary; which a dataset or checkpoint reads, by content
+    vocab.py              GPT-2's BPE offline, the character vocabulary, an imported model's tokenizer; which one a
+                          dataset or checkpoint reads, by content
     longrange.py          long-range structure in text: train.py's repeated spans (copy_frac), the copy gate's sequences
     corpora.py            the sources dataset.py reads: embedded corpora, Hugging Face datasets, local files
     retrieval.py          needle and passkey prompts, answer grading, the needle score, the fine-tuning sets
+    sft.py                SFT data in training (train.py's sft_data): held-out val examples, answer-only batches, epochs
     tracking.py           log.jsonl, loss.png, progress lines, MFU, wandb
-    folders.py            who writes where: one writer per folder (a lock), an evaluation's results folder
+    folders.py            who writes where: one writer per folder (a lock), an evaluation's results folder, write_json
     rescale.py            training-free rescalings of a softmax model's logits (qwen, yarn, llama4) for the evals
     compare.py            the statistics: paired bootstrap and seed-level t intervals, sign-flip p, Holm, horizons, CSVs
     runs.py               a reproduction's steps: reuse what was done as asked, keep what the report needs of the runs
@@ -18,7 +20,8 @@ What the scripts share; nothing here is run directly.
     lm_suite.py           the language-model suite of reproduce.py: scales, variants, each seed's steps
     hf.py                 Hugging Face Llama-family checkpoints in and out (convert_hf.py, eval_harness.py)
     report.py             a language-model reproduction read back: summary.json, gates, tables.md
-    synthetic.py          the synthetic suite: its tasks, settings and seeds, the runs in two worker processes
+    synthetic_suite.py    what the synthetic suite runs: its settings, entries (task, lengths, seeds), the GPU scale
+    synthetic.py          the synthetic suite's runs in worker processes, reuse and refusal of finished steps
     synthetic_report.py   the suite's statistics with the seed as the unit, verdicts, summary.json, tables.md
     synthetic_figures.py  the suite's figures
 """
