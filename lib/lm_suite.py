@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from lib import dataset, plans, report
+from lib import dataset, plans, report, retrieval
 from lib.folders import held
 from lib.runs import (Steps, check_runs, complete, done, iter_of, keep_train_log, kv, pack, read_train_logs,
                       trained)
@@ -120,7 +120,8 @@ def train_all(S, runs, steps, data_dir, seed, variants, threads):
 
 
 def eval_settings(cmd, S, seed, reads, **extra):
-    """A step's settings: its command and the training of the checkpoints it reads (their variants' overrides)."""
+    """A step's settings: its command, the training of the checkpoints it reads and needle.py's rules (RULES)."""
+    extra = {"rules": retrieval.RULES, **extra} if cmd[0] == "needle.py" else extra
     return dict(command=cmd, train=trained_with(S), seed=seed, variants={v: VARIANTS[v][0] for v in reads}, **extra)
 
 

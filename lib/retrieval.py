@@ -38,6 +38,8 @@ PROMPTS = {
 # how far from the asked depth (a share of the haystack) a sentence end may take the needle: a short haystack holds
 # 1-2, and the nearest one put every depth at one place; past it, the nearest word start
 DEPTH_TOLERANCE = 0.1
+# How needle.py's numbers are made, recorded in a suite step's settings: a step made under older rules is not reused
+RULES = "answers: a whole word of symbols (bed08be); score: the row after the answer's lead (3dbeab2)"
 FIG7_NUMBER = 8106422  # the SSMax paper's Fig. 7 needle (its first `digits` digits for a shorter number)
 SQUAD_PROMPT = "{context}\n{question}\nAnswer:"  # answer: " " + the first answer text
 # train/eval: disjoint cities and parities, no leak

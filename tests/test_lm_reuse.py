@@ -86,3 +86,17 @@ def test_summary_json_leaves_out_a_skipped_steps_outputs_made_with_other_trainin
     assert not any(k in got for k in retrieval) and (res / "needle" / "needle.json").exists()
     assert got["skipped"]["passkey"].startswith("left out of the summary: made with other settings")
     assert got["skipped"]["eval_long theta (seed 1)"] == "not made"
+
+
+def test_a_retrieval_step_made_under_older_rules_is_not_reused(tmp_path):
+    """needle.py's steps record retrieval.RULES (how answers are graded, which row the score reads): one made under
+    other rules (or before they were recorded) is refused without --redo, as other training is; other steps not."""
+    from lib import lm_suite, retrieval
+    S = {"model": TOY["model"], "train": TOY["train"]}
+    needle = lm_suite.eval_settings(["needle.py", "needle"], S, 1, ["softmax"])
+    assert needle["rules"] == retrieval.RULES
+    assert "rules" not in lm_suite.eval_settings(["eval_long.py"], S, 1, ["softmax"])
+    older = {**needle, "rules": "answers: any a-j letter"}
+    assert runs.mismatch(older, needle) and runs.mismatch({k: v for k, v in needle.items() if k != "rules"}, needle)
+    with pytest.raises(runs.StepError, match="rules"):
+        runs.judge(older, needle, "step 'needle'", False, [str(tmp_path / "needle")])
