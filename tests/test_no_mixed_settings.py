@@ -31,7 +31,11 @@ def test_a_step_done_with_other_settings_refuses_or_with_redo_runs_again(tmp_pat
     (out.parent / "steps.jsonl").write_text(json.dumps({"step": "train x", "command": "old", "wall_s": 1}) + "\n")
     run(runs.Steps(str(out.parent)), 80)  # recorded before settings were: taken as it is, with a warning
     assert out.read_text() == "40" and "made before settings were recorded" in capsys.readouterr().out
-    assert json.load(open(out.parent / "wall.json"))["wall_s"] >= 0  # every call's time, kept after each step
+    (out.parent / "wall.json").write_text(json.dumps({"wall_s": 1000.0, "older": 1}))  # earlier calls' time
+    out.unlink()
+    run(runs.Steps(str(out.parent)), 160)  # its output gone: this call runs the step
+    wall = json.load(open(out.parent / "wall.json"))  # every call's time, kept after each step: rewritten, added to
+    assert list(wall) == ["wall_s"] and 1000 <= wall["wall_s"] < 1100
 
 
 def test_a_seeds_runs_hold_one_training_and_may_gain_variants(tmp_path):

@@ -139,10 +139,15 @@ def test_a_kill_during_the_first_eval_after_a_resume_switch_is_finished_by_the_n
     assert "already done" in capsys.readouterr().out and len(evals(out)) == 4  # relaunched: no eval logged twice
 
 
-def test_compare_draws_a_run_without_training_steps(data_dir, tmp_path):
+def test_compare_draws_a_run_without_training_steps(data_dir, tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
     train.main(lm(data_dir, tmp_path / "zero", "max_iters=0"))
+    drawn, save = [], Figure.savefig  # the lines on the figure compare writes: a PNG of empty axes is no drawing
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: [drawn.extend(fig.axes[0].get_lines()),
+                                                                 save(fig, *a, **k)][1])
     train.main(["--compare", str(tmp_path / "zero"), "--out", str(tmp_path / "c.png")])
-    assert (tmp_path / "c.png").stat().st_size > 0
+    assert (tmp_path / "c.png").stat().st_size > 1000
+    assert [(line.get_label().endswith(": val"), list(line.get_xdata())) for line in drawn] == [(True, [0])]
 
 
 def test_a_config_files_overwrite_covers_no_out_dir_when_the_file_names_none(data_dir, tmp_path):
