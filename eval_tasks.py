@@ -199,6 +199,7 @@ def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0, logit_scale
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Evaluate task runs at many lengths: accuracy.csv (95% Wilson "
                                              "intervals; MSE with a normal interval for linear), attention.csv.")
+    ap.error = lambda message: sys.exit(f"error: {message}")  # one line, no usage dump
     ap.add_argument("ckpt", nargs="+", help="ckpt.pt or best.pt of task runs (train.py task=...)")
     ap.add_argument("--lengths", type=int, nargs="+", required=True, help="test lengths L (tokens)")
     ap.add_argument("--n", type=int, default=256, help="test sequences per length and condition")

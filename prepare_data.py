@@ -20,14 +20,16 @@ Train and val are split by whole documents; a single document (one .txt file) by
 The pipeline is lib/dataset.py's (train.py also fetches a dataset on first use through it); the sources are
 lib/corpora.py's; the SFT sets are lib/retrieval.py's.
 """
-import argparse
+import argparse, math
 
 from lib.corpora import MIN_TEXT_CHARS, SOURCES_HELP, DataError
+from lib.checkpoint import CheckpointError
 from lib.dataset import prepare
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="Tokenize a corpus (GPT-2's BPE or characters) into <out_dir>/<name>/*.bin")
+    p.error = lambda message: p.exit(2, f"error: {message}\n")  # one line, no usage dump (status 2, as DataError's)
     p.add_argument("source", nargs="?", help=f"{SOURCES_HELP} (default: shakespeare)")
     p.add_argument("--source", dest="source_opt", metavar="SOURCE", help="the same, as an option (wins)")
     p.add_argument("--name", help="dataset folder name (default: a slug of the source)")
@@ -43,11 +45,13 @@ def main(argv=None):
                    "tokenizer: a tokenizer.json, its Hugging Face folder or its checkpoint (convert_hf.py)")
     p.add_argument("--force", action="store_true", help="rebuild even when up to date")
     args = p.parse_args(argv)
+    if args.max_tokens is not None and not math.isfinite(args.max_tokens):  # int() of it: a traceback
+        p.error(f"--max_tokens {args.max_tokens} must be a finite count (e.g. 1e9)")
     try:
         prepare(args.source_opt or args.source or "shakespeare", args.name, args.out_dir, args.text_field,
                 args.hf_split, args.val_frac, args.seed,
                 None if args.max_tokens is None else int(args.max_tokens), args.force, args.tokenizer)
-    except DataError as e:
+    except (DataError, CheckpointError) as e:  # CheckpointError: --tokenizer names a damaged checkpoint
         p.exit(2, f"error: {e}\n")
 
 if __name__ == "__main__":

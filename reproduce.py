@@ -60,6 +60,7 @@ def check(a, synthetic):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.error = lambda message: sys.exit(f"error: {message}")  # one line, no usage dump
     p.add_argument("--scale", choices=SCALES, help="lm: the model and budget (default: cpu); synthetic: gpu runs "
                    "its GPU scale (first-gpu, recall-gpu: 4 x 256 at N = 256, to 64 N, 10 seeds)")
     p.add_argument("--max_iters", type=int, help="override the scale's training iterations (report it if you do)")

@@ -71,7 +71,7 @@ def setup(explicit):
                                 best_path=os.path.join(cfg.out_dir, "best.pt"))
     run.resuming = cfg.init_from == "resume" or (cfg.resume and os.path.isfile(run.ckpt_path))
     path = run.ckpt_path if run.resuming else cfg.init_from
-    if path != "scratch" and not os.path.isfile(path):
+    if path != "scratch" and not os.path.exists(path):  # a folder: read_checkpoint says so
         raise TrainError(f"init_from={cfg.init_from!r}: checkpoint {path!r} does not exist")
     try:  # a new run never destroys an old one unasked; weights_only: a shared checkpoint cannot run code
         check_out_dir(cfg.out_dir, run.resuming, cfg.resume, cfg.overwrite)

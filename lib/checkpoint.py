@@ -128,6 +128,9 @@ def read_checkpoint(path, device="cpu", mmap=False, need=()):
 
 def load_checkpoint(path, device="cpu", **overrides):
     """GPT from a checkpoint written by train.py (read_checkpoint); overrides change config fields (e.g. backend)."""
+    if overrides.get("backend") == "triton" and torch.device(device).type != "cuda" and not os.environ.get(
+            "TRITON_INTERPRET") == "1":  # else kernels.py's RuntimeError at the first forward, a traceback
+        raise CheckpointError("--backend triton: the fused Triton kernels need a CUDA GPU; use --backend auto or torch")
     ckpt = read_checkpoint(path, device)
     try:
         model = GPT(GPTConfig(**{**ckpt["model_args"], **overrides}))

@@ -79,7 +79,8 @@ RANGES = {**dict.fromkeys(("batch_size", "gradient_accumulation_steps", "eval_in
           **dict.fromkeys(("learning_rate", "min_lr"), (">= 0 and <= 1e30 (more overflows AdamW's float32 step)",
                                                         lambda v: 0 <= v <= 1e30)),
           "seed": ("in [0, 2**63)", lambda v: 0 <= v < 2 ** 63),  # torch's and numpy's generators both take it
-          "out_dir": ("a folder name, not empty", lambda v: v.strip() != ""),
+          **dict.fromkeys(("out_dir", "dataset"), ("a folder name, not empty", lambda v: v.strip() != "")),
+          "norm_eps": ("> 0", lambda v: v > 0),
           **dict.fromkeys(("dropout", "beta1", "beta2", "sft_val_frac"), ("in [0, 1)", lambda v: 0 <= v < 1)),
           "copy_frac": ("in [0, 1]", lambda v: 0 <= v <= 1)}
 
@@ -106,7 +107,10 @@ def coerce(key, value, where, raw=None):
     if base is int and type(value) is float and value.is_integer():
         value = int(value)  # max_iters=2e5
     if type(value) is not base:
-        raise TrainError(f"{key}={value!r} has the wrong type: {key} is {getattr(typ, '__name__', typ)}")
+        raise TrainError(f"{key}={value!r} has the wrong type: {key} is {base.__name__}"
+                         + " or None" * (typ is not base))
+    if base is float and not math.isfinite(value):  # nan, inf: no field takes them
+        raise TrainError(f"{key}={value!r} is not a finite number: {key} must be finite")
     allowed, ok = RANGES.get(key, (None, lambda v: True))
     if not ok(value):  # also refuses nan
         raise TrainError(f"{key}={value!r} is out of range: {key} must be {allowed}")
@@ -140,8 +144,8 @@ def parse_args(argv):
             key, raw = arg.removeprefix("--").split("=", 1)
             try:
                 value = ast.literal_eval(raw)
-            except (ValueError, SyntaxError):
-                value = raw
+            except (ValueError, SyntaxError):  # nan, inf: floats, refused by coerce as such
+                value = float(raw) if raw.strip().lower().lstrip("+-") in ("nan", "inf", "infinity") else raw
             explicit[key] = coerce(key, value, "the overrides", raw)
             own_dir = None if key == "overwrite" else own_dir  # from the command line: any out_dir
         elif arg.endswith(".py") and os.path.isfile(arg):
@@ -284,6 +288,8 @@ def cpu_hours(cfg, start_iter=0, rate=None):
 def cpu_cost_check(cfg, device_type, start_iter=0, rate=None):
     """On a CPU, a run estimated at over CPU_LIMIT_HOURS prints its cost and stops (TrainError: exit status 1), unless
     allow_slow=True. The estimate is cpu_hours: FLOPs at `rate` FLOP/s (tests pass it), else measured."""
+    if device_type != "cuda" and cfg.backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1":  # a traceback
+        raise TrainError("backend='triton': the fused Triton kernels need a CUDA GPU; use backend=auto or torch")
     if device_type != "cpu" or cfg.allow_slow:
         return
     hours = cpu_hours(cfg, start_iter, rate)

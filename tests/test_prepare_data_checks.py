@@ -88,11 +88,16 @@ def test_a_rebuild_cut_short_keeps_the_old_dataset_or_is_refused_never_read_as_g
     (["{tmp}/short.txt"], ["short.txt' is one document of 2 tokens, too short to split by tokens"]),
     (["hf:nobody/no-such-dataset"], ["cannot load 'hf:nobody/no-such-dataset'"]),  # offline in tests: fails fast
     (["kjv", "--val_frac", "1.5"], ["val_frac=1.5"]),
+    # an audit's: tracebacks (int(nan); a damaged --tokenizer checkpoint) and argparse's usage dump
+    (["kjv", "--max_tokens", "nan"], ["--max_tokens nan must be a finite count"]),
+    (["kjv", "--tokenizer", "{tmp}/short.txt.pt"], ["short.txt.pt' is not a checkpoint"]),
+    (["kjv", "--val_frac", "half"], ["argument --val_frac: invalid float value"]),
 ])
 def test_errors_are_one_line(tmp_path, capsys, args, words):
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "blank.txt").write_text("  \n")
     (tmp_path / "short.txt").write_text("Hi.")
+    (tmp_path / "short.txt.pt").write_text("Hi.")
     write_jsonl(tmp_path / "c.jsonl", n=3)
     with pytest.raises(SystemExit) as e:
         prepare_data.main([a.format(tmp=tmp_path) for a in args] + ["--out_dir", str(tmp_path / "out")])

@@ -125,12 +125,19 @@ BAD = [(["--ckpt", "nope/ckpt.pt"], "does not exist"),
        (["--num_samples", "0"], "--num_samples 0"),
        (["--rope_theta", "-1"], "--rope_theta -1"),
        (["--num_samples", "two"], "invalid int value"),
-       (["--backend", "cuda"], "invalid choice")]
+       (["--backend", "cuda"], "invalid choice"),
+       (["--data", "no/such/dataset"], "--data 'no/such/dataset' does not exist")]  # was: "another vocabulary"
 
 
 @pytest.mark.parametrize("argv,words", BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_bad_input_is_one_error_line(argv, words, ckpt):
     assert words in one_line_error(sample.main, ["--ckpt", ckpt, *argv])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU runs the Triton kernels")
+def test_triton_backend_without_a_gpu_is_one_error_line_not_a_traceback(ckpt, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")  # conftest's test-only interpreter; a user's CPU has none
+    assert "need a CUDA GPU" in one_line_error(sample.main, ["--ckpt", ckpt, "--backend", "triton"])
 
 
 def one_error_line(argv):  # sample.main's

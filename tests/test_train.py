@@ -165,12 +165,30 @@ def test_scorer_option_for_another_scorer_and_missing_dataset_are_one_error_line
     ("max_iters=-1", "max_iters must be >= 0"), ("learning_rate=-1e-3", "learning_rate must be >= 0"),
     ("dropout=1", "dropout must be in [0, 1)"), ("dropout=-0.1", "dropout must be in [0, 1)"),
     ("device=cuda", "sees no CUDA GPU"), ("device=gpu", "is not a torch device"),
+    # an audit's: nan/inf read as text ("wrong type: is float"), or taken where no range applies (trained to nan)
+    ("learning_rate=nan", "learning_rate=nan is not a finite number"), ("norm_eps=-1", "norm_eps must be > 0"),
+    ("rope_theta=inf", "rope_theta=inf is not a finite number"), ("norm_eps=1e400", "norm_eps=inf is not a finite"),
+    ("scorer=ssmax ssmax_s_init=1e400", "ssmax_s_init=inf is not a finite"), ("dataset=", "dataset must be a folder"),
+    ("rope_scaling=[1]", "rope_scaling is dict or None"), ("init_from=.", "is a directory, expected a checkpoint"),
 ])
 def test_zero_negative_and_impossible_values_are_one_error_line(data_dir, tmp_path, arg, words):
     if arg == "device=cuda" and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    assert words in error_of(tiny_args(data_dir, tmp_path / "out", arg))
+    assert words in error_of(tiny_args(data_dir, tmp_path / "out", *arg.split()))
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU runs the Triton kernels")
+def test_triton_backend_without_a_gpu_is_one_error_line_not_a_traceback(data_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")  # conftest's test-only interpreter; a user's CPU has none
+    assert "need a CUDA GPU" in error_of(tiny_args(data_dir, tmp_path / "out", "backend=triton"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_config_file_nan_is_one_error_line_not_a_diverged_run(tmp_path):
+    cfg = tmp_path / "nan.py"
+    cfg.write_text('scorer = "ssa"\nssa_n = float("inf")\n')  # no range of its own: it trained, and diverged
+    assert "ssa_n=inf is not a finite number" in error_of([str(cfg)])
 
 
 def test_help_prints_the_usage_and_every_config_field(capsys):
