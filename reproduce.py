@@ -25,7 +25,7 @@ the results (lib/runs.py), so results/<name>/ alone resumes on a new machine (--
 refuses to write summary.json if the plan changed since the run began (lib/plans.py); summary.json records its commit.
 report.py writes summary.json, the numbers RESULTS.md quotes.
 """
-import argparse, importlib, sys
+import argparse, importlib, os, sys
 
 from lib import lm_suite
 from lib.corpora import DataError
@@ -49,6 +49,10 @@ def check(a, synthetic):
         sys.exit("error: --quick with --scale gpu: the quick suite is the CPU's; the GPU scale runs its own tasks")
     if a.jobs is not None and a.jobs < 1:
         sys.exit(f"error: --jobs {a.jobs}: must be >= 1")
+    if a.max_iters is not None and a.max_iters < 1:  # else train.py's error, among the steps' lines, after they start
+        sys.exit(f"error: --max_iters {a.max_iters}: must be >= 1")
+    if a.name is not None and (a.name in ("", ".", "..") or os.sep in a.name or "/" in a.name):
+        sys.exit(f"error: --name {a.name!r}: a folder name (no '/'), made under out-repro-<name>/, out-results/")
     for flag, given, allowed in (("--seeds", a.seeds, None), ("--tasks", a.tasks, synthetic and synthetic.SUITE),
                                  ("--settings", a.settings, synthetic and synthetic.SETTINGS)):
         wrong = [str(x) for x in given or [] if (x not in allowed if allowed else not 0 <= x < 2 ** 63)]

@@ -130,6 +130,8 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
     val_frac = (0.1 if small else 0.005) if val_frac is None else val_frac
     if not 0 < val_frac < 1 or (max_tokens is not None and max_tokens < 2):
         raise DataError(f"need 0 < val_frac < 1 and max_tokens >= 2, got val_frac={val_frac}, max_tokens={max_tokens}")
+    if name is not None and (name in ("", ".", "..") or "/" in name or os.sep in name):  # else outside out_dir
+        raise DataError(f"--name {name!r}: a folder name (no '/'), made under --out_dir {out_dir!r}")
     data_dir = os.path.join(out_dir, name or default_name(source))
     # what decides the content; mtime catches edits
     args = dict(source=source, text_field=text_field, hf_split=hf_split, val_frac=val_frac, seed=seed,

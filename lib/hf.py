@@ -43,7 +43,7 @@ def hf_folder(name):
     """A local folder, or a hub name downloaded through huggingface_hub when the network allows."""
     if os.path.isdir(name):
         return name
-    if os.path.exists(name) or name.count("/") != 1:
+    if os.path.exists(name) or name.count("/") != 1 or name.startswith((".", "/", "~")):  # a path, not org/model
         raise ConvertError(f"{name!r} is neither a Hugging Face folder (config.json + safetensors) nor a hub name")
     hub = need("huggingface_hub")
     try:

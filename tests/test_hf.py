@@ -252,7 +252,8 @@ def test_bad_inputs_are_one_error_line(imported, tmp_path):
     assert "has no config.json" in refused("biased")
     llama(str(tmp_path / "small"), False, vocab_size=200)  # a tokenizer of 300 ids over 200 embeddings
     assert "its tokenizer has 300 ids, more than the model's 200" in refused("small")
-    assert "neither a Hugging Face folder" in one_line_error(convert_hf.main, ["import", "no/such/x", "--out", "o"])
+    for name in ("no/such/x", "/no_such", "./no_such"):  # a missing path, not a hub name to download
+        assert "neither a Hugging Face folder" in one_line_error(convert_hf.main, ["import", name, "--out", "o"])
     _, path = imported[False]
     (tmp_path / "p.txt").write_text(TEXT)
     dataset.prepare(str(tmp_path / "p.txt"), name="gpt2data", out_dir=str(tmp_path))  # in GPT-2's ids: refused

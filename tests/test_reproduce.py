@@ -3,11 +3,13 @@ variant's settings are checked to build a model), every evaluation writes its ou
 seeds with intervals, and a rerun skips every finished step. CPU, tiny models (the GPT-2 vocabulary of `english`)."""
 import json
 import math
+import os
 import shutil
 
 import pytest
 import torch
 
+from conftest import one_line_error
 from lib import compare
 from lib import report, runs
 import reproduce
@@ -210,3 +212,12 @@ def test_per_seed_texts_draw_each_seeds_test_texts_with_its_own_seed_and_a_rerun
 def test_texts_is_refused_with_the_synthetic_suite():
     with pytest.raises(SystemExit, match="--texts does nothing with --suite synthetic"):
         reproduce.main(["--suite", "synthetic", "--texts", "per_seed"])
+
+
+@pytest.mark.parametrize("args, words", [(["--name", "../x"], "--name '../x': a folder name"),
+                                         (["--name", ""], "--name '': a folder name"),
+                                         (["--max_iters", "0"], "--max_iters 0: must be >= 1")])
+def test_a_name_outside_the_results_folders_or_no_iterations_is_one_error_line_before_anything_runs(
+        args, words, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # --name ../x wrote ./x/started.json beside out-results; --max_iters 0 ran 250
+    assert words in one_line_error(reproduce.main, args) and not os.listdir(tmp_path)
