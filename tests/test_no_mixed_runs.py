@@ -203,7 +203,9 @@ def test_ids_past_the_vocabulary_are_one_line_in_training_and_evaluation(data_di
     assert "holds id 261 at token 100" in msg
 
 
-def test_a_padded_vocabulary_samples_only_ids_the_tokenizer_knows(tmp_path, capsys):
+def test_a_padded_vocabulary_samples_only_ids_the_tokenizer_knows(tmp_path, capsys, monkeypatch):
+    drawn, generate = [], GPT.generate
+    monkeypatch.setattr(GPT, "generate", lambda self, *a, **kw: drawn.append(generate(self, *a, **kw)) or drawn[-1])
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=50304, block_size=16, n_layer=1, n_head=2, n_embd=32, ffn_hidden=64))
     with torch.no_grad():
@@ -214,6 +216,7 @@ def test_a_padded_vocabulary_samples_only_ids_the_tokenizer_knows(tmp_path, caps
     for seed in range(4):
         sample.main(["--ckpt", str(path), "--max_new_tokens", "8", "--num_samples", "1", "--seed", str(seed)])
     assert capsys.readouterr().out.count("-" * 15) == 4
+    assert len(drawn) == 4 and all(int(y.max()) < vocab.VOCAB_SIZE for y in drawn)  # not only what decode accepts
 
 
 def test_a_resume_from_a_checkpoint_without_optimizer_state_is_one_line(data_dir, finished, tmp_path):
