@@ -70,18 +70,20 @@ def _err(a, ref):  # relative to the largest reference entry; absolute where the
     return (a.double() - ref).abs().max().item() / (scale if scale > 0 else 1.0)
 
 
-def _check(scorer, kw, Tq, offset, D, dtype=torch.float32, factor=3.0, atol=3e-5, **inp):
+def _check(scorer, kw, Tq, offset, D, dtype=torch.float32, factor=3.0, atol=3e-5, param_atol=None, **inp):
+    """The fused path's error against float64 within factor x the fp32 reference's own error + atol (param_atol for
+    the gradients of s, b, n, c where given)."""
     q, k, v, do = _inputs(Tq, offset, D, **inp)
     q, k, v = (x.to(dtype) for x in (q, k, v))  # both paths see the same rounded inputs
     ref64 = _run(_ref, scorer, kw, q, k, v, do, torch.float64, offset)
     ref_lp = _run(_ref, scorer, kw, q, k, v, do, dtype, offset)
     fused = _run(triton_attention, scorer, kw, q, k, v, do, dtype, offset)
     names = ["out", "dq", "dk", "dv"] + [n for n in kw if n != "p"]
-    for name, f, r, lp in zip(names, fused, ref64, ref_lp):
+    for i, (name, f, r, lp) in enumerate(zip(names, fused, ref64, ref_lp)):
         assert f.dtype == lp.dtype and f.shape == r.shape, name
         assert torch.isfinite(f).all(), f"{name} has NaN/Inf"
-        err, own = _err(f, r), _err(lp, r)
-        assert err <= factor * own + atol, f"{scorer} {kw} {name}: error {err:.2e}, reference's own {own:.2e}"
+        err, own, tol = _err(f, r), _err(lp, r), atol if i < 4 or param_atol is None else param_atol
+        assert err <= factor * own + tol, f"{scorer} {kw} {name}: error {err:.2e}, reference's own {own:.2e}"
     return fused, ref64
 
 
@@ -146,11 +148,15 @@ def _gpu_ex2(self, arg):  # ex2.approx.ftz: 2 ulp, and results below 2^-126 flus
 def test_fp32_accuracy_holds_with_the_gpu_approximate_log2_and_exp2(scorer, kw, monkeypatch):
     """The kernels' _log2 is lg2.approx on a GPU and tl.exp2 ex2.approx.ftz: emulate their documented errors (and the
     flush of tiny powers, which ssa's and re-weighting's one-power backward relies on) and hold every scorer to the
-    fp32 bounds, huge logits too."""
+    fp32 bounds, huge logits too. A per-head parameter's gradient sums every score's term, and its terms cancel: ssa
+    p = 3 at offset 23 has b 8.4e-5 and n 9.3e-5 here (3.4e-5 and 1.3e-5 with exact functions; lg2.approx's 2^-22 is
+    absolute, large beside log2(1 + b|z|) near 0), where the fp32 reference's own error is 1.6e-5 / 1.4e-5 with
+    AVX-512 matmuls and 5.7e-5 / 3.1e-5 with AVX2: a bound of 3x that + 3e-5 was a draw of the machine. Those
+    gradients get 1e-4 (a wrong gradient is off by far more); outputs and dq, dk, dv keep 3e-5."""
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_log2", _gpu_lg2)
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_exp2", _gpu_ex2)
-    _check(scorer, kw, 63, 0, 32)
-    _check(scorer, kw, 40, 23, 32)
+    _check(scorer, kw, 63, 0, 32, param_atol=1e-4)
+    _check(scorer, kw, 40, 23, 32, param_atol=1e-4)
     _check(scorer, kw, 40, 9, 16, scale=60.0, atol=2e-4)
 
 
