@@ -67,6 +67,12 @@ def auto_backend(scorer, p, device):
 
 POS = ("rope", "nope")
 
+def head_size(n_embd, n_head, head_dim=None):
+    """Each head's q, k and v width: a model's own head_dim (Qwen3: 128 at any width), else n_embd / n_head. One
+    definition for the config, the CPU-time guard and the Hugging Face export (which read plain config fields)."""
+    return n_embd // n_head if head_dim is None else head_dim
+
+
 @dataclass
 class GPTConfig:
     block_size: int = 1024  # training length N
@@ -124,8 +130,8 @@ class GPTConfig:
             raise ValueError(f"reweight_p={self.reweight_p} must be > 0 (or None for no re-weighting)")
 
     @property
-    def head_size(self):  # each head's q, k and v
-        return self.n_embd // self.n_head if self.head_dim is None else self.head_dim
+    def head_size(self):
+        return head_size(self.n_embd, self.n_head, self.head_dim)
 
     @property
     def p(self):  # the exponent that applies (lssar: 15 when None)

@@ -17,7 +17,7 @@ import torch
 import tasks
 from lib import longrange, sft
 from lib.checkpoint import CheckpointError, build_model, check_task, loaded_inits
-from model import GPTConfig, ssmax_s_for_switch
+from model import GPTConfig, head_size, ssmax_s_for_switch
 from scorers import SCORERS
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -254,7 +254,7 @@ def cpu_hours(cfg, start_iter=0, rate=None):
         examples = sum(1 for line in open(cfg.sft_data, encoding="utf-8") if line.strip())
         iters = sft.sft_schedule(cfg, examples - sft.held_out(examples, cfg.sft_val_frac)).max_iters
     T, C = cfg.block_size, cfg.n_embd
-    hs = cfg.head_dim or C // cfg.n_head  # GPTConfig.head_size: q is n_head heads wide, k and v n_kv_head
+    hs = head_size(C, cfg.n_head, cfg.head_dim)  # q is n_head heads wide, k and v n_kv_head
     q, kv = cfg.n_head * hs, (cfg.n_kv_head or cfg.n_head) * hs
     tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * T
     tokens = max(0, iters - start_iter) * tokens_per_iter

@@ -11,7 +11,7 @@ import tasks
 from lib import folders, vocab
 from lib.checkpoint import load_checkpoint, read_checkpoint, run_info, save_checkpoint
 from lib.corpora import package_dir
-from model import GPT, GPTConfig, param_name
+from model import GPT, GPTConfig, head_size, param_name
 from rope import SCALINGS, check_scaling
 from scorers import SCORERS
 
@@ -257,7 +257,7 @@ def export_hf(path, out):
         raise ConvertError(f"{path} cannot be exported: {'; '.join(why)}")
     st = need("safetensors.torch")
     w, tie = ckpt["model"], a["tie_embeddings"]
-    C, hs = a["n_embd"], a.get("head_dim") or a["n_embd"] // a["n_head"]
+    C, hs = a["n_embd"], head_size(a["n_embd"], a["n_head"], a.get("head_dim"))
     q, kv = hs * a["n_head"], hs * (a["n_kv_head"] or a["n_head"])
     out_w = {"model.embed_tokens.weight": w["transformer.wte.weight"],
              "model.norm.weight": w["transformer.ln_f.weight"]}
