@@ -1,8 +1,9 @@
 """
 Checkpoints and their provenance: what every checkpoint and result file records (run_info), the atomic save, the
 safe read (weights_only=True: a file that carries code is refused, never run), the model a checkpoint or a task run
-builds (load_checkpoint, build_model; RealGPT for the real-valued tasks) and which runs it may start (check_task,
-loaded_inits), and what a run's out_dir may hold before a run writes there (check_out_dir).
+builds (load_checkpoint, build_model; RealGPT for the real-valued tasks), the config a resume continues
+(saved_config) and which runs it may start (check_task, loaded_inits), and what a run's out_dir may hold before a
+run writes there (check_out_dir).
 """
 import dataclasses, hashlib, importlib.metadata, importlib.util, os, re, subprocess, zipfile
 
@@ -16,6 +17,8 @@ from model import GPT, GPTConfig, param_name
 from scorers import SCORERS
 
 RUN_FILES = ("ckpt.pt", "best.pt", "log.jsonl")  # what a run leaves in its out_dir
+# config fields added since checkpoints were first written: the value an older run behaved as, not today's default
+ADDED_FIELDS = {"sft_val_frac": 0.0}  # before it, every SFT example trained
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -175,6 +178,11 @@ def check_task(task, vocab_size, ckpt):
         raise CheckpointError(f"{f'task {task!r} with these fields has' if task else 'this run has'} a vocabulary of "
                               f"{vocab_size} tokens, the checkpoint's model {ckpt['model_args']['vocab_size']}: it "
                               f"reads only its own; keep the checkpoint's task fields or train from scratch")
+
+def saved_config(ckpt):
+    """The config a checkpoint's run was written with; a field it predates is the value that run behaved as
+    (ADDED_FIELDS), so a resume goes on as it began rather than with a newer default."""
+    return {**ADDED_FIELDS, **(ckpt.get("config") or {})}
 
 def loaded_inits(ckpt):
     """The start-value fields (ssmax_s_init, ssa_b_init, fgate_bias_init...) of weights the checkpoint holds: its

@@ -16,7 +16,7 @@ import torch
 
 import tasks
 from lib import longrange, sft
-from lib.checkpoint import CheckpointError, build_model, check_task, loaded_inits
+from lib.checkpoint import CheckpointError, build_model, check_task, loaded_inits, saved_config
 from model import GPTConfig, head_size, ssmax_s_for_switch
 from scorers import SCORERS
 
@@ -169,7 +169,7 @@ def resolve(cfg, explicit, ckpt, resuming, world):
     """A resume: the run's stored config, then what this command sets; init_from: the checkpoint's model fields unless
     this command sets them; then the checks across fields, and a task's vocabulary (tasks.py) as the model's."""
     if resuming:  # in the folder it resumes from, wherever the run was first written
-        cfg = TrainConfig(**{**{k: v for k, v in ckpt["config"].items() if hasattr(cfg, k)}, **explicit,
+        cfg = TrainConfig(**{**{k: v for k, v in saved_config(ckpt).items() if hasattr(cfg, k)}, **explicit,
                              "out_dir": cfg.out_dir})
     elif ckpt is not None:  # block_size too
         cfg = replace(cfg, **{k: v for k, v in ckpt["model_args"].items() if k in MODEL_FIELDS and k not in explicit})

@@ -127,3 +127,20 @@ def test_sft_val_is_held_out_examples_and_sft_val_frac_0_says_val_is_the_trainin
     assert "SFT examples: 3 to train, 1 held out for val" in out and "SFT examples: 4 to train, val: the same" in out
     assert losses[0.25]["train_loss"] != losses[0.25]["val_loss"]
     assert losses[0.0]["train_loss"] == losses[0.0]["val_loss"]
+
+
+def test_resuming_a_checkpoint_from_before_sft_val_frac_trains_on_every_example_unless_told(tmp_path, capsys):
+    path, out = write_sft(tmp_path / "sft.jsonl"), tmp_path / "out"
+    args = ["device=cpu", f"sft_data={path}", f"out_dir={out}", "n_layer=1", "n_head=2", "n_embd=32", "ffn_hidden=64",
+            "block_size=32", "batch_size=2", "gradient_accumulation_steps=1", "eval_iters=1", "sft_val_frac=0"]
+    train.main(args + ["max_iters=1"])
+    ckpt = torch.load(out / "ckpt.pt", map_location="cpu", weights_only=True)
+    del ckpt["config"]["sft_val_frac"]  # written before the field: every example trained, val was the same ones
+    torch.save(ckpt, out / "ckpt.pt")
+    capsys.readouterr()
+    train.main(args[:-1] + ["init_from=resume", "max_iters=2"])  # the default 0.05 would hold one of them out
+    assert "SFT examples: 4 to train, val: the same (sft_val_frac=0)" in capsys.readouterr().out
+    assert torch.load(out / "ckpt.pt", weights_only=True)["config"]["sft_val_frac"] == 0
+    torch.save(ckpt, out / "ckpt.pt")
+    train.main(args[:-1] + ["init_from=resume", "max_iters=2", "sft_val_frac=0.25"])  # asked for: it applies
+    assert "SFT examples: 3 to train, 1 held out for val" in capsys.readouterr().out
