@@ -135,9 +135,12 @@ def answer_lead(enc, tail):
         lead.append(i)
     return lead
 
+def window_start(hay, L, rng):  # where a random stretch of L tokens of hay starts
+    return int(rng.integers(max(len(hay) - L, 0) + 1))
+
 def needle_in_window(enc, hay, L, depth, city, number, rng, prefix=()):
     """needle_trial in a random stretch of hay."""
-    s = int(rng.integers(max(len(hay) - L, 0) + 1))
+    s = window_start(hay, L, rng)
     return needle_trial(enc, hay[s:s + L], L, depth, city, number, prefix)
 
 def control_span(t, rng):
@@ -231,22 +234,32 @@ def squad_examples(source):
             for c, q, a in fields if c and q and a)
 
 def synthetic_examples(enc, hay, n, length, rng):
-    """Needles in train-split text, the question at the end; prompt + answer = length tokens."""
-    P = prompts_of(enc)
+    """Needles in train-split text, the question at the end; the model's start of text (vocab.bos: an import's <s>,
+    which load_sft puts first) + prompt + answer = length tokens as load_sft reads them back. The prompt's text,
+    encoded again, may be longer (SentencePiece gives its first word a "▁"): its text window is then trimmed on the
+    left and the needle placed in what is left."""
+    P, first = prompts_of(enc), vocab.bos(enc)
     for _ in range(n):
         city, number = TRAIN_CITIES[rng.integers(len(TRAIN_CITIES))], draw_number(rng, "train", P["digits"])
         answer = P["tail"].format(number=spell(number, enc))
         n_answer = len(vocab.continuation(enc, answer))
+        depth, room = int(rng.integers(0, 101)), length - len(first) - n_answer  # room: the prompt's tokens
+        s, trim, over = window_start(hay, room, rng), 0, 1
         try:
-            t = needle_in_window(enc, hay, length - n_answer, int(rng.integers(0, 101)), city, number, rng)
+            while over > 0:
+                t = needle_trial(enc, hay[s + trim:s + room], room - trim, depth, city, number)
+                prompt = enc.decode(t["ids"].tolist())
+                over = len(enc.encode_ordinary(prompt)) - room
+                trim += over
         except DataError as e:  # report it in --sft_length's terms
             m = re.search(r"at least (\d+)", str(e))
             if not m:
                 raise
-            raise DataError(f"--sft_length {length} is too short for a synthetic example: its needle, question and "
-                            f"answer take {int(m.group(1)) + n_answer - 1} tokens (more with a longer city name), "
+            raise DataError(f"--sft_length {length} is too short for a synthetic example: its "
+                            f"{'start of text, ' * bool(first)}needle, question and answer take "
+                            f"{int(m.group(1)) + n_answer + len(first) - 1} tokens (more with a longer city name), "
                             f"and the haystack needs room too") from None
-        yield {"prompt": enc.decode(t["ids"].tolist()), "answer": answer}
+        yield {"prompt": prompt, "answer": answer}
 
 def sft_examples(args, enc):
     """(name, examples) of `needle.py sft_data`: args.synthetic needles in train-split text, or else SQuAD 2.0."""

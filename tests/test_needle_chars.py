@@ -158,3 +158,19 @@ def test_a_model_of_other_tokens_or_a_needle_the_vocabulary_cannot_spell_is_one_
     for mode in ("needle", "passkey"):
         msg = one_line_error([mode, "--data", str(tmp_path / "t"), "--context_sizes", "64", "--ckpt", ckpt])
         assert "character 'T' is not in this vocabulary of" in msg
+
+
+@pytest.mark.parametrize("codec", ["gpt2", "char"])
+def test_synthetic_sft_examples_without_a_bos_are_the_drawn_window_as_before(codec, enc, data_dir, char_dir):
+    """No start of text to make room for and a prompt whose text encodes again as long: each example is the window
+    needle_in_window draws, from the same draws as before the BOS was counted (byte for byte)."""
+    enc, data = (enc, data_dir) if codec == "gpt2" else (vocab.codec(char_dir), char_dir)
+    hay, P, length = retrieval.load_hay(data, "train"), retrieval.prompts_of(enc), 160
+    rows = list(retrieval.synthetic_examples(enc, hay, 20, length, np.random.default_rng(3)))
+    rng, cities = np.random.default_rng(3), retrieval.TRAIN_CITIES
+    for row in rows:  # the draws of the code before: city, number, depth, window
+        city, number = cities[rng.integers(len(cities))], retrieval.draw_number(rng, "train", P["digits"])
+        answer = P["tail"].format(number=retrieval.spell(number, enc))
+        t = retrieval.needle_in_window(enc, hay, length - len(enc.encode(answer)), int(rng.integers(0, 101)), city,
+                                       number, rng)
+        assert row == {"prompt": enc.decode(t["ids"].tolist()), "answer": answer}

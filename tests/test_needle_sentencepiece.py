@@ -2,10 +2,11 @@
 prepended to every text the tokenizer encodes, byte fallback for a newline): the needle, its question, the pass key,
 the filler and an SFT answer carry the ids their text has inside running text (no stray "▁" a text of its own gets),
 and a token that starts a word ("▁The") is a word start for the needle's placement. Tiny tokenizers trained here on
-real English, no download; every prompt starts with the tokenizer's <s> as transformers' does. Skipped without
-requirements-hf.txt."""
+real English, no download; every prompt starts with the tokenizer's <s> as transformers' does, and a synthetic SFT
+example fits --sft_length with it. Skipped without requirements-hf.txt."""
 import json
 import os
+import re
 import types
 
 import numpy as np
@@ -115,3 +116,21 @@ def test_sample_py_feeds_the_bos_and_prints_the_prompt_without_it(enc, tmp_path,
                      "--num_samples", "1"])
         assert fed[-1] == [1] + enc.encode(start)  # <s> first, as transformers' tokenizer gives it
         assert capsys.readouterr().out.startswith(f"{start}\n")  # printed without it
+
+
+def test_a_synthetic_sft_example_fits_sft_length_with_its_bos(enc, tmp_path):
+    """<s> + prompt + answer, as load_sft reads them back, in at most --sft_length tokens: the BOS is counted in it and
+    the text window loses tokens on its left until the prompt's text, encoded again (SentencePiece gives its first word
+    a "▁"), fits; the needle and question stay whole."""
+    hay = np.array(enc.encode_ordinary(open(os.path.join(TEXTS, "hamlet_gut.txt"), encoding="utf-8").read()[:40000]))
+    path = tmp_path / "sft.jsonl"
+    for length in (128, 200):
+        rows = list(retrieval.synthetic_examples(enc, hay, 40, length, np.random.default_rng(length)))
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        examples = sft.load_sft(str(path), 10 ** 6, enc)  # no crop: each example's own length
+        for (ids, n_prompt), row in zip(examples, rows):
+            assert ids[0] == 1 and 1 not in ids[1:].tolist() and ids[-1] == enc.eot_token
+            assert length - 3 <= len(ids) - 1 <= length  # the model reads all but the end of text
+            city, = re.findall(r"The special magic (\w+) number is: \d{7}\.", row["prompt"])
+            assert row["prompt"].endswith(retrieval.PROMPTS["bpe"]["question"].format(city=city))
+        assert sum(len(ids) - 1 == length for ids, _ in examples) > len(examples) / 2  # the length is used
