@@ -25,8 +25,8 @@ def write_json(path, obj, **kw):
     os.replace(path + ".tmp", path)
 
 
-def path_of(folder):
-    return os.path.normpath(os.path.abspath(folder)) + ".lock"
+def path_of(folder):  # realpath: a link to the folder (or to a folder above it) takes the folder's own lock
+    return os.path.realpath(folder) + ".lock"
 
 
 @contextlib.contextmanager

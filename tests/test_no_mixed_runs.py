@@ -107,6 +107,20 @@ def test_a_second_writer_of_a_run_stops_with_the_holders_pid_and_the_lock_goes_w
                                                                              "resume=True"))
 
 
+def test_a_second_writer_through_a_symlink_to_the_run_stops_too(data_dir, tmp_path):
+    # out_dir=<a link to the run> (or under a linked folder) took <link>.lock, not <run>.lock: a run with
+    # overwrite=True there deleted the running run's files and the two wrote one log.jsonl (its config, their steps)
+    out = tmp_path / "run"
+    out.mkdir()
+    (tmp_path / "link").symlink_to(out)
+    (tmp_path / "parent").symlink_to(tmp_path)
+    with folders.held(out):  # flock excludes a second open in this process as it does another process
+        for other in (tmp_path / "link", tmp_path / "parent" / "run"):
+            msg = one_line_error(train.main, args(data_dir, other, "max_iters=1", "overwrite=True"))
+            assert f"being written by process {os.getpid()}" in msg, msg
+    assert os.listdir(out) == []
+
+
 def test_a_second_evaluation_into_one_folder_and_a_second_suite_stop_in_one_line(finished, tmp_path, other_process,
                                                                                   monkeypatch):
     ev = tmp_path / "ev"
