@@ -5,7 +5,7 @@ builds (load_checkpoint, build_model; RealGPT for the real-valued tasks), the co
 (saved_config) and which runs it may start (check_task, loaded_inits), and what a run's out_dir may hold before a
 run writes there (check_out_dir).
 """
-import dataclasses, hashlib, importlib.metadata, importlib.util, os, re, subprocess, zipfile
+import contextlib, dataclasses, hashlib, importlib.metadata, importlib.util, os, re, subprocess, zipfile
 
 import torch
 import torch.nn as nn
@@ -53,12 +53,16 @@ def run_info(seed=None, repo=REPO):
                 torch=str(torch.__version__), triton=triton or None, device=device, seed=seed)
 
 def save_checkpoint(obj, path):
-    """Atomic (a temp file of this process's + rename): a crash mid-write leaves the previous checkpoint intact. A
-    full disk or an unwritable folder is an OSError naming the path (torch.save raises RuntimeError for some)."""
+    """Atomic (a temp file of this process's, synced, + rename, synced): a kill, a crash or a power loss mid-write
+    leaves the previous checkpoint intact. A full disk or an unwritable folder is an OSError naming the path
+    (torch.save raises RuntimeError for some)."""
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         torch.save(obj, tmp)
+        _fsync(tmp)  # the data on disk before the name points at it
         os.replace(tmp, path)
+        with contextlib.suppress(OSError):  # the rename too (a file system that cannot sync a folder: as before)
+            _fsync(os.path.dirname(path) or ".")
     except BaseException as e:  # disk full or Ctrl-C: leave no partial file
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -66,6 +70,13 @@ def save_checkpoint(obj, path):
             why = getattr(e, "strerror", None) or (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise OSError(f"cannot write {path}: {why}") from None
         raise
+
+def _fsync(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 class CheckpointError(ValueError):
     """A file that is not a checkpoint this code loads safely; the message is one line naming the file."""
