@@ -80,7 +80,7 @@ RANGES = {**dict.fromkeys(("batch_size", "gradient_accumulation_steps", "eval_in
                                                         lambda v: 0 <= v <= 1e30)),
           "seed": ("in [0, 2**63)", lambda v: 0 <= v < 2 ** 63),  # torch's and numpy's generators both take it
           **dict.fromkeys(("out_dir", "dataset"), ("a folder name, not empty", lambda v: v.strip() != "")),
-          "norm_eps": ("> 0", lambda v: v > 0),
+          "norm_eps": ("> 0", lambda v: v > 0), "lr_schedule": (f"one of {LR_SCHEDULES}", lambda v: v in LR_SCHEDULES),
           **dict.fromkeys(("dropout", "beta1", "beta2", "sft_val_frac"), ("in [0, 1)", lambda v: 0 <= v < 1)),
           "copy_frac": ("in [0, 1]", lambda v: 0 <= v <= 1)}
 
@@ -173,9 +173,9 @@ def resolve(cfg, explicit, ckpt, resuming, world):
                              "out_dir": cfg.out_dir})
     elif ckpt is not None:  # block_size too
         cfg = replace(cfg, **{k: v for k, v in ckpt["model_args"].items() if k in MODEL_FIELDS and k not in explicit})
-    if cfg.lr_schedule not in LR_SCHEDULES or cfg.gradient_accumulation_steps % world:
-        raise TrainError(f"need lr_schedule in {LR_SCHEDULES} and gradient_accumulation_steps (global) divisible by "
-                         f"{world} processes; got {cfg.lr_schedule!r}, {cfg.gradient_accumulation_steps}")
+    if cfg.gradient_accumulation_steps % world:  # each process runs an equal share (lr_schedule: coerce() checks it)
+        raise TrainError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} (global) does not split "
+                         f"evenly among {world} processes: set a multiple of {world} (or use fewer processes)")
     try:
         longrange.check_config(cfg)
         if cfg.task:  # task vocabulary (1: a scalar head)

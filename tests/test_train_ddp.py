@@ -43,3 +43,23 @@ def test_torchrun_two_cpu_processes_equal_one_process_and_only_rank0_writes(data
     assert a["iter_num"] == 4 and a["config"]["gradient_accumulation_steps"] == 4
     for k, v in a["model"].items():
         torch.testing.assert_close(v, b["model"][k], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("accum,world", [(3, 2), (1, 2), (6, 4)])
+def test_gradient_accumulation_that_does_not_split_among_the_processes_is_one_line_naming_only_that(accum, world):
+    # it read "need lr_schedule in ('constant', 'cosine') and gradient_accumulation_steps (global) divisible by 2
+    # processes; got 'cosine', 3": a valid lr_schedule named as a cause. Under torchrun each rank prints the line
+    # (manual check: python -m torch.distributed.run --standalone --nproc_per_node=2 train.py configs/cpu_quick.py
+    # device=cpu gradient_accumulation_steps=3 out_dir=/tmp/x -> that line, then torchrun's ChildFailedError report)
+    from lib.config import TrainConfig, TrainError, resolve
+    args = {"gradient_accumulation_steps": accum, "lr_schedule": "cosine"}
+    with pytest.raises(TrainError) as e:
+        resolve(TrainConfig(**args), args, None, False, world)
+    assert str(e.value) == (f"gradient_accumulation_steps={accum} (global) does not split evenly among {world} "
+                            f"processes: set a multiple of {world} (or use fewer processes)")
+    assert resolve(TrainConfig(gradient_accumulation_steps=accum * world), {}, None, False, world)
+
+
+def test_an_unknown_lr_schedule_is_one_line_naming_the_schedules(data_dir, tmp_path):
+    msg = test_train.error_of(tiny_args(data_dir, tmp_path / "out", "lr_schedule=linear"))
+    assert msg == "error: lr_schedule='linear' is out of range: lr_schedule must be one of ('constant', 'cosine')"
