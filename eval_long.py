@@ -127,6 +127,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
     if not args.ckpt:
         return []
     # check all checkpoints (mmap'd, each against the data's vocabulary, by content) before any model runs
+    vocab.data_folder(args.data)  # read for its tokens: a missing one is no GPT-2 folder ("another vocabulary")
     model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)["model_args"] for p in args.ckpt]
     rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale, args.rope_method)
     args.length = args.length or 10 * model_args[0]["block_size"]  # the first checkpoint fixes L

@@ -163,6 +163,7 @@ def plot(path, results, args, L):
 
 def run(args, folder):
     # every checkpoint must read the data's vocabulary (by content), checked before any model runs
+    vocab.data_folder(args.data)  # read for its tokens: a missing one is no GPT-2 folder ("another vocabulary")
     model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)["model_args"] for p in args.ckpt]
     L = args.length or model_args[0]["block_size"]
     if any(c >= L for c in args.context):

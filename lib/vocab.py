@@ -273,12 +273,17 @@ def language_model(path, ckpt, data_dir=None):
                         f"{describe(ckpt['codec'])}, the data's {describe(data)}")
     return ckpt
 
+def data_folder(data_dir):
+    """data_dir if a folder (or None), else DataError: a missing --data is no folder of GPT-2's ids (data_record's)."""
+    if data_dir is not None and not os.path.isdir(data_dir):
+        raise DataError(f"--data {data_dir!r} does not exist: name a dataset folder prepare_data.py wrote")
+    return data_dir
+
 def checkpoint_codec(ckpt, data_dir=None):
     """The codec a language-model checkpoint reads: its own stored one (data_dir, if given, must hold the same);
     an older checkpoint's: data_dir's, else that of the dataset it was trained on (config's data_dir/dataset,
     nanoGPT's rule), else GPT-2's for a model of GPT-2's vocabulary; else DataError."""
-    if data_dir is not None and not os.path.isdir(data_dir):  # else read as GPT-2's ids: "another vocabulary"
-        raise DataError(f"--data {data_dir!r} does not exist: name a dataset folder prepare_data.py wrote")
+    data_dir = data_folder(data_dir)
     if ckpt.get("codec") is not None:
         data = data_record(data_dir) if data_dir is not None else ckpt["codec"]
         if data["sha256"] != ckpt["codec"]["sha256"]:

@@ -228,6 +228,8 @@ def test_bad_input_is_one_clear_error_line(ckpts, data_dir, tmp_path):
     assert "bogus" in msg and "yarn" in msg
     assert "--fading" in one_line_error(["--data", data_dir])
     assert "--labels" in one_line_error([ckpts["softmax"], "--labels", "x", "y"])
+    missing = str(tmp_path / "no-such-data")  # was read as GPT-2's ids (a warning, then "has no val.bin")
+    assert f"--data {missing!r} does not exist" in one_line_error([ckpts["softmax"], "--data", missing])
     assert not (tmp_path / "per_position.csv").exists()
 
 

@@ -143,6 +143,9 @@ def test_bad_input_is_one_error_line(ckpts, data_dir, tmp_path):
                                                                *base])
     assert "--context" in one_line_error(eval_rows.main, ["--ckpt", ckpts["softmax"], "--context", str(N), *base])
     assert "--labels" in one_line_error(eval_rows.main, ["--ckpt", ckpts["softmax"], "--labels", "a", "b", *base])
+    missing = str(tmp_path / "no-such-data")  # was read as GPT-2's ids (a warning, then "has no val.bin")
+    assert f"--data {missing!r} does not exist" in one_line_error(eval_rows.main, ["--ckpt", ckpts["softmax"], "--data",
+                                                                                   missing, "--out_dir", out])
     assert not os.path.exists(out)  # nothing written by a failed evaluation
 
 
