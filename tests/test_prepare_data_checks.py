@@ -111,3 +111,20 @@ def test_cli_bad_glob_subprocess(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip() == f"error: no files match {str(tmp_path / '*.parquet')!r}"
+
+@pytest.mark.parametrize("source,row", [("bad.jsonl", 1), ("corpus/*.jsonl", 0)])
+def test_a_malformed_jsonl_is_one_error_line_not_the_readers_log_or_a_traceback(tmp_path, source, row):
+    """bad.jsonl fails on the first read (datasets logged its own line first); corpus/b.jsonl after a.jsonl's rows,
+    mid-stream (a traceback, and train.bin.tmp left behind)."""
+    write_jsonl(tmp_path / "bad.jsonl", n=1)
+    with open(tmp_path / "bad.jsonl", "a") as f:
+        f.write('{"content": broken\n')
+    (tmp_path / "corpus").mkdir()
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", n=20)
+    (tmp_path / "corpus" / "b.jsonl").write_text("{broken\n")
+    r = subprocess.run([sys.executable, os.path.join(REPO_DIR, "prepare_data.py"), str(tmp_path / source),
+                        "--out_dir", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"error: cannot load {str(tmp_path / source)!r}: JSON parse error") and \
+        f"in row {row}" in r.stderr, r.stderr
+    assert not [f for _, _, files in os.walk(tmp_path / "out") for f in files]  # no .tmp left behind
