@@ -168,6 +168,9 @@ def run(args, folder):
     L = args.length or model_args[0]["block_size"]
     if any(c >= L for c in args.context):
         raise ValueError(f"--context {max(args.context)} must be shorter than the length {L}")
+    if args.local >= L:  # a longer local<k> counts the same keys: every row's mass but its sink
+        raise ValueError(f"--local {args.local} must be in 1..{L - 1}: the longest row (position {L}) has {L - 1} "
+                         f"keys besides the first")
     labels = compare.unique_labels(args.labels or [a.get("scorer", "softmax") for a in model_args], args.ckpt)
     data = dataset.load_tokens(args.data, args.split, L, min(a["vocab_size"] for a in model_args))
     starts = dataset.draw_starts(len(data), L, args.num_seqs, args.seed)  # the same windows for every model
@@ -190,21 +193,21 @@ def main(argv=None):
     p.add_argument("--labels", nargs="+", help="names in the CSV and legend (default: scorer)")
     p.add_argument("--data", default="data/shakespeare", help="prepared dataset folder (prepare_data.py)")
     p.add_argument("--split", default="val", choices=dataset.SPLITS)
-    p.add_argument("--length", type=int, help="positions per window L (default: the first block_size)")
+    p.add_argument("--length", type=int, help="positions per window L >= 2 (default: the first block_size)")
     p.add_argument("--num_seqs", type=int, default=256, help="windows averaged")
     p.add_argument("--seed", type=int, default=0, help="draws the windows' starts")
-    p.add_argument("--local", type=int, default=8, help="the last k keys of the local mass")
+    p.add_argument("--local", type=int, default=8, help="the last k keys of the local mass (1..L-1)")
     p.add_argument("--context", type=int, nargs="*", default=[], help="also the loss from the last c tokens only")
     p.add_argument("--batch_size", type=int, default=16)
     p.add_argument("--out_dir", default="out-eval-rows")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: model.auto_backend")
     args = p.parse_args(argv)
-    bad = [f"--{k} {v}" for k in ("num_seqs", "length", "local", "batch_size")
-           if (v := getattr(args, k)) is not None and v < 1] + [f"--context {c}" for c in args.context if c < 1]
+    bad = [f"--{k} {v}" for k, low in (("num_seqs", 1), ("length", 2), ("local", 1), ("batch_size", 1))
+           if (v := getattr(args, k)) is not None and v < low] + [f"--context {c}" for c in args.context if c < 1]
     bad += [f"--seed {args.seed}"] * (not 0 <= args.seed < 2**64)
-    if bad:
-        p.error(f"{', '.join(bad)}: counts and lengths must be >= 1, --seed in 0..2**64-1")
+    if bad:  # --length 1: one row, of the first token alone (sink 1, entropy 0): no position to compare
+        p.error(f"{', '.join(bad)}: counts and lengths must be >= 1, --length >= 2, --seed in 0..2**64-1")
     if args.labels and len(args.labels) != len(args.ckpt):
         p.error(f"--labels has {len(args.labels)} names for {len(args.ckpt)} checkpoints")
     args.context = sorted(set(args.context))

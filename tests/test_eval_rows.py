@@ -142,6 +142,10 @@ def test_bad_input_is_one_error_line(ckpts, data_dir, tmp_path):
     assert "does not exist" in one_line_error(eval_rows.main, ["--ckpt", ckpts["softmax"], str(tmp_path / "no.pt"),
                                                                *base])
     assert "--context" in one_line_error(eval_rows.main, ["--ckpt", ckpts["softmax"], "--context", str(N), *base])
+    assert "--length 1: " in one_line_error(eval_rows.main, ["--ckpt", ckpts["softmax"], "--length", "1", *base])
+    for local, length in ((N, []), (5, ["--length", "5"])):  # was accepted: local<k> = the mass without the sink
+        msg = one_line_error(eval_rows.main, ["--ckpt", ckpts["softmax"], "--local", str(local), *length, *base])
+        assert f"--local {local} must be in 1..{int(length[-1]) - 1 if length else N - 1}" in msg, msg
     assert "--labels" in one_line_error(eval_rows.main, ["--ckpt", ckpts["softmax"], "--labels", "a", "b", *base])
     missing = str(tmp_path / "no-such-data")  # was read as GPT-2's ids (a warning, then "has no val.bin")
     assert f"--data {missing!r} does not exist" in one_line_error(eval_rows.main, ["--ckpt", ckpts["softmax"], "--data",
