@@ -176,6 +176,9 @@ def resolve(cfg, explicit, ckpt, resuming, world):
     if cfg.gradient_accumulation_steps % world:  # each process runs an equal share (lr_schedule: coerce() checks it)
         raise TrainError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} (global) does not split "
                          f"evenly among {world} processes: set a multiple of {world} (or use fewer processes)")
+    if cfg.lr_schedule == "cosine" and cfg.lr_decay_iters < cfg.warmup_iters and not cfg.sft_epochs:  # SFT sets both
+        raise TrainError(f"lr_decay_iters={cfg.lr_decay_iters} is below warmup_iters={cfg.warmup_iters}: cosine would "
+                         f"drop to min_lr a step after warmup; need lr_decay_iters >= warmup_iters (the decay's end)")
     try:
         longrange.check_config(cfg)
         if cfg.task:  # task vocabulary (1: a scalar head)
@@ -249,10 +252,7 @@ def cpu_hours(cfg, start_iter=0, rate=None):
     """A lower bound on the hours the rest of a run takes on this CPU, printed with its arithmetic: its FLOPs
     (model.GPT.flops_per_token: 6N + attention) at `rate` FLOP/s, measured (this CPU's matmul) only when even
     CPU_SLOWEST_FLOPS would not finish it in time. A run that would (or a bad model config) is 0, unprinted."""
-    iters = cfg.max_iters
-    if cfg.sft_data and cfg.sft_epochs > 0 and os.path.isfile(cfg.sft_data):  # train.py sets max_iters from the data
-        examples = sum(1 for line in open(cfg.sft_data, encoding="utf-8") if line.strip())
-        iters = sft.sft_schedule(cfg, examples - sft.held_out(examples, cfg.sft_val_frac)).max_iters
+    iters = sft.planned_iters(cfg)  # SFT in epochs: train.py sets max_iters from the data
     T, C = cfg.block_size, cfg.n_embd
     hs = head_size(C, cfg.n_head, cfg.head_dim)  # q is n_head heads wide, k and v n_kv_head
     q, kv = cfg.n_head * hs, (cfg.n_kv_head or cfg.n_head) * hs

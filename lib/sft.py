@@ -75,6 +75,14 @@ def sft_schedule(cfg, n_examples):
     return replace(cfg, max_iters=cfg.sft_epochs * epoch, lr_decay_iters=cfg.sft_epochs * epoch, warmup_iters=epoch)
 
 
+def planned_iters(cfg):
+    """The max_iters a run will have: an SFT run in epochs (its file there) counts them from its held-in examples."""
+    if not (cfg.sft_data and cfg.sft_epochs > 0 and os.path.isfile(cfg.sft_data)):
+        return cfg.max_iters
+    examples = sum(1 for line in open(cfg.sft_data, encoding="utf-8") if line.strip())
+    return sft_schedule(cfg, examples - held_out(examples, cfg.sft_val_frac)).max_iters
+
+
 def sft_batch(examples, ix, T):
     x = torch.zeros((len(ix), T), dtype=torch.long)  # padding (any id: it follows the example), targets -1
     y = torch.full((len(ix), T), -1, dtype=torch.long)

@@ -170,6 +170,8 @@ def test_scorer_option_for_another_scorer_and_missing_dataset_are_one_error_line
     ("rope_theta=inf", "rope_theta=inf is not a finite number"), ("norm_eps=1e400", "norm_eps=inf is not a finite"),
     ("scorer=ssmax ssmax_s_init=1e400", "ssmax_s_init=inf is not a finite"), ("dataset=", "dataset must be a folder"),
     ("rope_scaling=[1]", "rope_scaling is dict or None"), ("init_from=.", "is a directory, expected a checkpoint"),
+    # was accepted: get_lr's cosine fell to min_lr one step after warmup (a constant schedule never reads it)
+    ("lr_schedule='cosine' lr_decay_iters=1 max_iters=3", "lr_decay_iters=1 is below warmup_iters=2: cosine would"),
 ])
 def test_zero_negative_and_impossible_values_are_one_error_line(data_dir, tmp_path, arg, words):
     if arg == "device=cuda" and torch.cuda.is_available():
