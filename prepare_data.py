@@ -47,6 +47,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.max_tokens is not None and not math.isfinite(args.max_tokens):  # int() of it: a traceback
         p.error(f"--max_tokens {args.max_tokens} must be a finite count (e.g. 1e9)")
+    if args.seed < 0:  # random.Random(-s) is Random(s): meta.json would record -1 for seed 1's split
+        p.error(f"--seed {args.seed} must be >= 0: the split's random.Random reads -{-args.seed} as {-args.seed}")
     try:
         prepare(args.source_opt or args.source or "shakespeare", args.name, args.out_dir, args.text_field,
                 args.hf_split, args.val_frac, args.seed,

@@ -93,6 +93,7 @@ def test_a_rebuild_cut_short_keeps_the_old_dataset_or_is_refused_never_read_as_g
     (["kjv", "--tokenizer", "{tmp}/short.txt.pt"], ["short.txt.pt' is not a checkpoint"]),
     (["kjv", "--val_frac", "half"], ["argument --val_frac: invalid float value"]),
     (["kjv", "--name", "../escape"], ["--name '../escape': a folder name (no '/')"]),  # else outside --out_dir
+    (["kjv", "--seed", "-1"], ["--seed -1 must be >= 0"]),  # was taken: random.Random(-1) is Random(1), seed 1's split
 ])
 def test_errors_are_one_line(tmp_path, capsys, args, words):
     (tmp_path / "empty.jsonl").write_text("")
