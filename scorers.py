@@ -15,7 +15,8 @@ parameters held fixed) is one entry, special_case(...).
 - ssa: Scaled Signed Averaging, Naim et al. 2025 "Improving in-context learning with a better scoring function"
   (eq. 5): weights (1 + b|z|)^(sgn(z) n), normalised.
 - lssa / lssar: Gao & Spratling 2025 "Softplus Attention with Re-weighting Boosts Length Extrapolation" (eq. 4, 5):
-  softplus of log(d)*log(N)-scaled cosine scores, l1-normalised; then ReLU(N*A - O)^p, l1-normalised again.
+  softplus of log(d)*log(n_i)-scaled cosine scores, l1-normalised; then ReLU(n_i*A - o_i)^p, l1-normalised again
+  (the paper's N, the keys a row attends to; o_i = 0 in the first three rows, else 1).
 - sigmoid: Ramapuram et al. 2024 "Theory, Analysis, and Best Practices for Sigmoid Self-Attention": weights
   sigmoid(z - log n_i), not normalised.
 - softpick: Zuhri et al. 2025 "Softpick: No Attention Sink, No Massive Activations with Rectified Softmax"
