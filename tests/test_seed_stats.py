@@ -113,3 +113,21 @@ def test_both_settings_at_a_bound_on_every_seed_is_a_ceiling_not_an_equivalence(
     assert compare.paired_by_seed({0: 1.0, 1: 1.0}, {0: 1.0, 1: 0.98}, bounds=(0.0, 1.0))["at_bound"] is None
     assert compare.paired_by_seed({0: 0.7, 1: 0.7}, {0: 0.7, 1: 0.7}, bounds=(0.0, 1.0))["at_bound"] is None
     assert compare.paired_by_seed({0: 1.0}, {0: 1.0})["at_bound"] is None  # no bounds given: never
+
+
+def test_the_committed_verdicts_exact_p_at_10_seeds_holm_ties_and_t_interval_against_scipy():
+    # the synthetic suite's 10 seeds: every seed better -> only all + and all - reach the mean, p = 2 / 2^10; FIRST
+    # at 128 N (2 seeds tie at 1.000, their signs are free): 2 x 2^2 / 2^10 = 2 / 2^8 = 0.0078125 (RESULTS.md)
+    d = np.linspace(0.05, 0.9, 10)
+    assert compare.sign_flip_p(d) == 2 / 1024
+    assert compare.sign_flip_p([*d[:8], 0.0, 0.0]) == 2 / 256
+    assert compare.sign_flip_p([*d[1:], -d[0]]) == 4 / 1024  # the smallest flipped: it and all + (and mirrors)
+    stats = pytest.importorskip("scipy.stats")
+    for x in (d, [*d[:7], -0.3, 0.0, 0.0], np.round(np.random.default_rng(2).normal(0.1, 0.3, 10), 2)):
+        exact = stats.permutation_test((np.asarray(x),), np.mean, permutation_type="samples", n_resamples=np.inf)
+        assert compare.sign_flip_p(x) == pytest.approx(exact.pvalue, abs=1e-12)
+        ci = stats.ttest_1samp(x, 0.0).confidence_interval(0.95)
+        assert compare.seed_interval(x)[2:] == pytest.approx((ci.low, ci.high), abs=1e-12)
+    # ties share one adjusted p whatever their order: FIRST's table, 9 rows at 2/256 and one at 0.125 -> 10 x 2/256
+    assert compare.holm([0.125, *[2 / 256] * 9]) == pytest.approx([0.125, *[0.078125] * 9])
+    assert compare.holm([0.02, 0.5, 0.02, 0.02]) == pytest.approx([0.08, 0.5, 0.08, 0.08])  # 4 x, 3 x, 2 x -> max
