@@ -9,8 +9,9 @@ Spratling 2025: Dynamic NTK). --fading draws SSMax Fig. 1 (attention fading as n
 
 Position t (1-based) is the loss of predicting token t+1 from the t tokens before it: a model trained at length N
 has seen positions 1..N. Every checkpoint is scored on the same --num_seqs windows of L+1 tokens, their starts drawn
-with default_rng(seed) and recorded in summary.json. All checkpoints are read (weights_only) before the first model
-runs; outputs reach --out_dir only whole, never over earlier ones.
+with default_rng(seed) (--disjoint: windows that share no token) and recorded in summary.json with the count of
+overlapping pairs. All checkpoints are read (weights_only) before the first model runs; outputs reach --out_dir only
+whole, never over earlier ones.
 
 Dynamic NTK sets RoPE's base from the sequence length, so window k is read from kN-token sequences with the factor
 for kN (LSSAR Table 4; prefix_1x = native RoPE); --no-ntk_per_length: one L-token pass with the factor for L. Other
@@ -112,6 +113,7 @@ def write_results(args, folder, curves, models, rows, starts, baseline):
         json.dump(dict(models=models, baseline=baseline, differences=diffs, window_rule=WINDOW_RULE,
                        position_rule=POSITION_RULE, ci=f"{compare.LEVEL:.0%} percentile bootstrap over sequences, "
                        f"paired, {args.n_boot} resamples", sequences=dict(split=args.split, length=args.length,
+                       disjoint=args.disjoint, overlapping_pairs=dataset.overlapping_pairs(starts, args.length),
                        starts=starts.tolist()), smoothing=f"moving average over {args.smooth} positions (plot only)",
                        run_info=run_info(args.seed), args=vars(args)), f, indent=1)
     ropes = {rope: description for rope, _, _, description in rope_settings(args)}
@@ -140,7 +142,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
     if baseline not in labels:
         raise ValueError(f"--baseline {baseline!r} is not one of the models: {', '.join(labels)}")
     data = dataset.load_tokens(args.data, args.split, args.length, min(a["vocab_size"] for a in model_args))
-    starts = dataset.draw_starts(len(data), args.length, args.num_seqs, args.seed)  # the same for every model
+    starts = dataset.draw_starts(len(data), args.length, args.num_seqs, args.seed, args.disjoint)  # for every model
     args.smooth = min(args.smooth or max(1, args.length // 200), args.length)
     device, settings = torch.device(args.device), rope_settings(args)
     models, curves, rows, table = [], {}, [], []
@@ -195,6 +197,8 @@ def main(argv=None):
     p.add_argument("--n_boot", type=int, default=2000, help="bootstrap resamples of the paired 95%% CIs")
     p.add_argument("--num_seqs", type=int, default=64, help="sequences averaged (the SSMax paper: 100,000)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--disjoint", action="store_true", help="windows that share no token (default: starts drawn "
+                   "with replacement, as in committed results; summary.json counts overlapping pairs)")
     tracking.add_args(p)
     p.add_argument("--batch_size", type=int, default=1)
     p.add_argument("--labels", nargs="+", help="names of the checkpoints in the legend and CSV (default: scorer)")

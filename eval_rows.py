@@ -138,7 +138,8 @@ def write_results(args, folder, results, per_seq, models, starts, L):
     with open(f"{folder}/summary.json", "w") as f:
         json.dump(dict(models=[dict(m, bins=bin_means(results[m["label"]], L)) for m in models],
                        rule=RULE, sequences=dict(
-                           data=args.data, split=args.split, length=L, starts=starts.tolist()),
+                           data=args.data, split=args.split, length=L, disjoint=args.disjoint,
+                           overlapping_pairs=dataset.overlapping_pairs(starts, L), starts=starts.tolist()),
                        run_info=run_info(args.seed), args=vars(args)), f, indent=1)
 
 def plot(path, results, args, L):
@@ -173,7 +174,7 @@ def run(args, folder):
                          f"keys besides the first")
     labels = compare.unique_labels(args.labels or [a.get("scorer", "softmax") for a in model_args], args.ckpt)
     data = dataset.load_tokens(args.data, args.split, L, min(a["vocab_size"] for a in model_args))
-    starts = dataset.draw_starts(len(data), L, args.num_seqs, args.seed)  # the same windows for every model
+    starts = dataset.draw_starts(len(data), L, args.num_seqs, args.seed, args.disjoint)  # the same for every model
     results, per_seq, models = {}, {}, []
     for label, path in zip(labels, args.ckpt):
         model, ckpt = load_checkpoint(path, args.device, backend=args.backend)
@@ -195,6 +196,7 @@ def main(argv=None):
     p.add_argument("--split", default="val", choices=dataset.SPLITS)
     p.add_argument("--length", type=int, help="positions per window L >= 2 (default: the first block_size)")
     p.add_argument("--num_seqs", type=int, default=256, help="windows averaged")
+    p.add_argument("--disjoint", action="store_true", help="windows that share no token (default: with replacement)")
     p.add_argument("--seed", type=int, default=0, help="draws the windows' starts")
     p.add_argument("--local", type=int, default=8, help="the last k keys of the local mass (1..L-1)")
     p.add_argument("--context", type=int, nargs="*", default=[], help="also the loss from the last c tokens only")

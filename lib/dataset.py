@@ -61,9 +61,24 @@ def check_ids(data_dir, split, vocab_size, chunk=1 << 24):
                             f"tokenizer's; re-prepare the dataset")
 
 
-def draw_starts(n_tokens, L, num_seqs, seed):
-    """Start offsets of num_seqs windows of L+1 tokens; the same for every checkpoint of a run."""
-    return np.random.default_rng(seed).integers(0, n_tokens - L, size=num_seqs)
+def draw_starts(n_tokens, L, num_seqs, seed, disjoint=False):
+    """Start offsets of num_seqs windows of L+1 tokens; the same for every checkpoint of a run. Drawn with
+    replacement, windows may share tokens (overlapping_pairs counts them); disjoint: num_seqs distinct slots of L+1
+    tokens (at one random shift), no token in two windows, so a sequence is an independent text for the statistics."""
+    rng = np.random.default_rng(seed)
+    if not disjoint:
+        return rng.integers(0, n_tokens - L, size=num_seqs)
+    slots = n_tokens // (L + 1)
+    if num_seqs > slots:
+        raise DataError(f"--disjoint: {num_seqs:,} windows of {L + 1:,} tokens need {num_seqs * (L + 1):,} tokens, the "
+                        f"split holds {n_tokens:,} ({slots:,} windows): fewer --num_seqs or a shorter --length")
+    return rng.choice(slots, num_seqs, replace=False) * (L + 1) + rng.integers(0, n_tokens - slots * (L + 1) + 1)
+
+
+def overlapping_pairs(starts, L):
+    """How many pairs of the windows of L+1 tokens at `starts` share a token (a repeated start is one too)."""
+    s = np.sort(np.asarray(starts))
+    return int((np.searchsorted(s, s + L, side="right") - np.arange(len(s)) - 1).sum())
 
 
 def check_prepared(data_dir):

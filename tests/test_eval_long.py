@@ -289,3 +289,22 @@ def test_a_checkpoint_that_fails_to_load_leaves_no_partial_results_and_the_out_d
     assert np.isfinite(table).all() and (tmp_path / "res" / "per_sequence.csv").exists()
     summary = json.loads((tmp_path / "res" / "summary.json").read_text())
     assert [m["label"] for m in summary["models"]] == ["softmax"]
+
+
+def test_overlapping_windows_are_counted_and_disjoint_windows_share_no_token(ckpts, data_dir, tmp_path):
+    # windows of L+1 = 4 tokens at 0, 3, 3, 4, 10: 0 meets both 3s (token 3), the 3s each other, both 3s meet 4: 5
+    assert dataset.overlapping_pairs([0, 3, 4, 10, 3], 3) == 5 and dataset.overlapping_pairs([0, 4, 8], 3) == 0
+    for seed in range(20):
+        s = np.sort(dataset.draw_starts(1000, 9, 100, seed, disjoint=True))  # every slot of 10 tokens taken
+        assert len(s) == 100 and (np.diff(s) >= 10).all() and s[0] >= 0 and s[-1] + 10 <= 1000
+    with pytest.raises(dataset.DataError, match="101 windows of 10 tokens need 1,010 tokens, the split holds 1,000"):
+        dataset.draw_starts(1000, 9, 101, 0, disjoint=True)
+    common = [ckpts["softmax"], "--data", data_dir, "--rope_method", "none", "--length", str(N), "--num_seqs", "40",
+              "--seed", "1"]
+    for flag, out in (([], "drawn"), (["--disjoint"], "disjoint")):
+        eval_long.main(common + flag + ["--out_dir", str(tmp_path / out)])
+    drawn, disjoint = (json.loads((tmp_path / o / "summary.json").read_text())["sequences"] for o in ("drawn",
+                                                                                                       "disjoint"))
+    assert drawn["disjoint"] is False and drawn["overlapping_pairs"] == dataset.overlapping_pairs(drawn["starts"], N)
+    assert drawn["overlapping_pairs"] > 0  # 40 windows of 33 tokens in the stand-in val split: some overlap
+    assert disjoint["disjoint"] is True and disjoint["overlapping_pairs"] == 0 and len(set(disjoint["starts"])) == 40

@@ -160,3 +160,12 @@ def test_a_truncated_context_bin_is_reported_only_where_it_is_defined_at_every_p
                                                                                     np.nan)}, 32)
     assert "loss_c20" not in out["17-32"]  # it was the mean of 21-32 beside loss's of 17-32: 0.13 apart
     assert out["17-32"]["loss_c16"] == out["17-32"]["loss"]  # c on a bin edge: the same positions
+
+
+def test_disjoint_windows_share_no_token_and_summary_counts_overlaps(ckpts, data_dir, tmp_path):
+    out = str(tmp_path / "rows")
+    eval_rows.main(["--ckpt", ckpts["softmax"], "--data", data_dir, "--num_seqs", "6", "--seed", "3", "--disjoint",
+                    "--out_dir", out])
+    seqs = json.load(open(os.path.join(out, "summary.json")))["sequences"]
+    starts = np.sort(seqs["starts"])
+    assert seqs["disjoint"] is True and seqs["overlapping_pairs"] == 0 and (np.diff(starts) >= N + 1).all()
