@@ -177,7 +177,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, KS, lo, hi, offs_m, offs_n, Tk,
             if MASK:
                 x = tl.where(keep, x, NEG)
             m_new = tl.maximum(m_i, tl.max(x, 1))
-            a, d = _terms(tl.exp2(x - m_new[:, None]), m_new[:, None], LOGIT)
+            a, d = _terms(x, m_new[:, None], LOGIT)
             if MASK:  # a row may have no kept key yet (m_new = NEG)
                 a = tl.where(keep, a, 0.0)
                 d = tl.where(keep, d, 0.0)

@@ -79,7 +79,7 @@ def _stage1(x, kind, n, mask, ln_n):
         x[..., -m:].mul_(mask)  # 0: not above m; its terms cut below
         mx = x.amax(-1, keepdim=True).clamp_(min=0)
         e = torch.exp(-mx)
-        u = x.sub_(mx).exp_().sub_(e)
+        u = x.copy_(torch.where(x.abs() < 1, torch.expm1(x.clamp(-1, 1)).mul_(e), (x - mx).exp_().sub_(e)))  # x: u
         u[..., -m:].mul_(mask)
         S = u.abs().sum(-1, keepdim=True).add_(e * scorers.SOFTPICK_EPS)
         u.div_(S)

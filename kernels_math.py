@@ -124,12 +124,15 @@ def _logit(qk, c, ks, n_i, sm_scale, b_h, n_h, LOGIT: tl.constexpr, DT: tl.const
 
 
 @triton.jit
-def _terms(a, m, LOGIT: tl.constexpr):
-    """The row template's terms of base-2 logits x from a = 2^(x - m), both times 2^-m: P = num / L with
-    L = sum den + eps. num = den = a unless a branch says otherwise: L is the weights' own sum."""
+def _terms(x, m, LOGIT: tl.constexpr):
+    """The row template's terms of base-2 logits x, times 2^-m: P = num / L with L = sum den + eps. num = den =
+    a = 2^(x - m) unless a branch says otherwise: L is the weights' own sum."""
+    a = tl.exp2(x - m)
     num, den = a, a
-    if LOGIT == "softpick":  # e^z - 1 = 2^m (2^(x - m) - 2^-m)
-        u = a - tl.exp2(-m)
+    if LOGIT == "softpick":  # e^z - 1 = 2^m (2^(x - m) - 2^-m); near x = 0 2^-m expm1(x ln 2) by its series (to
+        y = x * LN2          # y^5 / 120; 7e-9 relative at |x| = 1/8): the difference cancels there (eps / |x|)
+        e1 = y * (1.0 + y * (0.5 + y * (1.0 / 6 + y * (1.0 / 24 + y * (1.0 / 120)))))
+        u = tl.where(tl.abs(x) < 0.125, tl.exp2(-m) * e1, a - tl.exp2(-m))
         num, den = tl.maximum(u, 0.0), tl.abs(u)
     return num, den
 
@@ -138,7 +141,7 @@ def _terms(a, m, LOGIT: tl.constexpr):
 def _prob(x, m1, LOGIT: tl.constexpr, ONLINE_MAX: tl.constexpr, NORMALISE: tl.constexpr):
     """Stage-1 weights P from _logit's x and the row statistic m1 (log2 of the row's divisor L)."""
     if ONLINE_MAX:
-        P, _ = _terms(tl.exp2(x - m1[:, None]), m1[:, None], LOGIT)
+        P, _ = _terms(x, m1[:, None], LOGIT)
     elif NORMALISE:
         P = x * tl.exp2(-m1)[:, None]
     else:
@@ -177,7 +180,7 @@ def _grad_factor(qk, x, P, dP, keep, c, ks, m1, sm_scale, b_h, n_h, LOGIT: tl.co
     elif LOGIT == "softpick":  # u = e^z - 1: gate [u > 0], W = sgn(u) e^z / L
         E = tl.exp2(x - m1[:, None])
         dP = tl.where(P > 0, dP, 0.0)
-        W = tl.where(P > 0, E, tl.where(E < tl.exp2(-m1)[:, None], -E, 0.0)) * sm_scale
+        W = tl.where(P > 0, E, tl.where(x < 0, -E, 0.0)) * sm_scale  # sgn z from x: 2^x rounds to 1 near 0
         if MASK:
             W = tl.where(keep, W, 0.0)
     elif LOGIT == "forget":  # dlogit/dqk = 1/sqrt(d); c_i - c_j is a bias

@@ -2,6 +2,7 @@
 under re-weighting (ties: n P - 1 only rounding) in fp32 and 16 bits, the tie tolerance decided alike by the
 reference, the kernels and FlexAttention, huge logits, large p on long rows, lssa's tiny weights; no NaN/Inf for
 finite inputs, and clear errors for bad shapes. CPU, Triton's interpreter."""
+import functools
 import math
 
 import pytest
@@ -118,3 +119,16 @@ def test_shape_errors_are_clear():
         kernels.attention(q, k, v, "sparsemax")
     with pytest.raises(ValueError, match="needs normalised rows"):  # re-weighting does not apply to sigmoid
         kernels.attention(q, k, v, "sigmoid", p=3.0)
+
+
+@pytest.mark.parametrize("scale", [3e-2, 1e-2, 3e-3])  # max |z| ~ 1e-3, 1e-4, 1e-5
+def test_softpick_rows_of_small_logits_keep_e_to_the_z_minus_1_exact_in_fp32(scale):
+    # e^z - 1 as e^z minus 1 cancels: each term off by ~eps/|z| relative, the output by 4e-4 (|z| ~ 1e-3) to 6e-3
+    # (1e-5) of its scale before, in the fp32 reference, kernels_cpu and Triton alike (flex's log|e^z - 1| was exact)
+    q, k, v, do = _inputs(37, 5, 16, scale=scale)
+    ref = _run(_ref, "softpick", {}, q, k, v, do, torch.float64, 5)
+    paths = dict(torch=_ref, cpu=functools.partial(model.attention, backend="cpu"), triton=triton_attention)
+    for path, fn in paths.items():
+        for name, f, r in zip(["out", "dq", "dk", "dv"], _run(fn, "softpick", {}, q, k, v, do, torch.float32, 5), ref):
+            assert _err(f, r) < 2e-5, f"{path} {name}: {_err(f, r):.1e}"
+    assert _err(kernels_flex.flex_attention(q, k, v, "softpick", offset=5), ref[0]) < 2e-5

@@ -86,7 +86,7 @@ def _one_helper(QS, KS, OUT, HELPER: tl.constexpr, ROW: tl.constexpr, LOGIT: tl.
     elif HELPER == "_logit":
         y = _logit(qk, c, ks, n_i, 0.25, 0.5, 1.5, LOGIT, tl.float32)
     elif HELPER == "_terms":
-        num, den = _terms(tl.exp2(qk - 4.0), m1[:, None], LOGIT)
+        num, den = _terms(qk, m1[:, None], LOGIT)
         y = num + den
     elif HELPER == "_prob_bwd":
         P, F = _prob_bwd(qk, qk, m1, 0.25, 0.5, 1.5, LOGIT, ONLINE_MAX, NORMALISE)
