@@ -1,7 +1,7 @@
 """
 Training-free logit rescalings of a trained softmax model: a factor on each query row's logits, applied as q times
-the factor (CausalSelfAttention.q_scale), for eval_tasks.py's and eval_long.py's --logit_scale. n_i = i + 1 is
-row i's key count (its 1-based position), N the training length, L the evaluated length (SCORERS.md).
+the factor (CausalSelfAttention.q_scale), for --logit_scale in eval_tasks.py, eval_long.py and eval_copy.py.
+n_i = i + 1 is row i's key count (its 1-based position), N the training length, L the evaluated length (SCORERS.md).
 
 - qwen: max(1, log n_i / log N): Qwen's log-n attention scaling;
 - yarn: (0.1 ln(L/N) + 1)^2 for L > N, else 1: YaRN's attention temperature (on q and k; here all on q);
