@@ -78,8 +78,8 @@ def _stage1(x, kind, n, mask, ln_n):
     if kind == "softpick":  # e^x - 1 = e^m (u - e^-m), u = e^(x - m), m = max(0, max_j x): num ReLU, den |.|
         x[..., -m:].mul_(mask)  # 0: not above m; its terms cut below
         mx = x.amax(-1, keepdim=True).clamp_(min=0)
-        e = torch.exp(-mx)
-        u = x.copy_(torch.where(x.abs() < 1, torch.expm1(x.clamp(-1, 1)).mul_(e), (x - mx).exp_().sub_(e)))  # x: u
+        e, c = torch.exp(-mx), (mx - 80).clamp_(min=0)  # e^(x - c) - e^-c = expm1(x - c) + 1 - e^-c: exact at x ~ 0
+        u = x.sub_(c).expm1_().add_(1 - torch.exp(-c)).mul_(torch.exp(c - mx))  # (c = 0 unless a logit passes 80)
         u[..., -m:].mul_(mask)
         S = u.abs().sum(-1, keepdim=True).add_(e * scorers.SOFTPICK_EPS)
         u.div_(S)
