@@ -16,6 +16,7 @@ import numpy as np
 
 import tasks
 from lib import compare, synthetic_figures
+from lib.corpora import DataError
 from lib.folders import write_json
 from lib.runs import remove
 
@@ -76,12 +77,18 @@ def summarize(acc):
     cells = {}
     for r in acc:
         mse = r["mse"] != ""
-        key = (r["task"], r["setting"], r["condition"], r["rope"], int(r["length"]) // int(r["train_length"]))
+        multiple, rest = divmod(int(r["length"]), int(r["train_length"]))
+        key, seed = (r["task"], r["setting"], r["condition"], r["rope"], multiple), int(r["seed"])
         c = cells.setdefault(key, dict(zip(("task", "setting", "condition", "rope", "multiple"), key), base=r["base"],
                                        metric="mse" if mse else "accuracy", by_seed={}, loss_by_seed={}))
-        c["by_seed"][int(r["seed"])] = float(r["mse" if mse else "accuracy"])
+        if rest or seed in c["by_seed"]:  # a cell is a multiple of N, one value a seed: never one over another
+            raise DataError(f"{r['task']} {r['setting']} seed {seed}: " + (
+                f"length {r['length']} is not a multiple of its training length {r['train_length']}" if rest else
+                f"two rows at {multiple} N ({r['condition'] or 'no condition'}, rope {r['rope']})") +
+                ": the report reads one accuracy a seed at each multiple of N")
+        c["by_seed"][seed] = float(r["mse" if mse else "accuracy"])
         if not mse:
-            c["loss_by_seed"][int(r["seed"])] = float(r["loss"])
+            c["loss_by_seed"][seed] = float(r["loss"])
     for c in cells.values():
         c["seeds"], c["per_seed"] = sorted(c["by_seed"]), [c["by_seed"][s] for s in sorted(c["by_seed"])]
         c["mean"], c["sd"], c["ci_lo"], c["ci_hi"] = compare.seed_interval(c["per_seed"])

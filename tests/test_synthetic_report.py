@@ -7,6 +7,7 @@ import os
 import pytest
 
 from lib import compare, synthetic, synthetic_report
+from lib.corpora import DataError
 
 
 def _rows(setting, seed, accs, task="first"):
@@ -102,3 +103,14 @@ def test_a_report_cut_short_leaves_no_summary_json_and_a_finished_one_writes_it_
     synthetic_report.report("runs", str(tmp_path), [], {"command": "x"})
     assert seen == [False, False] and json.load(open(tmp_path / "summary.json"))["command"] == "x"
     assert (tmp_path / "tables.md").stat().st_mtime_ns <= (tmp_path / "summary.json").stat().st_mtime_ns
+
+
+def test_a_length_off_the_multiples_of_n_or_a_seed_twice_in_a_cell_is_refused_not_written_over():
+    # the cells are keyed by length // N and a seed: 48 (1.5 N) would have replaced seed 0's value at 1 N, and a second
+    # row of the same seed and multiple replaced the first, silently
+    acc = _rows("softmax", 0, (1.0, 0.9, 0.5))
+    with pytest.raises(DataError, match="length 48 is not a multiple of its training length 32"):
+        synthetic_report.summarize(acc + [dict(acc[0], length=48, accuracy=0.2)])
+    with pytest.raises(DataError, match=r"first softmax seed 0: two rows at 2 N \(no condition, rope nope\)"):
+        synthetic_report.summarize(acc + [dict(acc[1], accuracy=0.2)])
+    assert synthetic_report.summarize(acc + _rows("softmax", 1, (1.0, 0.9, 0.5)))["first"]["cells"][0]["seeds"] == [0, 1]
