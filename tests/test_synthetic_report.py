@@ -113,4 +113,5 @@ def test_a_length_off_the_multiples_of_n_or_a_seed_twice_in_a_cell_is_refused_no
         synthetic_report.summarize(acc + [dict(acc[0], length=48, accuracy=0.2)])
     with pytest.raises(DataError, match=r"first softmax seed 0: two rows at 2 N \(no condition, rope nope\)"):
         synthetic_report.summarize(acc + [dict(acc[1], accuracy=0.2)])
-    assert synthetic_report.summarize(acc + _rows("softmax", 1, (1.0, 0.9, 0.5)))["first"]["cells"][0]["seeds"] == [0, 1]
+    two_seeds = synthetic_report.summarize(acc + _rows("softmax", 1, (1.0, 0.9, 0.5)))["first"]
+    assert two_seeds["cells"][0]["seeds"] == [0, 1]
