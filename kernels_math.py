@@ -132,7 +132,8 @@ def _terms(x, m, LOGIT: tl.constexpr):
     if LOGIT == "softpick":  # e^z - 1 = 2^m (2^(x - m) - 2^-m); near x = 0 2^-m expm1(x ln 2) by its series (to
         y = x * LN2          # y^5 / 120; 7e-9 relative at |x| = 1/8): the difference cancels there (eps / |x|)
         e1 = y * (1.0 + y * (0.5 + y * (1.0 / 6 + y * (1.0 / 24 + y * (1.0 / 120)))))
-        u = tl.where(tl.abs(x) < 0.125, tl.exp2(-m) * e1, a - tl.exp2(-m))
+        e = tl.exp2(-m)
+        u = tl.where(tl.abs(x) < 0.125, e * e1, a - e)
         num, den = tl.maximum(u, 0.0), tl.abs(u)
     return num, den
 

@@ -91,9 +91,9 @@ def score_sigmoid(q, k, n_i, mask):
 def score_softpick(q, k, n_i, mask):
     z = _z(q, k).masked_fill(~mask, float("-inf"))
     m = z.amax(-1, keepdim=True).clamp(min=0).detach()  # e^z - 1 = e^m (e^(z-m) - e^-m): no overflow
-    # near z = 0 as e^-m expm1(z): e^(z-m) - e^-m cancels there (~eps/|z| relative); clamp: no inf in the unused one
-    u = torch.where(z.abs() < 1, torch.exp(-m) * torch.expm1(z.clamp(-1, 1)), torch.exp(z - m) - torch.exp(-m)) * mask
-    return torch.relu(u) / (u.abs().sum(-1, keepdim=True) + SOFTPICK_EPS * torch.exp(-m))  # relu: slope 0 at 0
+    e = torch.exp(-m)  # near z = 0 as e^-m expm1(z): e^(z-m) - e^-m cancels there (~eps/|z| relative)
+    u = torch.where(z.abs() < 1, e * torch.expm1(z.clamp(-1, 1)), torch.exp(z - m) - e) * mask  # clamp: no inf unused
+    return torch.relu(u) / (u.abs().sum(-1, keepdim=True) + SOFTPICK_EPS * e)  # relu: slope 0 at 0
 
 def score_stickbreaking(q, k, n_i, mask):
     z = _z(q, k)
