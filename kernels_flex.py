@@ -18,19 +18,21 @@ def _flex_pass(q, k, v, block_mask, scale, stage1, pos0, params, ln_d, lse1, p):
     """One FlexAttention pass: stage-1 scores (lse1 None) or the re-weighting pass over stage-1 lse1."""
     from torch.nn.attention.flex_attention import AuxRequest, flex_attention as flex  # AuxRequest: torch >= 2.9
 
+    dt = torch.promote_types(q.dtype, torch.float32)  # flex scores half in fp32; a float64 model keeps float64
+
     # fox: + c_i - c_j, c_i from its own tensor: compiled backward refuses a score_mod that indexes one tensor
     # needing gradients twice
     c, c_rows = params.get("c"), params.get("c_rows")
 
     def logit(score, bb, h, q_idx, kv_idx):  # the registry's stage-1 logit, natural log
-        ln_n = torch.log((q_idx + pos0 + 1).to(torch.float32))
+        ln_n = torch.log((q_idx + pos0 + 1).to(dt))
         x = stage1(score, ln_n, ln_d, **{name: x[h] for name, x in params.items() if name not in ("c", "c_rows")})
         return x if c is None else x + c_rows[bb, h, q_idx] - c[bb, h, kv_idx]
 
     def reweight(score, bb, h, q_idx, kv_idx):  # p log(n P - o) where above the tie tolerance, else -inf
-        n_i, lse = (q_idx + pos0 + 1).to(torch.float32), lse1[bb, h, q_idx]
-        y = n_i * torch.exp(logit(score, bb, h, q_idx, kv_idx) - lse) - (n_i > 3).to(torch.float32)
-        pos = y > scorers.tie_tolerance(n_i, lse, torch.finfo(torch.float32).eps)  # fp32, as kernels.py
+        n_i, lse = (q_idx + pos0 + 1).to(dt), lse1[bb, h, q_idx]
+        y = n_i * torch.exp(logit(score, bb, h, q_idx, kv_idx) - lse) - (n_i > 3).to(dt)
+        pos = y > scorers.tie_tolerance(n_i, lse, torch.finfo(dt).eps)  # fp32 below float64, as kernels.py
         return torch.where(pos, p * torch.log(torch.where(pos, y, torch.ones_like(y))), -math.inf)
 
     mod = logit if lse1 is None else reweight
@@ -56,7 +58,7 @@ def flex_attention(q, k, v, scorer, *, p=None, offset=0, **params):
     pad_q, pad_k = -Tq % 128, -Tk % 128
     q, k, v = F.pad(q, (0, 0, 0, pad_q)), F.pad(k, (0, 0, 0, pad_k)), F.pad(v, (0, 0, 0, pad_k))
     if "c" in params:  # indexed at padded positions too; c_rows: the query rows' c_i
-        c = params["c"].float()
+        c = params["c"].to(torch.promote_types(q.dtype, torch.float32))
         params["c"], params["c_rows"] = F.pad(c, (0, pad_k)), F.pad(c[..., offset:], (0, pad_q))
     block_mask = create_block_mask(lambda bb, h, q_idx, kv_idx: (kv_idx <= q_idx + offset) & (kv_idx < Tk),
                                    None, None, Tq + pad_q, Tk + pad_k, device=q.device)

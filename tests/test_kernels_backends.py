@@ -33,6 +33,19 @@ def test_flex_runs_fox_with_its_forget_bias(Tq, offset):
     assert offset + Tq == 1 or _err(out, _ref(q, k, v, "softmax", offset=offset)) > 1e-2  # the bias ran
 
 
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("scorer,kw", [case for case, _ in FLEX], ids=[i for _, i in FLEX])
+def test_flex_keeps_float64_in_log_n_the_tie_tolerance_and_fox_c(scorer, kw):
+    """A float64 model's flex scores in float64: log n_i, n_i and FoX's c in float32 were 1e-8..4e-7 off."""
+    q, k, v, _ = (x.double() for x in _inputs(20, 30, 16))
+    params = {n: _param(x, k).double() for n, x in kw.items() if n != "p"}
+    if scorer == "fox":  # c_i - c_j down to ~ -25: float32 rounds it ~1e-6
+        params["c"] = torch.nn.functional.logsigmoid(torch.randn(k.shape[:3], dtype=torch.float64) + 1).cumsum(-1)
+    out = kernels_flex.flex_attention(q, k, v, scorer, p=kw.get("p"), offset=30, **params)
+    assert out.dtype == torch.float64
+    assert _err(out, _ref(q, k, v, scorer, p=kw.get("p"), offset=30, **params)) < 1e-12
+
+
 def test_a_scorer_without_a_kernel_on_a_backend_is_refused_there_with_one_line():
     q = torch.randn(1, 2, 8, 16)
     c = torch.zeros(1, 2, 8)
