@@ -5,14 +5,14 @@ builds (load_checkpoint, build_model; RealGPT for the real-valued tasks), the co
 (saved_config) and which runs it may start (check_task, loaded_inits), and what a run's out_dir may hold before a
 run writes there (check_out_dir).
 """
-import contextlib, dataclasses, hashlib, importlib.metadata, importlib.util, os, re, subprocess, zipfile
+import dataclasses, hashlib, importlib.metadata, importlib.util, os, re, subprocess, zipfile
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import tasks
-from lib import tracking
+from lib import folders, tracking
 from model import GPT, GPTConfig, param_name
 from scorers import SCORERS
 
@@ -59,10 +59,7 @@ def save_checkpoint(obj, path):
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         torch.save(obj, tmp)
-        _fsync(tmp)  # the data on disk before the name points at it
-        os.replace(tmp, path)
-        with contextlib.suppress(OSError):  # the rename too (a file system that cannot sync a folder: as before)
-            _fsync(os.path.dirname(path) or ".")
+        folders.replace_synced([tmp], [path])  # the data on disk before the name points at it, then the rename
     except BaseException as e:  # disk full or Ctrl-C: leave no partial file
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -70,13 +67,6 @@ def save_checkpoint(obj, path):
             why = getattr(e, "strerror", None) or (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise OSError(f"cannot write {path}: {why}") from None
         raise
-
-def _fsync(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 class CheckpointError(ValueError):
     """A file that is not a checkpoint this code loads safely; the message is one line naming the file."""

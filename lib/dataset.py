@@ -8,7 +8,7 @@ import contextlib, glob, hashlib, itertools, json, os, random, shlex, sys, time
 import numpy as np
 
 from lib.corpora import CHAR, EMBEDDED, FILE_BUILDERS, NAMED, SOURCES_HELP, DataError, default_name, stream_docs
-from lib.folders import held
+from lib.folders import held, replace_synced, sync
 from lib.vocab import (EOT_TEXT, TOKENIZERS, CharCodec, HFCodec, data_record, get_tokenizer, hf_codec, read_meta,
                        record)
 
@@ -257,9 +257,9 @@ def _build(data_dir, args, source, files, tokenizer, text_field, hf_split, val_f
     if isinstance(enc, HFCodec):  # beside the data: its meta.json stays small
         with open(os.path.join(data_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
             f.write(enc.text)
-    for p in paths.values():
-        os.replace(p + ".tmp", p)
-    os.replace(os.path.join(data_dir, "meta.json.tmp"), os.path.join(data_dir, "meta.json"))  # last: it vouches
+        sync(os.path.join(data_dir, "tokenizer.json"))
+    names = [*paths.values(), os.path.join(data_dir, "meta.json")]  # meta.json last: it vouches for the rest
+    replace_synced([name + ".tmp" for name in names], names)  # a power loss never leaves it over unwritten data
     print(f"{data_dir}: train {tokens['train']:,} tokens ({n_docs['train']} docs), "
           f"val {tokens['val']:,} tokens ({n_docs['val']} docs) in {time.time() - t0:.1f}s")
     return data_dir

@@ -18,11 +18,32 @@ class FolderError(Exception):
     """A folder another process writes (the message names its pid), or that holds earlier results: one line."""
 
 
+def sync(path):
+    """path's data (a file) or its names (a folder) on the disk: a rename alone survives a kill, not a power loss or
+    an OS crash, after which the new name can point at data never written (an empty or cut file)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_synced(tmps, paths):
+    """Each tmps[i] renamed over paths[i] in order, every file synced before the first rename, their folders after."""
+    for tmp in tmps:
+        sync(tmp)
+    for tmp, path in zip(tmps, paths):
+        os.replace(tmp, path)
+    for folder in {os.path.dirname(os.path.abspath(p)) for p in paths}:
+        with contextlib.suppress(OSError):  # a file system that cannot sync a folder: the renames as before
+            sync(folder)
+
+
 def write_json(path, obj, **kw):
-    """obj as JSON at path (kw: json.dump's), whole or not at all: written beside it, then renamed over it."""
+    """obj as JSON at path (kw: json.dump's), whole or not at all: written beside it, synced, renamed over it."""
     with open(path + ".tmp", "w") as f:
         json.dump(obj, f, **kw)
-    os.replace(path + ".tmp", path)
+    replace_synced([path + ".tmp"], [path])
 
 
 def path_of(folder):  # realpath: a link to the folder (or to a folder above it) takes the folder's own lock
@@ -102,11 +123,16 @@ def results_dir(out_dir, names):
         os.makedirs(tmp)
         try:
             yield tmp
+            for folder, _, files in os.walk(tmp):  # on the disk before a rename shows them finished (sync's why)
+                for name in files:
+                    sync(os.path.join(folder, name))
             try:
                 os.replace(tmp, out_dir)  # one rename where out_dir is absent or empty
             except OSError:  # shared folder: file by file, marker last
                 for name in sorted(os.listdir(tmp), key=lambda n: names.index(n) if n in names else -1):
                     os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+            with contextlib.suppress(OSError):
+                sync(os.path.dirname(os.path.abspath(out_dir)))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 

@@ -12,7 +12,7 @@ a step whose steps.jsonl line predates them: those are taken as they are, with a
 """
 import csv, gzip, json, os, shutil, subprocess, sys, threading, time
 
-from lib.folders import write_json
+from lib.folders import replace_synced, write_json
 from lib.report import read_json
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -246,7 +246,7 @@ def keep_train_log(runs, variants, path):
             for r in map(json.loads, open(os.path.join(runs, v, "log.jsonl"))):
                 if "iter" in r:  # not the header (config, versions)
                     w.writerow(dict(r, variant=v, loss=round(r["loss"], 4) if "loss" in r else ""))
-    os.replace(tmp, path)
+    replace_synced([tmp], [path])
 
 
 def read_train_logs(results, seeds):
@@ -274,5 +274,5 @@ def pack(results, seeds, keep=("gate/per_position.csv",)):
                 if name.endswith(".csv") and os.path.relpath(path, top) not in keep:
                     with open(path, "rb") as f, gzip.open(path + ".gz.tmp", "wb") as g:
                         g.write(f.read())
-                    os.replace(path + ".gz.tmp", path + ".gz")
+                    replace_synced([path + ".gz.tmp"], [path + ".gz"])  # before the .csv goes
                     os.remove(path)

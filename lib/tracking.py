@@ -12,6 +12,8 @@ import argparse, contextlib, json, math, os, sys, textwrap
 from dataclasses import asdict
 from datetime import timedelta
 
+from lib import folders
+
 class TrackingError(Exception):
     """Bad input to tracking (no wandb package, a folder without log.jsonl): train.main prints it as one line."""
 
@@ -87,7 +89,7 @@ def repair_log(path):
           f"disk?)" if bad else f"warning: {path}: its last line ended without a newline; one added")
     with open(path + ".tmp", "w") as f:
         f.writelines(json.dumps(r) + "\n" for _, r in records if r is not None)
-    os.replace(path + ".tmp", path)
+    folders.replace_synced([path + ".tmp"], [path])  # the run's whole log: never a name over unwritten data
 
 def eval_logged(out_dir, it, record=None):
     """Whether log.jsonl holds the eval of iter `it`: with `record` (a checkpoint's eval), that very line (record_eval

@@ -1,0 +1,64 @@
+"""A rename alone survives a kill, not a power loss or an OS crash: unsynced, the new name can reach the disk before
+the data, an empty or cut file where the last good one was. Every file a rename shows finished (a checkpoint, a JSON
+record, a prepared dataset with the meta.json that vouches for it, an evaluation's results) is synced before its
+rename, and its folder after. CPU only, tiny files."""
+import os
+
+import torch
+
+from lib import dataset as pdata
+from lib import folders
+from lib.checkpoint import save_checkpoint
+
+
+def _record(monkeypatch):
+    """[("fsync" | "replace", real path)] in the order they happen."""
+    calls, fsync, replace = [], os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+                        or fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b: calls.append(("replace", os.path.realpath(a))) or replace(a, b))
+    return calls
+
+
+def test_a_checkpoint_is_on_disk_before_it_replaces_the_last_one(tmp_path, monkeypatch):
+    calls = _record(monkeypatch)
+    path = os.path.join(os.path.realpath(tmp_path), "ckpt.pt")
+    save_checkpoint({"x": torch.ones(2)}, path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    assert calls == [("fsync", tmp), ("replace", tmp), ("fsync", os.path.dirname(path))]  # data, rename, the rename
+    assert torch.equal(torch.load(path, weights_only=True)["x"], torch.ones(2)) and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_a_json_record_is_on_disk_before_it_replaces_the_last_one(tmp_path, monkeypatch):
+    calls = _record(monkeypatch)
+    path = os.path.join(os.path.realpath(tmp_path), "started.json")
+    folders.write_json(path, {"iter": 3})
+    assert calls == [("fsync", path + ".tmp"), ("replace", path + ".tmp"), ("fsync", os.path.dirname(path))]
+
+
+def test_a_prepared_dataset_is_on_disk_before_its_meta_json_vouches_for_it(tmp_path, monkeypatch):
+    (tmp_path / "a.txt").write_text("To be, or not to be, that is the question. " * 40)
+    calls = _record(monkeypatch)
+    d = os.path.realpath(pdata.prepare(str(tmp_path / "a.txt"), out_dir=str(tmp_path / "out"), tokenizer="char"))
+    names = [os.path.join(d, n) for n in ("train.bin", "val.bin", "meta.json")]
+    synced = [p for op, p in calls if op == "fsync"]
+    renames = [i for i, (op, _) in enumerate(calls) if op == "replace"]
+    assert [p for op, p in calls if op == "replace"] == [n + ".tmp" for n in names]  # meta.json last
+    assert all(calls.index(("fsync", n + ".tmp")) < renames[0] for n in names)  # every file before the first rename
+    assert synced[-1] == d and calls.index(("fsync", d)) > renames[-1]  # the renames themselves after
+
+
+def test_evaluation_results_are_on_disk_before_the_rename_that_shows_them_finished(tmp_path, monkeypatch):
+    calls = _record(monkeypatch)
+    out = os.path.join(os.path.realpath(tmp_path), "res")
+    with folders.results_dir(out, ["a.csv", "done.json"]) as folder:
+        os.makedirs(os.path.join(folder, "sub"))
+        for name in ("a.csv", "done.json", "sub/b.png"):
+            with open(os.path.join(folder, name), "w") as f:
+                f.write(name)
+    tmp = f"{out}.tmp-{os.getpid()}"
+    rename = calls.index(("replace", tmp))
+    assert {p for op, p in calls[:rename] if op == "fsync"} >= {os.path.join(tmp, n) for n in
+                                                                ("a.csv", "done.json", "sub/b.png")}
+    assert calls[rename + 1:] == [("fsync", os.path.realpath(tmp_path))]
+    assert sorted(os.listdir(out)) == ["a.csv", "done.json", "sub"]
