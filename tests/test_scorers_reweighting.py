@@ -1,6 +1,8 @@
 """Re-weighting on the reference (model.attention_weights with p): lssar is lssa re-weighted with p = 15, fallback
 rows keep their weights (uniform rows bit for bit, whatever the rounding of n P - 1), the tie tolerance 8 (n + |lse|)
 eps of the scoring dtype, large n and p without overflow. float64 and fp32, CPU only."""
+import math
+
 import pytest
 import torch
 
@@ -67,3 +69,22 @@ def test_reweighting_tie_tolerance_is_8_n_plus_lse_eps_of_the_scoring_dtype():
                 out = model.reweight(P, torch.tensor([[8]]), 15.0, torch.full((1, 1, 1, 1), lse, dtype=dtype))
                 expect = torch.eye(8, dtype=dtype)[-1].view_as(P) if one_hot else P
                 assert torch.equal(out, expect), (dtype, lse, f)
+
+
+def test_reweighting_tie_tolerance_reads_foxs_logits_with_its_forget_bias():
+    # fox's lse is of z + c_i - c_j, not of z: here z_j = c_j - c_i (~700) cancels the decay, so the logits are 0
+    # (lse = log 8) while the scores' own lse is ~700, a tolerance 70 times wider that would keep P at f = 2
+    n, D = 8, 16
+    for dtype in (torch.float32, torch.float64):
+        # log gates of -100, c shifted to c_i = 0 (only c_i - c_j counts): z_i + c_i keeps the bump on z_i exact
+        c = (100.0 * torch.arange(n - 1, -1, -1, dtype=dtype)).view(1, 1, n)
+        tol = 8 * (n + math.log(n)) * torch.finfo(dtype).eps
+        for f, one_hot in ((0.5, False), (2.0, True)):
+            q = torch.zeros(1, 1, 1, D, dtype=dtype)
+            q[..., 0] = D ** 0.5
+            k = torch.zeros(1, 1, n, D, dtype=dtype)
+            k[0, 0, :, 0] = c[0, 0]  # z_j = c_j - c_i: every logit 0
+            k[0, 0, -1, 0] = f * tol * n / (n - 1)  # n P_max - 1 = f tol on the last key, up to O(tol^2)
+            P = attention_weights(q, k, "fox", p=15.0, offset=n - 1, c=c)
+            expect = torch.eye(n, dtype=dtype)[-1] if one_hot else torch.full((n,), 1 / n, dtype=dtype)
+            torch.testing.assert_close(P[0, 0, 0], expect, rtol=0, atol=1e-6, msg=f"{dtype} f={f}")
