@@ -132,3 +132,16 @@ def test_softpick_rows_of_small_logits_keep_e_to_the_z_minus_1_exact_in_fp32(sca
         for name, f, r in zip(["out", "dq", "dk", "dv"], _run(fn, "softpick", {}, q, k, v, do, torch.float32, 5), ref):
             assert _err(f, r) < 2e-5, f"{path} {name}: {_err(f, r):.1e}"
     assert _err(kernels_flex.flex_attention(q, k, v, "softpick", offset=5), ref[0]) < 2e-5
+
+
+def test_cpu_path_softpick_decode_row_with_every_logit_below_exps_range_gives_zeros():
+    # a row whose logits are all < -88 and that has no future key (decoding): its max floor m = max(0, max_j z) keeps
+    # e^-m = 1; without the floor e^-m overflows fp32 and the row is inf / inf = NaN (softpick: all z <= 0 gives 0)
+    q, k, v, do = _inputs(1, 5, 16, B=1)
+    k = k.abs() + 1.0
+    q = torch.zeros_like(q)
+    q[..., 0] = -400.0  # z_j = -100 k_j0 <= -100 on every key
+    ref = _run(_ref, "softpick", {}, q, k, v, do, torch.float64, 5)
+    fn = functools.partial(model.attention, backend="cpu")
+    for name, f, r in zip(["out", "dq", "dk", "dv"], _run(fn, "softpick", {}, q, k, v, do, torch.float32, 5), ref):
+        assert torch.isfinite(f).all() and (r == 0).all() and (f == 0).all(), name
