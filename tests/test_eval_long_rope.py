@@ -182,3 +182,15 @@ def test_eval_long_names_the_logit_scale_in_its_figure(sharp_ckpt, data_dir, tmp
     eval_long.main([sharp_ckpt, "--data", data_dir, "--rope_method", "none", "--num_seqs", "2", "--logit_scale",
                     "qwen", "--out_dir", str(tmp_path / "q")])
     assert titles and all("logits qwen" in t for t in titles)
+
+
+def test_rope_turns_each_pair_by_position_times_theta_to_the_minus_2i_over_d_counterclockwise():
+    # Su et al.: pair i of x (x[i], x[i + d/2] in the rotate_half layout) times e^{i p θ^(-2i/d)} as a complex number
+    d, theta, p = 8, 100.0, 5
+    inv = theta ** (-2 * np.arange(d // 2) / d)
+    assert np.allclose(rope.rope_inv_freq(d, theta).numpy(), inv, rtol=1e-12)
+    cos, sin = rope.precompute_rope(p + 1, d, theta)
+    x = torch.randn(1, 1, 1, d, dtype=torch.float64)
+    z = (x[..., :d // 2] + 1j * x[..., d // 2:]).numpy() * np.exp(1j * p * inv)
+    got = rope.apply_rope(x, cos[p:p + 1], sin[p:p + 1]).numpy()
+    assert np.allclose(got, np.concatenate([z.real, z.imag], -1), atol=1e-6)

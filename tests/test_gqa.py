@@ -77,3 +77,13 @@ def test_a_checkpoint_written_before_these_fields_loads_as_before(tmp_path):
     x = torch.randint(0, 40, (1, 16))
     assert torch.equal(again(x, x)[0], model(x, x)[0])
     assert math.isclose(again.transformer.ln_f.eps, 1e-6)
+
+
+def test_rmsnorm_adds_eps_inside_the_root_of_the_mean_over_the_last_dim_in_float64():
+    # inputs ~1e-3: mean x^2 ~1e-6 < eps = 1e-5, where eps inside or outside the root differ threefold
+    norm = tiny(norm_eps=1e-5).transformer.ln_f.double()
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 2.0, 64))
+    x = 1e-3 * torch.randn(2, 3, 64, dtype=torch.float64)
+    want = x / torch.sqrt((x ** 2).sum(-1, keepdim=True) / 64 + 1e-5) * norm.weight
+    torch.testing.assert_close(norm(x), want, rtol=1e-6, atol=0)

@@ -260,3 +260,19 @@ def test_mfu_divides_by_the_dense_bf16_peak_of_the_exact_card(monkeypatch, name,
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     m = GPT(tiny())
     assert tracking.mfu(m, 1e6, 32, device="cuda") == pytest.approx(m.flops_per_token(32) * 1e6 / peak)
+
+
+def test_init_draws_weights_at_std_002_and_residual_projections_at_002_over_sqrt_2l():
+    torch.manual_seed(0)  # GPT-2's init: 256 x 256 and wider, so each std is within ~0.5 %
+    m = GPT(tiny(n_layer=3, n_embd=256, ffn_hidden=256, vocab_size=256))
+    for name, p in m.named_parameters():  # the norms' weights (1-D) start at 1
+        want = 0.02 / 6 ** 0.5 if name.endswith("c_proj.weight") else 0.02
+        assert (p == 1).all() if p.dim() == 1 else p.std().item() == pytest.approx(want, rel=0.03), name
+
+
+def test_swiglu_is_c_proj_of_silu_of_w_gate_times_w_up_in_float64():
+    torch.manual_seed(0)  # Llama's gate_proj / up_proj: their names carry the weights of an import
+    mlp = model.MLP(tiny()).double()
+    x = torch.randn(2, 3, 16, dtype=torch.float64)
+    g, u = x @ mlp.w_gate.weight.T, x @ mlp.w_up.weight.T
+    torch.testing.assert_close(mlp(x), (g / (1 + torch.exp(-g)) * u) @ mlp.c_proj.weight.T, rtol=1e-12, atol=1e-12)
