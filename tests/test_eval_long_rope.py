@@ -194,3 +194,10 @@ def test_rope_turns_each_pair_by_position_times_theta_to_the_minus_2i_over_d_cou
     z = (x[..., :d // 2] + 1j * x[..., d // 2:]).numpy() * np.exp(1j * p * inv)
     got = rope.apply_rope(x, cos[p:p + 1], sin[p:p + 1]).numpy()
     assert np.allclose(got, np.concatenate([z.real, z.imag], -1), atol=1e-6)
+
+
+def test_yarn_ramp_runs_from_the_floor_of_the_32_turn_dim_to_the_ceil_of_the_1_turn_dim():
+    # d = 16, θ = 1e4, 1024 tokens: dims 1.41 and 4.42 (d ln(N / (2π r)) / (2 ln θ)) -> ramp (i - 1) / (5 - 1)
+    inv, _ = rope.rope_extension("yarn", HS, THETA, SCALE, 1024, 4096)
+    base, ramp = THETA ** (-2 * np.arange(HS // 2) / HS), np.clip((np.arange(HS // 2) - 1) / 4, 0, 1)
+    assert np.allclose(inv.numpy(), base / SCALE * ramp + base * (1 - ramp), rtol=1e-12)

@@ -276,3 +276,13 @@ def test_swiglu_is_c_proj_of_silu_of_w_gate_times_w_up_in_float64():
     x = torch.randn(2, 3, 16, dtype=torch.float64)
     g, u = x @ mlp.w_gate.weight.T, x @ mlp.w_up.weight.T
     torch.testing.assert_close(mlp(x), (g / (1 + torch.exp(-g)) * u) @ mlp.c_proj.weight.T, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kw", [dict(scorer="ssa", ssa_b_init=0.7, ssa_n=1.3, ssa_learn_n=True),
+                                dict(scorer="ssmax", ssmax_s_init=0.3, ssmax_bias=True, ssmax_b_init=0.2)])
+def test_scorer_parameters_start_at_their_config_values_a_kept_above_low_one_too(kw):
+    cfg = tiny(**kw)  # ssa's n > 1: stored raw, used as 1 + softplus(raw)
+    attn = GPT(cfg).transformer.h[0].attn
+    for prm in attn.params:
+        want = torch.full((2,), getattr(cfg, prm.init))
+        torch.testing.assert_close(attn.scorer_params()[prm.name].detach(), want, rtol=1e-6, atol=0)
