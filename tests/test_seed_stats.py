@@ -131,3 +131,19 @@ def test_the_committed_verdicts_exact_p_at_10_seeds_holm_ties_and_t_interval_aga
     # ties share one adjusted p whatever their order: FIRST's table, 9 rows at 2/256 and one at 0.125 -> 10 x 2/256
     assert compare.holm([0.125, *[2 / 256] * 9]) == pytest.approx([0.125, *[0.078125] * 9])
     assert compare.holm([0.02, 0.5, 0.02, 0.02]) == pytest.approx([0.08, 0.5, 0.08, 0.08])  # 4 x, 3 x, 2 x -> max
+
+
+def test_paired_is_values_minus_base_seed_by_seed():
+    mean, sd, lo, hi, p = compare.paired([0.9, 0.7, 0.8], [0.5, 0.6, 0.2])  # differences 0.4, 0.1, 0.6
+    assert mean == pytest.approx(1.1 / 3) and p == pytest.approx(2 / 8)
+    assert (sd, lo, hi) == pytest.approx(compare.seed_interval([0.4, 0.1, 0.6])[1:])
+
+
+def test_holm_caps_an_adjusted_p_above_1_at_1():
+    assert compare.holm([0.6, 0.9]) == [1.0, 1.0]  # 2 x 0.6 = 1.2 and the running max carries it to 0.9's row
+
+
+def test_sign_flip_p_is_exact_up_to_20_seeds_and_a_monte_carlo_p_counts_the_observed_assignment():
+    assert compare.sign_flip_p([1.0] * 20) == 2 / 2**20  # exact: all + and all -, not a Monte Carlo estimate
+    # 25 seeds: no draw reaches the observed mean, and the observed assignment itself counts: (1 + 0) / (1 + draws)
+    assert compare.sign_flip_p([0.5] * 25) == 1 / (1 + 2**16)
