@@ -36,6 +36,7 @@ def test_summary_pairs_by_seed_with_t_interval_sign_flip_p_and_horizons():
     (1.0, 0.2, 0.6, "contradicted"),  # worse on every seed
     (1.0, 1.0, 1.0, "not testable"),  # softmax solves the length: no room to show the claim
     (1.0, None, 0.5, "inconclusive"),  # better on half the seeds, worse on the other half
+    (1.0, 0.2, 1.0, "contradicted"),  # worse on every seed: rule 3 comes before softmax's "no room" (rule 4)
 ])
 def test_the_verdict_rule(ssmax_at_n, ssmax_long, softmax_long, verdict):
     acc = [r for seed in range(6) for r in _rows("softmax", seed, (1.0, 1.0, softmax_long))
@@ -115,3 +116,23 @@ def test_a_length_off_the_multiples_of_n_or_a_seed_twice_in_a_cell_is_refused_no
         synthetic_report.summarize(acc + [dict(acc[1], accuracy=0.2)])
     two_seeds = synthetic_report.summarize(acc + _rows("softmax", 1, (1.0, 0.9, 0.5)))["first"]
     assert two_seeds["cells"][0]["seeds"] == [0, 1]
+
+
+def test_a_mean_of_exactly_0_95_passes_the_gate_and_leaves_softmax_no_room():
+    ten = [0.9, 1.0] * 5  # their mean is exactly 0.95: the rule's ">= 0.95" on both counts
+    acc = [r for seed in range(10) for r in _rows("softmax", seed, (ten[seed], 1.0, ten[seed]))
+           + _rows("ssmax", seed, (1.0, 1.0, 1.0))]
+    t = synthetic_report.summarize(acc)["first"]
+    assert t["gate"]["at_n"]["softmax"] == 0.95 and t["gate"]["passed"]
+    (v,) = t["verdicts"][0]
+    assert v["verdict"] == "not testable" and "no room" in v["why"]
+
+
+def test_an_mse_claim_is_reproduced_when_the_mse_is_lower_on_every_seed():
+    acc = [dict(task="linear", base="linear", setting=s, seed=seed, length=32, train_length=32, accuracy="",
+                mse=m, loss="", condition=cond, rope="plain")
+           for seed in range(6) for cond in ("sigma=1", "sigma=4")
+           for s, m in (("softmax", 0.05 if cond == "sigma=1" else 0.5), ("ssa", 0.05 if cond == "sigma=1" else 0.2))]
+    (v,) = synthetic_report.summarize(acc)["linear"]["verdicts"][0]
+    assert v["metric"] == "mse" and v["mean_diff"] == pytest.approx(-0.3)
+    assert v["verdict"] == "reproduced", v  # lower is better for MSE
