@@ -160,3 +160,38 @@ def test_bad_task_settings_are_one_clear_message():
                      (cfg("flipflop", task_p_ignore=1.0), "task_p_ignore"), (cfg("recall", task_filler="x"), "pairs")):
         with pytest.raises(ValueError, match=words):
             tasks.check_config(c)
+
+
+def test_training_layouts_put_items_and_queries_anywhere_so_every_distance_up_to_n_is_trained():
+    L, D = 13, 4
+    _, y = tasks.get_batch(cfg("recall"), 0, torch.arange(300), L)
+    query = [np.flatnonzero(row >= 0) for row in y.numpy()]
+    assert min(q.min() for q in query) == 1 and max(q.max() for q in query) == L - 1  # an item before each
+    x, y = tasks.get_batch(cfg("mqar"), 0, torch.arange(300), L)  # queries anywhere after the 2 D pair tokens
+    assert {int(i) for row in y.numpy() for i in np.flatnonzero(row >= 0)} == set(range(2 * D, L))
+    K = cfg("recall").task_keys
+    x, _ = tasks.get_batch(cfg("recall"), 0, torch.arange(300), L, True)  # test: items anywhere before the queries
+    items = {i for row in x.tolist() for i in range(L - D)  # the pair tokens of queried keys
+             if (row[i] - tasks.FILL) // K in {q - tasks.FILL - K * K for q in row[L - D:]}}
+    assert items == set(range(L - D))
+
+
+def test_flipflop_writes_and_reads_share_the_rest_equally():
+    x, _ = tasks.get_batch(cfg("flipflop", task_p_ignore=0.1), 0, torch.arange(200), 200)
+    ops = x[:, 2:-2:2]
+    assert abs((ops == 0).float().mean() - 0.45) < 0.02 and abs((ops == 1).float().mean() - 0.45) < 0.02
+
+
+def test_target_positions_are_where_the_answer_is_read_from():
+    x, _ = tasks.get_batch(cfg("first"), 2, torch.arange(4), 9)
+    assert tasks.target_positions(cfg("first"), x).tolist() == [1] * 4  # the first bit, after <bos>
+    c = cfg("recall")
+    x, _ = tasks.get_batch(c, 2, torch.arange(20), 17, True)
+    K = c.task_keys
+    for row, t in zip(x.tolist(), tasks.target_positions(c, x).tolist()):  # the last query's key's pair token
+        assert (row[t] - tasks.FILL) // K == row[-1] - tasks.FILL - K * K and row[t] < tasks.FILL + K * K
+    for task, bad in (("every", lambda v: v < 0), ("some", lambda v: v > 0)):
+        x, _ = tasks.get_batch(cfg(task), 2, torch.arange(20), 11)
+        for row, t in zip(x[..., 0].tolist(), tasks.target_positions(cfg(task), x).tolist()):  # the witness
+            hits = [i for i, v in enumerate(row) if bad(v)]
+            assert t == (hits[0] if hits else -1)
