@@ -84,6 +84,8 @@ def test_score_answer_exact_first_digit_wrong():
     assert retrieval.score_answer(" is 1234567 and 8", 1234567) == "exact"  # the first run of digits counts
     assert retrieval.score_answer(" 12345678", 1234567) == "first_digit"  # an extra digit is not exact
     assert retrieval.score_answer(" 1234567\n\n89", 1234567) == "exact"  # a newline ends the run
+    assert retrieval.score_answer(" 1234567\n8", 1234567) == "exact"  # one newline too: only spaces join digits
+    assert retrieval.score_answer(" 123 and", 1234567) == "first_digit"  # a right but cut short answer is partial
     assert retrieval.score_answer(" 54321 is the key", 54321) == "exact"  # passkeys have 5 digits
 
 
@@ -132,6 +134,17 @@ def test_passkey_prompt_has_the_key_once_at_a_boundary_and_exact_length(enc):
         assert text.count(f"The pass key is {t['number']}. Remember it. {t['number']} is the pass key.") == 1
         assert text.startswith(retrieval.PASSKEY_INTRO) and text.endswith(" What is the pass key? The pass key is")
         assert enc.decode(t["ids"][:t["pos"]].tolist()).endswith(".")
+
+
+def test_passkey_depths_cover_0_to_100_percent_and_are_measured_in_the_filler_not_the_intro(enc):
+    class Args:
+        mode, samples = "passkey", 1500
+    got = list(retrieval.trials(Args, enc, None, 100, np.random.default_rng(0)))
+    assert {t["depth"] for t in got} == set(range(101))  # both ends included, as LSSAR's 0-100 %
+    prefix = enc.encode(retrieval.PASSKEY_INTRO)  # the intro is before the haystack, not part of its depth
+    ids, pos, actual = retrieval.build_prompt(enc, enc.encode(" word" * 80), [11], [13], 70, 50, prefix)
+    n = 70 - len(prefix) - 2  # the haystack's ids: all but the intro, the key and the question
+    assert ids[pos] == 11 and actual == round(100 * (pos - len(prefix)) / n, 1) and abs(actual - 50) <= 100 / n
 
 
 def test_greedy_never_emits_eot_and_matches_uncached_argmax(enc):

@@ -94,3 +94,10 @@ def test_score_wandb_table_holds_the_csv_columns(ckpts, data_dir, tmp_path, monk
     header = next(csv.reader(open(tmp_path / "needle_score_trials.csv")))
     assert len(logged) == 3 and all(list(r) == header for r in logged)
     assert all(isinstance(v, (int, float, str)) for r in logged for v in r.values())
+
+
+def test_cells_count_exact_answers_as_accuracy_and_every_answer_with_its_first_digit_right_as_first_digit():
+    rows = [dict(model="m", context=64, score=s, actual_depth=d)
+            for s, d in (("exact", 10.0), ("first_digit", 20.0), ("wrong", 30.0), ("wrong", 40.0))]
+    (c,) = retrieval.cells(rows, ("model", "context"))
+    assert (c["n"], c["accuracy"], c["first_digit"], c["actual_depth"]) == (4, 0.25, 0.5, 25.0)  # exact ones included

@@ -85,3 +85,9 @@ def test_score_prompts_carry_a_seeded_control_span_each(enc, data_dir):
     assert [t["control"] for t in first] == [t["control"] for t in again]
     assert all(t["control"][1] - t["control"][0] == t["span"][1] - t["span"][0] for t in first)
     assert len({t["control"] for t in first}) > 1  # drawn per trial, not one fixed place
+
+
+def test_control_span_draws_every_haystack_stretch_beside_the_needle_but_token_0():
+    # needle sentence [3, 7) with its number [5, 7), question from 10: 2-token stretches start at 1, 7 or 8
+    t = dict(context=12, pos=3, span=(5, 7), question=10)
+    assert {retrieval.control_span(t, np.random.default_rng(s))[0] for s in range(60)} == {1, 7, 8}
