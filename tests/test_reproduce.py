@@ -103,6 +103,23 @@ def test_context_gates_on_a_hand_made_curve():
     # N = 32: position 1 at 4, positions 2-16 at 3, the second half (17-32) at 2.5; positions beyond N are not read
     curve = [4.0] + [3.0] * 15 + [2.5] * 16 + [9.0] * 32
     assert report.context_gates(curve, 32) == {"context_gain": 1.5, "distant_gain": 0.5}
+    ramp = [float(p) for p in range(1, 65)]  # loss = position: the windows' ends show (mean of 17..32 is 24.5)
+    assert report.context_gates(ramp, 32) == {"context_gain": 1 - 24.5, "distant_gain": 12.5 - 24.5}
+
+
+def test_retrieval_pools_depths_by_their_counts_and_pairs_seeds_with_softmax():
+    cells = lambda a, b: [dict(model="m", context=64, depth=10, n=3, accuracy=a),  # pooled: (3a + b) / 4
+                          dict(model="m", context=64, depth=90, n=1, accuracy=b),
+                          dict(model="softmax", context=64, depth=10, n=4, accuracy=0.25)]
+    score = lambda m, top, ctrl: dict(model=m, top_score=top, control_top_score=ctrl, mean_score=0.1,
+                                      control_mean_score=0.05, uniform=0.01)
+    files = {("s1", "needle.json"): dict(cells=cells(1.0, 0.0)), ("s2", "needle.json"): dict(cells=cells(0.0, 1.0)),
+             ("s1", "needle_score_trials.json"): dict(scores=[score("m", 0.9, 0.2), score("softmax", 0.5, 0.3)]),
+             ("s2", "needle_score_trials.json"): dict(scores=[score("m", 0.7, 0.4), score("softmax", 0.6, 0.1)])}
+    got = report.retrieval("r", [1, 2], read=lambda results, seed, folder, name: files.get((seed, name)))
+    cell = got["needle"]["m"]["64"]
+    assert cell["per_seed"] == [0.75, 0.25] and cell["minus_softmax"][0] == pytest.approx(0.25)
+    assert got["needle_scores"]["m"]["top_minus_control"]["per_seed"] == pytest.approx([0.7, 0.3])
 
 
 def test_seed_interval_is_the_student_t_interval_of_the_mean():
