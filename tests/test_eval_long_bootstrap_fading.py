@@ -1,6 +1,6 @@
 """eval_long.py without a model: the bootstrap CI on hand cases (no spread, 1/√n shrinkage, chunked resamples, paired
 differences) and the SSMax paper's Fig. 1 (attention fading: softmax's max decays, SSMax's stays near 1, each point
-equal to softmax of the actual vector). CPU only."""
+equal to softmax of the actual vector), and out-of-range numbers refused before any file is read. CPU only."""
 import math
 
 import numpy as np
@@ -9,7 +9,7 @@ import torch
 
 from lib import compare
 import eval_long
-from test_eval_long import read_csv
+from test_eval_long import one_line_error, read_csv
 
 
 def test_bootstrap_ci_on_hand_cases():
@@ -63,3 +63,11 @@ def test_fading_softmax_max_decays_ssmax_stays_near_one(tmp_path):
     header, sweep = read_csv(tmp_path / "fading_zmax.csv")
     assert header[0] == "z_max" and "softmax_n100000" in header
     assert sweep[-1, header.index("softmax_n10")] > 0.99 > sweep[-1, header.index("softmax_n100000")]
+
+
+@pytest.mark.parametrize("flag,value", [("--rope_scale", "0"), ("--rope_scale", "-1"), ("--rope_scale", "inf"),
+                                        ("--rope_scale", "nan"), ("--seed", "-1"), ("--num_seqs", "0"),
+                                        ("--n_boot", "0"), ("--llama4_floor", "0")])
+def test_out_of_range_numbers_are_one_error_line(flag, value):
+    v = float(value) if flag == "--rope_scale" else int(value)
+    assert f"{flag} {v}" in one_line_error(["ckpt.pt", flag, value])  # checked before any file is read
