@@ -1,7 +1,8 @@
 """sample.py: num_samples samples of prompt + max_new_tokens tokens, greedy output equals a rollout without the KV
-cache (past the training length, for scorers that use n_i), seeds, FILE: prompts, --rope_theta changes the rotary
-tables and nothing else, one-line errors; lib.checkpoint.read_checkpoint (weights_only: a file carrying code is refused, old
-checkpoints still load, corrupt files are one line). Tiny random models, CPU only."""
+cache (past the training length, for scorers that use n_i) of the eval model (dropout off), --top_k 1 is greedy,
+seeds, FILE: prompts, --rope_theta changes the rotary tables and nothing else, one-line errors;
+lib.checkpoint.read_checkpoint (weights_only: a file carrying code is refused, old checkpoints still load, corrupt files
+are one line). Tiny random models, CPU only."""
 import os
 import subprocess
 import sys
@@ -22,9 +23,9 @@ N = 16  # training length of the tiny models
 PROMPT = "ROMEO: But, soft!"
 
 
-def write_ckpt(path, scorer="softmax"):
+def write_ckpt(path, scorer="softmax", **kw):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=N, n_layer=2, n_head=2, n_embd=32, ffn_hidden=64, scorer=scorer))
+    model = GPT(GPTConfig(block_size=N, n_layer=2, n_head=2, n_embd=32, ffn_hidden=64, scorer=scorer, **kw))
     with torch.no_grad():  # sharper attention and logits than the init: positions (RoPE, cache offsets) matter
         for block in model.transformer.h:
             block.attn.c_attn.weight.mul_(8)
@@ -67,6 +68,19 @@ def test_greedy_samples_equal_the_models_rollout_without_cache_past_the_training
     want = greedy_rollout(load_checkpoint(path)[0], ids, n)
     assert len(want) == len(ids) + n and len(set(want[len(ids):])) > 1  # a real rollout, not one repeated token
     assert samples == [enc.decode(want)] * 2
+
+
+def test_top_k_1_samples_the_greedy_tokens(ckpt, capsys):
+    args = ["--ckpt", ckpt, "--start", PROMPT, "--num_samples", "1", "--max_new_tokens", "8"]
+    assert run(capsys, *args, "--temperature", "1", "--top_k", "1") == run(capsys, *args, "--temperature", "0")
+
+
+def test_a_checkpoint_trained_with_dropout_samples_its_eval_model(tmp_path, capsys):
+    path = write_ckpt(tmp_path / "ckpt.pt", dropout=0.5)  # load_checkpoint leaves dropout on: sample.py turns it off
+    enc = vocab.get_tokenizer()
+    want = enc.decode(greedy_rollout(load_checkpoint(path)[0], enc.encode(PROMPT), 8))
+    args = ["--ckpt", path, "--start", PROMPT, "--num_samples", "1", "--max_new_tokens", "8", "--temperature", "0"]
+    assert [run(capsys, *args, "--seed", seed)[0] for seed in "12"] == [want] * 2
 
 
 def test_empty_prompt_starts_from_endoftext_and_prints_only_the_new_tokens(ckpt, capsys):
