@@ -1,6 +1,7 @@
 """sample.py: num_samples samples of prompt + max_new_tokens tokens, greedy output equals a rollout without the KV
 cache (past the training length, for scorers that use n_i) of the eval model (dropout off), --top_k 1 is greedy,
-seeds, FILE: prompts, --rope_theta changes the rotary tables and nothing else, one-line errors;
+seeds, FILE: prompts, an imported tokenizer's <s> fed and not shown, a padded vocabulary's extra ids never
+sampled, --rope_theta changes the rotary tables and nothing else, one-line errors;
 lib.checkpoint.read_checkpoint (weights_only: a file carrying code is refused, old checkpoints still load, corrupt files
 are one line). Tiny random models, CPU only."""
 import os
@@ -229,3 +230,30 @@ def test_command_line_errors_are_one_stderr_line_without_traceback(ckpt):
         out, err = p.communicate(timeout=60)
         assert p.returncode == 1 and out == "" and "Traceback" not in err
         assert err.startswith("error: ") and err.count("\n") == 1 and words in err
+
+
+def test_an_imported_tokenizers_prompt_starts_with_its_bos_hidden_and_padded_ids_are_never_sampled(tmp_path, capsys,
+                                                                                                    monkeypatch):
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    tok.train_from_iterator([PROMPT * 20], tokenizers.trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>", "<s>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = tokenizers.processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    enc = vocab.HFCodec(tok.to_str(), eot=0)  # Llama's way: <s> before every text
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=N, vocab_size=enc.n_vocab + 20, n_layer=1, n_head=2, n_embd=32, ffn_hidden=64))
+    with torch.no_grad():
+        model.lm_head.weight[:enc.n_vocab] *= 0.01  # the 20 padded ids: by far the likeliest
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config), "config": {}, "iter_num": 0,
+                     "codec": vocab.record(enc)}, str(tmp_path / "ckpt.pt"))
+    calls, generate = [], GPT.generate
+    monkeypatch.setattr(GPT, "generate", lambda self, x, *a, **k: calls.append((x, generate(self, x, *a, **k))) or
+                        calls[-1][1])
+    samples = run(capsys, "--ckpt", str(tmp_path / "ckpt.pt"), "--start", "ROMEO", "--num_samples", "1",
+                  "--max_new_tokens", "6", "--temperature", "0")
+    (x, y), = calls
+    assert x[0].tolist() == [1] + enc.encode("ROMEO") and y.max() < enc.n_vocab
+    assert samples == [enc.decode(y[0, 1:].tolist())] and samples[0].startswith("ROMEO")  # <s> fed, not shown
