@@ -56,9 +56,9 @@ def hf_folder(name):
 def model_args(cfg):
     """GPTConfig fields of a Hugging Face config.json, or ConvertError naming what is unsupported."""
     family, ropes = cfg.get("model_type"), [cfg.get(k) or {} for k in ("rope_scaling", "rope_parameters")]
-    # transformers 5 reads both keys, and an older config's rope_scaling names its kind "type"
+    # transformers takes rope_scaling over rope_parameters (θ its own, else the top level's); older: kind in "type"
     kinds = sorted({r.get("rope_type") or r.get("type") or "default" for r in ropes if r} or {"default"})
-    rope = {**ropes[0], **ropes[1]}
+    rope = ropes[0] or ropes[1]
     scaling = {"rope_type": kinds[0], **{k: rope.get(k) for k in SCALINGS[kinds[0]]}} if kinds[0] in SCALINGS else None
     bad = [f"model_type {family!r} (supported: {', '.join(FAMILIES)})"] * (family not in FAMILIES)
     bad += [f"{k}=true" for k in ("attention_bias", "mlp_bias") if cfg.get(k)]
@@ -280,7 +280,7 @@ def export_hf(path, out):
                tie_word_embeddings=tie, hidden_act="silu", attention_bias=False, mlp_bias=False,
                torch_dtype="float32", eos_token_id=codec.get("eot"),
                bos_token_id=source.get("config", {}).get("bos_token_id"))
-    if a.get("rope_scaling"):  # transformers 5 reads rope_parameters; the older key for other readers
+    if a.get("rope_scaling"):  # the older key too (transformers takes it first, θ then the top level's)
         cfg["rope_scaling"] = a["rope_scaling"]
     if a["scorer"] != "softmax":  # hf_scorers.py runs it; without that import, from_pretrained refuses the folder
         model, _ = load_checkpoint(path)

@@ -1,0 +1,33 @@
+"""A Hugging Face config.json as convert_hf.py import reads it (lib/hf.model_args): the fields it carries into the
+GPT's (training length, eps, θ, heads, tied embeddings, head_dim), its RoPE as transformers reads it from
+rope_parameters, an older rope_scaling or both, what it refuses (sliding windows, MLP biases, another activation),
+and an export's check of GPT-2's BPE files. Configs only: no weights (transformers only for its RoPE frequencies)."""
+import pytest
+import torch
+
+import rope
+from lib import hf as lib_hf
+
+# a tiny Llama's config.json: 4 query heads of 16, 2 KV heads, 64 positions
+BASE = dict(model_type="llama", vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+            tie_word_embeddings=True, hidden_act="silu")
+
+
+LINEAR = {"rope_type": "linear", "factor": 4.0, "rope_theta": 500.0}
+ROPES = {"rope_parameters": {"rope_parameters": LINEAR},  # transformers 5's
+         "rope_scaling": {"rope_scaling": {"type": "linear", "factor": 4.0}, "rope_theta": 500.0},  # an older config's
+         # both given: transformers reads rope_scaling (its factor, θ from it or the top level: here the default)
+         "both, factors differ": {"rope_parameters": LINEAR, "rope_scaling": {"type": "linear", "factor": 2.0}},
+         "both, theta in one": {"rope_parameters": LINEAR, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}}
+
+
+@pytest.mark.parametrize("keys", ROPES)
+def test_rope_frequencies_are_transformers_whether_rope_parameters_rope_scaling_or_both_are_given(keys):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    cfg = {**BASE, **ROPES[keys]}
+    args = lib_hf.model_args(cfg)
+    want = LlamaRotaryEmbedding(transformers.LlamaConfig(**{k: v for k, v in cfg.items() if k != "model_type"}))
+    torch.testing.assert_close(rope.rope_inv_freq(16, args["rope_theta"], args["rope_scaling"]).float(),
+                               want.inv_freq, rtol=1e-6, atol=0)
