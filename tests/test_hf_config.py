@@ -6,12 +6,21 @@ import pytest
 import torch
 
 import rope
-from lib import hf as lib_hf
+from lib import hf as lib_hf, vocab
 
 # a tiny Llama's config.json: 4 query heads of 16, 2 KV heads, 64 positions
 BASE = dict(model_type="llama", vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
             tie_word_embeddings=True, hidden_act="silu")
+
+
+def test_the_configs_length_eps_theta_heads_and_tied_embeddings_become_the_gpts():
+    args = lib_hf.model_args({**BASE, "rope_theta": 500.0, "head_dim": 16})
+    assert {k: args[k] for k in ("block_size", "norm_eps", "rope_theta", "n_head", "n_kv_head", "tie_embeddings",
+                                 "head_dim", "rope_scaling")} == dict(block_size=64, norm_eps=1e-5, rope_theta=500.0,
+                                                                      n_head=4, n_kv_head=2, tie_embeddings=True,
+                                                                      head_dim=None, rope_scaling=None)
+    assert lib_hf.model_args({**BASE, "head_dim": 32})["head_dim"] == 32  # a head size of its own (Qwen3's)
 
 
 LINEAR = {"rope_type": "linear", "factor": 4.0, "rope_theta": 500.0}
@@ -31,3 +40,24 @@ def test_rope_frequencies_are_transformers_whether_rope_parameters_rope_scaling_
     want = LlamaRotaryEmbedding(transformers.LlamaConfig(**{k: v for k, v in cfg.items() if k != "model_type"}))
     torch.testing.assert_close(rope.rope_inv_freq(16, args["rope_theta"], args["rope_scaling"]).float(),
                                want.inv_freq, rtol=1e-6, atol=0)
+
+
+REFUSED = [({"model_type": "mistral", "sliding_window": 4096}, "sliding_window 4096"),  # Mistral 7B v0.1: no switch
+           ({"layer_types": ["full_attention", "sliding_attention"]}, "sliding_window None"),
+           ({"mlp_bias": True}, "mlp_bias=true"),
+           ({"hidden_act": "gelu"}, "hidden_act 'gelu' (SwiGLU needs silu)")]
+
+
+@pytest.mark.parametrize("extra,words", REFUSED, ids=["mistral_window", "layer_types", "mlp_bias", "gelu"])
+def test_sliding_windows_mlp_biases_and_other_activations_are_refused(extra, words):
+    with pytest.raises(lib_hf.ConvertError, match="unsupported architecture: ") as e:
+        lib_hf.model_args({**BASE, **extra})
+    assert words in str(e.value)
+    assert lib_hf.model_args({**BASE, "model_type": "mistral", "sliding_window": None})["n_kv_head"] == 2  # no window
+
+
+def test_an_export_refuses_gpt2_bpe_files_whose_hash_differs(monkeypatch):
+    assert len(lib_hf.gpt2_files()) == 2  # the installed copies: GPT-2's own
+    monkeypatch.setattr(vocab, "VOCAB_BPE_SHA256", "0" * 64)
+    with pytest.raises(lib_hf.ConvertError, match="vocab.bpe is not GPT-2's"):
+        lib_hf.gpt2_files()
