@@ -62,9 +62,10 @@ def imported(tmp_path_factory):
     for tie in (False, True):
         src = root / f"hf-{tie}"
         hf = llama(str(src), tie, "100KB" if tie else "5GB")  # tied: in shards
-        if tie:  # head_dim null (transformers: hidden / heads), and a copy in another format beside the shards
+        if tie:  # head_dim null (transformers: hidden / heads), a copy in another format and a stale single file
             json.dump({**json.load(open(src / "config.json")), "head_dim": None}, open(src / "config.json", "w"))
             save_file({"layers.0.attention.wq.weight": torch.zeros(64, 64)}, str(src / "consolidated.safetensors"))
+            save_file({"model.norm.weight": torch.zeros(64)}, str(src / "model.safetensors"))  # beside the shards
         convert_hf.main(["import", str(src), "--out", str(root / f"run-{tie}")])
         out[tie] = hf, str(root / f"run-{tie}" / "ckpt.pt")
     return out
@@ -75,14 +76,16 @@ def test_an_imported_llama_gives_transformers_logits_and_greedy_tokens(imported,
     hf, path = imported[tie]
     model, ckpt = load_checkpoint(path)
     assert ckpt["model_args"]["n_kv_head"] == 2 and ckpt["model_args"]["norm_eps"] == 1e-5
+    assert ckpt["model_args"]["block_size"] == 64  # the source's max_position_embeddings
     assert ckpt["model_args"]["tie_embeddings"] == tie and (model.lm_head.weight is model.transformer.wte.weight) == tie
     x = torch.randint(0, V, (2, 40))
     with torch.no_grad():
         assert (model.eval()(x, x)[0] - hf(x).logits).abs().max() < 1e-5
     want = hf.generate(x[:1, :5], max_new_tokens=12, do_sample=False)
     assert torch.equal(model.generate(x[:1, :5], 12, temperature=0), want)  # with the KV cache
-    if tie:  # the shards the index names are read, not the copy beside them
-        assert "layers.0.attention.wq.weight" not in lib_hf.read_weights(ckpt["hf"]["source"])
+    if tie:  # the shards the index names are read, not the copies beside them
+        w = lib_hf.read_weights(ckpt["hf"]["source"])
+        assert "layers.0.attention.wq.weight" not in w and torch.equal(w["model.norm.weight"], hf.model.norm.weight)
 
 
 def imports_and_exports_back(hf, tmp_path):
@@ -162,6 +165,7 @@ def test_a_llama_with_rope_scaling_imports_and_exports_with_transformers_frequen
         convert_hf.main(["export", str(tmp_path / "run" / "ckpt.pt"), "--out", str(tmp_path / "hf")])
         back = LlamaForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
         assert (back(x).logits - hf(x).logits).abs().max() < 1e-5
+    assert json.load(open(tmp_path / "hf" / "config.json"))["rope_scaling"] == scaling  # transformers 4 reads only it
     (tmp_path / "play.txt").write_text(TEXT)  # a fine-tune keeps the scaling
     dataset.prepare(str(tmp_path / "play.txt"), out_dir=str(tmp_path / "data"), tokenizer=str(tmp_path / "run/ckpt.pt"))
     train.main(["device=cpu", f"data_dir={tmp_path / 'data'}", "dataset=play", f"init_from={tmp_path / 'run/ckpt.pt'}",
@@ -180,6 +184,7 @@ def test_an_exported_model_loads_as_a_plain_llama_with_the_sources_bos_left_padd
     assert tok.eos_token_id == 0 and tok.decode(tok("Whether 'tis")["input_ids"]) == "Whether 'tis"
     back = LlamaForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
     assert tok.bos_token_id == 1 and back.config.bos_token_id == hf.config.bos_token_id  # the source's, kept
+    assert back.config.max_position_embeddings == tok.model_max_length == 64  # the training length N
     x = torch.randint(0, V, (2, 12))
     mask = torch.ones_like(x)
     mask[1, :4] = 0  # the second row left-padded by 4
@@ -252,6 +257,9 @@ def test_bad_inputs_are_one_error_line(imported, tmp_path):
     assert "has no config.json" in refused("biased")
     llama(str(tmp_path / "small"), False, vocab_size=200)  # a tokenizer of 300 ids over 200 embeddings
     assert "its tokenizer has 300 ids, more than the model's 200" in refused("small")
+    llama(str(tmp_path / "fits"), False, vocab_size=300)  # a tokenizer of exactly the model's ids imports, once
+    convert_hf.main(["import", str(tmp_path / "fits"), "--out", str(tmp_path / "o")])
+    assert "already holds a ckpt.pt" in refused("fits")
     for name in ("no/such/x", "/no_such", "./no_such"):  # a missing path, not a hub name to download
         assert "neither a Hugging Face folder" in one_line_error(convert_hf.main, ["import", name, "--out", "o"])
     _, path = imported[False]
