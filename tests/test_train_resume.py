@@ -1,7 +1,8 @@
 """Resuming a train.py run: resume=True after k iterations gives the losses and weights of an uninterrupted run, in
-process and in a new process after a SIGKILL; a resume refuses to change the architecture or a kept scorer's options;
-a kill during an evaluation (writing best.pt, or the final one) is finished by the resume. Tiny models on tiny random
-data, CPU only."""
+process and in a new process after a SIGKILL; a resume refuses to change the architecture or a kept scorer's options,
+is costed on the iterations left and takes a checkpoint recording a config field this code dropped; a kill during an
+evaluation (writing best.pt, or the final one) is finished by the resume. Tiny models on tiny random data, CPU only."""
+import functools
 import json
 import os
 import signal
@@ -14,6 +15,9 @@ import torch
 
 import train
 import test_train
+from lib import config as config_lib
+from lib.checkpoint import read_checkpoint
+from lib.config import TrainConfig, TrainError, model_config
 from test_train import ENV, REPO, TRAIN, error_of, read_log, run_script, step_losses, tiny_args
 
 data_dir = test_train.data_dir  # its fixture: random ids
@@ -85,6 +89,33 @@ def test_resume_refuses_to_change_the_architecture_or_the_options_of_a_kept_scor
            "scorer" in msg
     msg = error_of(tiny_args(data_dir, out, "init_from=resume", "scorer=softmax", "n_embd=64"))
     assert "n_embd=64 differs from the checkpoint's 32: it cannot change when resuming" in msg  # a switch too
+    # each of these loads the same weights (or adds one) and would train another model unnoticed
+    ckpt = read_checkpoint(str(out / "ckpt.pt"))
+    for field, value, was in (("n_head", 4, 2), ("n_kv_head", 1, None), ("norm_eps", 1e-3, 1e-6),
+                              ("qk_norm", True, False), ("ssmax_learn_s", False, True), ("ssmax_bias", True, False)):
+        with pytest.raises(TrainError, match=f"{field}={value!r} differs from the checkpoint's {was!r}: it cannot "
+                                             f"change when resuming"):
+            model_config(TrainConfig(**{**ckpt["model_args"], field: value}), {field: value}, ckpt, resuming=True)
+
+
+def test_a_resume_near_the_end_of_a_long_run_is_costed_on_the_iterations_left(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(train, "cpu_cost_check", functools.partial(config_lib.cpu_cost_check, rate=1e10))
+    out, n = tmp_path / "out", 10 ** 8  # n iterations of the tiny model: ~20 hours at 1e10 FLOP/s
+    assert "this run would take at least" in error_of(tiny_args(data_dir, tmp_path / "new", f"max_iters={n}"))
+    train.main(tiny_args(data_dir, out, "max_iters=0"))
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    torch.save({**ckpt, "iter_num": n - 1}, out / "ckpt.pt")  # as if it had run all but its last iteration
+    train.main(tiny_args(data_dir, out, "init_from=resume", f"max_iters={n}"))  # one iteration left: it runs
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == n
+
+
+def test_a_checkpoint_recording_a_config_field_this_code_no_longer_has_resumes(data_dir, tmp_path):
+    out = tmp_path / "out"
+    train.main(tiny_args(data_dir, out, "max_iters=1", "eval_interval=1"))
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    torch.save({**ckpt, "config": {**ckpt["config"], "a_retired_field": 1}}, out / "ckpt.pt")  # an older code's
+    train.main(tiny_args(data_dir, out, "init_from=resume", "max_iters=2"))
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 2
 
 
 class _Killed(BaseException):

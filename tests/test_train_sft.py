@@ -144,3 +144,5 @@ def test_resuming_a_checkpoint_from_before_sft_val_frac_trains_on_every_example_
     torch.save(ckpt, out / "ckpt.pt")
     train.main(args[:-1] + ["init_from=resume", "max_iters=2", "sft_val_frac=0.25"])  # asked for: it applies
     assert "SFT examples: 3 to train, 1 held out for val" in capsys.readouterr().out
+    train.main(args[:-1] + ["init_from=resume", "max_iters=3"])  # recorded now: a resume keeps it, never resets it
+    assert "SFT examples: 3 to train, 1 held out for val" in capsys.readouterr().out
