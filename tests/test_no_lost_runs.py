@@ -1,7 +1,9 @@
 """No finished run is lost (issue #28): a scorer switch on a finished run, a config file's overwrite=True pointed at
 another out_dir, and a wandb start that fails after overwrite=True each stop with one error line and leave every
-file of the old run byte for byte. Tiny models on tiny random data, CPU only."""
+file of the old run byte for byte; a run resumed from a copy of its checkpoint never writes in its first folder.
+Tiny models on tiny random data, CPU only."""
 import os
+import shutil
 import sys
 
 import pytest
@@ -61,6 +63,22 @@ def test_a_scorer_switch_of_a_finished_run_runs_when_asked_with_overwrite_on_the
     train.main(args(data_dir, out, "resume=True", "scorer=ssmax", "max_iters=3", "overwrite=True"))
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)
     assert ckpt["iter_num"] == 3 and ckpt["model_args"]["scorer"] == "ssmax"
+    whole = tmp_path / "whole"  # the whole run, its final eval logged: the switched model is evaluated, not "done"
+    shutil.copytree(finished[0], whole)
+    train.main(args(data_dir, whole, "resume=True", "scorer=ssmax", "overwrite=True"))
+    ckpt = torch.load(whole / "ckpt.pt", weights_only=True)
+    assert ckpt["iter_num"] == 2 and ckpt["model_args"]["scorer"] == "ssmax" and ckpt["eval"]["iter"] == 2
+
+
+def test_a_run_resumed_from_a_copy_of_its_checkpoint_writes_where_it_resumes_not_where_it_began(
+        data_dir, finished, tmp_path, monkeypatch):
+    out, before = finished
+    monkeypatch.chdir(tmp_path)  # out_dir not given: the default, ./out, where the copy is
+    os.makedirs("out")
+    (tmp_path / "out" / "ckpt.pt").write_bytes(before["ckpt.pt"])  # its config records out_dir=<the first folder>
+    train.main([*TINY, f"data_dir={data_dir}", "dataset=rand", "init_from=resume", "max_iters=3"])
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iter_num"] == 3
+    assert snapshot(out) == before  # the first run's folder is never written
 
 
 def test_a_config_files_overwrite_applies_only_to_its_own_out_dir(data_dir, finished, tmp_path):

@@ -82,6 +82,9 @@ def test_resume_over_a_finished_run_without_its_ckpt_refuses_and_deletes_nothing
     msg = one_line_error(train.main, args(data_dir, out, "max_iters=2", "resume=True"))
     assert "holds a run's results (best.pt, log.jsonl with 3 evaluation(s))" in msg and "overwrite=True" in msg
     assert snapshot(out) == before
+    train.main(args(data_dir, out, "max_iters=1", "resume=True", "overwrite=True"))  # asked to replace it: a new run
+    log = [json.loads(line) for line in open(out / "log.jsonl")]
+    assert sum("config" in r for r in log) == 1 and torch.load(out / "ckpt.pt", weights_only=True)["iter_num"] == 1
     killed = tmp_path / "killed"  # killed before its first checkpoint: only its log's header
     killed.mkdir()
     (killed / "log.jsonl").write_text(json.dumps({"config": {}}) + "\n")

@@ -82,7 +82,7 @@ def test_init_from_or_resume_of_a_checkpoint_carrying_code_is_refused_and_the_co
     src = tmp_path / "src"
     train.main(tiny_args(data_dir, src, "max_iters=0"))
     evil = code_carrying_copy(src / "ckpt.pt", tmp_path / "evil.pt", tmp_path / "pwned")
-    msg = error_of(tiny_args(data_dir, tmp_path / "out", f"init_from={evil}"))
+    msg = error_of(tiny_args(data_dir, tmp_path / "out", f"init_from={evil}", "max_iters=0"))  # loaded: no hang
     assert "cannot be loaded safely" in msg and "evil.pt" in msg
     code_carrying_copy(src / "ckpt.pt", src / "ckpt.pt", tmp_path / "pwned")
     assert "cannot be loaded safely" in error_of(tiny_args(data_dir, src, "resume=True"))
