@@ -1,8 +1,8 @@
 """Nothing lost, mixed or misreported (issue #44), one test per cause: two processes on one folder (a lock per run,
-per evaluation, per suite), resume=True over results without their ckpt.pt, a cut log line, a full disk, ids past the
-vocabulary, a padded vocabulary, a checkpoint without optimizer state, and the remaining bad values; reruns with other
-settings are in test_no_mixed_settings.py, vocabularies and checkpoints told apart in test_no_mixed_models.py. Tiny
-models on tiny data, CPU only."""
+per evaluation, per suite), resume=True over results without their ckpt.pt, a cut log line or newline, a full disk,
+ids past the vocabulary, a padded vocabulary, a checkpoint without optimizer state, and the remaining bad values;
+reruns with other settings are in test_no_mixed_settings.py, vocabularies and checkpoints told apart in
+test_no_mixed_models.py, how a lock changes hands in test_folder_locks.py. Tiny models on tiny data, CPU only."""
 import gc
 import json
 import os
@@ -157,6 +157,14 @@ def test_a_cut_or_junk_log_line_neither_blocks_a_resume_nor_compare(data_dir, fi
     train.main(args(data_dir, out, "max_iters=3", "resume=True"))
     lines = (out / "log.jsonl").read_text().splitlines()
     assert all(json.loads(line) for line in lines) and json.loads(lines[-1])["iter"] == 3
+
+
+def test_a_log_whose_last_record_lost_its_newline_gets_it_back_before_a_resume_appends(tmp_path):
+    from lib import tracking
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"iter": 0}\n{"iter": 1}')  # whole, but the write of its newline was cut
+    tracking.repair_log(str(path))
+    assert path.read_text() == '{"iter": 0}\n{"iter": 1}\n'  # else the next record would join this line
 
 
 def test_a_failed_checkpoint_write_is_one_line_and_leaves_no_temp_file(data_dir, tmp_path, monkeypatch):

@@ -1,13 +1,13 @@
 """A rename alone survives a kill, not a power loss or an OS crash: unsynced, the new name can reach the disk before
 the data, an empty or cut file where the last good one was. Every file a rename shows finished (a checkpoint, a JSON
-record, a prepared dataset with the meta.json that vouches for it, an evaluation's results) is synced before its
-rename, and its folder after. CPU only, tiny files."""
+record, a repaired log, a kept training log, a prepared dataset with the meta.json that vouches for it, an
+evaluation's results) is synced before its rename, and its folder after. CPU only, tiny files."""
 import os
 
 import torch
 
 from lib import dataset as pdata
-from lib import folders
+from lib import folders, tracking
 from lib.checkpoint import save_checkpoint
 
 
@@ -34,6 +34,27 @@ def test_a_json_record_is_on_disk_before_it_replaces_the_last_one(tmp_path, monk
     path = os.path.join(os.path.realpath(tmp_path), "started.json")
     folders.write_json(path, {"iter": 3})
     assert calls == [("fsync", path + ".tmp"), ("replace", path + ".tmp"), ("fsync", os.path.dirname(path))]
+
+
+def test_a_repaired_log_is_on_disk_before_it_replaces_the_runs_log(tmp_path, monkeypatch):
+    path = os.path.join(os.path.realpath(tmp_path), "log.jsonl")
+    with open(path, "w") as f:
+        f.write('{"iter": 0}\n{"iter": 1, "lo')  # a write cut by a kill: a resume rewrites the whole log
+    calls = _record(monkeypatch)
+    tracking.repair_log(path)
+    assert calls == [("fsync", path + ".tmp"), ("replace", path + ".tmp"), ("fsync", os.path.dirname(path))]
+    assert open(path).read() == '{"iter": 0}\n'
+
+
+def test_a_kept_training_log_is_on_disk_before_it_replaces_the_last_one(tmp_path, monkeypatch):
+    from lib import runs  # what outlives a reproduction's scratch runs folder
+    os.makedirs(tmp_path / "runs" / "softmax")
+    (tmp_path / "runs" / "softmax" / "log.jsonl").write_text('{"iter": 0, "loss": 5.0}\n')
+    path = os.path.join(os.path.realpath(tmp_path), "s1", "train_log.csv.gz")
+    calls = _record(monkeypatch)
+    runs.keep_train_log(str(tmp_path / "runs"), ["softmax"], path)
+    assert calls == [("fsync", path + ".tmp"), ("replace", path + ".tmp"), ("fsync", os.path.dirname(path))]
+    assert runs.read_train_logs(str(tmp_path), [1]) == {1: {"softmax": [{"iter": 0, "loss": 5.0}]}}
 
 
 def test_a_prepared_dataset_is_on_disk_before_its_meta_json_vouches_for_it(tmp_path, monkeypatch):
