@@ -1,6 +1,7 @@
 """A rerun reuses a step only when its settings are the ones asked for (issue #44, cause 3): a step done with other
-settings refuses, or runs again with --redo; a seed's runs hold one training and may gain variants; the LM suite
-refuses a rerun with other iterations before it trains. CPU only."""
+settings refuses, or runs again with --redo; an output left by a killed step is judged by the settings it was started
+with (none recorded: refused); a seed's runs hold one training and may gain variants; the LM suite refuses a rerun
+with other iterations before it trains. CPU only."""
 import json
 
 import pytest
@@ -36,6 +37,25 @@ def test_a_step_done_with_other_settings_refuses_or_with_redo_runs_again(tmp_pat
     run(runs.Steps(str(out.parent)), 160)  # its output gone: this call runs the step
     wall = json.load(open(out.parent / "wall.json"))  # every call's time, kept after each step: rewritten, added to
     assert list(wall) == ["wall_s"] and 1000 <= wall["wall_s"] < 1100
+
+
+def test_an_output_left_by_a_killed_step_is_judged_by_the_settings_it_was_started_with(tmp_path, capsys):
+    script = tmp_path / "killed.py"  # a step killed after its output exists, before its steps.jsonl line
+    script.write_text("import os, signal, sys\nopen(sys.argv[1], 'w').write('x')\n"
+                      "os.kill(os.getpid(), signal.SIGKILL)\n")
+    out = tmp_path / "res" / "out.txt"
+    out.parent.mkdir()
+    run = lambda max_iters: runs.Steps(str(out.parent)).run("train x", [str(script), str(out)], str(out),
+                                                            settings={"train": {"max_iters": max_iters}})
+    with pytest.raises(runs.StepError, match="failed"):
+        run(20)
+    run(20)  # started with these: reused
+    assert "[skip] train x" in capsys.readouterr().out
+    with pytest.raises(runs.StepError, match=r"train.max_iters 20 -> 40"):
+        run(40)
+    (out.parent / "started.json").unlink()  # no record left of what it was made with: not taken as asked now
+    with pytest.raises(runs.StepError, match="an output with no record of its settings"):
+        run(20)
 
 
 def test_a_seeds_runs_hold_one_training_and_may_gain_variants(tmp_path):
