@@ -1,7 +1,8 @@
 """SFT in train.py (sft_data=): the targets are the answer and <|endoftext|> with -1 on the prompt and the padding,
 long prompts are cropped on the left (and said) and long answers on the right, a bad SFT file is one error line, a
 run in epochs lowers the answer loss, and its val loss is that of held-out examples (or, asked, says it is the training
-examples'). Tiny models, CPU only."""
+examples'); each epoch is a new seeded shuffle, and the planned iterations count the held-in examples. Tiny models,
+CPU only."""
 import json
 import math
 
@@ -146,3 +147,19 @@ def test_resuming_a_checkpoint_from_before_sft_val_frac_trains_on_every_example_
     assert "SFT examples: 3 to train, 1 held out for val" in capsys.readouterr().out
     train.main(args[:-1] + ["init_from=resume", "max_iters=3"])  # recorded now: a resume keeps it, never resets it
     assert "SFT examples: 3 to train, 1 held out for val" in capsys.readouterr().out
+
+
+def test_sft_epochs_each_visit_every_example_once_in_their_own_seeded_order():
+    steps = torch.cat([sft.sft_order(5, it, 4, 10) for it in range(5)])  # 20 draws: two epochs of 10 examples
+    first, second = steps[:10].tolist(), steps[10:].tolist()
+    assert sorted(first) == sorted(second) == list(range(10))
+    assert first != second  # a new shuffle each epoch, not the first one repeated
+    assert steps[12:16].tolist() == sft.sft_order(5, 3, 4, 10).tolist()  # step 3 alone: what a resume draws
+
+
+def test_planned_iters_count_epochs_of_the_held_in_examples_with_val_rounded(tmp_path):
+    path = write_sft(tmp_path / "sft.jsonl", (SFT_ROWS * 5)[:17])
+    cfg = train.TrainConfig(**train.parse_args([f"sft_data={path}", "sft_epochs=2", "sft_val_frac=0.1",
+                                                 "batch_size=1", "gradient_accumulation_steps=1"]))
+    assert sft.held_out(17, 0.1) == 2  # round(1.7): what split_sft holds out
+    assert sft.planned_iters(cfg) == 2 * 15  # the cost check's count: 2 epochs of the 17 - 2 examples trained on
