@@ -1,5 +1,6 @@
-"""prepare_data.py: the offline GPT-2 tokenizer, the embedded corpus (whole documents split, idempotence), and the
-helpers test_prepare_data_files.py and test_prepare_data_checks.py import."""
+"""prepare_data.py: the offline GPT-2 tokenizer, the embedded corpus (whole documents split, idempotence), the sources'
+texts (Gutenberg markers, a KJV book's verses) and default names, and the helpers test_prepare_data_files.py and
+test_prepare_data_checks.py import."""
 import json
 import os
 import socket
@@ -97,8 +98,20 @@ def test_second_run_is_up_to_date(shakespeare, capsys):
 
 def test_kjv_one_document_per_book():
     docs = corpora.kjv_docs()
-    assert len(docs) == 66 and docs[0].startswith("In the beginning God created the heaven and the earth.")
+    assert len(docs) == 66  # a book is its verses joined by one space
+    assert docs[0].startswith("In the beginning God created the heaven and the earth. And the earth was without form")
 
 def test_english_is_every_embedded_text_together():
     english = corpora.EMBEDDED["english"]()
     assert english == corpora.shakespeare_docs() + corpora.kjv_docs() and len(english) > 100
+
+def test_a_gutenberg_text_keeps_only_what_lies_between_its_start_and_first_end_marker():
+    text = ("Header and licence\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\n\nThe play.\n"
+            "*** END OF THE PROJECT GUTENBERG EBOOK X ***\nThe licence, quoting *** END OF THE LICENCE")
+    assert corpora.strip_gutenberg(text) == "The play."
+    assert corpora.strip_gutenberg("\n  No markers: the shipped texts.\n") == "No markers: the shipped texts."
+
+def test_a_glob_is_named_after_its_folder_and_a_file_after_its_stem():
+    assert corpora.default_name("corpus/part-[0-9].jsonl") == corpora.default_name("corpus/*.jsonl") == "corpus"
+    assert corpora.default_name("My Notes.txt") == "my-notes"
+    assert corpora.default_name("hf:HuggingFaceFW/fineweb-edu:sample-10BT") == "fineweb-edu-sample-10bt"

@@ -1,8 +1,8 @@
-"""prepare_data.py's streaming loader on local files (.jsonl, .parquet, .txt): the text field picked by name or by
-length and printed, the token budget held exactly, determinism, rebuilds when args or files change, one document per
-.txt file or one file split by tokens, a document the tokenizer drops whole is skipped, a corpus with no text
-column or no documents is one error line; a written <|endoftext|> is text under an imported tokenizer too, a .txt's
-byte-order mark is no text, and a token budget's split is recorded as made."""
+"""prepare_data.py's streaming loader on local files (.jsonl, .parquet, .txt): the text field picked by name (a
+string column) or by length and printed, the token budget held exactly, determinism, rebuilds when args or files
+change, one document per .txt file or one file split by tokens, a document the tokenizer drops whole is skipped, a
+corpus with no text column or no documents is one error line; a written <|endoftext|> is text under an imported
+tokenizer too, a .txt's byte-order mark is no text, and a token budget's split is recorded as made."""
 import json
 import os
 
@@ -78,6 +78,14 @@ def test_jsonl_id_before_body_picks_body_and_prints_it(tmp_path, capsys):
     assert meta["text_field"] == "body"
     enc = vocab.get_tokenizer()
     assert sorted(enc.decode(list(doc[:-1])) for s in pdata.SPLITS for doc in split_docs(toks[s])) == sorted(bodies)
+
+def test_a_known_column_name_holding_no_strings_is_passed_over_for_the_next_known_one(tmp_path, capsys):
+    with open(tmp_path / "rows.jsonl", "w") as f:
+        for i in range(12):  # "text" holds numbers here: "content" is the text
+            f.write(json.dumps({"text": i, "content": f"The content of row {i}, in words."}) + "\n")
+    d = pdata.prepare(str(tmp_path / "rows.jsonl"), out_dir=str(tmp_path / "out"), val_frac=0.2)
+    assert "text field: 'content' (a known text column name" in capsys.readouterr().out
+    assert read_all(d)[0]["text_field"] == "content"
 
 def test_unknown_column_names_fall_back_to_the_longest_strings(tmp_path, capsys):
     notes = [f"Note {i}: " + "a rather long sentence of plain words. " * 3 for i in range(12)]
