@@ -66,8 +66,8 @@ def test_fading_softmax_max_decays_ssmax_stays_near_one(tmp_path):
 
 
 @pytest.mark.parametrize("flag,value", [("--rope_scale", "0"), ("--rope_scale", "-1"), ("--rope_scale", "inf"),
-                                        ("--rope_scale", "nan"), ("--seed", "-1"), ("--num_seqs", "0"),
-                                        ("--n_boot", "0"), ("--llama4_floor", "0")])
+                                        ("--rope_scale", "nan"), ("--seed", "-1"), ("--seed", str(2**64)),
+                                        ("--num_seqs", "0"), ("--n_boot", "0"), ("--llama4_floor", "0")])
 def test_out_of_range_numbers_are_one_error_line(flag, value):
     v = float(value) if flag == "--rope_scale" else int(value)
     assert f"{flag} {v}" in one_line_error(["ckpt.pt", flag, value])  # checked before any file is read

@@ -1,0 +1,117 @@
+"""eval_long.py's outputs checked against their inputs, on untrained tiny models: differences.csv resampled with the
+run's --seed and --n_boot, per_sequence.csv's start and rope_scale of each row, summary.json's overlapping pairs, its
+smoothing and each model's training run; a length that is no window's end under Dynamic NTK per length; the default
+length from the first checkpoint and the length check against the longest N; a logit rescaling for each pass's
+length. CPU only."""
+import json
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+import torch
+
+import eval_long
+import test_eval_long
+from lib import compare, dataset, rescale
+from lib.checkpoint import load_checkpoint, run_info, save_checkpoint
+from model import GPT
+from test_eval_long import N, one_line_error, read_csv, tiny_config
+
+data_dir = test_eval_long.data_dir  # its fixture: real Shakespeare, written directly
+TRAIN_SEED = 11  # the training run's seed, told apart from the evaluation's
+
+
+def save(tmp_path_factory, name, block_size=N, sharp=False):
+    torch.manual_seed(0)
+    model = GPT(tiny_config(block_size=block_size))
+    if sharp:  # attention that uses positions: the RoPE and the logit scale move its loss
+        with torch.no_grad():
+            for block in model.transformer.h:
+                block.attn.c_attn.weight[:2 * model.config.n_embd] *= 16
+                block.attn.c_proj.weight *= 16
+            model.lm_head.weight *= 8
+    path = str(tmp_path_factory.mktemp(name) / "ckpt.pt")
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config), "config": {}, "iter_num": 7,
+                     "best_val_loss": float("nan"), "run_info": run_info(TRAIN_SEED)}, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    return {name: save(tmp_path_factory, name, **kw) for name, kw in (("plain", {}), ("sharp", dict(sharp=True)),
+                                                                      ("short", dict(block_size=N // 2)))}
+
+
+def test_differences_resample_with_the_runs_seed_and_n_boot_and_rows_name_their_start_and_scale(
+        ckpts, data_dir, tmp_path):
+    out = tmp_path / "res"
+    eval_long.main([ckpts["plain"], ckpts["sharp"], "--labels", "a", "b", "--data", data_dir, "--length", str(2 * N),
+                    "--rope_scale", "4", "--num_seqs", "5", "--n_boot", "30", "--seed", "7", "--out_dir", str(out)])
+    rows = compare.read_csv(out / "per_sequence.csv")
+    summary = json.loads((out / "summary.json").read_text())
+    starts = summary["sequences"]["starts"]
+    assert starts == dataset.draw_starts(len(np.fromfile(f"{data_dir}/val.bin", np.uint16)), 2 * N, 5, 7).tolist()
+    assert all(int(r["start"]) == starts[int(r["sequence"])] for r in rows)
+    assert {(r["rope"], float(r["rope_scale"])) for r in rows} == {("extended", 4.0), ("native", 1.0)}
+    want = compare.paired_differences(rows, "a", 30, 7)  # the CSV's rows, resampled as the run was asked to
+    got = compare.read_csv(out / "differences.csv")
+    assert len(got) == len(want) == len(summary["differences"]) == 2 * 4  # RoPE settings x windows
+    for g, s, w in zip(got, summary["differences"], want):
+        assert (g["rope"], g["window"]) == (s["rope"], s["window"]) == (w["rope"], w["window"])
+        for k in ("mean_diff", "ci_lo", "ci_hi"):
+            assert float(g[k]) == pytest.approx(w[k], abs=1e-12) and s[k] == pytest.approx(w[k], abs=1e-12)
+    for m in summary["models"]:  # each model's training run beside the evaluation's
+        assert m["iter_num"] == 7 and m["train_run_info"]["seed"] == TRAIN_SEED and m["model_args"]["block_size"] == N
+    assert summary["run_info"]["seed"] == 7
+
+
+def test_overlapping_pairs_count_windows_that_share_their_last_token(ckpts, data_dir, tmp_path, monkeypatch):
+    L = N  # windows of L+1 tokens at 0 and L share token L; the one at 3L shares none
+    monkeypatch.setattr(dataset, "draw_starts", lambda *a, **k: np.array([0, L, 3 * L]))
+    eval_long.main([ckpts["plain"], "--data", data_dir, "--rope_method", "none", "--length", str(L), "--num_seqs",
+                    "3", "--out_dir", str(tmp_path / "res")])
+    seqs = json.loads((tmp_path / "res" / "summary.json").read_text())["sequences"]
+    assert seqs["starts"] == [0, L, 3 * L] and seqs["overlapping_pairs"] == 1
+
+
+def test_dynamic_ntk_per_length_writes_the_curve_to_a_length_that_ends_no_window(ckpts, data_dir, tmp_path):
+    L = 20 * N + 5  # windows end at 1, 2, 4, 8, 10, 16 and 20 N: the last 5 positions in none but the curve
+    eval_long.main([ckpts["plain"], "--data", data_dir, "--rope_method", "dynamic_ntk", "--rope_scale", "4",
+                    "--length", str(L), "--num_seqs", "1", "--out_dir", str(tmp_path / "res")])
+    header, table = read_csv(tmp_path / "res" / "per_position.csv")
+    assert table.shape == (L, 3) and (table[:, 0] == np.arange(1, L + 1)).all() and np.isfinite(table).all()
+    summary = json.loads((tmp_path / "res" / "summary.json").read_text())
+    (m,) = summary["models"]
+    assert m["mean_loss"] == pytest.approx(table[:, 1].mean()) and m["native"]["mean_loss"] == pytest.approx(
+        table[:, 2].mean())
+    assert summary["smoothing"] == f"moving average over {L // 200} positions (plot only)"  # L / 200: 2
+
+
+def test_the_first_checkpoint_sets_the_default_length_and_the_longest_n_the_shortest_allowed(ckpts, data_dir,
+                                                                                            tmp_path, monkeypatch):
+    common = ["--data", data_dir, "--rope_method", "none", "--num_seqs", "1"]
+    eval_long.main([ckpts["short"], ckpts["plain"], *common, "--out_dir", str(tmp_path / "res")])
+    summary = json.loads((tmp_path / "res" / "summary.json").read_text())
+    assert summary["args"]["length"] == 10 * N // 2 and [m["train_len"] for m in summary["models"]] == [N // 2, N]
+    monkeypatch.setattr(eval_long, "per_position_loss", test_eval_long.no_model_runs)
+    msg = one_line_error([ckpts["short"], ckpts["plain"], *common, "--length", str(N - 1), "--out_dir",
+                          str(tmp_path / "res2")])
+    assert f"--length {N - 1} is shorter than the training length {N} of {ckpts['plain']!r}" in msg
+
+
+def test_a_logit_rescaling_follows_each_passs_length_under_dynamic_ntk_per_length(ckpts, data_dir, tmp_path):
+    """Window k runs at kN tokens: its RoPE factor and YaRN's logit factor both for kN (1 at N), not for L."""
+    eval_long.main([ckpts["sharp"], "--data", data_dir, "--rope_method", "dynamic_ntk", "--rope_scale", "4",
+                    "--logit_scale", "yarn", "--length", str(4 * N), "--num_seqs", "2", "--out_dir",
+                    str(tmp_path / "res")])
+    summary = json.loads((tmp_path / "res" / "summary.json").read_text())
+    windows, starts = summary["models"][0]["windows"], summary["sequences"]["starts"]
+    val = np.fromfile(f"{data_dir}/val.bin", np.uint16).astype(np.int64)
+    model, _ = load_checkpoint(ckpts["sharp"])
+    for k in (1, 2):
+        model.extend_rope("dynamic_ntk", 4.0, k * N)
+        rescale.apply(model, "yarn", k * N)
+        xy = torch.from_numpy(np.stack([val[s:s + k * N + 1] for s in starts]))
+        with torch.no_grad():
+            _, want = model.eval()(xy[:, :-1], xy[:, 1:])
+        assert windows[f"prefix_{k}x"]["mean_loss"] == pytest.approx(want.item(), abs=1e-4)
