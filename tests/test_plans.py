@@ -73,3 +73,27 @@ def test_reproduce_commit_results_without_a_plan_is_one_error_line_before_anythi
     with pytest.raises(SystemExit, match="error: results/toy/plan.md is missing"):
         reproduce.main(["--scale", "toy", "--commit-results"])
     assert not (tmp_path / "data").exists() and not (tmp_path / "out-repro-toy").exists()
+
+
+def test_the_plans_commit_is_the_one_that_last_changed_it_and_a_resume_keeps_the_first_start(tmp_path):
+    results = repo_with_plan(tmp_path)
+    plan_commit = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True,
+                                 text=True).stdout.strip()
+    (tmp_path / "other.txt").write_text("a later commit, not the plan's\n")
+    git(tmp_path, "add", "other.txt")
+    git(tmp_path, "commit", "-q", "-m", "later")
+    began = plans.begin(str(results))
+    assert began["commit"] == plan_commit
+    record = json.loads((results / plans.RECORD).read_text())
+    record["run_started"] = "2000-01-01T00:00:00+00:00"  # the first call's start, whatever the clock says now
+    (results / plans.RECORD).write_text(json.dumps(record))
+    assert plans.begin(str(results)) == record == plans.finish(str(results), record)
+
+
+def test_a_plan_taken_out_of_git_after_the_start_refuses_the_results_though_its_text_is_unchanged(tmp_path):
+    results = repo_with_plan(tmp_path)
+    began = plans.begin(str(results))
+    git(tmp_path, "rm", "-q", "--cached", "results/run/plan.md")  # the file stays, the same bytes
+    git(tmp_path, "commit", "-q", "-m", "untrack the plan")
+    with pytest.raises(plans.PlanError, match="not committed"):
+        plans.finish(str(results), began)
