@@ -120,3 +120,18 @@ def test_the_pilot_picks_the_fastest_rung_where_every_setting_passes_the_gate_at
     tied = steps("recall-gpu", 30) + steps(slow, 60) + steps(fast, 60)
     assert synthetic.select_budget(acc, tied) == slow  # the same time: fewer tokens (32 x 4,000 < 128 x 1,500)
     assert synthetic.select_budget([r for r in acc if r["task"] in ("recall-gpu", half)], times) is None
+
+
+def test_the_sweeps_gate_takes_a_mean_of_0_95_and_reads_only_the_nope_evaluation():
+    rows = [*_sweep_rows("first-lr0.001", "fox", 0.95, 0.6),  # eligible at exactly 0.95, best at 128 N
+            *_sweep_rows("first-lr0.003", "fox", 0.90, 0.7), *_sweep_rows("first-lr0.01", "fox", 0.96, 0.5),
+            *(dict(r, rope="theta") for r in _sweep_rows("first-lr0.003", "fox", 1.0, 1.0))]  # not the sweep's
+    assert synthetic.select_lr(rows) == {"first": {"fox": 1e-3}}
+
+
+def test_the_pilots_gate_is_each_settings_mean_over_seeds_at_n():
+    rows = [dict(task="recall-gpu", setting="softmax", seed=str(seed), length=str(m * 256), train_length="256",
+                 accuracy=str(a), condition="", rope="nope") for seed, at_n in ((0, 0.92), (1, 1.0))
+            for m, a in ((1, at_n), (2, 0.1))]  # mean 0.96 at N; 2 N is not the gate's
+    steps = [dict(task="recall-gpu", setting="softmax", seed=seed, train_s=10) for seed in (0, 1)]
+    assert synthetic.select_budget(rows, steps) == "recall-gpu"
