@@ -21,7 +21,7 @@ from tqdm import tqdm
 from lib import compare, folders, tracking, vocab
 from lib.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, run_info
 from lib.dataset import DataError  # bad input, printed by main as one line
-from lib.retrieval import cells, load_hay, score_answer, score_trials, sft_examples, trials, with_lead
+from lib.retrieval import cells, load_hay, ranked_heads, score_answer, score_trials, sft_examples, trials, with_lead
 from lib.vocab import EOT
 from model import BACKENDS, ROPE_METHODS
 
@@ -122,9 +122,7 @@ def report(args, folder, rows, models, labels):
         ax.legend(**LEGEND)
         return save(args, folder, "passkey", rows, FIELDS, fig, cells=acc)
     fig7, fig8 = [r for r in rows if r["trial"] == 0], [r for r in rows if r["trial"] > 0]
-    heads = [dict(model=r["model"], rank=i + 1, layer=j // r["heads"].size(1), head=j % r["heads"].size(1),
-                  score=r["heads"].flatten()[j].item())
-             for r in fig7 for i, j in enumerate(r["heads"].flatten().argsort(descending=True).tolist())]
+    heads = ranked_heads(fig7)
     trials_of = {m: [r for r in fig8 if r["model"] == m] for m in models}
     summary = [dict(model=m, n=len(rs), **{k: float(np.mean([r[k] for r in rs])) for _, k, _, _ in BARS})
                for m, rs in trials_of.items()]  # per model: the means over its trials
@@ -167,6 +165,7 @@ def outputs(args):  # a mode's files, the "finished" one last (reproduce.py)
     return [f"{stem}.{ext}" for stem in stems for ext in ("csv", "png", "json", "jsonl")]
 
 def run(args, folder):  # the results to folder; returns the wandb table
+    args.data = vocab.data_folder(args.data) or "data/shakespeare"  # one given must exist: no GPT-2 codec instead
     enc = vocab.codec(args.data)  # characters for a character dataset (shorter prompts: retrieval.PROMPTS)
     if args.mode == "sft_data":
         name, examples = sft_examples(args, enc)
@@ -206,7 +205,7 @@ def main(argv=None):
     p.add_argument("--mode", dest="mode_opt", choices=MODES, help="the same as the positional mode")
     p.add_argument("--ckpt", nargs="+", default=[], help="one or more checkpoints, compared in every plot")
     p.add_argument("--labels", nargs="+", help="a name for each --ckpt (the CSV's model; default: its folder)")
-    p.add_argument("--data", default="data/shakespeare", help="prepared dataset: val = haystacks, train = SFT's")
+    p.add_argument("--data", help="prepared dataset (default data/shakespeare): val = haystacks, train = SFT's")
     p.add_argument("--out_dir", default="out-needle")
     p.add_argument("--context_sizes", type=int, nargs="+", help=f"needle, passkey (default {DEFAULT_CONTEXTS})")
     p.add_argument("--depths", type=int, nargs="+", default=[10, 30, 50, 70, 90], help="needle depths in %%")

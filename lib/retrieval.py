@@ -212,6 +212,12 @@ def score_trials(w, spans, controls):
                         span_tokens=e - a, control_start=c, keys=T))
     return out
 
+def ranked_heads(rows):
+    """Fig. 7's table: each row's heads ((n_layer, n_head) needle scores) from the highest score down, rank 1 first."""
+    return [dict(model=r["model"], rank=i + 1, layer=j // r["heads"].size(1), head=j % r["heads"].size(1),
+                 score=r["heads"].flatten()[j].item())
+            for r in rows for i, j in enumerate(r["heads"].flatten().argsort(descending=True).tolist())]
+
 # ----------------------------------------------------------------------------------------------------------------
 # Retrieval fine-tuning data
 

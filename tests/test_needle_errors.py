@@ -22,7 +22,9 @@ enc, data_dir, ckpts = test_needle.enc, test_needle.data_dir, test_needle.ckpts
     (["needle", "--context_sizes", "20"], "context size 20 is too short"),
     (["bogus"], "'bogus'"),
     (["needle", "--ckpt", "nowhere/ckpt.pt"], "'nowhere/ckpt.pt' does not exist"),
-    (["score", "--data", "no/such/dataset"], "'no/such/dataset' has no val.bin"),
+    (["score", "--data", "no/such/dataset"], "--data 'no/such/dataset' does not exist"),
+    (["passkey", "--data", "no/such", "--context_sizes", "64", "--samples", "1"], "--data 'no/such' does not exist"),
+    (["sft_data", "--data", "no/such", "--synthetic", "1"], "--data 'no/such' does not exist"),
     (["passkey", "--labels", "a", "b"], "--labels a b: give one distinct name per --ckpt (1 checkpoints)"),
 ])
 def test_bad_input_is_one_error_line(ckpts, data_dir, argv, named, tmp_path):
