@@ -147,6 +147,27 @@ def test_passkey_depths_cover_0_to_100_percent_and_are_measured_in_the_filler_no
     assert ids[pos] == 11 and actual == round(100 * (pos - len(prefix)) / n, 1) and abs(actual - 50) <= 100 / n
 
 
+def test_passkey_rows_record_where_the_key_went_in_the_filler_and_needle_rows_number_their_samples(enc, data_dir):
+    class Args:
+        mode, samples, depths = "passkey", 20, [10, 90]
+    intro = len(enc.encode(retrieval.PASSKEY_INTRO))
+    for t in retrieval.trials(Args, enc, None, 100, np.random.default_rng(0)):
+        key = len(vocab.continuation(enc, retrieval.PASSKEY.format(k=t["number"])))
+        n = 100 - intro - key - len(vocab.continuation(enc, retrieval.PASSKEY_QUESTION))  # the filler's ids
+        assert t["actual_depth"] == round(100 * (t["pos"] - intro) / n, 1)
+    Args.mode, Args.samples = "needle", 3
+    got = list(retrieval.trials(Args, enc, retrieval.load_hay(data_dir, "val"), 100, np.random.default_rng(0)))
+    assert [(t["depth"], t["trial"]) for t in got] == [(d, i) for d in (10, 90) for i in range(3)]
+
+
+def test_a_haystack_is_checked_against_the_models_vocabulary_and_holds_no_eot(data_dir):
+    hay = retrieval.load_hay(data_dir, "val", 50304)
+    val = np.fromfile(os.path.join(data_dir, "val.bin"), np.uint16)
+    assert EOT not in hay.tolist() and len(hay) == len(val) - 1  # the fixture's one EOT: one running text
+    with pytest.raises(retrieval.DataError, match="vocabulary of 1,000"):  # GPT-2's ids past a small embedding
+        retrieval.load_hay(data_dir, "val", 1000)
+
+
 def test_greedy_never_emits_eot_and_matches_uncached_argmax(enc):
     model, idx = tiny_model(), torch.tensor([enc.encode("The sky is blue. The grass is")] * 2)
     j = model(idx)[0][0, -1].argmax().item()
