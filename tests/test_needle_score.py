@@ -1,6 +1,7 @@
 """needle.py's needle score: it equals the reference attention weights of the span, its best head, mean head and
 baselines on hand-computed weights (uniform = span tokens / keys; a control span as long, off the needle and the
-question, seeded per trial). Tiny models and real English, CPU only."""
+question, seeded per trial and drawn without moving the prompts), the best head and Fig. 7's ranking of a model with
+more layers than heads, Fig. 7's needle at --depth. Tiny models and real English, CPU only."""
 import numpy as np
 import pytest
 import torch
@@ -91,3 +92,30 @@ def test_control_span_draws_every_haystack_stretch_beside_the_needle_but_token_0
     # needle sentence [3, 7) with its number [5, 7), question from 10: 2-token stretches start at 1, 7 or 8
     t = dict(context=12, pos=3, span=(5, 7), question=10)
     assert {retrieval.control_span(t, np.random.default_rng(s))[0] for s in range(60)} == {1, 7, 8}
+
+
+def test_the_best_head_and_the_head_ranking_read_layer_and_head_of_a_model_with_more_layers_than_heads():
+    w = torch.zeros(3, 1, 2, 4)  # (n_layer, B, n_head, T): 3 layers x 2 heads, so layer = index // 2, head = index % 2
+    for (layer, head), score in {(2, 1): 0.9, (0, 1): 0.6, (1, 0): 0.3}.items():
+        w[layer, 0, head, 2] = score
+    s, = retrieval.score_trials(w, [(2, 3)], [(1, 2)])
+    assert (s["top_layer"], s["top_head"], s["top_score"]) == (2, 1, pytest.approx(0.9))
+    ranked = retrieval.ranked_heads([dict(model="m", heads=s["heads"])])
+    assert [(h["rank"], h["layer"], h["head"]) for h in ranked[:3]] == [(1, 2, 1), (2, 0, 1), (3, 1, 0)]
+    assert [h["rank"] for h in ranked] == list(range(1, 7)) and ranked[0]["score"] == pytest.approx(0.9)
+
+
+def test_score_prompts_start_with_fig7_at_the_asked_depth_and_their_controls_leave_the_prompts_unchanged(
+        enc, data_dir, monkeypatch):
+    class Args:
+        mode, depth, trials, seed = "score", 20, 4, 7
+    hay = retrieval.load_hay(data_dir, "val")
+    draw = lambda: list(retrieval.trials(Args, enc, hay, 128, np.random.default_rng([7, 128])))
+    got = draw()
+    assert [t["trial"] for t in got] == list(range(5))
+    assert (got[0]["depth"], got[0]["city"], got[0]["number"]) == (20, "Tokyo", 8106422)
+    assert abs(got[0]["actual_depth"] - 20) <= 100 * retrieval.DEPTH_TOLERANCE
+    # each control from its own seed (seed, context, trial): recomputable from the JSON's args, whatever came before
+    assert all(t["control"] == retrieval.control_span(t, np.random.default_rng([7, 128, t["trial"]])) for t in got)
+    monkeypatch.setattr(retrieval, "control_span", lambda t, rng: (1, 2))  # draws nothing
+    assert all(np.array_equal(a["ids"], b["ids"]) for a, b in zip(got, draw()))
