@@ -193,8 +193,8 @@ def test_synthetic_sft_data_shares_no_city_or_number_with_evaluation(enc, data_d
     evaluation = {retrieval.draw_number(rng, "eval") for _ in range(2000)}
     assert all(len(str(n)) == 7 for n in train | evaluation)
     assert all(n % 2 for n in train) and not any(n % 2 for n in evaluation)
-    needle.main(["sft_data", "--synthetic", "12", "--data", data_dir, "--sft_length", "200",
-                 "--out_dir", str(tmp_path)])
+    argv = ["sft_data", "--synthetic", "12", "--data", data_dir, "--sft_length", "200", "--out_dir", str(tmp_path)]
+    needle.main(argv)
     lines = [json.loads(l) for l in open(tmp_path / "sft_synthetic.jsonl")]
     assert len(lines) == 12
     for ex in lines:
@@ -203,6 +203,12 @@ def test_synthetic_sft_data_shares_no_city_or_number_with_evaluation(enc, data_d
         assert ex["prompt"].endswith(f"\nWhat is the special magic {city} number?\nThe special magic {city} number is:")
         assert abs(len(enc.encode(ex["prompt"] + ex["answer"])) - 200) <= 3  # re-tokenizing text may merge a token
     assert json.load(open(tmp_path / "sft_synthetic.json"))["examples"] == 12
+    refused = conftest.one_line_error(needle.main, argv)  # a second run never overwrites the first's examples
+    assert "already holds sft_synthetic.json, sft_synthetic.jsonl" in refused
+    for seed, folder in (("1337", "again"), ("2", "seed2")):  # --seed decides the examples (default 1337)
+        needle.main(argv[:-1] + [str(tmp_path / folder), "--synthetic", "2", "--seed", seed])
+    again, seed2 = ([json.loads(x) for x in open(tmp_path / f / "sft_synthetic.jsonl")] for f in ("again", "seed2"))
+    assert again == lines[:2] != seed2
 
 
 def test_squad_loader_keeps_only_complete_examples(tmp_path):

@@ -26,6 +26,9 @@ enc, data_dir, ckpts = test_needle.enc, test_needle.data_dir, test_needle.ckpts
     (["passkey", "--data", "no/such", "--context_sizes", "64", "--samples", "1"], "--data 'no/such' does not exist"),
     (["sft_data", "--data", "no/such", "--synthetic", "1"], "--data 'no/such' does not exist"),
     (["passkey", "--labels", "a", "b"], "--labels a b: give one distinct name per --ckpt (1 checkpoints)"),
+    (["passkey", "--samples", "0", "--context_sizes", "64"], "--samples 0: counts and sizes must be >= 1"),
+    (["passkey", "--seed", "-1", "--context_sizes", "64", "--samples", "1"], "--seed -1: counts and sizes"),
+    (["needle", "--depths", "0", "101", "--context_sizes", "96", "--samples", "1"], "--depths/--depth: counts"),
 ])
 def test_bad_input_is_one_error_line(ckpts, data_dir, argv, named, tmp_path):
     argv = argv + ["--data", data_dir] * ("--data" not in argv) + ["--ckpt", ckpts[0]] * ("--ckpt" not in argv)
@@ -34,6 +37,12 @@ def test_bad_input_is_one_error_line(ckpts, data_dir, argv, named, tmp_path):
         needle.main(argv)
     message = e.value.code
     assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message and named in message
+
+
+def test_a_mode_without_a_checkpoint_or_a_label_given_twice_is_one_error_line(ckpts, data_dir):
+    assert "mode passkey needs --ckpt" in one_line_error(["passkey", "--data", data_dir])
+    argv = ["passkey", "--ckpt", *ckpts, "--labels", "a", "a", "--context_sizes", "64", "--samples", "1"]
+    assert "--labels a a: give one distinct name per --ckpt (2 checkpoints)" in one_line_error(argv)
 
 
 @pytest.mark.parametrize("scale", ["0", "-2", "inf", "nan"])

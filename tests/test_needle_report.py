@@ -1,9 +1,11 @@
 """needle.py end to end, every mode (needle, passkey, score): the CSV, JSON and PNG outputs agree with each other, each
 row and cell records the asked and the actual depth, every checkpoint sees the same prompts, the score's summary per
-model and its wandb table. Tiny models and real English, CPU only."""
+model and its wandb table, RoPE extended to each context, the defaults (the papers' protocol). Tiny models and real
+English, CPU only."""
 import csv
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -12,6 +14,13 @@ import needle
 import test_needle
 from lib import retrieval
 from test_needle import read_csv
+
+def spy(loaded, calls):
+    model = loaded[0]
+    extend = model.extend_rope
+    model.extend_rope = lambda method, scale, L: calls.append((method, scale, L)) or extend(method, scale, L)
+    return loaded
+
 
 # test_needle's module fixtures, bound here by name for pytest (a `from` import of a fixture reads as unused)
 enc, data_dir, ckpts = test_needle.enc, test_needle.data_dir, test_needle.ckpts
@@ -23,6 +32,7 @@ def test_needle_end_to_end_csv_json_png_consistent(ckpts, data_dir, tmp_path):
     rows, result = read_csv(tmp_path / "needle.csv"), json.load(open(tmp_path / "needle.json"))
     assert len(rows) == 2 * 2 * 3 * 3 and {r["score"] for r in rows} <= {"exact", "first_digit", "wrong"}
     assert {"git_sha", "torch", "triton", "device", "seed"} <= set(result["run_info"])
+    assert result["run_info"]["seed"] == result["args"]["seed"] == 1337
     assert result["args"]["context_sizes"] == [96, 160] and result["args"]["rope_scale"] == 50.0
     assert len(result["cells"]) == 2 * 2 * 3
     for c in result["cells"]:
@@ -41,17 +51,23 @@ def test_needle_end_to_end_csv_json_png_consistent(ckpts, data_dir, tmp_path):
     by_model = [[(r["context"], r["depth"], r["city"], r["number"]) for r in rows if r["model"] == m]
                 for m in {r["model"] for r in rows}]
     assert by_model[0] == by_model[1]  # every checkpoint sees the same prompts
+    per_context = [[(r["city"], r["number"]) for r in rows if r["model"] == rows[0]["model"] and r["context"] == L]
+                   for L in ("96", "160")]
+    assert per_context[0] != per_context[1]  # each context its own needles (seeded by seed and context), no repeats
     assert all(r["city"] in retrieval.EVAL_CITIES and int(r["number"]) % 2 == 0 for r in rows)
     assert (tmp_path / "needle.png").stat().st_size > 1000
 
 
-def test_passkey_end_to_end(ckpts, tmp_path):
+def test_passkey_end_to_end(ckpts, tmp_path, monkeypatch):
+    extended, extend = [], needle.load_checkpoint  # RoPE extended to each context, as --rope_method/--rope_scale say
+    monkeypatch.setattr(needle, "load_checkpoint", lambda *a, **kw: spy(extend(*a, **kw), extended))
     needle.main(["passkey", "--ckpt", ckpts[0], "--context_sizes", "64", "128", "--samples", "3",
                  "--out_dir", str(tmp_path), "--labels", "softmax"])
     rows, result = read_csv(tmp_path / "passkey.csv"), json.load(open(tmp_path / "passkey.json"))
     assert len(rows) == 6 and all(10000 <= int(r["number"]) <= 99999 for r in rows)
     assert {r["model"] for r in rows} == {"softmax"}  # --labels names the model
     assert [(c["context"], c["n"]) for c in result["cells"]] == [(64, 3), (128, 3)]
+    assert extended == [("theta", 50.0, 64), ("theta", 50.0, 128)]
     assert (tmp_path / "passkey.png").stat().st_size > 1000
 
 
@@ -74,7 +90,8 @@ def test_score_end_to_end(ckpts, data_dir, tmp_path, capsys):
         assert c + n <= a or c >= a + n
         assert float(t["top_score"]) >= float(t["mean_score"]) and float(t["control_top_score"]) >= float(
             t["control_mean_score"])
-    scores = json.load(open(tmp_path / "needle_score_trials.json"))["scores"]
+    scores, cells = (json.load(open(tmp_path / "needle_score_trials.json"))[k] for k in ("scores", "cells"))
+    assert [c["n"] for c in cells] == [5, 5]  # Fig. 8's trials only, not Fig. 7's fixed needle
     for s in scores:  # per model: the means over its trials
         rows = [t for t in trials if t["model"] == s["model"]]
         assert s["n"] == len(rows) == 5
@@ -83,6 +100,8 @@ def test_score_end_to_end(ckpts, data_dir, tmp_path, capsys):
     out = capsys.readouterr().out  # one summary line per model, named by its run folder, not its path
     for ckpt in ckpts:
         assert f"\n{os.path.basename(os.path.dirname(ckpt))}: needle score " in "\n" + out
+    for s in scores:  # each model's line: its own numbers
+        assert f": needle score {s['top_score']:.3f} best head, {s['mean_score']:.4f} mean head;" in out
     assert (tmp_path / "needle_score_heads.png").exists() and (tmp_path / "needle_score_trials.png").exists()
 
 
@@ -101,3 +120,25 @@ def test_cells_count_exact_answers_as_accuracy_and_every_answer_with_its_first_d
             for s, d in (("exact", 10.0), ("first_digit", 20.0), ("wrong", 30.0), ("wrong", 40.0))]
     (c,) = retrieval.cells(rows, ("model", "context"))
     assert (c["n"], c["accuracy"], c["first_digit"], c["actual_depth"]) == (4, 0.25, 0.5, 25.0)  # exact ones included
+
+
+@pytest.mark.parametrize("mode, contexts", [("needle", [1024, 2048, 4096, 6144, 8192, 10240]),
+                                            ("passkey", [1024, 1536, 2048, 4096, 8192])])
+def test_defaults_are_the_papers_protocol(mode, contexts, tmp_path, monkeypatch):
+    got = {}  # SSMax Fig. 6 (depths, contexts; Figs. 7-8: context 8000, depth 50), LSSAR Fig. 3 (contexts), θ x 50
+    monkeypatch.setattr(needle, "run", lambda args, folder: got.update(vars(args)))
+    needle.main([mode, "--out_dir", str(tmp_path)])
+    assert got["context_sizes"] == contexts and got["depths"] == [10, 30, 50, 70, 90] and got["samples"] == 100
+    assert (got["context"], got["depth"], got["trials"]) == (8000, 50, 100)
+    assert (got["rope_method"], got["rope_scale"], got["max_new_tokens"], got["seed"]) == ("theta", 50.0, 10, 1337)
+
+
+def test_two_runs_whose_folders_share_a_name_are_titled_by_their_paths(ckpts, data_dir, tmp_path, monkeypatch):
+    paths, titles = [tmp_path / d / "run" / "ckpt.pt" for d in ("a", "b")], []
+    for src, dst in zip(ckpts, paths):
+        dst.parent.mkdir(parents=True)
+        shutil.copy(src, dst)
+    monkeypatch.setattr(needle, "report", lambda args, folder, rows, models, labels: titles.append(labels))
+    needle.main(["passkey", "--ckpt", *map(str, paths), "--data", data_dir, "--context_sizes", "64", "--samples", "1",
+                 "--max_new_tokens", "1", "--out_dir", str(tmp_path / "res")])
+    assert titles[-1] == [str(p.parent) for p in paths]  # not "run" twice in the legends
