@@ -171,9 +171,11 @@ def test_diagnosed_entropy_is_of_the_row_normalised_to_sum_1(scorer):
                           block_size=8, pos="nope", scorer=scorer))
     for L in (8, 64):
         rows = eval_tasks.diagnose(model, c, L, 4, 0)
-        P = model.attention_rows(tasks.get_batch(c, 0, torch.arange(4), L, test=True)[0], rows=(-1,))[:, :, :, 0]
+        x = tasks.get_batch(c, 0, torch.arange(4), L, test=True)[0]
+        P, tgt = model.attention_rows(x, rows=(-1,))[:, :, :, 0], tasks.target_positions(c, x)
         for r in rows:
             w = P[r["layer"], :, r["head"]].double()
+            assert r["target_mass"] == pytest.approx(float(w[torch.arange(4), tgt].mean()), rel=1e-5)  # the target's
             p = w / w.sum(-1, keepdim=True)
             assert r["entropy"] == pytest.approx(float(-torch.special.xlogy(p, p).sum(-1).mean()), rel=1e-5)
             assert 0 <= r["entropy"] <= math.log(L) + 1e-5

@@ -1,0 +1,137 @@
+"""eval_tasks.py's numbers against their definitions: score's final answer, its loss and eq. 2's squared error per
+prompt (a stand-in model whose logits are known), and what evaluate makes of them: each test condition scored with
+its own overrides and its own stream, the MSE's interval, one diagnosis per length, --logit_scale with its floor and
+its name, and the sizes checked before anything runs. Tiny sizes, CPU only."""
+import csv
+import math
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eval_tasks
+import tasks
+from conftest import one_line_error
+from lib import tracking
+from lib.checkpoint import build_model, run_info, save_checkpoint
+from lib.config import TrainConfig
+from model import GPTConfig
+from test_tasks import cfg
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny models, one thread
+
+
+class Known(torch.nn.Module):
+    """A stand-in model: logits a fixed function of each sequence's own inputs, whatever the batch."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.lm_head, self.fn = torch.nn.Linear(1, 1), fn
+
+    def forward(self, x, y):
+        return self.fn(x), None
+
+
+def test_score_is_each_prompts_final_answer_right_or_wrong_and_its_loss_in_nats():
+    c, L, V = cfg("first"), 12, 3  # the answer: the token after the first; logits: from it and from the position
+    model = Known(lambda x: 3 * torch.cos((x[..., :1, None] + 0.7 * x[..., None]).double() * torch.arange(V)
+                                          + torch.arange(x.size(1))[:, None]))
+    got = eval_tasks.score(model, c, L, 5, stream=7, batch=2)  # 5 prompts in batches of 2: the last one alone
+    want = []
+    for i in range(5):
+        x, y = tasks.get_batch(c, 7, torch.tensor([i]), L, test=True)
+        last = int(torch.nonzero(y[0] != -1).max())  # the final answer's position
+        logits = model.fn(x)[0, last]
+        want.append((float(logits.argmax() == y[0, last]), float(-F.log_softmax(logits, -1)[y[0, last]])))
+    assert got.shape == (5, 2) and 0 < got[:, 0].sum() < 5  # right and wrong answers both occur
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_score_of_linear_is_eq_2s_squared_error_averaged_over_the_scored_points():
+    c, L = cfg("linear"), 11
+    got = eval_tasks.score(Known(lambda x: x[..., :1] * 0 + 0.5), c, L, 3, stream=2, batch=2)
+    for i, e in enumerate(got):
+        y = tasks.get_batch(c, 2, torch.tensor([i]), L, test=True)[1][0]
+        scored = y[~torch.isnan(y)]  # read at x_3, x_4, ...: positions 4, 6, 8, 10
+        assert len(scored) == 4 and e == pytest.approx(float(((0.5 - scored) ** 2).mean()), rel=1e-6)
+
+
+def _run(path, **kw):
+    """An untrained task run's checkpoint, as train.py writes one: its model and its whole config."""
+    torch.manual_seed(0)
+    cfg = TrainConfig(device="cpu", n_layer=1, n_head=2, n_embd=16, ffn_hidden=32, **kw)
+    cfg.vocab_size = tasks.TASKS[cfg.task].vocab(cfg)  # set by the task, as train.py does
+    model = build_model(GPTConfig(**{k: getattr(cfg, k) for k in GPTConfig.__dataclass_fields__}), cfg.task)
+    path.parent.mkdir()
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config), "config": asdict(cfg),
+                     "iter_num": 0, "run_info": run_info(0)}, str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A flipflop run (RoPE, N = 8) and a linear one (NoPE, N = 10)."""
+    root = tmp_path_factory.mktemp("runs")
+    return dict(flip=_run(root / "flip" / "ckpt.pt", task="flipflop", block_size=8),
+                lin=_run(root / "lin" / "ckpt.pt", task="linear", block_size=10, pos="nope"))
+
+
+def rows(folder, name):
+    return list(csv.DictReader(open(folder / name)))
+
+
+def test_each_condition_is_scored_with_its_overrides_on_its_own_stream_and_the_mse_has_a_t_interval(
+        runs, tmp_path, monkeypatch):
+    calls, r_lin = [], [0.5, 1.0, 3.0]
+
+    def fake(model, c, L, n, stream, batch=eval_tasks.BATCH):
+        calls.append((c.task, L, c.task_p_ignore, c.task_sigma, stream))
+        return np.array(r_lin) if c.task == "linear" else np.array([[1.0, 0.5], [0.0, 1.5], [1.0, 0.25]])
+    monkeypatch.setattr(eval_tasks, "score", fake)
+    eval_tasks.main([runs["flip"], runs["lin"], "--lengths", "8", "11", "--n", "3", "--diagnose", "2",
+                     "--out_dir", str(tmp_path / "ev")])
+    for task, key, values in (("flipflop", 2, [0.8, 0.98, 0.1]), ("linear", 3, [1.0, 2.0, 4.0])):
+        for L in (8, 11):
+            mine = [call for call in calls if call[:2] == (task, L)]
+            assert [call[key] for call in mine] == values  # each condition as its name says
+            streams = [call[-1] for call in mine]  # each its own, none of training's or validation's
+            assert len(set(streams)) == 3 and not {tasks.TRAIN, tasks.VAL} & set(streams)
+    acc = rows(tmp_path / "ev", "accuracy.csv")
+    for r in acc:
+        if r["task"] == "linear":  # the mean squared error, 1.96 standard errors (n - 1 in the variance) each side
+            half = 1.96 * np.std(r_lin, ddof=1) / math.sqrt(3)
+            assert float(r["mse"]) == pytest.approx(np.mean(r_lin)) and r["accuracy"] == r["loss"] == ""
+            assert (float(r["ci_low"]), float(r["ci_high"])) == pytest.approx((np.mean(r_lin) - half,
+                                                                                np.mean(r_lin) + half))
+        else:
+            assert float(r["accuracy"]) == pytest.approx(2 / 3) and float(r["loss"]) == pytest.approx(0.75)
+    att = rows(tmp_path / "ev", "attention.csv")  # diagnosed once per length (not per condition), every head
+    for task in ("flipflop", "linear"):
+        keys = [(r["length"], r["layer"], r["head"]) for r in att if r["task"] == task]
+        assert sorted(keys) == [(L, "0", h) for L in ("11", "8") for h in ("0", "1")]
+
+
+def test_logit_scale_rescales_with_its_floor_and_names_the_setting(runs, tmp_path):
+    def losses(*extra):
+        out = tmp_path / "-".join(["ev", *extra]).replace("--", "")
+        eval_tasks.main([runs["flip"], "--lengths", "16", "--n", "3", "--out_dir", str(out), *extra])
+        prompts = rows(out, "per_prompt.csv")
+        return {p["setting"] for p in prompts}, [p["answer_loss"] for p in prompts]
+    names, plain = losses()
+    assert names == {"softmax"}
+    names, llama_8192 = losses("--logit_scale", "llama4")  # Llama 4's floor: factor 1 below 8,192 tokens
+    assert names == {"softmax-llama4"} and llama_8192 == plain
+    names, llama_4 = losses("--logit_scale", "llama4", "--llama4_floor", "4")  # rows n_i >= 4 scaled up
+    assert names == {"softmax-llama4"} and llama_4 != plain
+
+
+def test_too_few_prompts_and_a_diagnosis_beyond_memory_are_one_error_line(runs, tmp_path, monkeypatch):
+    argv = [runs["flip"], "--lengths", "8", "--out_dir", str(tmp_path / "ev")]
+    assert "need --n >= 2" in one_line_error(eval_tasks.main, [*argv, "--n", "1"])  # one prompt: no interval
+    per = eval_tasks.bytes_per_token(eval_tasks.load(runs["flip"])[0].config)
+    monkeypatch.setattr(tracking, "memory_available", lambda: 8 * 10 * per)  # 10 sequences of 8 tokens fit
+    eval_tasks.main([*argv, "--n", "4", "--diagnose", "10"])
+    msg = one_line_error(eval_tasks.main, [*argv[:-1], str(tmp_path / "ev2"), "--n", "4", "--diagnose", "11"])
+    assert "--lengths 8: 11 sequences of 8 tokens need about" in msg and not (tmp_path / "ev2").exists()
