@@ -63,6 +63,18 @@ def test_sdpa_ssmax_differs_from_softmax_so_the_scale_is_applied():
     torch.testing.assert_close(ssmax, attention(q, k, v, "ssmax", s=s, backend="torch"), rtol=0, atol=1e-12)
 
 
+def test_sdpa_ssmax_scales_a_bf16_q_in_fp32_and_rounds_it_once(monkeypatch):
+    import kernels_sdpa  # as bf16 autocast would: log n_i, s log n_i + b and q times it in fp32 (n_i > 256 too)
+    seen, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(kernels_sdpa.F, "scaled_dot_product_attention", lambda q, *a, **kw: seen.append(q) or
+                        sdpa(q, *a, **kw))
+    q, k = torch.randn(1, 2, 5, D).bfloat16(), torch.randn(1, 2, 1005, D).bfloat16()
+    s, b = torch.tensor([0.3, 1.7]), torch.tensor([0.1, -0.2])
+    kernels_sdpa.sdpa_attention(q, k, k, "ssmax", offset=1000, s=s, b=b)
+    factor = s[:, None, None] * torch.arange(1001, 1006).float().log()[:, None] + b[:, None, None]  # (H, Tq, 1)
+    assert torch.equal(seen[0], (q.float() * factor).bfloat16())
+
+
 def test_sdpa_refuses_other_scorers_and_reweighting_with_one_clear_error():
     q = torch.randn(1, 2, 4, D)
     with pytest.raises(ValueError, match="scorer 'ssa' runs on backends torch, cpu, triton, flex, not 'sdpa'"):

@@ -47,6 +47,27 @@ def test_fox_with_forget_gates_at_one_is_softmax_and_at_zero_attends_to_its_own_
         torch.testing.assert_close(attention(q, k, v, "fox", c=closed, backend=backend), v)
 
 
+def test_fox_on_sdpa_by_row_blocks_after_a_cache_equals_the_reference_values_and_gradients(monkeypatch):
+    import kernels_sdpa
+    monkeypatch.setattr(kernels_sdpa, "MASK_ROWS", 8)  # 256 rows a block: here 8, so that 21 rows make 3 blocks
+    q, k, v = (x.requires_grad_() for x in _qkv(T=26))
+    c = torch.nn.functional.logsigmoid(torch.randn(2, 2, 26, dtype=torch.float64) + 1).cumsum(-1).requires_grad_()
+    for offset in (0, 5):
+        out = [attention(q[:, :, offset:], k, v, "fox", offset=offset, c=c, backend=b) for b in ("sdpa", "torch")]
+        grads = [torch.autograd.grad(o.sum(), (q, k, v, c)) for o in out]
+        for a, b in zip([out[0], *grads[0]], [out[1], *grads[1]]):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_fox_on_sdpa_takes_c_i_minus_c_j_in_fp32_so_bf16_decoding_after_a_long_cache_keeps_it():
+    # c_i itself cancels in the softmax: c_j - c_0 (~600 here) rounded to bf16 moved the near keys' biases by ~4
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, T, 16, generator=g, dtype=torch.float64).bfloat16() for T in (3, 600, 600))
+    c = torch.full((1, 2, 600), -1.0).cumsum(-1)  # log f = -1: c down to -600
+    ref = attention(q.double(), k.double(), v.double(), "fox", offset=597, c=c.double(), backend="torch")
+    assert (attention(q, k, v, "fox", offset=597, c=c, backend="sdpa").double() - ref).abs().max() < 2e-2
+
+
 def test_fox_model_gate_reads_the_layer_input_and_a_gate_at_one_gives_the_softmax_model():
     torch.manual_seed(0)
     cfg = dict(n_layer=2, n_head=2, n_embd=16, vocab_size=32, block_size=16, pos="nope")
