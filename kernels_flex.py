@@ -27,7 +27,7 @@ def _flex_pass(q, k, v, block_mask, scale, stage1, pos0, params, ln_d, lse1, p):
     def logit(score, bb, h, q_idx, kv_idx):  # the registry's stage-1 logit, natural log
         ln_n = torch.log((q_idx + pos0 + 1).to(dt))
         x = stage1(score, ln_n, ln_d, **{name: x[h] for name, x in params.items() if name not in ("c", "c_rows")})
-        return x if c is None else x + c_rows[bb, h, q_idx] - c[bb, h, kv_idx]
+        return x if c is None else x + (c_rows[bb, h, q_idx] - c[bb, h, kv_idx])
 
     def reweight(score, bb, h, q_idx, kv_idx):  # p log(n P - o) where above the tie tolerance, else -inf
         n_i, lse = (q_idx + pos0 + 1).to(dt), lse1[bb, h, q_idx]

@@ -34,6 +34,19 @@ def test_flex_runs_fox_with_its_forget_bias(Tq, offset):
 
 
 @pytest.mark.filterwarnings("ignore")
+def test_flex_adds_fox_c_i_minus_c_j_as_one_difference_not_c_i_then_c_j():
+    # c grows with length (-0.69 a token with gates at their init: -2,800 at 4,096) while c_i - c_j near the diagonal
+    # stays small: x + c_i - c_j rounded x + c_i at |c|, outputs 1e-4 off in fp32 (2e-7 as one difference)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, T, 16, generator=g) for T in (3, 300, 300))
+    c = torch.rand(1, 2, 300, generator=g).mul(-0.05)
+    c[..., 1:151] = -20.0  # gates shut on keys 1..150: c_0 near 0, the later c near -3,000, their differences small
+    c = c.cumsum(-1)
+    ref = _ref(q.double(), k.double(), v.double(), "fox", offset=297, c=c.double())
+    assert _err(kernels_flex.flex_attention(q, k, v, "fox", offset=297, c=c), ref) < 2e-6
+
+
+@pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("scorer,kw", [case for case, _ in FLEX], ids=[i for _, i in FLEX])
 def test_flex_keeps_float64_in_log_n_the_tie_tolerance_and_fox_c(scorer, kw):
     """A float64 model's flex scores in float64: log n_i, n_i and FoX's c in float32 were 1e-8..4e-7 off."""
