@@ -4,7 +4,7 @@ uint32 past 65,535 ids; the tokenizer's end of text after every document) + meta
 
     python prepare_data.py                        # the embedded default: Shakespeare -> data/shakespeare
     python prepare_data.py kjv                    # King James Bible, one document per book -> data/kjv
-    python prepare_data.py shakespeare_char       # in characters, nanoGPT's shakespeare_char (also kjv_char, english_char)
+    python prepare_data.py shakespeare_char       # in characters, as nanoGPT's (also kjv_char, english_char)
     python prepare_data.py fineweb_edu            # = hf:HuggingFaceFW/fineweb-edu:sample-10BT --max_tokens 1e9
     python prepare_data.py 'corpus/*.jsonl' --text_field body --name mycorpus
 

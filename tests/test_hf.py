@@ -115,7 +115,8 @@ def test_a_qwen2_with_its_q_k_v_biases_imports_and_exports_with_transformers_log
                 t.add_(torch.randn_like(t) * 0.5)
     hf.save_pretrained(str(tmp_path / "src"))
     src = json.load(open(tmp_path / "src" / "config.json"))  # as Qwen2.5's: a window named, and turned off
-    json.dump({**src, "sliding_window": 32768, "use_sliding_window": False}, open(tmp_path / "src" / "config.json", "w"))
+    json.dump({**src, "sliding_window": 32768, "use_sliding_window": False},
+              open(tmp_path / "src" / "config.json", "w"))
     model, ckpt = imports_and_exports_back(hf, tmp_path)
     assert ckpt["model_args"]["qkv_bias"] and model.transformer.h[0].attn.c_attn.bias.abs().min() > 0
     ckpt = read_checkpoint(str(tmp_path / "run" / "ckpt.pt"))  # a fine-tune without the biases would drop them

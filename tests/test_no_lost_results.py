@@ -165,8 +165,10 @@ def test_a_task_checkpoint_given_to_a_language_model_tool_is_one_error_line(task
 
 
 def test_lengths_below_the_tasks_shortest_are_one_error_line_and_write_nothing(task_ckpts, tmp_path):
-    for lengths, named in ((["3"], "--lengths 3:"), (["3", "12"], "--lengths 3:"), (["2", "3", "12"], "--lengths 2 3:")):
-        msg = one_line_error(eval_tasks.main, [task_ckpts["recall"], "--lengths", *lengths, "--out_dir", str(tmp_path / "e")])
+    for lengths, named in ((["3"], "--lengths 3:"), (["3", "12"], "--lengths 3:"),
+                           (["2", "3", "12"], "--lengths 2 3:")):
+        out_dir = str(tmp_path / "e")
+        msg = one_line_error(eval_tasks.main, [task_ckpts["recall"], "--lengths", *lengths, "--out_dir", out_dir])
         assert named in msg and "shorter than task 'recall' allows" in msg and "give lengths >= 4" in msg, msg
     assert os.listdir(tmp_path) == []
 
