@@ -106,7 +106,7 @@ def score_stickbreaking(q, k, n_i, mask):
 def score_fox(q, k, n_i, mask, c):
     z = _z(q, k)
     c = c.to(z.dtype)  # (B, H, Tk): the queries are the last Tq positions
-    return _masked_softmax(z + c[..., -z.size(-2):, None] - c[..., None, :], mask)
+    return _masked_softmax(z + (c[..., -z.size(-2):, None] - c[..., None, :]), mask)
 
 TIE = 8  # re-weighting: n P - o > TIE eps (n + |lse|) counts as positive
 
@@ -136,7 +136,7 @@ def row_lse(entry, q, k, n_i, mask, prm):
     x = entry.logit(s, torch.log(n_i.to(s.dtype)), math.log(q.size(-1)), **kw)
     if entry.forget:  # fox: + c_i - c_j, as score_fox
         c = prm["c"].to(x.dtype)
-        x = x + c[..., -x.size(-2):, None] - c[..., None, :]
+        x = x + (c[..., -x.size(-2):, None] - c[..., None, :])  # one difference: c grows with length
     return torch.logsumexp(x.masked_fill(~mask, -math.inf), -1, keepdim=True)
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -74,3 +74,14 @@ def test_a_scorer_without_a_kernel_on_a_backend_is_refused_there_with_one_line()
         model.attention(q, q, q, "fox")
     with pytest.raises(AssertionError, match=r"c \(B, H, Tk\) = \(1, 2, 8\) expected, got \(1, 2, 7\)"):
         kernels.attention(q, q, q, "fox", c=c[..., 1:])
+
+
+def test_reference_adds_fox_c_i_minus_c_j_as_one_difference_in_fp32():
+    # the flex case above on the reference path (model.attention, backend="torch"), in fp32 against float64
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, T, 16, generator=g) for T in (3, 300, 300))
+    c = torch.rand(1, 2, 300, generator=g).mul(-0.05)
+    c[..., 1:151] = -20.0
+    c = c.cumsum(-1)
+    ref = _ref(q.double(), k.double(), v.double(), "fox", offset=297, c=c.double())
+    assert _err(_ref(q, k, v, "fox", offset=297, c=c), ref) < 2e-6
