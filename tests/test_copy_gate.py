@@ -71,6 +71,18 @@ def test_text_controls_are_the_drawn_text_and_a_split_of_exactly_one_sequence_is
     assert (x[:, :b] == np.arange(b)).all()
 
 
+
+def test_random_spans_and_their_controls_are_drawn_from_the_sequence_as_it_was_never_from_the_copy():
+    tokens, (d, L, num, lead) = np.arange(100_000), (32, 16, 40, longrange.LEAD)
+    x, control, a, b = longrange.copy_sequences(tokens, d, L, num, seed=0, kind="random")
+    n = lead + d + L
+    rng = np.random.default_rng([0, d])
+    starts, _ = (rng.integers(0, len(tokens) - k + 1, size=num) for k in (n, L))
+    window = starts[:, None] + np.arange(n)  # every token distinct: a drawn token tells where it was drawn from
+    span, other = (np.take_along_axis(window, rng.integers(0, n, (num, L)), 1) for _ in range(2))
+    assert (x[:, a:a + L] == span).all() and (x[:, b:] == span).all()
+    # the control's draws at the span's or the copy's place read the text there, not the random span written over it
+    assert (control[:, :b] == x[:, :b]).all() and (control[:, b:] == other).all()
 def test_check_config_allows_two_spans_in_the_block_and_refuses_a_task_or_an_unknown_kind():
     cfg = dict(copy_kind="text", copy_frac=0.5, copy_span=32, block_size=64, task=None, sft_data=None)
     longrange.check_config(types.SimpleNamespace(**cfg))  # 2 x 32 = 64 tokens: both copies fit
