@@ -1,5 +1,7 @@
 """hf_scorers.attention called as transformers calls it, against float64: a bf16 model's weights scored in fp32 and
-rounded once, ssmax's q scaled in fp32 and rounded once. Skipped without requirements-hf.txt."""
+rounded once, ssmax's q scaled in fp32 and rounded once; a scaling other than 1/sqrt(head_dim) and a scorer it does
+not run (re-weighted, forget-gated, no row template, unknown) refused, never scored as another. Skipped without
+requirements-hf.txt."""
 from types import SimpleNamespace
 
 import pytest
@@ -60,3 +62,35 @@ def test_a_bf16_ssmax_scales_q_in_fp32_and_rounds_it_once_before_sdpa(scorer):
     want = score_softmax(scaled.double(), k.double(), N_I, CAUSAL) @ v.double()  # SDPA's bf16 within a rounding
     assert (got.double() - want).abs().max() < 2 * BF16_U * v.abs().max()
 
+
+def test_a_scaling_other_than_1_over_sqrt_head_dim_is_refused_never_scored_at_it():
+    q, k, v = qkv(torch.float32)
+    spec = layer("ssa", per_head("ssa"))
+    ok = hf_scorers.attention(spec, q, k, v, None, scaling=D ** -0.5)[0].transpose(1, 2)  # as Llama passes it
+    want = SCORERS["ssa"].weights(q.double(), k.double(), N_I, CAUSAL, **float64(per_head("ssa"))) @ v.double()
+    torch.testing.assert_close(ok.double(), want, rtol=1e-5, atol=1e-6)
+    for scaling in (1.0, 2 * D ** -0.5):  # Granite's attention_multiplier, Gemma's query_pre_attn_scalar
+        with pytest.raises(ValueError, match=rf"the scorers scale q.k by 1/sqrt\(head_dim\), not {scaling}$"):
+            hf_scorers.attention(spec, q, k, v, None, scaling=scaling)
+
+
+def test_a_granite_model_with_an_attention_multiplier_is_refused_by_the_scorers():
+    from transformers import GraniteConfig, GraniteForCausalLM
+    cfg = GraniteConfig(vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                        num_key_value_heads=2, attention_multiplier=0.5, nanoscorer={"scorer": "ssa", "params": {}})
+    model = GraniteForCausalLM(cfg).eval()
+    model.set_attn_implementation(hf_scorers.NAME)
+    with pytest.raises(ValueError, match=r"scale q.k by 1/sqrt\(head_dim\), not 0.5"):  # 1/sqrt(16) = 0.25
+        model(torch.tensor([[1, 2, 3]]))
+
+
+REFUSED = [name for name, e in SCORERS.items() if e.p is not None or e.forget or e.logit is None] + ["nosuch"]
+
+
+@pytest.mark.parametrize("scorer", REFUSED)
+def test_a_scorer_hf_scorers_does_not_run_is_refused_never_run_as_another(scorer):
+    # lssar (re-weighted) had run as plain lssa: its weights function is lssa's, re-weighting is applied elsewhere
+    q, k, v = qkv(torch.float32)
+    assert scorer not in hf_scorers.RUNS
+    with pytest.raises(ValueError, match=f"hf_scorers runs {', '.join(hf_scorers.RUNS)}, not scorer '{scorer}'$"):
+        hf_scorers.attention(layer(scorer, {}), q, k, v, None, scaling=D ** -0.5)
