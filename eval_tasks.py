@@ -104,7 +104,7 @@ def diagnose(model, c, L, n, stream):
     ok = tgt >= 0
     mass = P[:, ok, :, :].gather(-1, tgt[ok].view(1, -1, 1, 1).expand(P.size(0), -1, P.size(2), 1))[..., 0]
     row = P.sum(-1)  # (n_layer, B, nh): 1, or sigmoid's, softpick's, stick-breaking's own mass
-    Pn = P / row.clamp_min(1e-30).unsqueeze(-1)  # the entropy of the row normalised to sum 1 (as eval_rows)
+    Pn = P / torch.where(row > 0, row, 1).unsqueeze(-1)  # normalised to sum 1 at any mass, 1e-36 too (as eval_rows)
     entropy = torch.where(row > 0, -torch.special.xlogy(Pn, Pn).sum(-1), math.nan)  # an empty row has none
     s = [blk.attn.scorer_params().get("s") for blk in model.transformer.h]
     return [dict(layer=l, head=h, target_mass=float(mass[l, :, h].mean()) if ok.any() else float("nan"),

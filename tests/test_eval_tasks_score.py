@@ -1,10 +1,12 @@
 """eval_tasks.py's numbers against their definitions: score's final answer, its loss and eq. 2's squared error per
-prompt (a stand-in model whose logits are known), and what evaluate makes of them: each test condition scored with
+prompt (a stand-in model whose logits are known), diagnose's entropy of each row normalised to sum 1 whatever its
+mass (a stand-in whose attention rows are known), and what evaluate makes of them: each test condition scored with
 its own overrides and its own stream, the MSE's interval, one diagnosis per length, --logit_scale with its floor and
 its name, and the sizes checked before anything runs. Tiny sizes, CPU only."""
 import csv
 import math
 from dataclasses import asdict
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -56,6 +58,33 @@ def test_score_of_linear_is_eq_2s_squared_error_averaged_over_the_scored_points(
         y = tasks.get_batch(c, 2, torch.tensor([i]), L, test=True)[1][0]
         scored = y[~torch.isnan(y)]  # read at x_3, x_4, ...: positions 4, 6, 8, 10
         assert len(scored) == 4 and e == pytest.approx(float(((0.5 - scored) ** 2).mean()), rel=1e-6)
+
+
+class Rows(torch.nn.Module):
+    """A stand-in model: its final attention rows (B, nh, L) fixed, one layer, no learned s."""
+
+    def __init__(self, rows):
+        super().__init__()
+        self.lm_head, self.rows = torch.nn.Linear(1, 1), rows
+        self.transformer = torch.nn.Module()
+        self.transformer.h = [SimpleNamespace(attn=SimpleNamespace(scorer_params=dict))]
+
+    def attention_rows(self, idx, rows=(-1,)):
+        assert rows == (-1,) and idx.shape == (self.rows.size(0), self.rows.size(-1))
+        return self.rows[None, :, :, None, :]  # (n_layer, B, nh, rows, L)
+
+
+def test_diagnose_normalises_a_row_of_any_mass_and_gives_an_empty_row_no_entropy():
+    # a row of mass 4e-36 (sigmoid, stick-breaking far from every key) had been divided by 1e-30, not by its mass
+    h = lambda *p: -sum(x * math.log(x) for x in p)  # entropy in nats, by hand
+    P = torch.tensor([[[1e-36, 2e-36, 1e-36, 0], [0, 0, 0, 0]],  # (B, nh, L): a row of tiny mass, an empty one
+                      [[0.5, 0.5, 0, 0], [0.4, 0.6, 1.0, 0]]])  # a softmax row, one of mass 2
+    got = eval_tasks.diagnose(Rows(P), cfg("first"), 4, 2, stream=0)  # the target: position 1
+    assert [(r["layer"], r["head"]) for r in got] == [(0, 0), (0, 1)]
+    want = [dict(entropy=(h(0.25, 0.5, 0.25) + h(0.5, 0.5)) / 2, target_mass=(2e-36 + 0.5) / 2, row_mass=0.5),
+            dict(entropy=h(0.2, 0.3, 0.5), target_mass=0.3, row_mass=1.0)]  # the empty row: no entropy to average
+    for r, w in zip(got, want):
+        assert {k: r[k] for k in w} == pytest.approx(w, rel=1e-6) and r["uniform"] == 0.25 and math.isnan(r["s"])
 
 
 def _run(path, **kw):
