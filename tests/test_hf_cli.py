@@ -1,0 +1,62 @@
+"""convert_hf.py's command line: bad arguments, a missing or wrong checkpoint, a tokenizer without an end-of-text id, a
+folder in use or a file given as --out are each one `error:` line (no usage dump, no traceback), run as a script too;
+an export prints its folder and the files it wrote. Models: tiny random ones (test_hf.py, test_hf_scorers.py).
+Skipped without requirements-hf.txt."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("transformers")
+import convert_hf  # noqa: E402
+from conftest import one_line_error  # noqa: E402
+from lib import folders  # noqa: E402
+from test_hf import llama  # noqa: E402
+from test_hf_scorers import nanoscorer_ckpt  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_bad_arguments_are_one_error_line_without_a_usage_dump(capsys):
+    for argv, words in ((["import", "src"], "error: the following arguments are required: --out"),
+                        (["convert", "src", "--out", "o"], "error: argument direction: invalid choice: 'convert'"),
+                        (["export"], "error: the following arguments are required: source, --out")):
+        assert one_line_error(convert_hf.main, argv).startswith(words)
+    assert capsys.readouterr() == ("", "")  # argparse's own error() had printed the usage to stderr
+
+
+def test_an_export_prints_its_folder_and_the_files_it_wrote(tmp_path, capsys):
+    _, path = nanoscorer_ckpt(tmp_path / "ckpt.pt", scorer="ssa")
+    convert_hf.main(["export", path, "--out", str(tmp_path / "hf")])
+    out = capsys.readouterr().out
+    assert out == f"{tmp_path / 'hf'}: config.json, model.safetensors\n"  # no codec: no tokenizer files
+    assert sorted(os.listdir(tmp_path / "hf")) == ["config.json", "model.safetensors"]
+
+
+def test_a_missing_or_wrong_checkpoint_a_tokenizer_without_eot_and_a_busy_or_file_out_are_one_error_line(tmp_path):
+    _, path = nanoscorer_ckpt(tmp_path / "ckpt.pt", scorer="ssa")
+    run = lambda *argv: one_line_error(convert_hf.main, list(argv))
+    assert run("export", str(tmp_path / "no.pt"), "--out", "o") == f"error: checkpoint {str(tmp_path / 'no.pt')!r} " \
+                                                                   "does not exist"
+    assert run("export", str(tmp_path), "--out", "o").endswith("is a directory, expected a checkpoint file")
+    with folders.held(str(tmp_path / "busy")):  # another export writing the same folder
+        msg = run("export", path, "--out", str(tmp_path / "busy"))
+    assert msg.startswith(f"error: {str(tmp_path / 'busy')!r} is in use: ") and not (tmp_path / "busy").exists()
+    llama(str(tmp_path / "src"), False)
+    (tmp_path / "a-file").write_text("")
+    assert run("import", str(tmp_path / "src"), "--out", str(tmp_path / "a-file")) == \
+        f"error: [Errno 17] File exists: {str(tmp_path / 'a-file')!r}"
+    cfg = json.load(open(tmp_path / "src" / "config.json"))  # tokenizer.json beside a config with no eos_token_id
+    json.dump({**cfg, "eos_token_id": None}, open(tmp_path / "src" / "config.json", "w"))
+    assert run("import", str(tmp_path / "src"), "--out", str(tmp_path / "r")).endswith(
+        "tokenizer.json: no end-of-text id (its config.json's eos_token_id) to separate documents with")
+    assert not os.path.exists(tmp_path / "r" / "ckpt.pt")
+
+
+def test_convert_hf_py_run_as_a_script_exits_with_one_error_line(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(REPO, "convert_hf.py"), "export", str(tmp_path / "no.pt"),
+                        "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=tmp_path)
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"error: checkpoint {str(tmp_path / 'no.pt')!r} does not "
+                                                          "exist\n")
