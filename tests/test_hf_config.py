@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import rope
-from lib import hf as lib_hf, vocab
+from lib import hf as lib_hf, hf_export, vocab
 
 # a tiny Llama's config.json: 4 query heads of 16, 2 KV heads, 64 positions
 BASE = dict(model_type="llama", vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -57,7 +57,7 @@ def test_sliding_windows_mlp_biases_and_other_activations_are_refused(extra, wor
 
 
 def test_an_export_refuses_gpt2_bpe_files_whose_hash_differs(monkeypatch):
-    assert len(lib_hf.gpt2_files()) == 2  # the installed copies: GPT-2's own
+    assert len(hf_export.gpt2_files()) == 2  # the installed copies: GPT-2's own
     monkeypatch.setattr(vocab, "VOCAB_BPE_SHA256", "0" * 64)
     with pytest.raises(lib_hf.ConvertError, match="vocab.bpe is not GPT-2's"):
-        lib_hf.gpt2_files()
+        hf_export.gpt2_files()
