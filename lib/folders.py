@@ -108,13 +108,13 @@ def _holder(fd):
 
 
 @contextlib.contextmanager
-def results_dir(out_dir, names):
-    """The folder an evaluation writes in, locked while it runs: out_dir is refused if it already holds one of
-    `names` (the result files, the one that marks it finished last). The results go to a fresh folder of this
-    process's beside it, moved into out_dir only when the evaluation finished: out_dir never holds a partial or mixed
-    set of results."""
-    with held(out_dir, "an evaluation"):
-        refuse_results(out_dir, names)
+def results_dir(out_dir, names, what="an evaluation", flag="--out_dir"):
+    """The folder an evaluation (what) writes in, locked while it runs: out_dir (the option `flag` names it) is
+    refused if it already holds one of `names` (the result files, the one that marks it finished last). The results
+    go to a fresh folder of this process's beside it, moved into out_dir only when the evaluation finished: out_dir
+    never holds a partial or mixed set of results."""
+    with held(out_dir, what):
+        refuse_results(out_dir, names, flag)
         stem = os.path.normpath(out_dir) + ".tmp-"
         tmp = stem + str(os.getpid())
         for old in glob.glob(glob.escape(stem) + "*"):  # a dead process's, or this one's
@@ -137,13 +137,13 @@ def results_dir(out_dir, names):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def refuse_results(out_dir, names):
+def refuse_results(out_dir, names, flag="--out_dir"):
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise FolderError(f"--out_dir {out_dir!r} is a file, expected a folder for the results")
+        raise FolderError(f"{flag} {out_dir!r} is a file, expected a folder for the results")
     held = [n for n in names if os.path.exists(os.path.join(out_dir, n))]
     if held:
-        raise FolderError(f"--out_dir {out_dir!r} already holds {', '.join(held)} of an earlier run: give another "
-                            f"--out_dir, or remove {'it' if len(held) == 1 else 'them'} to run it again")
+        raise FolderError(f"{flag} {out_dir!r} already holds {', '.join(held)} of an earlier run: give another "
+                          f"{flag}, or remove {'it' if len(held) == 1 else 'them'} to run it again")
 
 def pid_alive(pid):
     if os.name != "posix":  # on Windows os.kill(pid, 0) would kill it

@@ -210,6 +210,8 @@ def import_hf(name, out):
     bos = bos.get("content") if isinstance(bos, dict) else bos  # an AddedToken's dict, or its text
     if enc is not None and enc.n_vocab > args["vocab_size"]:
         raise ConvertError(f"its tokenizer has {enc.n_vocab:,} ids, more than the model's {args['vocab_size']:,}")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConvertError(f"--out {out!r} is a file, expected a folder for ckpt.pt")
     if os.path.exists(os.path.join(out, "ckpt.pt")):
         raise ConvertError(f"{out} already holds a ckpt.pt: give another --out")
     os.makedirs(out, exist_ok=True)

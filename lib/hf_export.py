@@ -94,7 +94,7 @@ def export_hf(path, out):
     held = [f for f in (*TOKENIZER_FILES, "model.safetensors", "config.json") if os.path.exists(os.path.join(out, f))]
     if held:
         raise ConvertError(f"{out} already holds {', '.join(held)}: give another --out")
-    with folders.results_dir(out, ["model.safetensors", "config.json"]) as tmp:  # whole or not at all
+    with folders.results_dir(out, ["model.safetensors", "config.json"], "an export", "--out") as tmp:  # whole or none
         files = write_tokenizer(codec, tmp, a["block_size"], source.get("bos_token"))
         st.save_file({k: t.contiguous() for k, t in out_w.items()}, os.path.join(tmp, "model.safetensors"),
                      metadata={"format": "pt"})

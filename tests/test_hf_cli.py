@@ -43,11 +43,14 @@ def test_a_missing_or_wrong_checkpoint_a_tokenizer_without_eot_and_a_busy_or_fil
     assert run("export", str(tmp_path), "--out", "o").endswith("is a directory, expected a checkpoint file")
     with folders.held(str(tmp_path / "busy")):  # another export writing the same folder
         msg = run("export", path, "--out", str(tmp_path / "busy"))
-    assert msg.startswith(f"error: {str(tmp_path / 'busy')!r} is in use: ") and not (tmp_path / "busy").exists()
+    assert msg.startswith(f"error: {str(tmp_path / 'busy')!r} is in use: an export is being written by process ")
+    assert not (tmp_path / "busy").exists()
     llama(str(tmp_path / "src"), False)
     (tmp_path / "a-file").write_text("")
     assert run("import", str(tmp_path / "src"), "--out", str(tmp_path / "a-file")) == \
-        f"error: [Errno 17] File exists: {str(tmp_path / 'a-file')!r}"
+        f"error: --out {str(tmp_path / 'a-file')!r} is a file, expected a folder for ckpt.pt"
+    assert run("export", path, "--out", str(tmp_path / "a-file")) == \
+        f"error: --out {str(tmp_path / 'a-file')!r} is a file, expected a folder for the results"
     cfg = json.load(open(tmp_path / "src" / "config.json"))  # tokenizer.json beside a config with no eos_token_id
     json.dump({**cfg, "eos_token_id": None}, open(tmp_path / "src" / "config.json", "w"))
     assert run("import", str(tmp_path / "src"), "--out", str(tmp_path / "r")).endswith(
