@@ -1,0 +1,100 @@
+"""lib/checkpoint.py's checks, called directly: --device's choice and its errors, what out_dir may hold before a run
+writes there (a file, results, overwrite), what a run's results are in words, the temp files a resume clears, a
+file that is no checkpoint, the config a resume continues and the start values a checkpoint's weights load over."""
+import json
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from lib import checkpoint
+from lib.checkpoint import CheckpointError, check_out_dir, finished_part
+from model import GPT, GPTConfig
+
+
+def test_device_auto_is_cuda_only_where_there_is_one_and_a_bad_device_is_one_line(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert checkpoint.pick_device("auto") == torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert checkpoint.pick_device("auto") == torch.device("cpu")
+    assert checkpoint.pick_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"^--device cuda:1: CUDA is not available here$"):
+        checkpoint.pick_device("cuda:1")
+    with pytest.raises(ValueError, match=r"^--device 'gpu' is not a device: use auto, cpu, cuda or cuda:N$"):
+        checkpoint.pick_device("gpu")
+
+
+def a_run(out_dir, evals, best=False):
+    """out_dir with a log.jsonl of two steps and `evals` evaluations (and best.pt), no ckpt.pt."""
+    out_dir.mkdir()
+    rows = [{"config": {}, "start_iter": 0}, {"iter": 0, "loss": 5.0}, {"iter": 1, "loss": 4.0}]
+    rows += [{"iter": i, "train_loss": 4.0, "val_loss": 4.5} for i in range(evals)]
+    (out_dir / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if best:
+        (out_dir / "best.pt").write_bytes(b"w")
+    return str(out_dir)
+
+
+def test_finished_part_counts_evaluations_not_steps(tmp_path):
+    assert finished_part(a_run(tmp_path / "a", evals=2, best=True)) == "best.pt, log.jsonl with 2 evaluation(s)"
+    assert finished_part(a_run(tmp_path / "b", evals=0)) == ""  # killed before its first eval: nothing to keep
+    assert finished_part(str(tmp_path / "none")) == ""
+
+
+def test_out_dir_checks_refuse_a_file_keep_results_and_let_a_run_without_results_start_afresh(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(CheckpointError, match="is a file, not a folder"):
+        check_out_dir(str(tmp_path / "f"), resuming=False, resume=True, overwrite=True)
+    done = a_run(tmp_path / "done", evals=1, best=True)
+    with pytest.raises(CheckpointError, match=r"already holds a run \(best.pt, log.jsonl\): continue it"):
+        check_out_dir(done, resuming=False, resume=False, overwrite=False)  # a new run: not a resume's words
+    with pytest.raises(CheckpointError, match=r"resume=True, but .* \(best.pt, log.jsonl with 1 evaluation\(s\)\)"):
+        check_out_dir(done, resuming=False, resume=True, overwrite=False)
+    check_out_dir(done, resuming=False, resume=True, overwrite=True)  # replaced, as asked
+    check_out_dir(done, resuming=True, resume=True, overwrite=False)  # its ckpt.pt continues it
+    check_out_dir(a_run(tmp_path / "cut", evals=0), resuming=False, resume=True, overwrite=False)  # no results
+
+
+def test_clearing_out_dir_removes_every_killed_writes_temp_file_and_a_new_runs_old_files(tmp_path):
+    names = ["ckpt.pt", "best.pt", "log.jsonl", "ckpt.pt.tmp-123", "best.pt.tmp", "log.jsonl.tmp", "notes.txt"]
+    for name in names:
+        (tmp_path / name).write_text("{}\n")
+    checkpoint.clear_out_dir(str(tmp_path), resuming=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "ckpt.pt", "log.jsonl", "notes.txt"]
+    checkpoint.clear_out_dir(str(tmp_path), resuming=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_a_file_that_is_no_checkpoint_is_named_with_what_it_lacks(tmp_path):
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"not a torch.save zip archive \(0 bytes"):
+        checkpoint.read_checkpoint(str(tmp_path / "empty.pt"))
+    torch.save({"model": {}}, tmp_path / "weights.pt")
+    with pytest.raises(CheckpointError, match=r"is not a nanoscorer checkpoint \(no model or model_args\)"):
+        checkpoint.read_checkpoint(str(tmp_path / "weights.pt"))
+    torch.save({"model": {}, "model_args": {}, "iter_num": 3}, tmp_path / "best.pt")
+    with pytest.raises(CheckpointError, match=r"holds no optimizer or rng state, which a resume needs"):
+        checkpoint.read_checkpoint(str(tmp_path / "best.pt"), need=("optimizer", "iter_num", "rng"))
+    with pytest.raises(CheckpointError, match=r"is a directory, expected a checkpoint file"):
+        checkpoint.read_checkpoint(str(tmp_path))
+
+
+def test_saved_config_gives_a_field_the_run_predates_the_value_it_ran_with():
+    assert checkpoint.saved_config({"config": {"max_iters": 5}}) == {"sft_val_frac": 0.0, "max_iters": 5}
+    assert checkpoint.saved_config({"config": {"sft_val_frac": 0.1}}) == {"sft_val_frac": 0.1}  # its own wins
+    assert checkpoint.saved_config({"model": {}}) == {"sft_val_frac": 0.0}  # no stored config at all
+
+
+@pytest.mark.parametrize("options, want", [({"scorer": "softmax"}, ()), ({"scorer": "ssmax"}, ("ssmax_s_init",)),
+                                           ({"scorer": "ssmax", "ssmax_bias": True}, ("ssmax_s_init", "ssmax_b_init")),
+                                           ({"scorer": "ssa"}, ("ssa_b_init", "ssa_n")),
+                                           ({"scorer": "fox"}, ("fgate_bias_init",))])
+def test_loaded_inits_are_the_start_values_of_weights_the_checkpoint_holds(options, want):
+    model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=8, ffn_hidden=16, **options))
+    assert checkpoint.loaded_inits({"model_args": asdict(model.config), "model": model.state_dict()}) == want
+
+
+def test_run_info_names_the_gpu_a_run_had(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    assert checkpoint.run_info(5)["device"] == "NVIDIA H200" and checkpoint.run_info(5)["seed"] == 5
