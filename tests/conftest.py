@@ -23,6 +23,33 @@ import torch  # noqa: E402
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # in case torch was imported before this file
 
+
+def patch_triton_language_once_a_launch():
+    """Triton's interpreter patches triton.language for a kernel launch, then again at every call of a @triton.jit
+    helper (inspect.getmembers of four modules: 0.7 ms a call, a third of the kernel tests' time). Within a launch
+    whose patch covers the helper's modules that is a no-op (no builtin is left to wrap; the rest is set to the same
+    stateless functions, and the launch's restore undoes all of it): skipped there. The kernels run as before."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    from triton.runtime import interpreter
+    patch, tl, launch = interpreter._patch_lang, interpreter.tl, []  # launch: the running launch's patched modules
+    langs = lambda fn: {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}  # noqa: E731
+
+    def patch_lang(fn):
+        if launch and langs(fn) <= launch[-1]:  # a helper's call inside a launch
+            return interpreter._LangPatchScope()
+        scope = patch(fn)
+        if not launch:  # a launch (GridExecutor): restored at its end
+            launch.append(langs(fn))
+            restore = scope.restore
+            scope.restore = lambda: (launch.clear(), restore())
+        return scope
+
+    interpreter._patch_lang = patch_lang
+
+
+patch_triton_language_once_a_launch()
+
 # The longest files first (their test seconds on 2 cores, 2026-11-28; 969 in all): `pytest -n 2 --dist loadfile`
 # (.ci/run) hands files to the workers in collection order, and the suites' end-to-end files were collected last, so
 # one worker ran them while the other idled (545-594 s a run; 502 s this way). A stable sort: each file's order kept.
