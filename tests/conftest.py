@@ -27,8 +27,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 def patch_triton_language_once_a_launch():
     """Triton's interpreter patches triton.language for a kernel launch, then again at every call of a @triton.jit
     helper (inspect.getmembers of four modules: 0.7 ms a call, a third of the kernel tests' time). Within a launch
-    whose patch covers the helper's modules that is a no-op (no builtin is left to wrap; the rest is set to the same
-    stateless functions, and the launch's restore undoes all of it): skipped there. The kernels run as before."""
+    where the helper's modules (tl; tl.core for triton.language.standard's tl.sum, tl.max...) were patched already,
+    by the launch or an earlier helper, that is a no-op (no builtin is left to wrap; the rest is set to the same
+    stateless functions again, and nothing restores them before the launch ends): skipped there. Same kernels."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         return
     from triton.runtime import interpreter
@@ -39,7 +40,9 @@ def patch_triton_language_once_a_launch():
         if launch and langs(fn) <= launch[-1]:  # a helper's call inside a launch
             return interpreter._LangPatchScope()
         scope = patch(fn)
-        if not launch:  # a launch (GridExecutor): restored at its end
+        if launch:  # a helper's first call with a module the launch left as it was
+            launch[-1] |= langs(fn)
+        else:  # a launch (GridExecutor): restored at its end
             launch.append(langs(fn))
             restore = scope.restore
             scope.restore = lambda: (launch.clear(), restore())
