@@ -1,7 +1,7 @@
 """What train.py prints and records: the resolved config printed with every field whole and stored in the
-checkpoint and log.jsonl, a progress line per log step, a log.jsonl line per step and per evaluation, loss.png at each
-evaluation, and run_info's git SHA and dirty flag (uncommitted code, not untracked files or results). Tiny models on
-tiny random data, CPU only."""
+checkpoint and log.jsonl, a progress line per log step, a log.jsonl line per step and per evaluation, loss.png at the
+last evaluation and while it trains, and run_info's git SHA and dirty flag (uncommitted code, not untracked files or
+results). Tiny models on tiny random data, CPU only."""
 import math
 import os
 import re
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import train
-from lib import config
+from lib import config, tracking
 from lib.checkpoint import run_info
 import test_train
 from test_train import read_log, tiny_args
@@ -62,6 +62,18 @@ def test_progress_line_per_log_step_jsonl_line_per_step_and_loss_png_at_eval(dat
     with open(out / "loss.png", "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert {"ckpt.pt", "best.pt", "log.jsonl", "loss.png"} <= set(os.listdir(out))
+
+
+@pytest.mark.parametrize("every, drawn", [(0, [0, 2, 4, 5]), (1e9, [5])], ids=["long-run", "short-run"])
+def test_loss_png_is_drawn_at_the_last_eval_and_at_evals_plot_every_s_apart(data_dir, tmp_path, monkeypatch, every,
+                                                                            drawn):
+    # a long run's evals come PLOT_EVERY_S apart (0 here): loss.png at each; a run of seconds draws it once, at its end
+    out, seen = tmp_path / "out", []
+    monkeypatch.setattr(tracking, "PLOT_EVERY_S", every)
+    plot = tracking.plot_losses
+    monkeypatch.setattr(tracking, "plot_losses", lambda *a: (seen.append(read_log(out)[-1]["iter"]), plot(*a)))
+    train.main(tiny_args(data_dir, out, "max_iters=5", "eval_interval=2"))
+    assert seen == drawn and (out / "loss.png").stat().st_size > 0
 
 
 def test_run_info_flags_a_tree_with_uncommitted_code_but_not_untracked_files_or_results(tmp_path):
