@@ -19,7 +19,7 @@ methods need one pass of L tokens. Each model also runs with its trained θ (rop
 Outputs: per_sequence.csv (model x rope x sequence x window), differences.csv/png (each model minus --baseline,
 paired over sequences, bootstrap 95% CI), per_position.csv/png (raw curves), summary.json.
 """
-import argparse, csv, json, math, os, sys
+import argparse, csv, json, math, os, sys, time
 
 import numpy as np
 import torch
@@ -96,8 +96,10 @@ def rope_settings(args):
 
 # ----------------------------------------------------------------------------------------------------------------
 
-def write_results(args, folder, curves, models, rows, starts, baseline):
-    """Rewritten in `folder` after every model (main moves it to --out_dir when all are done)."""
+def write_results(args, folder, curves, models, rows, starts, baseline, figures=True):
+    """Rewritten in `folder` after every model (main moves it to --out_dir when all are done); the figures (0.3-1 s
+    each on a CPU) where `figures`: after the last model, and a model done tracking.PLOT_EVERY_S (30 s) or more
+    after the last drawing (a long evaluation's progress to look at)."""
     out = lambda name: os.path.join(folder, name)
     names = sorted(curves, key=lambda n: curves[n][3] != "-")  # the requested method's columns first
     with open(out("per_position.csv"), "w", newline="") as f:
@@ -116,6 +118,8 @@ def write_results(args, folder, curves, models, rows, starts, baseline):
                        disjoint=args.disjoint, overlapping_pairs=dataset.overlapping_pairs(starts, args.length),
                        starts=starts.tolist()), smoothing=f"moving average over {args.smooth} positions (plot only)",
                        run_info=run_info(args.seed), args=vars(args)), f, indent=1)
+    if not figures:
+        return
     ropes = {rope: description for rope, _, _, description in rope_settings(args)}
     compare.plot_per_position(out("per_position.png"), [curves[n] for n in names], [m["train_len"] for m in models],
                               args.smooth, args.logx, f"{note}, RoPE " + "; dashed: ".join(ropes.values()))
@@ -145,7 +149,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
     starts = dataset.draw_starts(len(data), args.length, args.num_seqs, args.seed, args.disjoint)  # for every model
     args.smooth = min(args.smooth or max(1, args.length // 200), args.length)
     device, settings = torch.device(args.device), rope_settings(args)
-    models, curves, rows, table = [], {}, [], []
+    models, curves, rows, table, drawn = [], {}, [], [], time.time()
     n_pass = sum(len(pass_lengths(args, a["block_size"], s[1])) for a in model_args for s in settings)
     bar = tqdm(total=math.ceil(args.num_seqs / args.batch_size) * n_pass, unit="batch", disable=None)
     for label, path in zip(labels, args.ckpt):
@@ -174,7 +178,9 @@ def run(args, folder):  # the results to folder; returns the wandb table
             print(f"{label} [{rope}]: " + ", ".join(f"{w} {v['mean_loss']:.4f}" for w, v in windows.items()
                                                    if not w.startswith("prefix")) + f", all {result['mean_loss']:.4f}")
         models[-1].update(model_args=ckpt["model_args"], train_run_info=ckpt.get("run_info"))
-        write_results(args, folder, curves, models, rows, starts, baseline)
+        figures = len(models) == len(args.ckpt) or time.time() - drawn >= tracking.PLOT_EVERY_S
+        write_results(args, folder, curves, models, rows, starts, baseline, figures)
+        drawn = time.time() if figures else drawn
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
