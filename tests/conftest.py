@@ -53,13 +53,14 @@ def patch_triton_language_once_a_launch():
 
 patch_triton_language_once_a_launch()
 
-# The longest files first (their test seconds on 2 cores, 2026-11-28; 969 in all): `pytest -n 2 --dist loadfile`
-# (.ci/run) hands files to the workers in collection order, and the suites' end-to-end files were collected last, so
-# one worker ran them while the other idled (545-594 s a run; 502 s this way). A stable sort: each file's order kept.
-LONGEST_FIRST = ("test_kernels.py",  # 161
-                 "test_reproduce.py", "test_compile.py", "test_lm_reuse.py", "test_reproduce_char.py",  # 130 .. 77
-                 "test_synthetic_reuse.py", "test_kernels_edge_rows.py", "test_kernels_block_shapes.py",  # 44 .. 38
-                 "test_synthetic.py", "test_hf_scorers.py", "test_synthetic_tuning.py")  # 30 .. 26
+# The longest files first (their test seconds on 2 cores, 2026-11-29, beside another job's tests: 1,321 in all):
+# `pytest -n 2 --dist loadfile` (.ci/run) hands files to the workers in collection order, and the suites' end-to-end
+# files were collected last, so one worker ran them while the other idled (545-594 s a run; 502 s this way). A stable
+# sort: each file's order kept. test_kernels.py fell from first (161 s) with the interpreter's patch above.
+LONGEST_FIRST = ("test_compile.py", "test_lm_reuse.py", "test_reproduce.py",  # 180 .. 165
+                 "test_kernels.py", "test_reproduce_char.py",  # 145, 144
+                 "test_synthetic_reuse.py", "test_kernels_block_shapes.py", "test_synthetic.py",  # 72 .. 39
+                 "test_kernels_edge_rows.py", "test_synthetic_tuning.py", "test_hf_scorers.py")  # 33 .. 25
 
 
 def pytest_collection_modifyitems(items):
