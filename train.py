@@ -238,11 +238,11 @@ def train(explicit):
         return f"the run {what}; " + (f"the last good checkpoint {run.ckpt_path} is kept"
                                       if os.path.isfile(run.ckpt_path) else "no checkpoint was written yet")
 
-    def finish_eval(state):  # best.pt first, then the eval's log line
-        return tracking.record_eval(state, cfg, info, raw_model, lambda: save(run.best_path, {k: state.get(k) for k in
-                                                                                          BEST_KEYS}))  # older: no hf
+    def finish_eval(state):  # best.pt first (an older state has no hf), then the eval's log line
+        best = lambda: save(run.best_path, {k: state.get(k) for k in BEST_KEYS})  # noqa: E731
+        return tracking.record_eval(state, cfg, info, raw_model, best, drawn)
 
-    losses = None
+    losses, drawn = None, {}  # drawn: when this run last drew loss.png (finish_eval's)
     if master:
         clear_out_dir(cfg.out_dir, resuming)
         done = resuming and not switch and tracking.eval_logged(  # this very eval: not the old scorer's at iter_num

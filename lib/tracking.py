@@ -133,21 +133,21 @@ def progress(record, cfg, info, model):
               f"tok/s, mfu {mfu}, eta {timedelta(seconds=round(record['eta_s']))}")
 
 PLOT_EVERY_S = 30  # loss.png: redrawn at an eval this long after the run started or was last drawn, and at its end
-_plotted = {}  # out_dir -> when this process last drew its loss.png
 
-def record_eval(state, cfg, info, model, save_best):
+def record_eval(state, cfg, info, model, save_best, drawn):
     """An eval after ckpt.pt holds it: best.pt (save_best), then its log line, loss.png and its printed line. ckpt.pt
     carries the record, so a resume finishes an eval that a kill cut short (no lost record, no stale best.pt).
     loss.png (0.15-0.3 s a drawing on a CPU) at the run's last eval, and at one PLOT_EVERY_S or more after the run
-    started or its last drawing: a long run's at every eval, a run of seconds' once, not for one dot at iter 0."""
+    started or its last drawing (drawn["at"], the run's own record): a long run's at every eval, a run of seconds'
+    once, not for one dot at iter 0."""
     record, now = state["eval"], time.time()
     if record["is_best"]:
         save_best()
     log({k: v for k, v in record.items() if k != "is_best"}, cfg, info, model)  # a line means its checkpoints exist
-    if record["iter"] >= cfg.max_iters or now - _plotted.get(cfg.out_dir, now - record["elapsed"]) >= PLOT_EVERY_S:
+    if record["iter"] >= cfg.max_iters or now - drawn.get("at", now - record["elapsed"]) >= PLOT_EVERY_S:
         plot_losses(cfg.out_dir, f"{cfg.scorer}, {cfg.task or cfg.sft_data or cfg.dataset}, "
                     f"{model.get_num_params() / 1e6:.1f}M params, git {str(info['git_sha'])[:7]}")
-        _plotted[cfg.out_dir] = time.time()
+        drawn["at"] = time.time()
     print(f"iter {record['iter']}: train loss {record['train_loss']:.4f}, val loss {record['val_loss']:.4f}"
           + (" (best)" if record["is_best"] else ""))
     return {"train": record["train_loss"], "val": record["val_loss"]}

@@ -197,18 +197,19 @@ def test_an_oserror_is_its_path_and_reason_in_one_line():
 
 def test_an_eval_saves_best_pt_only_when_best_and_logs_its_record_without_the_flag(tmp_path, capsys, monkeypatch):
     figures = drawn(monkeypatch)
-    cfg = cfg_of(tmp_path, scorer="ssmax", task="", sft_data="", dataset="rand")
+    cfg = cfg_of(tmp_path, scorer="ssmax", task="", sft_data="", dataset="rand", max_iters=2)
     model = types.SimpleNamespace(get_num_params=lambda: 2_500_000)
     saved = []
     for it, val, best in ((0, 4.5, True), (2, 4.7, False)):
         state = {"eval": {"iter": it, "train_loss": 4.0 + it, "val_loss": val, "elapsed": 1.0, "is_best": best}}
-        got = tracking.record_eval(state, cfg, {"git_sha": "0123456789abc"}, model, lambda: saved.append(it))
+        got = tracking.record_eval(state, cfg, {"git_sha": "0123456789abc"}, model, lambda: saved.append(it), {})
         assert got == {"train": 4.0 + it, "val": val}
     assert saved == [0]  # a worse eval leaves best.pt as it was
     assert capsys.readouterr().out == "iter 0: train loss 4.0000, val loss 4.5000 (best)\n" \
                                       "iter 2: train loss 6.0000, val loss 4.7000\n"
     assert read_log(tmp_path) == [{"iter": 0, "train_loss": 4.0, "val_loss": 4.5, "elapsed": 1.0},
                                   {"iter": 2, "train_loss": 6.0, "val_loss": 4.7, "elapsed": 1.0}]
+    assert len(figures) == 1  # a run of seconds: loss.png once, at its last eval
     assert figures[-1].axes[0].get_title() == "ssmax, rand, 2.5M params, git 0123456"
     assert tracking.eval_logged(str(tmp_path), 2) and not tracking.eval_logged(str(tmp_path), 1)
 
