@@ -1,0 +1,188 @@
+"""lib/config.py's edges, pinned by a mutation audit: every range's bound taken and the value past it refused in one
+line, bools kept apart from numbers, an override's value holding '=', a chain of base files, what a resume keeps
+from its checkpoint's config, the cross-field checks at their bounds, what a scorer switch changes, and the CPU cost
+at a measured rate and for an SFT run in epochs. CPU only, no training."""
+import math
+import types
+
+import pytest
+import torch
+
+from lib import config as config_lib
+from lib.config import TrainConfig, TrainError, model_config, parse_args, resolve
+from model import GPT, GPTConfig
+
+TINY = dict(vocab_size=64, n_layer=1, n_head=2, n_embd=16, ffn_hidden=32, block_size=64)
+
+
+def error(*argv):
+    with pytest.raises(TrainError) as e:
+        parse_args(list(argv))
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Overrides: ranges, types, values
+
+@pytest.mark.parametrize("arg,want", [
+    ("learning_rate=1e30", 1e30), ("learning_rate=0", 0.0), ("min_lr=0", 0.0), ("seed=0", 0),
+    ("seed=9223372036854775807", 2 ** 63 - 1), ("max_iters=0", 0), ("warmup_iters=0", 0), ("grad_clip=0", 0.0),
+    ("weight_decay=0", 0.0), ("copy_frac=1", 1.0), ("copy_frac=0", 0.0), ("sft_val_frac=0", 0.0), ("dropout=0", 0.0),
+    ("beta2=0.999", 0.999), ("ffn_hidden=1", 1), ("head_dim=None", None), ("head_dim=64.0", 64),
+])
+def test_each_range_takes_its_bound(arg, want):
+    key = arg.split("=")[0]
+    got = parse_args([arg])[key]
+    assert got == want and type(got) is type(want)
+
+
+@pytest.mark.parametrize("arg,msg", [
+    ("ffn_hidden=0", "ffn_hidden=0 is out of range: ffn_hidden must be > 0"),
+    ("vocab_size=0", "vocab_size=0 is out of range: vocab_size must be > 0"),
+    ("n_embd=0", "n_embd=0 is out of range: n_embd must be > 0"),
+    ("copy_span=0", "copy_span=0 is out of range: copy_span must be > 0"),
+    ("ssa_b_init=0", "ssa_b_init=0.0 is out of range: ssa_b_init must be > 0"),
+    ("warmup_iters=-1", "warmup_iters=-1 is out of range: warmup_iters must be >= 0"),
+    ("lr_decay_iters=-1", "lr_decay_iters=-1 is out of range: lr_decay_iters must be >= 0"),
+    ("grad_clip=-1", "grad_clip=-1.0 is out of range: grad_clip must be >= 0"),
+    ("weight_decay=-0.1", "weight_decay=-0.1 is out of range: weight_decay must be >= 0"),
+    ("sft_epochs=-1", "sft_epochs=-1 is out of range: sft_epochs must be >= 0"),
+    ("learning_rate=1e31", "learning_rate=1e+31 is out of range: learning_rate must be >= 0 and <= 1e30 (more "
+                           "overflows AdamW's float32 step)"),
+    ("seed=-1", "seed=-1 is out of range: seed must be in [0, 2**63)"),
+    ("seed=9223372036854775808", "seed=9223372036854775808 is out of range: seed must be in [0, 2**63)"),
+    ("out_dir= ", "out_dir=' ' is out of range: out_dir must be a folder name, not empty"),
+    ("norm_eps=0", "norm_eps=0.0 is out of range: norm_eps must be > 0"),
+    ("beta1=1", "beta1=1.0 is out of range: beta1 must be in [0, 1)"),
+    ("beta2=1", "beta2=1.0 is out of range: beta2 must be in [0, 1)"),
+    ("sft_val_frac=1", "sft_val_frac=1.0 is out of range: sft_val_frac must be in [0, 1)"),
+    ("copy_frac=1.5", "copy_frac=1.5 is out of range: copy_frac must be in [0, 1]"),
+])
+def test_the_value_just_past_a_bound_is_one_line_naming_it_and_the_range(arg, msg):
+    assert error(arg) == msg
+
+
+@pytest.mark.parametrize("arg,msg", [
+    ("learning_rate=True", "learning_rate=True has the wrong type: learning_rate is float"),
+    ("max_iters=True", "max_iters=True has the wrong type: max_iters is int"),
+    ("n_layer=None", "n_layer=None has the wrong type: n_layer is int"),
+    ("head_dim=64.5", "head_dim=64.5 has the wrong type: head_dim is int or None"),
+    ("reweight_p='high'", "reweight_p='high' has the wrong type: reweight_p is float or None"),
+    ("learning_rate=-inf", "learning_rate=-inf is not a finite number: learning_rate must be finite"),
+    ("ssa_n=+nan", "ssa_n=nan is not a finite number: ssa_n must be finite"),
+])
+def test_a_bool_is_no_number_none_only_optional_and_signed_nan_inf_not_finite(arg, msg):
+    assert error(arg) == msg
+
+
+def test_an_override_value_may_hold_an_equals_sign():
+    assert parse_args(["wandb_run_name=lr=3e-4", "init_from=runs/a=1/ckpt.pt"]) == {
+        "wandb_run_name": "lr=3e-4", "init_from": "runs/a=1/ckpt.pt"}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Config files
+
+def test_a_chain_of_bases_applies_the_deepest_first_and_a_cycle_or_non_py_base_is_refused(tmp_path):
+    (tmp_path / "a.py").write_text('n_layer = 3\nn_head = 3\nout_dir = "out-a"\n')
+    (tmp_path / "b.py").write_text('base = "a.py"\nn_head = 4\nout_dir = "out-b"\n')
+    (tmp_path / "c.py").write_text('base = "b.py"\nout_dir = "out-c"\n')
+    assert parse_args([str(tmp_path / "c.py")]) == dict(n_layer=3, n_head=4, out_dir="out-c")
+    (tmp_path / "a.py").write_text('base = "c.py"\n')  # c -> b -> a -> c
+    (tmp_path / "d.txt").write_text("n_layer = 2\n")
+    (tmp_path / "e.py").write_text('base = "d.txt"\n')
+    for path in ("c.py", "e.py"):
+        assert "must name another config file (.py) in its folder" in error(str(tmp_path / path))
+
+
+def test_a_config_files_overwrite_without_an_out_dir_overwrites_nothing(tmp_path):
+    (tmp_path / "o.py").write_text("overwrite = True\nmax_iters = 5\n")
+    assert parse_args([str(tmp_path / "o.py")]) == {"max_iters": 5}  # not the default out_dir "out"
+    assert parse_args([str(tmp_path / "o.py"), "overwrite=True"]) == {"max_iters": 5, "overwrite": True}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Resolution
+
+def test_a_resume_keeps_the_stored_config_under_this_commands_and_its_own_out_dir():
+    ckpt = {"config": {"out_dir": "moved-from", "max_iters": 10, "n_layer": 3, "a_retired_field": 1}}
+    cfg = resolve(TrainConfig(max_iters=20), {"max_iters": 20}, ckpt, resuming=True, world=1)
+    assert (cfg.out_dir, cfg.max_iters, cfg.n_layer) == ("out", 20, 3)
+
+
+def cross_checked(*argv):
+    return resolve(TrainConfig(**parse_args(list(argv))), parse_args(list(argv)), None, resuming=False, world=1)
+
+
+def test_cosine_needs_decay_at_or_past_warmup_and_the_other_schedules_do_not():
+    assert cross_checked("lr_schedule=cosine", "warmup_iters=100", "lr_decay_iters=100").lr_decay_iters == 100
+    assert cross_checked("warmup_iters=100", "lr_decay_iters=10").lr_schedule == "constant"
+    assert cross_checked("lr_schedule=cosine", "warmup_iters=100", "lr_decay_iters=1", "sft_epochs=2").sft_epochs == 2
+    with pytest.raises(TrainError, match=r"^lr_decay_iters=99 is below warmup_iters=100: cosine"):
+        cross_checked("lr_schedule=cosine", "warmup_iters=100", "lr_decay_iters=99")
+
+
+def test_a_task_run_takes_a_block_size_of_exactly_its_shortest_length():
+    assert cross_checked("task=linear", "block_size=5").block_size == 5  # the 3rd point's y, at position 5
+
+
+def checkpoint(scorer="softmax", **model):
+    model_args = {f: getattr(GPTConfig, f) for f in config_lib.MODEL_FIELDS} | TINY | {"scorer": scorer} | model
+    return {"model_args": model_args, "model": {}, "iter_num": 0, "config": {"max_iters": 10}}
+
+
+@pytest.mark.parametrize("field,value", [("head_dim", 16), ("n_kv_head", 1), ("norm_eps", 1e-5)])
+def test_init_from_refuses_another_architecture(field, value):
+    ckpt = checkpoint()
+    cfg, was = TrainConfig(**{**ckpt["model_args"], field: value}), ckpt["model_args"][field]
+    with pytest.raises(TrainError, match=rf"^{field}={value!r} differs from the checkpoint's {was!r}: it cannot change "
+                                         r"\(a different architecture\)"):
+        model_config(cfg, {field: value}, ckpt, resuming=False)
+
+
+def test_a_switch_to_ssmax_sets_s0_for_the_checkpoints_block_size_not_the_new_one():
+    ckpt = checkpoint()  # trained at 64 positions, fine-tuned at 128
+    cfg = TrainConfig(**{**ckpt["model_args"], "scorer": "ssmax", "block_size": 128})
+    model_args, switch = model_config(cfg, {"scorer": "ssmax", "block_size": 128}, ckpt, resuming=False)
+    s0 = 64 / sum(math.log(n) for n in range(1, 65))  # 1 / mean log n over the 64 trained positions
+    assert model_args["ssmax_s_init"] == pytest.approx(s0, rel=1e-12) and model_args["block_size"] == 128
+    assert switch["scorer"] == ["softmax", "ssmax"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The CPU cost
+
+def exact_flops_per_token(cfg):
+    with torch.device("meta"):
+        return GPT(GPTConfig(**{f: getattr(cfg, f) for f in config_lib.MODEL_FIELDS})).flops_per_token(cfg.block_size)
+
+
+def test_the_measured_rate_is_the_two_timed_matmuls_flops_over_their_time(monkeypatch, capsys):
+    clock = iter([0.0, 10.0, 12.0])  # the warm-up's start, the timed pass's start, its end: 2 s
+    monkeypatch.setattr(config_lib, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    cfg = TrainConfig(**TINY, batch_size=8, gradient_accumulation_steps=1, max_iters=10 ** 8)
+    rate = 2 * 2 * 1024 ** 3 / 2  # two 1024^3 matmuls, 2 FLOP a multiply-add, in 2 s
+    hours = 10 ** 8 * 8 * 64 * exact_flops_per_token(cfg) / rate / 3600
+    assert config_lib.cpu_hours(cfg) == pytest.approx(hours, rel=1e-12)
+    assert "at 2.15 GFLOP/s (this CPU's measured fp32 matmul rate)" in capsys.readouterr().out
+
+
+def test_an_sft_run_in_epochs_costs_its_epochs_of_held_in_examples_not_max_iters(tmp_path):
+    data = tmp_path / "sft.jsonl"
+    data.write_text('{"prompt": "a", "answer": "b"}\n' * 100)
+    cfg = TrainConfig(**TINY, batch_size=3, gradient_accumulation_steps=1, max_iters=1, sft_data=str(data),
+                      sft_epochs=10 ** 6, sft_val_frac=0.05)
+    iters = 10 ** 6 * math.ceil(95 / 3)  # 5 of the 100 held out; 32 iterations an epoch
+    hours = iters * 3 * 64 * exact_flops_per_token(cfg) / 1e10 / 3600
+    assert config_lib.cpu_hours(cfg, rate=1e10) == pytest.approx(hours, rel=1e-12)
+
+
+def test_a_run_estimated_at_exactly_the_limit_starts_and_one_just_over_stops(monkeypatch):
+    cfg = TrainConfig(**TINY)
+    monkeypatch.setattr(config_lib, "cpu_hours", lambda *a: config_lib.CPU_LIMIT_HOURS)
+    assert config_lib.cpu_cost_check(cfg, "cpu") is None
+    monkeypatch.setattr(config_lib, "cpu_hours", lambda *a: config_lib.CPU_LIMIT_HOURS * 1.01)
+    with pytest.raises(TrainError, match="allow_slow=True"):
+        config_lib.cpu_cost_check(cfg, "cpu")
+    assert config_lib.cpu_cost_check(cfg, "mps") is None  # only a CPU is checked
