@@ -111,6 +111,12 @@ def test_a_resume_keeps_the_stored_config_under_this_commands_and_its_own_out_di
     assert (cfg.out_dir, cfg.max_iters, cfg.n_layer) == ("out", 20, 3)
 
 
+def test_init_from_takes_the_checkpoints_model_fields_except_those_this_command_sets():
+    ckpt = {"model_args": {"n_layer": 3, "block_size": 64, "scorer": "ssmax"}}
+    cfg = resolve(TrainConfig(block_size=128), {"block_size": 128}, ckpt, resuming=False, world=1)
+    assert (cfg.n_layer, cfg.block_size, cfg.scorer) == (3, 128, "ssmax")
+
+
 def cross_checked(*argv):
     return resolve(TrainConfig(**parse_args(list(argv))), parse_args(list(argv)), None, resuming=False, world=1)
 
@@ -186,3 +192,17 @@ def test_a_run_estimated_at_exactly_the_limit_starts_and_one_just_over_stops(mon
     with pytest.raises(TrainError, match="allow_slow=True"):
         config_lib.cpu_cost_check(cfg, "cpu")
     assert config_lib.cpu_cost_check(cfg, "mps") is None  # only a CPU is checked
+
+
+def test_the_triton_interpreter_lets_backend_triton_pass_the_cpu_check(monkeypatch):
+    cfg = TrainConfig(**TINY, backend="triton", max_iters=1)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the tests' CPU path through the fused kernels
+    assert config_lib.cpu_cost_check(cfg, "cpu") is None
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(TrainError, match=r"^backend='triton': the fused Triton kernels need a CUDA GPU"):
+        config_lib.cpu_cost_check(cfg, "cpu")
+
+
+def test_help_shows_each_default_as_a_python_literal():
+    text = " ".join(config_lib.usage("doc").split())  # textwrap may break a line between fields
+    assert "out_dir='out'," in text and "wandb_run_name=''," in text and "max_iters=200000," in text
