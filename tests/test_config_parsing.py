@@ -167,6 +167,7 @@ def exact_flops_per_token(cfg):
 def test_the_measured_rate_is_the_two_timed_matmuls_flops_over_their_time(monkeypatch, capsys):
     clock = iter([0.0, 10.0, 12.0])  # the warm-up's start, the timed pass's start, its end: 2 s
     monkeypatch.setattr(config_lib, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    monkeypatch.setattr(torch, "mm", lambda a, b: a)  # the clock above times it, not the real matmul
     cfg = TrainConfig(**TINY, batch_size=8, gradient_accumulation_steps=1, max_iters=10 ** 8)
     rate = 2 * 2 * 1024 ** 3 / 2  # two 1024^3 matmuls, 2 FLOP a multiply-add, in 2 s
     hours = 10 ** 8 * 8 * 64 * exact_flops_per_token(cfg) / rate / 3600
