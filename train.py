@@ -28,10 +28,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import kernels_cpu
 import tasks
-from lib import dataset, folders, longrange, sft, tracking, vocab
+from lib import cost, dataset, folders, longrange, sft, tracking, vocab
 from lib.checkpoint import (CheckpointError, build_model, check_out_dir, clear_out_dir, read_checkpoint, run_info,
                             save_checkpoint)
-from lib.config import TrainConfig, TrainError, cpu_cost_check, model_config, parse_args, resolve, usage
+from lib.config import TrainConfig, TrainError, model_config, parse_args, resolve, usage
 from lib.corpora import EMBEDDED
 from model import GPTConfig, convert_scorer
 
@@ -86,7 +86,7 @@ def setup(explicit):
         cfg = vocab.data_vocab(cfg, explicit, ckpt, os.path.join(cfg.data_dir, cfg.dataset))
     if cfg.sft_data:  # its size sets max_iters: missing, the cost check below counted 200,000 ("356 hours")
         sft.check_sft_path(cfg.sft_data)
-    cpu_cost_check(cfg, device_type, ckpt["iter_num"] if run.resuming else 0)  # before any download or model
+    cost.cpu_cost_check(cfg, device_type, ckpt["iter_num"] if run.resuming else 0)  # before any download or model
     torch.manual_seed(cfg.seed)  # same on every rank: one saved RNG state fits all
     return cfg, ckpt, run
 

@@ -1,7 +1,8 @@
 """
 What the scripts share; nothing here is run directly.
 
-    config.py             TrainConfig, config files and key=value overrides, their checks, a run's CPU cost
+    config.py             TrainConfig, config files and key=value overrides, their checks
+    cost.py               a run's cost on a CPU, checked before it starts (train.py)
     checkpoint.py         run_info (provenance), atomic save, safe read (weights_only), the model a checkpoint builds,
                           what a run's out_dir may hold before it writes
     dataset.py            a corpus -> data/<name>/{train,val}.bin, a dataset fetched on first use, its readers

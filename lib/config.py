@@ -8,16 +8,14 @@ A config file is run (runpy) and its lowercase names are the fields it sets; an 
 or, for a string field, the text as is. Every value is coerced to its field's type and checked against RANGES: an
 unknown key, a wrong type or a value out of range is one TrainError line, never a traceback.
 """
-import ast, difflib, math, os, runpy, textwrap, time, types
+import ast, difflib, math, os, runpy, textwrap, types
 from dataclasses import dataclass, field, fields, make_dataclass, replace
 from typing import get_args
 
-import torch
-
 import tasks
-from lib import longrange, sft
-from lib.checkpoint import CheckpointError, build_model, check_task, loaded_inits, saved_config
-from model import GPTConfig, head_size, ssmax_s_for_switch
+from lib import longrange
+from lib.checkpoint import CheckpointError, check_task, loaded_inits, saved_config
+from model import GPTConfig, ssmax_s_for_switch
 from scorers import SCORERS
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -119,7 +117,7 @@ def coerce(key, value, where, raw=None):
 
 def run_config(path, seen=()):
     """A config file's assignments. `base = "softmax.py"` (a file beside it) is applied first, so a config that
-    shares a recipe sets only what differs."""
+    shares a recipe sets only what differs; the base's overwrite=True not where the file names an out_dir of its own."""
     try:
         assigned = runpy.run_path(path)
     except Exception as e:
@@ -131,7 +129,8 @@ def run_config(path, seen=()):
     if not (isinstance(base, str) and base.endswith(".py") and os.path.isfile(base_path)) or base_path in seen:
         raise TrainError(f"config file {path}: base={base!r} must name another config file (.py) in its folder, "
                          "not one that leads back to it")
-    return {**run_config(base_path, (*seen, path)), **assigned}
+    inherited = run_config(base_path, (*seen, path))  # its overwrite=True covers its own out_dir, never the child's
+    return {**{k: v for k, v in inherited.items() if k != "overwrite" or "out_dir" not in assigned}, **assigned}
 
 
 def parse_args(argv):
@@ -240,61 +239,3 @@ def usage(doc):
     fields_text = ", ".join(f"{f.name}={f.default!r}" for f in fields(TrainConfig))
     return (doc.strip() + "\n\nusage: python train.py [CONFIG.py ...] [key=value ...]\nconfig fields (defaults): "
             + textwrap.fill(fields_text, 116, subsequent_indent="  "))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# A run's cost on a CPU, checked before it starts
-
-CPU_LIMIT_HOURS = 1.0  # longer runs stop unless allow_slow=True
-CPU_SLOWEST_FLOPS = 1e10  # under it even at this rate: skip measuring
-
-def cpu_hours(cfg, start_iter=0, rate=None):
-    """A lower bound on the hours the rest of a run takes on this CPU, printed with its arithmetic: its FLOPs
-    (model.GPT.flops_per_token: 6N + attention) at `rate` FLOP/s, measured (this CPU's matmul) only when even
-    CPU_SLOWEST_FLOPS would not finish it in time. A run that would (or a bad model config) is 0, unprinted."""
-    iters = sft.planned_iters(cfg)  # SFT in epochs: train.py sets max_iters from the data
-    T, C = cfg.block_size, cfg.n_embd
-    hs = head_size(C, cfg.n_head, cfg.head_dim)  # q is n_head heads wide, k and v n_kv_head
-    q, kv = cfg.n_head * hs, (cfg.n_kv_head or cfg.n_head) * hs
-    tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * T
-    tokens = max(0, iters - start_iter) * tokens_per_iter
-    # 2x the weights bounds it: small runs skip the meta model (attention: c_attn C x (q + 2 kv), c_proj q x C)
-    weights = 2 * (2 * (cfg.vocab_size + 3) * C + cfg.n_layer * (2 * C * (q + kv) + 3 * C * cfg.ffn_hidden))
-    if tokens * (6 * weights + 12 * cfg.n_layer * q * T) < CPU_SLOWEST_FLOPS * CPU_LIMIT_HOURS * 3600:
-        return 0.0
-    try:
-        with torch.device("meta"):  # exact count, no weights allocated
-            flops_per_token = build_model(GPTConfig(**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}),
-                                          cfg.task).flops_per_token
-    except ValueError:  # train.py reports a bad config later
-        return 0.0
-    flops = tokens * flops_per_token(T)
-    if flops < CPU_SLOWEST_FLOPS * CPU_LIMIT_HOURS * 3600:
-        return 0.0
-    how = "given"
-    if rate is None:  # matmul rate: training is slower, so a lower bound
-        a = torch.ones(1024, 1024)
-        for _ in range(2):  # first pass warms up, second is timed
-            t0 = time.perf_counter()
-            torch.mm(torch.mm(a, a), a)
-        rate, how = 4 * 1024 ** 3 / (time.perf_counter() - t0), "this CPU's measured fp32 matmul rate"
-    hours = flops / rate / 3600
-    print(f"cost on this CPU: {tokens:,} tokens ({iters - start_iter:,} iters x {tokens_per_iter:,}) x "
-          f"{flops_per_token(T) / 1e9:.3g} GFLOP/token = {flops:.3g} FLOP at {rate / 1e9:.3g} GFLOP/s ({how}): "
-          f"at least ~{hours:,.{0 if hours >= 10 else 1}f} hours")
-    return hours
-
-
-def cpu_cost_check(cfg, device_type, start_iter=0, rate=None):
-    """On a CPU, a run estimated at over CPU_LIMIT_HOURS prints its cost and stops (TrainError: exit status 1), unless
-    allow_slow=True. The estimate is cpu_hours: FLOPs at `rate` FLOP/s (tests pass it), else measured."""
-    if device_type != "cuda" and cfg.backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1":  # a traceback
-        raise TrainError("backend='triton': the fused Triton kernels need a CUDA GPU; use backend=auto or torch")
-    if device_type != "cpu" or cfg.allow_slow:
-        return
-    hours = cpu_hours(cfg, start_iter, rate)
-    if hours > CPU_LIMIT_HOURS:
-        raise TrainError(f"this run would take at least ~{hours:,.0f} hours on this CPU (over "
-                         f"{CPU_LIMIT_HOURS:g} h), so it stops before it starts: `python train.py "
-                         f"configs/cpu_quick.py` trains a small model here in ~3 minutes; allow_slow=True runs this "
-                         f"one anyway")

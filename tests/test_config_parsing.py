@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lib import config as config_lib
+from lib import cost
 from lib.config import TrainConfig, TrainError, model_config, parse_args, resolve
 from model import GPT, GPTConfig
 
@@ -166,12 +167,12 @@ def exact_flops_per_token(cfg):
 
 def test_the_measured_rate_is_the_two_timed_matmuls_flops_over_their_time(monkeypatch, capsys):
     clock = iter([0.0, 10.0, 12.0])  # the warm-up's start, the timed pass's start, its end: 2 s
-    monkeypatch.setattr(config_lib, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    monkeypatch.setattr(cost, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
     monkeypatch.setattr(torch, "mm", lambda a, b: a)  # the clock above times it, not the real matmul
     cfg = TrainConfig(**TINY, batch_size=8, gradient_accumulation_steps=1, max_iters=10 ** 8)
     rate = 2 * 2 * 1024 ** 3 / 2  # two 1024^3 matmuls, 2 FLOP a multiply-add, in 2 s
     hours = 10 ** 8 * 8 * 64 * exact_flops_per_token(cfg) / rate / 3600
-    assert config_lib.cpu_hours(cfg) == pytest.approx(hours, rel=1e-12)
+    assert cost.cpu_hours(cfg) == pytest.approx(hours, rel=1e-12)
     assert "at 2.15 GFLOP/s (this CPU's measured fp32 matmul rate)" in capsys.readouterr().out
 
 
@@ -182,28 +183,40 @@ def test_an_sft_run_in_epochs_costs_its_epochs_of_held_in_examples_not_max_iters
                       sft_epochs=10 ** 6, sft_val_frac=0.05)
     iters = 10 ** 6 * math.ceil(95 / 3)  # 5 of the 100 held out; 32 iterations an epoch
     hours = iters * 3 * 64 * exact_flops_per_token(cfg) / 1e10 / 3600
-    assert config_lib.cpu_hours(cfg, rate=1e10) == pytest.approx(hours, rel=1e-12)
+    assert cost.cpu_hours(cfg, rate=1e10) == pytest.approx(hours, rel=1e-12)
 
 
 def test_a_run_estimated_at_exactly_the_limit_starts_and_one_just_over_stops(monkeypatch):
     cfg = TrainConfig(**TINY)
-    monkeypatch.setattr(config_lib, "cpu_hours", lambda *a: config_lib.CPU_LIMIT_HOURS)
-    assert config_lib.cpu_cost_check(cfg, "cpu") is None
-    monkeypatch.setattr(config_lib, "cpu_hours", lambda *a: config_lib.CPU_LIMIT_HOURS * 1.01)
+    monkeypatch.setattr(cost, "cpu_hours", lambda *a: cost.CPU_LIMIT_HOURS)
+    assert cost.cpu_cost_check(cfg, "cpu") is None
+    monkeypatch.setattr(cost, "cpu_hours", lambda *a: cost.CPU_LIMIT_HOURS * 1.01)
     with pytest.raises(TrainError, match="allow_slow=True"):
-        config_lib.cpu_cost_check(cfg, "cpu")
-    assert config_lib.cpu_cost_check(cfg, "mps") is None  # only a CPU is checked
+        cost.cpu_cost_check(cfg, "cpu")
+    assert cost.cpu_cost_check(cfg, "mps") is None  # only a CPU is checked
 
 
 def test_the_triton_interpreter_lets_backend_triton_pass_the_cpu_check(monkeypatch):
     cfg = TrainConfig(**TINY, backend="triton", max_iters=1)
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the tests' CPU path through the fused kernels
-    assert config_lib.cpu_cost_check(cfg, "cpu") is None
+    assert cost.cpu_cost_check(cfg, "cpu") is None
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(TrainError, match=r"^backend='triton': the fused Triton kernels need a CUDA GPU"):
-        config_lib.cpu_cost_check(cfg, "cpu")
+        cost.cpu_cost_check(cfg, "cpu")
 
 
 def test_help_shows_each_default_as_a_python_literal():
     text = " ".join(config_lib.usage("doc").split())  # textwrap may break a line between fields
     assert "out_dir='out'," in text and "wandb_run_name=''," in text and "max_iters=200000," in text
+
+
+def test_a_bases_overwrite_covers_its_own_out_dir_never_one_a_config_built_on_it_names(tmp_path):
+    (tmp_path / "demo.py").write_text('out_dir = "out-demo"\noverwrite = True\nmax_iters = 5\n')
+    (tmp_path / "mine.py").write_text('base = "demo.py"\nout_dir = "out-mine"\n')  # a user's config on the demo's
+    (tmp_path / "same.py").write_text('base = "demo.py"\nmax_iters = 7\n')
+    (tmp_path / "asks.py").write_text('base = "demo.py"\nout_dir = "out-mine"\noverwrite = True\n')
+    mine = parse_args([str(tmp_path / "mine.py")])
+    assert mine == {"out_dir": "out-mine", "max_iters": 5}  # out-mine's run is refused, never replaced
+    assert parse_args([str(tmp_path / "same.py")]) == {"out_dir": "out-demo", "overwrite": True, "max_iters": 7}
+    assert parse_args([str(tmp_path / "asks.py")])["overwrite"] is True
+    assert parse_args([str(tmp_path / "mine.py"), "overwrite=True"])["overwrite"] is True  # asked on the command line

@@ -15,6 +15,7 @@ import torch
 import tasks
 import train
 from lib import config as config_lib
+from lib import cost
 from lib import dataset
 from lib.config import MODEL_FIELDS, SCORER_OPTIONS
 from lib.tracking import PEAK_BF16_FLOPS
@@ -165,16 +166,16 @@ def test_sft_config_keeps_the_papers_settings_and_starts_from_the_quick_ssmax_ru
 def test_cpu_cost_check_stops_the_quick_gpu_run_on_a_cpu_with_its_cost_and_the_way_out(capsys):
     cfg = config(os.path.join(REPO, "configs", "ssmax.py"))
     with pytest.raises(train.TrainError) as e:
-        config_lib.cpu_cost_check(cfg, "cpu", rate=1e11)  # 1e11 FLOP/s: a fast 2-core CPU
+        cost.cpu_cost_check(cfg, "cpu", rate=1e11)  # 1e11 FLOP/s: a fast 2-core CPU
     msg = str(e.value)
     assert "\n" not in msg and "configs/cpu_quick.py" in msg and "allow_slow=True" in msg
     hours = 996_147_200 * flops_per_token_162m(1024) / 1e11 / 3600  # ~3,000 (the exact count vs the 6N formula: <0.1%)
     assert abs(float(re.search(r"~([\d,]+) hours", msg).group(1).replace(",", "")) / hours - 1) < 1e-3
     assert "996,147,200 tokens" in capsys.readouterr().out
-    assert config_lib.cpu_cost_check(cfg, "cuda", rate=1e11) is None  # a GPU is never checked
-    assert config_lib.cpu_cost_check(config(os.path.join(REPO, "configs", "ssmax.py"), "allow_slow=True"), "cpu",
+    assert cost.cpu_cost_check(cfg, "cuda", rate=1e11) is None  # a GPU is never checked
+    assert cost.cpu_cost_check(config(os.path.join(REPO, "configs", "ssmax.py"), "allow_slow=True"), "cpu",
                                 rate=1e11) is None
-    assert config_lib.cpu_cost_check(cfg, "cpu", start_iter=3799, rate=1e11) is None  # a resume: what is left counts
+    assert cost.cpu_cost_check(cfg, "cpu", start_iter=3799, rate=1e11) is None  # a resume: what is left counts
 
 
 def test_cpu_cost_check_lets_tiny_runs_start_without_a_measurement(monkeypatch, capsys):
@@ -187,7 +188,7 @@ def test_cpu_cost_check_lets_tiny_runs_start_without_a_measurement(monkeypatch, 
     task_runs = [dataclasses.replace(c, vocab_size=tasks.TASKS[c.task].vocab(c)) for c in task_runs]
     for cfg in (config(os.path.join(REPO, "configs", "cpu_quick.py")), train.TrainConfig(**train.parse_args(tiny)),
                 *task_runs):
-        assert config_lib.cpu_cost_check(cfg, "cpu") is None
+        assert cost.cpu_cost_check(cfg, "cpu") is None
     assert capsys.readouterr().out == ""
 
 
@@ -195,12 +196,12 @@ def test_the_measured_cpu_rate_stops_a_long_run_of_a_small_model(capsys):
     small = ["vocab_size=512", "n_layer=1", "n_head=2", "n_embd=32", "ffn_hidden=64", "max_iters=100000000"]
     cfg = config(os.path.join(REPO, "configs", "cpu_quick.py"), *small)  # 1e11 tokens: weeks on any CPU
     with pytest.raises(train.TrainError, match="allow_slow=True"):
-        config_lib.cpu_cost_check(cfg, "cpu")
+        cost.cpu_cost_check(cfg, "cpu")
     assert "measured fp32 matmul rate" in capsys.readouterr().out
 
 
 def test_train_on_a_cpu_stops_before_it_fetches_data_or_writes_a_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(train, "cpu_cost_check", functools.partial(config_lib.cpu_cost_check, rate=1e11))
+    monkeypatch.setattr(cost, "cpu_cost_check", functools.partial(cost.cpu_cost_check, rate=1e11))
     monkeypatch.setattr(dataset, "fetch", lambda *a: pytest.fail("fetched before the cost check"))
     with pytest.raises(SystemExit) as e:
         train.main([os.path.join(REPO, "configs", "ssmax.py"), "device=cpu", f"data_dir={tmp_path / 'data'}",
@@ -243,9 +244,9 @@ def test_the_quick_skip_of_the_cost_check_bounds_heads_of_their_own_width():
     args = ["vocab_size=256", "n_layer=4", "n_head=8", "n_embd=64", "head_dim=128", "ffn_hidden=176", "block_size=1024",
             "batch_size=8", "gradient_accumulation_steps=1", "max_iters=500"]
     cfg = train.TrainConfig(**train.parse_args(args))
-    hours = config_lib.cpu_hours(cfg, rate=1e10)
+    hours = cost.cpu_hours(cfg, rate=1e10)
     with torch.device("meta"):
         exact = GPT(GPTConfig(**{f: getattr(cfg, f) for f in MODEL_FIELDS})).flops_per_token(1024)
     assert abs(hours / (500 * 8 * 1024 * exact / 1e10 / 3600) - 1) < 1e-9 and hours > 6
     with pytest.raises(train.TrainError, match="allow_slow=True"):
-        config_lib.cpu_cost_check(cfg, "cpu", rate=1e10)
+        cost.cpu_cost_check(cfg, "cpu", rate=1e10)

@@ -15,7 +15,7 @@ import torch
 
 import train
 import test_train
-from lib import config as config_lib
+from lib import cost
 from lib.checkpoint import read_checkpoint
 from lib.config import TrainConfig, TrainError, model_config
 from test_train import ENV, REPO, TRAIN, error_of, read_log, run_script, step_losses, tiny_args
@@ -99,7 +99,7 @@ def test_resume_refuses_to_change_the_architecture_or_the_options_of_a_kept_scor
 
 
 def test_a_resume_near_the_end_of_a_long_run_is_costed_on_the_iterations_left(data_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(train, "cpu_cost_check", functools.partial(config_lib.cpu_cost_check, rate=1e10))
+    monkeypatch.setattr(cost, "cpu_cost_check", functools.partial(cost.cpu_cost_check, rate=1e10))
     out, n = tmp_path / "out", 10 ** 8  # n iterations of the tiny model: ~20 hours at 1e10 FLOP/s
     assert "this run would take at least" in error_of(tiny_args(data_dir, tmp_path / "new", f"max_iters={n}"))
     train.main(tiny_args(data_dir, out, "max_iters=0"))
