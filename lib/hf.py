@@ -27,6 +27,12 @@ class ConvertError(Exception):
     """Input this converter cannot take: main prints it as one line."""
 
 
+def cause(e):
+    """A library's exception as one short line: its type and its message's first line (which may be empty)."""
+    first = (str(e).strip().splitlines() or [""])[0][:120]
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
 def need(module):
     try:
         return importlib.import_module(module)
@@ -47,7 +53,7 @@ def hf_folder(name):
     try:
         return hub.snapshot_download(name, allow_patterns=["*.json", "model*.safetensors"])
     except Exception as e:  # offline, unknown repo, gated model
-        raise ConvertError(f"cannot download {name!r} ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+        raise ConvertError(f"cannot download {name!r} ({cause(e)}); "
                            f"download it elsewhere and give its folder") from None
 
 
@@ -139,11 +145,13 @@ def read_weights(folder):
     st = need("safetensors.torch")
     index = os.path.join(folder, "model.safetensors.index.json")
     # the shards the index names, else model*.safetensors: never another copy beside them (Mistral's consolidated)
-    shards = read_json(index).get("weight_map") if os.path.isfile(index) else None
-    if os.path.isfile(index) and not isinstance(shards, dict):
-        raise ConvertError(f"{index} has no weight_map (tensor name -> shard file)")
-    files = (sorted(set(shards.values())) if shards else
-             sorted(f for f in os.listdir(folder) if f.startswith("model") and f.endswith(".safetensors")))
+    if os.path.isfile(index):
+        shards = read_json(index).get("weight_map")
+        if not isinstance(shards, dict):
+            raise ConvertError(f"{index} has no weight_map (tensor name -> shard file)")
+        files = sorted(set(shards.values()))
+    else:
+        files = sorted(f for f in os.listdir(folder) if f.startswith("model") and f.endswith(".safetensors"))
     if not files:
         raise ConvertError(f"{folder} holds no model*.safetensors weights (a pytorch_model.bin is not read: a pickle)")
     w = {}
@@ -151,8 +159,7 @@ def read_weights(folder):
         try:
             w.update({k: v.float() for k, v in st.load_file(os.path.join(folder, f)).items()})
         except Exception as e:  # safetensors' own errors: a download cut short, another format, a shard missing
-            raise ConvertError(f"{os.path.join(folder, f)} is not a readable safetensors file "
-                               f"({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+            raise ConvertError(f"{os.path.join(folder, f)} is not a readable safetensors file ({cause(e)})") from None
     return w
 
 
@@ -204,7 +211,7 @@ def import_hf(name, out):
         raise
     except Exception as e:  # the tokenizers library's own parse error
         raise ConvertError(f"{folder}/tokenizer.json is not a tokenizer the tokenizers library reads "
-                           f"({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+                           f"({cause(e)})") from None
     tok_cfg = os.path.join(folder, "tokenizer_config.json")
     bos = read_json(tok_cfg).get("bos_token") if enc and os.path.isfile(tok_cfg) else None
     bos = bos.get("content") if isinstance(bos, dict) else bos  # an AddedToken's dict, or its text

@@ -61,3 +61,9 @@ def test_an_export_refuses_gpt2_bpe_files_whose_hash_differs(monkeypatch):
     monkeypatch.setattr(vocab, "VOCAB_BPE_SHA256", "0" * 64)
     with pytest.raises(lib_hf.ConvertError, match="vocab.bpe is not GPT-2's"):
         hf_export.gpt2_files()
+
+
+def test_a_librarys_error_is_named_by_its_type_and_its_messages_first_line_even_an_empty_one():
+    assert lib_hf.cause(ValueError("\n  bad header\nsecond line")) == "ValueError: bad header"
+    assert lib_hf.cause(Exception()) == "Exception"  # str(e) == "": there is no first line to index
+    assert lib_hf.cause(OSError("x" * 200)) == "OSError: " + "x" * 120
