@@ -23,7 +23,8 @@ The runs are scratch: training runs only when an evaluation is missing, and what
 the results (lib/runs.py), so results/<name>/ alone resumes on a new machine (--commit-results gzips its CSVs).
 --commit-results (either suite) runs only under a plan committed before it starts, results/<name>/plan.md, and
 refuses to write summary.json if the plan changed since the run began (lib/plans.py); summary.json records its commit.
-report.py writes summary.json, the numbers RESULTS.md quotes.
+report.py writes summary.json, the numbers RESULTS.md quotes; --rereport DIR writes it again from the per-seed data
+results/<name>/ keeps, with today's statistics (lib/rereport.py).
 """
 import argparse, importlib, os, sys
 
@@ -89,7 +90,18 @@ def main(argv=None):
     p.add_argument("--variants", nargs="+", choices=VARIANTS, help="lm: a subset of the scale's (softmax among them)")
     p.add_argument("--tasks", nargs="+", help="--suite synthetic: a subset of synthetic.SUITE")
     p.add_argument("--settings", nargs="+", help="--suite synthetic: a subset of synthetic.SETTINGS")
+    p.add_argument("--rereport", metavar="DIR", help="DIR's summary.json and tables.md again from the per-seed data "
+                   "it holds, with this code's statistics (lib/rereport.py); nothing runs")
     a = p.parse_args(argv)
+    if a.rereport:
+        given = [f"--{k.replace('_', '-') if k == 'commit_results' else k}" for k, v in vars(a).items()
+                 if k not in ("rereport", "suite") and v not in (None, False)]
+        if given:
+            sys.exit(f"error: --rereport takes no other option ({', '.join(given)}): it reads the folder's own data")
+        try:
+            return importlib.import_module("lib.rereport").rereport(a.rereport)
+        except DataError as e:
+            sys.exit(f"error: {e}")
     synthetic = importlib.import_module("lib.synthetic") if a.suite == "synthetic" else None
     check(a, synthetic)
     try:

@@ -10,7 +10,7 @@ comparisons; each verdict and control table reports Holm's adjusted p over its o
 settings both sit at a bound on every seed (accuracy 1.000, a horizon at the longest length) is "at ceiling": no
 interval, and no equivalence read from it.
 """
-import csv, gzip, io, json, math, os, re
+import csv, gzip, io, math, os, re
 
 import numpy as np
 
@@ -225,16 +225,6 @@ def write(results, summary, head):
         f.write(tables(summary))
     write_json(os.path.join(results, "summary.json"), {**head, "rule": rule, "tasks_summary": summary}, indent=1,
                default=float)
-
-
-def rereport(results):
-    """summary.json and tables.md again from a results folder's own accuracy.csv, with this code's statistics (when
-    the runs folder is gone); its run's head (command, run_info, ...) is kept, the figures are left as they are."""
-    from lib.checkpoint import run_info
-    with open(os.path.join(results, "summary.json")) as f:
-        head = {k: v for k, v in json.load(f).items() if k not in ("rule", "tasks_summary")}
-    write(results, summarize(compare.read_csv(os.path.join(results, "accuracy.csv"))),
-          {**head, "rereport_run_info": run_info()})
 
 
 def _f(x, d=3):

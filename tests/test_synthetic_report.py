@@ -1,6 +1,6 @@
 """The synthetic suite's report (synthetic_report.py): the seed-level summary (paired differences, t intervals,
 sign-flip p, horizons), its verdict rule, Holm over the verdict and control tables, "at ceiling" instead of an
-interval, a results folder re-reported from its own accuracy.csv, and summary.json written last. CPU only."""
+interval, and summary.json written last (a folder re-reported: test_rereport.py). CPU only."""
 import json
 import os
 
@@ -73,18 +73,6 @@ def test_verdict_and_control_tables_report_holm_over_their_rows_and_say_at_ceili
     assert "| ssmax-s2 − ssmax-fixed-s | at ceiling (both 1.000 on every seed) (1) | 1 | at ceiling (both 4 N on " \
            "every seed) (1) | at ceiling |" in table
     assert "| Holm p |" in table and f"| {ssmax['sign_flip_p']:.4f} | 0.0938 | 6 |" in table
-
-
-def test_a_results_folder_re_reports_from_its_own_accuracy_csv(tmp_path):
-    import shutil
-    shutil.copytree(os.path.join(synthetic.REPO, "results", "synthetic-first-long"), tmp_path / "r")
-    before = json.load(open(tmp_path / "r" / "summary.json"))
-    synthetic_report.rereport(str(tmp_path / "r"))
-    after = json.load(open(tmp_path / "r" / "summary.json"))
-    assert after["tasks_summary"] == before["tasks_summary"] and after["run_info"] == before["run_info"]
-    committed = os.path.join(synthetic.REPO, "results", "synthetic-first-long", "tables.md")
-    assert (tmp_path / "r" / "tables.md").read_text() == open(committed).read()  # the committed tables: this code's
-    assert after["rereport_run_info"]["git_sha"]
 
 
 def test_a_report_cut_short_leaves_no_summary_json_and_a_finished_one_writes_it_last(tmp_path, monkeypatch):

@@ -1,0 +1,102 @@
+"""reproduce.py --rereport (lib/rereport.py): every committed results folder's summary.json and tables.md are what
+today's statistics give from the per-seed data the folder holds; a folder that lacks an input of its summary, or has
+an older layout, is refused in one line and left as it was. CPU only, no training."""
+import json
+import os
+import re
+import shutil
+
+import pytest
+
+import reproduce
+from lib.corpora import DataError
+from lib.rereport import rereport, section
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "results")
+REFUSED = {"cpu_char_pilot": "eval_long_theta, eval_long_dynamic_ntk can't be recomputed",  # not kept by the pilot
+           "synthetic-recall-noise": "lacks the column(s) setting, base"}  # written before those columns
+FOLDERS = sorted(d for d in os.listdir(RESULTS) if os.path.isfile(os.path.join(RESULTS, d, "summary.json")))
+
+
+def copy(name, tmp_path):
+    """The folder's own files copied, its subfolders' files linked (rereport writes only at the top: a write through
+    a link would change the committed file, so the top is copied)."""
+    src, dst = os.path.join(RESULTS, name), tmp_path / name
+    dst.mkdir()
+    for entry in os.listdir(src):
+        path = os.path.join(src, entry)
+        if os.path.isdir(path):
+            shutil.copytree(path, dst / entry, copy_function=os.symlink)
+        else:
+            shutil.copy2(path, dst / entry)
+    return dst
+
+
+def same(a, b, where=""):
+    """Equal, floats to 1e-12 (another machine's last bits), with the first place that differs named."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert sorted(a) == sorted(b), where
+        for k in a:
+            same(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            same(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) or isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-12, abs=1e-12, nan_ok=True), where
+    else:
+        assert a == b, where
+
+
+def computed(summary):  # the sections the statistics make, not the run's head
+    if "tasks_summary" in summary:
+        return {"rule": summary["rule"], "tasks_summary": summary["tasks_summary"]}
+    return {k: v for k, v in summary.items() if section(k)}
+
+
+def test_the_committed_folders_include_both_suites_and_the_refused_ones():
+    assert {"cpu", "cpu_char", "synthetic", *REFUSED} <= set(FOLDERS)
+
+
+@pytest.mark.parametrize("name", [d for d in FOLDERS if d not in REFUSED])
+def test_a_committed_summary_and_its_tables_are_what_todays_statistics_give_from_its_own_data(name, tmp_path):
+    dst = copy(name, tmp_path)
+    rereport(str(dst))
+    with open(os.path.join(RESULTS, name, "summary.json")) as f:
+        committed = json.load(f)
+    with open(dst / "summary.json") as f:
+        again = json.load(f)
+    same(computed(again), computed(committed))
+    head = lambda s: {k: v for k, v in s.items() if k not in computed(s) and k != "rereport_run_info"}
+    assert head(again) == head(committed) and head(again)  # the run's head kept as the run wrote it
+    assert again["rereport_run_info"]["git_sha"]
+    with open(os.path.join(RESULTS, name, "tables.md")) as f:
+        assert (dst / "tables.md").read_text() == f.read()  # the numbers RESULTS.md quotes, to their last digit
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_a_folder_lacking_an_input_of_its_summary_is_refused_by_name_and_left_byte_for_byte(name, tmp_path):
+    dst = copy(name, tmp_path)
+    before = {p: (dst / p).read_bytes() for p in os.listdir(dst) if (dst / p).is_file()}
+    with pytest.raises(DataError, match=re.escape(REFUSED[name])):
+        rereport(str(dst))
+    assert {p: (dst / p).read_bytes() for p in os.listdir(dst) if (dst / p).is_file()} == before
+    assert sorted(os.listdir(tmp_path)) == [name]  # and no scratch folder left beside it
+
+
+def test_the_command_line_rereports_a_folder_alone_and_refuses_other_options_and_a_folder_without_summary(
+        tmp_path, capsys):
+    dst = copy("synthetic-first-long", tmp_path)
+    reproduce.main(["--rereport", str(dst) + "/"])
+    assert f"rereported: {dst / 'summary.json'}" in capsys.readouterr().out
+    assert "rereport_run_info" in json.loads((dst / "summary.json").read_text())
+    for argv, message in ((["--seeds", "3"], "error: --rereport takes no other option (--seeds)"),
+                          (["--commit-results"], "error: --rereport takes no other option (--commit-results)")):
+        with pytest.raises(SystemExit) as e:
+            reproduce.main(["--rereport", str(dst), *argv])
+        assert str(e.value).startswith(message)
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--rereport", str(tmp_path)])
+    assert str(e.value) == f"error: {tmp_path}: no summary.json; --rereport reads a results folder that " \
+                           "reproduce.py wrote"
