@@ -100,3 +100,29 @@ def test_the_command_line_rereports_a_folder_alone_and_refuses_other_options_and
         reproduce.main(["--rereport", str(tmp_path)])
     assert str(e.value) == f"error: {tmp_path}: no summary.json; --rereport reads a results folder that " \
                            "reproduce.py wrote"
+
+
+def test_cpu_rise_analyse_writes_the_committed_numbers_again_from_the_committed_rows(tmp_path, monkeypatch):
+    """results/cpu_rise/analyse.py from its committed per-seed rows (the rows' data path is relative: the english
+    corpus is prepared under tmp_path, where the script runs)."""
+    import subprocess, sys
+    from lib import compare, dataset
+    dataset.prepare("english", out_dir=str(tmp_path / "data"))
+    src = os.path.join(RESULTS, "cpu_rise")
+    got = subprocess.run([sys.executable, os.path.join(src, "analyse.py"), "--rows", src, "--out", str(tmp_path)],
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True)
+    assert got.returncode == 0, got.stderr
+    with open(os.path.join(src, "rise_summary.json")) as f:
+        same(json.loads((tmp_path / "rise_summary.json").read_text()), json.load(f))
+    for name in ("rise_by_seed.csv", "rise_paired.csv"):
+        committed, again = compare.read_csv(os.path.join(src, name)), compare.read_csv(str(tmp_path / name))
+        assert [list(r) for r in again] == [list(r) for r in committed] and len(again) == len(committed)
+        for a, b in zip(again, committed):
+            same({k: number(v) for k, v in a.items()}, {k: number(v) for k, v in b.items()})
+
+
+def number(v):
+    try:
+        return float(v)
+    except ValueError:
+        return v

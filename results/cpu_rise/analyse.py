@@ -97,6 +97,12 @@ def main():
     a = p.parse_args()
     seeds = sorted(int(os.path.basename(d)[1:]) for d in glob.glob(os.path.join(a.rows, "s*"))
                    if os.path.isfile(os.path.join(d, "summary.json")))
+    if not seeds:
+        sys.exit(f"error: --rows {a.rows}: no s<seed>/summary.json of eval_rows.py in it")
+    rows_summary = json.load(open(os.path.join(a.rows, f"s{seeds[0]}", "summary.json")))
+    data = rows_summary["sequences"]["data"]  # checked before anything is written: the bigram baseline reads it
+    if not os.path.isfile(os.path.join(data, "train.bin")):
+        sys.exit(f"error: {data}/train.bin is not there: run `python prepare_data.py {os.path.basename(data)}` first")
     table, curves = [], {}
     for seed in seeds:
         pp = per_position(os.path.join(a.rows, f"s{seed}", "per_position.csv"))
@@ -154,9 +160,8 @@ def main():
         os.path.join(a.rows, f"s{seed}", "per_sequence.csv")).values()])
     cc = np.corrcoef(per_window)
     window_corr = float(cc[np.triu_indices(len(cc), 1)].mean()) if len(cc) > 1 else np.nan
-    rows_summary = json.load(open(os.path.join(a.rows, f"s{seeds[0]}", "summary.json")))
     starts = np.array(rows_summary["sequences"]["starts"])
-    bg = bigram_rise(rows_summary["sequences"]["data"], starts)
+    bg = bigram_rise(data, starts)
     bigram = dict(gate=compare.bootstrap_ci(bg[:GATE]), fresh=compare.bootstrap_ci(bg[GATE:]),
                   r_with_model_rise=corr(bg, per_window.mean(0)))
     with open(os.path.join(a.out, "rise_summary.json"), "w") as f:
