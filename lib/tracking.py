@@ -170,9 +170,9 @@ def plot_losses(out_dir, title):
 
 
 # bf16 dense peak FLOP/s by device name, the first key the name contains: the PCIe and NVL cards before "H100" (the
-# SXM's "NVIDIA H100 80GB HBM3"), "A100" before "A10", "L40S" and "L40" before "L4"
+# SXM's "NVIDIA H100 80GB HBM3"), "GH200" before "H200", "A100" before "A10", "L40S" and "L40" before "L4"
 PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H800 PCIe": 756e12, "H100 NVL": 835e12,
-                   "H100": 989e12, "H200": 989e12, "H800": 989e12, "GH200": 989e12, "B200": 2250e12,
+                   "H100": 989e12, "GH200": 989e12, "H200": 989e12, "H800": 989e12, "B200": 2250e12,
                    "A100": 312e12, "A800": 312e12, "L40S": 362e12, "L40": 181e12, "L4": 121e12, "A10G": 125e12,
                    "A10": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12, "T4": 65e12}
 

@@ -59,6 +59,16 @@ def test_mfu_is_none_for_a_run_on_the_cpu_of_a_machine_with_a_gpu(monkeypatch):
     assert tracking.mfu(model, 1e6, 32, device="cuda:0") == pytest.approx(6e12 / 989e12)
 
 
+def test_every_peak_flops_entry_is_the_one_a_device_with_that_name_finds(monkeypatch):
+    """The first key a device's name contains wins: a key after one it contains ("GH200" after "H200") is never read."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    model = types.SimpleNamespace(flops_per_token=lambda T: 1.0)
+    for key, peak in tracking.PEAK_BF16_FLOPS.items():
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: f"NVIDIA {key} 80GB")
+        assert next(k for k in tracking.PEAK_BF16_FLOPS if k in f"NVIDIA {key} 80GB") == key
+        assert tracking.mfu(model, 1.0, 32) == 1 / peak
+
+
 def test_memory_available_is_the_least_of_meminfo_and_each_cgroups_room_in_bytes(monkeypatch):
     files = {"/proc/meminfo": "MemTotal:       16000000 kB\nMemAvailable:    8000000 kB\n",
              "/sys/fs/cgroup/memory.max": "6000000000\n", "/sys/fs/cgroup/memory.current": "1000000000\n"}
