@@ -1,7 +1,7 @@
 """reproduce.py --rereport (lib/rereport.py): every committed results folder's summary.json and tables.md are what
 today's statistics give from the per-seed data the folder holds; a folder that lacks an input of its summary, or has
-an older layout, is refused in one line and left as it was; each accuracy.csv is the mean of its per-prompt rows.
-CPU only, no training."""
+an older layout, is refused in one line and left as it was; cpu_rise's analyse.py writes its committed numbers
+again. CPU only, no training (test_committed_rows.py: one level down, each per-seed file against its rows)."""
 import json
 import os
 import re
@@ -128,26 +128,3 @@ def number(v):
     except ValueError:
         return v
 
-
-@pytest.mark.parametrize("name", [d for d in FOLDERS if os.path.isfile(os.path.join(RESULTS, d, "per_prompt.csv.gz"))])
-def test_a_committed_accuracy_csv_is_the_mean_of_its_per_prompt_rows(name):
-    """Each row of accuracy.csv (one run at one length) against the prompts it was graded from: n, accuracy (the
-    share correct) and the mean answer loss, or for linear the MSE (its per-prompt answer_loss is the squared error)."""
-    import csv, gzip
-    from lib import compare
-    with gzip.open(os.path.join(RESULTS, name, "per_prompt.csv.gz"), "rt", newline="") as f:
-        prompts = {}
-        for r in csv.DictReader(f):
-            key = (r["task"], r["setting"], r["seed"], r["length"], r["condition"], r["rope"])
-            prompts.setdefault(key, []).append(r)
-    rows = compare.read_csv(os.path.join(RESULTS, name, "accuracy.csv"))
-    assert len(rows) == len(prompts)  # no run graded but not reported, none reported but not graded
-    for a in rows:
-        got = prompts[a["task"], a["setting"], a["seed"], a["length"], a["condition"], a["rope"]]
-        loss = sum(float(p["answer_loss"]) for p in got) / len(got)
-        assert int(a["n"]) == len(got) == len({p["prompt_id"] for p in got}), a["model"]
-        if a["mse"]:
-            assert float(a["mse"]) == pytest.approx(loss, rel=1e-12) and a["accuracy"] == "", a["model"]
-        else:
-            assert float(a["accuracy"]) == pytest.approx(sum(float(p["correct"]) for p in got) / len(got), abs=1e-12)
-            assert float(a["loss"]) == pytest.approx(loss, rel=1e-12), a["model"]
