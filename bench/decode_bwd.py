@@ -31,6 +31,10 @@ def main(argv=None):
     ap.add_argument("--H", type=int, default=2)
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args(argv)
+    if not (a.device == "cuda" and torch.cuda.is_available() or a.device == "cpu" and kernels.INTERPRET):
+        raise SystemExit(f"error: --device {a.device}: bench/decode_bwd.py runs the Triton kernels on a CUDA GPU, or "
+                         f"on the cpu under TRITON_INTERPRET=1 (tiny shapes); this machine has "
+                         f"{'a' if torch.cuda.is_available() else 'no'} CUDA GPU")
     g = torch.Generator().manual_seed(0)
     q, k, v, do = (torch.randn(1, a.H, t, a.D, generator=g) for t in (1, a.offset + 1, a.offset + 1, 1))
     q, k, v, do = (x.to(a.device, torch.bfloat16) for x in (q, k, v, do))

@@ -5,6 +5,8 @@ import importlib.util
 import os
 import types
 
+import torch
+
 from conftest import one_line_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -119,3 +121,6 @@ def test_decode_backward_diagnostic_prints_a_row_per_config_and_run_and_restores
                                             ("(32, 32, 4, 1)", "0"), ("(32, 32, 4, 1)", "1")]
     assert all(float(r[5]) < 2e-2 for r in rows)  # dk against float64, relative to its largest entry
     assert decode_bwd.kernels._attn_bwd_dkdv_tuned is tuned
+    if not torch.cuda.is_available():  # gpu.sh's `decode` step run where there is no GPU: one line, not a traceback
+        assert "--device cuda: bench/decode_bwd.py runs the Triton kernels on a CUDA GPU" in \
+            one_line_error(decode_bwd.main, [])
