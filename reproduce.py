@@ -100,7 +100,7 @@ def main(argv=None):
             sys.exit(f"error: --rereport takes no other option ({', '.join(given)}): it reads the folder's own data")
         try:
             return importlib.import_module("lib.rereport").rereport(a.rereport)
-        except DataError as e:
+        except (DataError, FolderError) as e:
             sys.exit(f"error: {e}")
     synthetic = importlib.import_module("lib.synthetic") if a.suite == "synthetic" else None
     check(a, synthetic)

@@ -12,6 +12,7 @@ import json, os, tempfile
 from lib import compare, report, synthetic_report
 from lib.checkpoint import run_info
 from lib.corpora import DataError
+from lib.folders import held
 from lib.lm_suite import COPY_RUNS
 
 # what synthetic_report.summarize reads of each accuracy.csv row (setting and base: the suite since 2026-11-26)
@@ -27,9 +28,10 @@ def rereport(results):
     path = os.path.join(results, "summary.json")
     if not os.path.isfile(path):
         raise DataError(f"{results}: no summary.json; --rereport reads a results folder that reproduce.py wrote")
-    with open(path) as f:
-        old = json.load(f)
-    (synthetic if "tasks_summary" in old else lm)(results, old)
+    with held(results, "a reproduction's results"):  # never beside a reproduction writing the same folder
+        with open(path) as f:
+            old = json.load(f)
+        (synthetic if "tasks_summary" in old else lm)(results, old)
     print(f"rereported: {path}")
 
 
@@ -55,7 +57,8 @@ def lm(results, old):
                  val_loss=float(r["val_loss"])) for r in compare.read_csv(losses)]
     head = {k: v for k, v in old.items() if not section(k)}
     # the folder is written only once every section is made again; beside it, so that os.replace is one step
-    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(results))) as tmp:
+    with tempfile.TemporaryDirectory(prefix=f".{os.path.basename(results)}.rereport-",
+                                     dir=os.path.dirname(os.path.abspath(results))) as tmp:
         for name in os.listdir(results):  # summarize reads s<seed>/ and needle/, and writes beside them
             if os.path.isdir(os.path.join(results, name)):
                 os.symlink(os.path.abspath(os.path.join(results, name)), os.path.join(tmp, name))

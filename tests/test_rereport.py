@@ -86,6 +86,16 @@ def test_a_folder_lacking_an_input_of_its_summary_is_refused_by_name_and_left_by
     assert sorted(os.listdir(tmp_path)) == [name]  # and no scratch folder left beside it
 
 
+def test_a_folder_a_reproduction_is_writing_is_refused_untouched(tmp_path):
+    from lib.folders import FolderError, held
+    dst = copy("synthetic-first-long", tmp_path)
+    before = (dst / "summary.json").read_bytes()
+    with held(str(dst), "a reproduction's results"):  # as lm_suite and synthetic hold it while they write
+        with pytest.raises(FolderError, match="is in use: a reproduction's results is being written by process"):
+            rereport(str(dst))
+    assert (dst / "summary.json").read_bytes() == before
+
+
 def test_the_command_line_rereports_a_folder_alone_and_refuses_other_options_and_a_folder_without_summary(
         tmp_path, capsys):
     dst = copy("synthetic-first-long", tmp_path)
