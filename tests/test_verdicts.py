@@ -1,4 +1,5 @@
-"""results/cpu_char/verdicts.py: the pre-registered decision rule, cell by cell and claim by claim."""
+"""results/cpu_char's scripts: verdicts.py's pre-registered decision rule, cell by cell and claim by claim; explore.py;
+retrain_losses.py (the recorded commands it reruns); each refuses bad input in one line."""
 import importlib.util
 import os
 
@@ -98,3 +99,37 @@ def test_explore_texts_as_the_unit_average_each_text_over_the_seeds(tmp_path):
                 w.writerow(["fox", "native", "2x", 2, 500, 9.0])  # a text only one seed read: left out
     T = explore.text_windows(str(tmp_path), [1, 2], "theta")
     np.testing.assert_allclose(T["fox", "native", "2x"], [1.2, 3.2])  # per text, the mean of its two seeds
+
+
+def test_retrain_losses_runs_each_seeds_recorded_training_commands_and_keeps_their_logs(monkeypatch):
+    """retrain_losses.py (it had rotted: it imported a step runner lib/runs.py no longer has) with a stand-in for the
+    step runner: the three training steps of steps.jsonl, first recorded run each, one core, then the kept logs."""
+    import json
+    retrain = load("retrain_losses")
+    here = os.path.join(REPO, "results", "cpu_char")
+    first = {}
+    for line in open(os.path.join(here, "steps.jsonl")):
+        r = json.loads(line)
+        first.setdefault(r["step"], r["command"].split(" "))
+    ran, kept = [], []
+    steps = type("Steps", (), {"run": lambda self, name, cmd, threads=None: ran.append((name, cmd, threads))})()
+    monkeypatch.setattr(retrain, "keep_train_log", lambda *a: kept.append(a))
+    retrain.retrain(1339, steps)
+    assert ran == [(f"re{n} (seed 1339, its log was lost)", first[f"{n} (seed 1339)"], 1) for n in retrain.STEPS]
+    out_dir = next(a.split("=", 1)[1].strip("'") for a in first["train ssa (seed 1339)"] if a.startswith("out_dir="))
+    assert kept == [(os.path.dirname(out_dir), ["softmax", "ssa"], os.path.join(here, "s1339", "train_log.csv.gz"))]
+    with pytest.raises(retrain.StepError, match="records no step 'train softmax to the switch \\(seed 999\\)'"):
+        retrain.retrain(999, steps)
+
+
+@pytest.mark.parametrize("script, argv, message", [
+    ("verdicts", ["--summary", "none.json"], "error: --summary none.json: no such file"),
+    ("explore", ["--bogus"], "error: unrecognized arguments: --bogus"),  # it had run, ignoring it, and rewritten
+    ("retrain_losses", ["--seeds", "999"], "error: --seeds 999: "),
+])
+def test_the_cpu_char_scripts_refuse_bad_input_in_one_line_before_writing(script, argv, message, tmp_path):
+    import subprocess, sys
+    got = subprocess.run([sys.executable, os.path.join(REPO, "results", "cpu_char", f"{script}.py"), *argv],
+                         cwd=tmp_path, capture_output=True, text=True)
+    assert got.returncode != 0 and got.stderr.startswith(message) and len(got.stderr.strip().splitlines()) == 1
+    assert os.listdir(tmp_path) == []

@@ -122,4 +122,8 @@ def main(results=HERE):
 
 
 if __name__ == "__main__":
-    print(main())
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.error = lambda message: sys.exit(f"error: {message}")  # one line, no usage dump
+    ap.add_argument("--results", default=HERE, help="the cpu_char results folder (default: this script's)")
+    print(main(ap.parse_args().results))

@@ -9,21 +9,23 @@ across machines). Then rerun reproduce.py (it trains nothing) and verdicts.py.
 import argparse, json, os, sys
 from concurrent.futures import ThreadPoolExecutor
 
-sys.path.insert(0, os.getcwd())  # run from the repo root
-from lib.runs import keep_train_log, step  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
+from lib.runs import StepError, Steps, keep_train_log  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = ("train softmax to the switch", "train softmax", "train ssa")  # the order reproduce.train_all ran them
 
 
-def retrain(seed):
+def retrain(seed, steps):
     recorded = {}
     for line in open(os.path.join(HERE, "steps.jsonl")):
         r = json.loads(line)
         recorded.setdefault(r["step"], r["command"].split(" "))  # the first run of a step (reruns resumed it)
     for name in STEPS:
+        if f"{name} (seed {seed})" not in recorded:
+            raise StepError(f"--seeds {seed}: {HERE}/steps.jsonl records no step '{name} (seed {seed})'")
         cmd = recorded[f"{name} (seed {seed})"]
-        step(f"re{name} (seed {seed}, its log was lost)", cmd, HERE, threads=1)
+        steps.run(f"re{name} (seed {seed}, its log was lost)", cmd, threads=1)  # logged in steps.jsonl
     runs = next(a.split("=", 1)[1].strip("'") for a in recorded[f"train ssa (seed {seed})"] if a.startswith("out_dir="))
     keep_train_log(os.path.dirname(runs), ["softmax", "ssa"], os.path.join(HERE, f"s{seed}", "train_log.csv.gz"))
 
@@ -32,5 +34,9 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[1339, 1340])
     a = p.parse_args()
-    with ThreadPoolExecutor(len(a.seeds)) as pool:
-        list(pool.map(retrain, a.seeds))
+    steps = Steps(HERE)
+    try:
+        with ThreadPoolExecutor(len(a.seeds)) as pool:
+            list(pool.map(lambda seed: retrain(seed, steps), a.seeds))
+    except StepError as e:
+        sys.exit(f"error: {e}")

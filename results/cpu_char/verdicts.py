@@ -17,7 +17,7 @@ import argparse, json, os, sys
 
 import numpy as np
 
-sys.path.insert(0, os.getcwd())  # run from the repo root
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 from lib import compare  # noqa: E402
 
 MIN_SEEDS, ALPHA = 10, 0.05
@@ -227,9 +227,11 @@ def figure(v, path, xlabel="paired difference, signed so that the paper's expect
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    ap.add_argument("--summary", default=os.path.join("results", "cpu_char", "summary.json"))
+    ap.add_argument("--summary", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "summary.json"))
     ap.add_argument("--out", default=None, help="folder for verdicts.md/.json (default: the summary's)")
     a = ap.parse_args()
+    if not os.path.isfile(a.summary):
+        sys.exit(f"error: --summary {a.summary}: no such file (reproduce.py's summary.json of the cpu_char scale)")
     with open(a.summary) as f:
         v = decide(json.load(f))
     out = a.out or os.path.dirname(a.summary)

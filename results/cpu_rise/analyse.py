@@ -13,7 +13,7 @@ import argparse, csv, glob, gzip, json, os, sys
 
 import numpy as np
 
-sys.path.insert(0, os.getcwd())  # run from the repo root
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 from lib import compare  # noqa: E402
 
 A, B = (17, 32), (33, 128)
