@@ -26,5 +26,5 @@ What the scripts share; nothing here is run directly.
     synthetic.py          the synthetic suite's runs in worker processes, reuse and refusal of finished steps
     synthetic_report.py   the suite's statistics with the seed as the unit, verdicts, summary.json, tables.md
     synthetic_figures.py  the suite's figures
-    rereport.py           a results folder's summary.json and tables.md again from its own data (reproduce.py --rereport)
+    rereport.py           a results folder's summary.json and tables.md again from its data (reproduce.py --rereport)
 """

@@ -11,7 +11,7 @@ The rule applies no correction for multiple comparisons, and its verdicts stand 
 being its cells' largest (the intersection-union test behind "reproduced only if every cell is") or, for
 "contradicted if one cell is", the smallest contradicting cell's p times the claim's cells (Bonferroni within it).
 
-    .venv/bin/python results/cpu_char/verdicts.py [--summary results/cpu_char/summary.json]   # -> verdicts.md/.json/.png
+    .venv/bin/python results/cpu_char/verdicts.py [--summary results/cpu_char/summary.json]  # -> verdicts.md/.json/.png
 """
 import argparse, json, os, sys
 
