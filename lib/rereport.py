@@ -69,6 +69,6 @@ def lm(results, old):
         if lost:
             raise DataError(f"{results}/summary.json's {', '.join(lost)} can't be recomputed: their per-seed inputs "
                             f"(s<seed>/...) are not in the folder; it is left as it was")
-        made = sorted(n for n in os.listdir(tmp) if not os.path.islink(os.path.join(tmp, n)))
+        made = [n for n in os.listdir(tmp) if not os.path.islink(os.path.join(tmp, n))]
         for name in sorted(made, key=lambda n: n == "summary.json"):  # summary.json last: what RESULTS.md reads
             os.replace(os.path.join(tmp, name), os.path.join(results, name))

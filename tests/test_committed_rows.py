@@ -96,16 +96,12 @@ def test_the_copy_gates_losses_and_ratio_by_distance_are_its_per_sequence_losses
 def test_a_committed_accuracy_csv_is_the_mean_of_its_per_prompt_rows(name):
     """Each row of accuracy.csv (one run at one length) against the prompts it was graded from: n, accuracy (the
     share correct) and the mean answer loss, or for linear the MSE (its per-prompt answer_loss is the squared error)."""
-    import csv, gzip
-    from lib import compare
-    with gzip.open(os.path.join(RESULTS, name, "per_prompt.csv.gz"), "rt", newline="") as f:
-        prompts = {}
-        for r in csv.DictReader(f):
-            key = (r["task"], r["setting"], r["seed"], r["length"], r["condition"], r["rope"])
-            prompts.setdefault(key, []).append(r)
-    rows = compare.read_csv(os.path.join(RESULTS, name, "accuracy.csv"))
-    assert len(rows) == len(prompts)  # no run graded but not reported, none reported but not graded
-    for a in rows:
+    prompts = defaultdict(list)
+    for r in rows(os.path.join(RESULTS, name, "per_prompt.csv.gz")):
+        prompts[r["task"], r["setting"], r["seed"], r["length"], r["condition"], r["rope"]].append(r)
+    reported = compare.read_csv(os.path.join(RESULTS, name, "accuracy.csv"))
+    assert len(reported) == len(prompts)  # no run graded but not reported, none reported but not graded
+    for a in reported:
         got = prompts[a["task"], a["setting"], a["seed"], a["length"], a["condition"], a["rope"]]
         loss = sum(float(p["answer_loss"]) for p in got) / len(got)
         assert int(a["n"]) == len(got) == len({p["prompt_id"] for p in got}), a["model"]
