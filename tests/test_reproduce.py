@@ -36,11 +36,22 @@ def test_every_variant_trained_from_scratch_has_settings_that_build_a_model(vari
     assert args["scorer"] == over["scorer"]
 
 
-def test_two_seeds_every_evaluation_and_a_rerun_that_skips_finished_steps(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # data/, out-repro-toy/ and out-results/toy/ are written under the cwd
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory):
+    """The toy's reproduction of seeds 1 and 2, made once for this file's tests (each step is a fresh process: ~4 s
+    of imports): the folder it ran in, which holds data/, out-repro-toy/ and out-results/toy/."""
+    root = tmp_path_factory.mktemp("toy")
+    with pytest.MonkeyPatch.context() as m:
+        m.chdir(root)
+        m.setitem(reproduce.SCALES, "toy", TOY)
+        reproduce.main(["--scale", "toy", "--seeds", "1", "2"])
+    return root
+
+
+def test_two_seeds_every_evaluation_and_a_rerun_that_skips_finished_steps(toy_run, monkeypatch):
+    monkeypatch.chdir(toy_run)  # data/, out-repro-toy/ and out-results/toy/ are written under the cwd
     monkeypatch.setitem(reproduce.SCALES, "toy", TOY)
-    reproduce.main(["--scale", "toy", "--seeds", "1", "2"])
-    res = tmp_path / "out-results" / "toy"  # untracked: results/ only with --commit-results
+    res = toy_run / "out-results" / "toy"  # untracked: results/ only with --commit-results
     steps = [json.loads(line)["step"] for line in open(res / "steps.jsonl")]
     for seed in (1, 2):
         assert {f"train {v} (seed {seed})" for v in ("ssmax", "lssar")} <= set(steps)
@@ -48,7 +59,7 @@ def test_two_seeds_every_evaluation_and_a_rerun_that_skips_finished_steps(tmp_pa
     assert {f"sft {v}" for v in SUBSET} <= set(steps)  # retrieval: the first seed's models only
 
     # each seed's (f) branch starts from its softmax run at the switch, (e) from its end
-    load = lambda s, v: torch.load(tmp_path / "out-repro-toy" / f"s{s}" / v / "ckpt.pt", weights_only=True)
+    load = lambda s, v: torch.load(toy_run / "out-repro-toy" / f"s{s}" / v / "ckpt.pt", weights_only=True)
     k = int(reproduce.SWITCH_AT * 8)
     for s in (1, 2):
         assert load(s, "softmax_at_switch")["iter_num"] == k and load(s, "softmax")["iter_num"] == 8
@@ -92,11 +103,46 @@ def test_two_seeds_every_evaluation_and_a_rerun_that_skips_finished_steps(tmp_pa
     assert len(open(res / "steps.jsonl").readlines()) == len(steps)
 
     # the runs folder is scratch (a new machine): the results alone resume, with no training and the same report
-    shutil.rmtree(tmp_path / "out-repro-toy")
+    shutil.rmtree(toy_run / "out-repro-toy")
     reproduce.main(["--scale", "toy", "--seeds", "1", "2"])
-    assert len(open(res / "steps.jsonl").readlines()) == len(steps) and not (tmp_path / "out-repro-toy").exists()
+    assert len(open(res / "steps.jsonl").readlines()) == len(steps) and not (toy_run / "out-repro-toy").exists()
     assert open(res / "train_loss.csv").read().splitlines() == rows
     assert json.load(open(res / "summary.json"))["losses"] == losses
+
+
+def test_summary_json_leaves_out_a_skipped_steps_outputs_made_with_other_training(toy_run, tmp_path, monkeypatch):
+    """A rerun at other training with --skip: summary.json holds only what was made as asked now (reproduce.py
+    --skip), and the records of the outputs it reads, not the command line, say which training that was."""
+    for folder in ("data", "out-results"):  # the toy run's results at 8 iterations (not its runs: 12 trains afresh)
+        shutil.copytree(toy_run / folder, tmp_path / folder)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(reproduce.SCALES, "toy", TOY)
+    args = ["--scale", "toy", "--seeds", "1"]
+    res = tmp_path / "out-results" / "toy"
+    first = json.load(open(res / "summary.json"))
+    retrieval = ("needle", "passkey", "needle_score_trials", "needle_scores")
+    assert all(k in first for k in (*retrieval, "eval_long_theta"))
+    shutil.copytree(res / "needle", tmp_path / "needle_at_8")
+    skip = ["--skip", "eval_long", "needle", "passkey", "score"]
+    reproduce.main(args + ["--max_iters", "12", "--redo", *skip])  # the gate and the models at 12
+    got = json.load(open(res / "summary.json"))
+    assert not any(k in got for k in (*retrieval, "eval_long_theta", "eval_long_dynamic_ntk"))
+    # what the records of the outputs it reads say (not "recorded": False, as records of 8 and 12 gave)
+    assert got["config"]["train"]["max_iters"] == 12 and "recorded" not in got["config"]
+    assert first["skipped"] == {}
+    assert got["skipped"]["needle"].startswith("removed (--redo): made with other settings (train.train.max_iters "
+                                               "8 -> 12")
+    assert set(got["skipped"]) == {"needle", "needle scores", "passkey", "eval_long theta (seed 1)",
+                                   "eval_long dynamic_ntk (seed 1)"}
+    assert not (res / "needle" / "needle.json").exists() and not (res / "s1" / "eval_long_theta").exists()
+    assert not list(res.glob("eval_long_*_differences.png"))  # no figure of the 8-iteration models either
+    # the 8-iteration outputs back (a copied results folder): without --redo they stay, out of the summary
+    shutil.copytree(tmp_path / "needle_at_8", res / "needle", dirs_exist_ok=True)
+    reproduce.main(args + ["--max_iters", "12", *skip])
+    got = json.load(open(res / "summary.json"))
+    assert not any(k in got for k in retrieval) and (res / "needle" / "needle.json").exists()
+    assert got["skipped"]["passkey"].startswith("left out of the summary: made with other settings")
+    assert got["skipped"]["eval_long theta (seed 1)"] == "not made"
 
 
 def test_context_gates_on_a_hand_made_curve():
