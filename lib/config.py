@@ -127,16 +127,18 @@ def run_config(path, seen=()):
         return assigned
     base_path = os.path.join(os.path.dirname(path), str(base))
     if not (isinstance(base, str) and base.endswith(".py") and os.path.isfile(base_path)) or base_path in seen:
-        raise TrainError(f"config file {path}: base={base!r} must name another config file (.py) in its folder, "
-                         "not one that leads back to it")
+        why = ("leads back to it" if base_path in seen else "is not a .py file" if not str(base).endswith(".py")
+               else f"is no such file in {os.path.dirname(path) or '.'}")
+        raise TrainError(f"config file {path}: base={base!r} must name another config file (.py) in its folder; "
+                         f"this one {why}")
     inherited = run_config(base_path, (*seen, path))  # its overwrite=True covers its own out_dir, never the child's
     return {**{k: v for k, v in inherited.items() if k != "overwrite" or "out_dir" not in assigned}, **assigned}
 
 
 def parse_args(argv):
     """CONFIG.py files and key=value overrides -> {field: value} of what they set, applied in order. A config file's
-    overwrite=True applies only to the out_dir that file names: `configs/cpu_quick.py out_dir=<a trained run>` is
-    refused, and so is a file that names none."""
+    overwrite=True applies only to the out_dir that file names (`out-quick` and `./out-quick` are one):
+    `configs/cpu_quick.py out_dir=<another trained run>` is refused, and so is a file that names none."""
     explicit, own_dir = {}, None  # own_dir: where a file's overwrite=True applies
     for arg in argv:
         if "=" in arg:
@@ -156,7 +158,8 @@ def parse_args(argv):
                 own_dir = assigned.get("out_dir", "")
         else:
             raise TrainError(f"argument {arg!r} is neither an existing config file (.py) nor key=value")
-    if own_dir is not None and explicit.get("out_dir", _TrainFields.out_dir) != own_dir:
+    same = lambda a, b: os.path.realpath(str(a)) == os.path.realpath(str(b))  # one folder however spelled
+    if own_dir is not None and not (own_dir and same(explicit.get("out_dir", _TrainFields.out_dir), own_dir)):
         explicit.pop("overwrite")
     return explicit
 

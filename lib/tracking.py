@@ -118,6 +118,8 @@ def announce(cfg, model, run, tokens_per_iter, data, info=None):
     print(f"{model.get_num_params() / 1e6:.2f}M parameters, {run.world} process(es), {tokens_per_iter:,} tokens per "
           f"iteration, device {run.device}" + (f"; unigram entropy of train {data.unigram:.4f} nats" if data.unigram
                                                else "") + (f"; {epoch:.1f} iterations per epoch{sft}" if epoch else ""))
+    if cfg.resume and not run.resuming:  # a mistyped out_dir would otherwise start afresh unseen
+        print(f"resume=True: out_dir={cfg.out_dir!r} holds no ckpt.pt yet, so a new run starts there")
     if data.dir and not os.path.isfile(os.path.join(data.dir, "meta.json")):  # another tool's .bin files
         print(f"warning: {data.dir} has no meta.json: its ids are taken as GPT-2's (a character dataset needs the "
               f"meta.json that prepare_data.py writes)", file=sys.stderr)

@@ -93,8 +93,9 @@ def test_a_chain_of_bases_applies_the_deepest_first_and_a_cycle_or_non_py_base_i
     (tmp_path / "a.py").write_text('base = "c.py"\n')  # c -> b -> a -> c
     (tmp_path / "d.txt").write_text("n_layer = 2\n")
     (tmp_path / "e.py").write_text('base = "d.txt"\n')
-    for path in ("c.py", "e.py"):
-        assert "must name another config file (.py) in its folder" in error(str(tmp_path / path))
+    (tmp_path / "f.py").write_text('base = "nope.py"\n')
+    for path, why in (("c.py", "leads back to it"), ("e.py", "is not a .py file"), ("f.py", "is no such file")):
+        assert f"must name another config file (.py) in its folder; this one {why}" in error(str(tmp_path / path))
 
 
 def test_a_config_files_overwrite_without_an_out_dir_overwrites_nothing(tmp_path):

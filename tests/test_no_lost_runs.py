@@ -91,6 +91,9 @@ def test_a_config_files_overwrite_applies_only_to_its_own_out_dir(data_dir, fini
     assert train.parse_args([str(cfg), "overwrite=True", f"out_dir={out}"])["overwrite"] is True
     quick = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "cpu_quick.py")
     assert train.parse_args([quick])["overwrite"] and "overwrite" not in train.parse_args([quick, "out_dir=elsewhere"])
+    # the folder decides, not its spelling: "./out-quick" was refused where "out-quick" was replaced
+    assert train.parse_args([quick, "out_dir=./out-quick"])["overwrite"]
+    assert train.parse_args([str(cfg), f"out_dir={tmp_path / 'x' / '..' / 'own'}"])["overwrite"] is True
     msg = error_of([str(cfg), *args(data_dir, out, "scorer=ssmax", "max_iters=1")])
     assert "already holds a run" in msg and "overwrite=True" in msg
     assert snapshot(out) == before

@@ -35,6 +35,15 @@ def test_a_new_run_refuses_an_out_dir_holding_a_run_unless_resume_or_overwrite(d
     assert "is a file" in error_of(tiny_args(data_dir, tmp_path / "file", "max_iters=1"))
 
 
+def test_resume_true_on_an_out_dir_without_a_checkpoint_says_that_a_new_run_starts(data_dir, tmp_path, capsys):
+    # a mistyped out_dir with resume=True trained from iteration 0 without a word
+    train.main(tiny_args(data_dir, tmp_path / "typo", "max_iters=1", "resume=True"))
+    assert f"resume=True: out_dir={str(tmp_path / 'typo')!r} holds no ckpt.pt yet, so a new run starts there" in (
+        capsys.readouterr().out)
+    train.main(tiny_args(data_dir, tmp_path / "typo", "max_iters=2", "resume=True"))  # now it resumes: no such line
+    assert "holds no ckpt.pt yet" not in capsys.readouterr().out
+
+
 def test_best_pt_holds_what_evaluation_needs_and_is_smaller_than_ckpt_pt(data_dir, tmp_path):
     out = tmp_path / "out"
     train.main(tiny_args(data_dir, out, "max_iters=0"))  # one eval: the best
