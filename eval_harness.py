@@ -17,7 +17,7 @@ import argparse, json, os, sys, tempfile
 
 import torch
 
-from lib import folders, hf, hf_export
+from lib import folders, hf, hf_export, vocab
 from lib.checkpoint import CheckpointError, pick_device, read_checkpoint, run_info
 from lib.corpora import DataError
 
@@ -44,7 +44,7 @@ def evaluate(args, out):
     if unknown:
         raise ValueError(f"lm-eval has no task {', '.join(map(repr, unknown))}"
                          + ("" if args.include_path else " (a local task's YAML: --include_path)"))
-    ckpt = read_checkpoint(args.ckpt, mmap=True)
+    ckpt = vocab.language_model(args.ckpt, read_checkpoint(args.ckpt, mmap=True))  # a task run: said as such
     if ckpt.get("codec") is None:
         raise ValueError(f"{args.ckpt} stores no tokenizer (an older checkpoint): lm-eval needs one")
     device = pick_device(args.device)

@@ -243,11 +243,11 @@ def data_vocab(cfg, explicit, ckpt, data_dir):
     size = vocab_size(data_dir)
     if size is None or cfg.task or cfg.sft_data:
         return cfg
-    have, where = ((ckpt["model_args"]["vocab_size"], "the checkpoint's") if ckpt is not None else
-                   (explicit["vocab_size"], "vocab_size=") if "vocab_size" in explicit else (size, ""))
+    have = (ckpt["model_args"]["vocab_size"] if ckpt is not None else explicit.get("vocab_size", size))
     if not fits(have, size, read_meta(data_dir).get("tokenizer") == "hf"):
-        raise DataError(f"{where} vocabulary of {have:,} tokens does not match dataset={cfg.dataset!r}, whose "
-                        f"meta.json has {size:,}" + ("" if ckpt is not None else "; leave vocab_size unset"))
+        what = f"the checkpoint's vocabulary of {have:,} tokens" if ckpt is not None else f"vocab_size={have}"
+        raise DataError(f"{what} does not match dataset={cfg.dataset!r}, whose meta.json has {size:,}"
+                        + ("" if ckpt is not None else "; leave vocab_size unset"))
     return dataclasses.replace(cfg, vocab_size=have)
 
 def language_model(path, ckpt, data_dir=None):

@@ -86,6 +86,11 @@ def test_bad_options_no_tokenizer_and_an_unknown_task_are_one_error_line_and_def
         eval_harness.main, [path, "--tasks", "t1", "nosuch", "--out_dir", out])
     bare = ckpt(tmp_path / "bare.pt", codec=False)
     assert "stores no tokenizer" in one_line_error(eval_harness.main, [bare, "--tasks", "t1", "--out_dir", out])
+    task_run = ckpt(tmp_path / "task.pt", codec=False)  # a synthetic task's run: said as such, not "an older one"
+    ck = torch.load(task_run, weights_only=True)
+    save_checkpoint({**ck, "config": {"task": "recall"}}, task_run)
+    assert "is a run of task 'recall' (eval_tasks.py evaluates it), not a language model" in one_line_error(
+        eval_harness.main, [task_run, "--tasks", "t1", "--out_dir", out])
     assert not (tmp_path / "out").exists() and "evaluate" not in lm_eval[0]
     eval_harness.main([path, "--tasks", "t1", "--out_dir", out])  # the defaults: HFLM's length (its block_size)
     assert lm_eval[0]["hflm"]["max_length"] is None and lm_eval[0]["hflm"]["batch_size"] == 8
