@@ -29,8 +29,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import kernels_cpu
 import tasks
 from lib import cost, dataset, folders, longrange, sft, tracking, vocab
-from lib.checkpoint import (CheckpointError, build_model, check_out_dir, clear_out_dir, read_checkpoint, run_info,
-                            save_checkpoint)
+from lib.checkpoint import (CheckpointError, build_model, check_out_dir, clear_out_dir, read_checkpoint, rng_state,
+                            run_info, save_checkpoint, set_rng_state)
 from lib.config import TrainConfig, TrainError, model_config, parse_args, resolve, usage
 from lib.corpora import EMBEDDED
 from model import GPTConfig, convert_scorer
@@ -80,6 +80,8 @@ def setup(explicit):
         raise TrainError(str(e))
     run.source = path
     cfg = resolve(cfg, explicit, ckpt, run.resuming, world)
+    if ckpt is not None:  # its architecture and task before data or the cost check: no estimate of a refused model
+        model_config(cfg, explicit, ckpt, run.resuming)
     if not (cfg.task or cfg.sft_data):  # the dataset's vocabulary sizes the model; an embedded one is made here (local)
         if run.master and cfg.dataset in EMBEDDED:
             dataset.fetch(cfg.dataset, cfg.data_dir)
@@ -214,9 +216,7 @@ def train(explicit):
     iter_num, best_val_loss, resuming, master = 0, float("inf"), run.resuming, run.master
     if resuming:  # a switched scorer starts its own best.pt
         iter_num, best_val_loss = ckpt["iter_num"], float("inf") if switch else ckpt["best_val_loss"]
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        if run.device_type == "cuda" and ckpt["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
+        set_rng_state(ckpt["rng"], run.device_type)
         data.g.set_state(ckpt["data_state"]["generator"])
     pending_eval = ckpt if resuming and not switch and "eval" in ckpt else None  # its eval may lack its log line
     hf = ckpt and ckpt.get("hf")  # an imported model's source (config, BOS): its fine-tunes export with it
@@ -267,12 +267,10 @@ def train(explicit):
                 raise TrainError(f"eval loss {losses} at iter {iter_num}: {diverged()}")
             if master:
                 is_best, best_val_loss = losses["val"] < best_val_loss, min(best_val_loss, losses["val"])
-                rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if run.device_type == "cuda"
-                       else None}
                 state = {"model": raw_model.state_dict(), "model_args": asdict(raw_model.config), "config": asdict(cfg),
                          "optimizer": optimizer.state_dict(), "iter_num": iter_num, "best_val_loss": best_val_loss,
-                         "rng": rng, "data_state": {"generator": data.g.get_state()}, "run_info": info,
-                         "codec": data.codec, "hf": hf,
+                         "rng": rng_state(run.device_type), "data_state": {"generator": data.g.get_state()},
+                         "run_info": info, "codec": data.codec, "hf": hf,
                          "eval": {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
                                   "elapsed": time.time() - t_start, "is_best": is_best}}
                 save(run.ckpt_path, state)

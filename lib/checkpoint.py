@@ -68,6 +68,15 @@ def save_checkpoint(obj, path):
             raise OSError(f"cannot write {path}: {why}") from None
         raise
 
+def rng_state(device_type):
+    """The random states a checkpoint keeps for a resume (set_rng_state): torch's, and CUDA's on a GPU."""
+    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if device_type == "cuda" else None}
+
+def set_rng_state(rng, device_type):
+    torch.set_rng_state(rng["torch"])
+    if device_type == "cuda" and rng["cuda"] is not None:
+        torch.cuda.set_rng_state(rng["cuda"])
+
 class CheckpointError(ValueError):
     """A file that is not a checkpoint this code loads safely; the message is one line naming the file."""
 

@@ -187,6 +187,16 @@ def test_a_missing_sft_file_is_named_before_the_cpu_cost_check_counts_the_defaul
     assert "missing.jsonl' does not exist" in msg and "hours" not in msg
 
 
+def test_init_from_with_another_architecture_is_refused_before_the_cpu_cost_check_estimates_it(data_dir, tmp_path):
+    # configs/softmax.py's 162M model on a 1-layer checkpoint: the estimate ("1,861 hours ... allow_slow=True") came
+    # first, and allow_slow=True then met the refusal
+    src = tmp_path / "src"
+    train.main(lm(data_dir, src, "max_iters=1", "eval_interval=1"))
+    msg = one_line_error(train.main, lm(data_dir, tmp_path / "new", f"init_from={src / 'ckpt.pt'}", "n_layer=12",
+                                        "n_embd=768", "max_iters=1000000"))
+    assert "n_layer=12 differs from the checkpoint's 1" in msg and "hours" not in msg
+
+
 def test_a_checkpoint_from_before_a_key_was_recorded_finishes_its_cut_eval(data_dir, tmp_path):
     # best.pt takes BEST_KEYS from the checkpoint's state: one written before "hf" existed raised KeyError
     out = tmp_path / "run"
