@@ -185,7 +185,6 @@ def run(args, folder):  # the results to folder; returns the wandb table
         if device.type == "cuda":
             torch.cuda.empty_cache()
     bar.close()
-    print(f"wrote {args.out_dir}/per_sequence.csv, differences.csv/png, per_position.csv/png, summary.json")
     return table
 
 def main(argv=None):
@@ -235,6 +234,8 @@ def main(argv=None):
     try:
         with folders.results_dir(args.out_dir, OUTPUTS) as folder:
             table = run(args, folder)
+        made = [n for n in OUTPUTS if os.path.isfile(os.path.join(args.out_dir, n))]  # none was there before
+        print(f"wrote {args.out_dir}: {', '.join(made)}")  # one model: no differences.png; --fading: its files
         if args.wandb and table:  # into --out_dir, beside the results
             tracking.log_table(args.wandb_project, f"eval_long {args.rope_method} x{args.rope_scale:g}", table,
                                args.out_dir)

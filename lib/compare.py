@@ -169,10 +169,10 @@ def paired_differences(rows, baseline, n_boot=2000, seed=0):
     return out
 
 def wilson(k, n, z=1.96):
-    """95% Wilson score interval of k successes in n trials."""
+    """95% Wilson score interval of k successes in n trials, within [0, 1] (k = 0 gave -2.8e-17 in floats)."""
     p, d = k / n, 1 + z * z / n
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (p + z * z / (2 * n)) / d - half, (p + z * z / (2 * n)) / d + half
+    return max(0.0, (p + z * z / (2 * n)) / d - half), min(1.0, (p + z * z / (2 * n)) / d + half)
 
 def unique_labels(labels, paths):
     """Each checkpoint's label, a repeated one told apart by its place, run folder and file (one scorer twice, or a
@@ -294,4 +294,4 @@ def fading(out_dir):
     ax3.set(xlabel="z_max", ylabel="output at z_max", title="Fig. 3: logits (0, 1/(n-2), ..., 1, z_max)")
     ax1.legend(), ax3.legend(fontsize=7)
     fig.savefig(os.path.join(out_dir, "fading.png"), dpi=130)
-    print(f"fading: n = 10^6: softmax max {soft[-1]:.2e}, SSMax max {ssmax[-1]:.4f} -> {out_dir}/fading.png")
+    print(f"fading: n = 10^6: softmax max {soft[-1]:.2e}, SSMax max {ssmax[-1]:.4f}")  # out_dir: a temporary folder

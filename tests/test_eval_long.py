@@ -200,7 +200,7 @@ def test_baseline_picks_the_model_the_others_are_compared_to(ckpts, data_dir, tm
     assert "--baseline 'nope' is not one of the models: softmax, ssmax" in msg
 
 
-def test_the_baseline_alone_evaluates_without_a_difference_figure(ckpts, data_dir, tmp_path):
+def test_the_baseline_alone_evaluates_without_a_difference_figure(ckpts, data_dir, tmp_path, capsys):
     from lib import compare
     path = tmp_path / "eval_long_theta_differences.png"
     path.write_text("an earlier call's")  # eval_long with softmax only raised IndexError drawing it
@@ -208,7 +208,10 @@ def test_the_baseline_alone_evaluates_without_a_difference_figure(ckpts, data_di
     assert not path.exists()
     eval_long.main([ckpts["softmax"], "--data", data_dir, "--rope_method", "theta", "--rope_scale", "4", "--length",
                     str(2 * N), "--num_seqs", "2", "--batch_size", "2", "--out_dir", str(tmp_path / "ev")])
-    assert (tmp_path / "ev" / "summary.json").exists()
+    assert (tmp_path / "ev" / "summary.json").exists() and not (tmp_path / "ev" / "differences.png").exists()
+    wrote = capsys.readouterr().out.splitlines()[-1]  # it said differences.csv/png whatever it wrote
+    made = "per_position.csv, per_position.png, per_sequence.csv, differences.csv, summary.json"
+    assert wrote == f"wrote {tmp_path / 'ev'}: {made}"
 
 
 def test_bad_input_is_one_clear_error_line(ckpts, data_dir, tmp_path):

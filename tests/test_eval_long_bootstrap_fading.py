@@ -46,8 +46,10 @@ def test_bootstrap_ci_on_hand_cases():
     assert hi - lo > 0.5
 
 
-def test_fading_softmax_max_decays_ssmax_stays_near_one(tmp_path):
+def test_fading_softmax_max_decays_ssmax_stays_near_one(tmp_path, capsys):
     eval_long.main(["--fading", "--out_dir", str(tmp_path)])
+    # the files in --out_dir, not the temporary folder's path, and not files no model wrote
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {tmp_path}: fading.csv, fading_zmax.csv, fading.png"
     assert (tmp_path / "fading.png").stat().st_size > 10_000
     header, table = read_csv(tmp_path / "fading.csv")
     assert header == ["n", "softmax_max", "ssmax_max_s0.43"]

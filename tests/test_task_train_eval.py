@@ -24,7 +24,8 @@ def test_wilson_interval_matches_the_closed_form():
     lo, hi = compare.wilson(8, 10)
     assert lo == pytest.approx(0.4902, abs=1e-4) and hi == pytest.approx(0.9433, abs=1e-4)
     lo, hi = compare.wilson(0, 20)
-    assert lo == pytest.approx(0.0, abs=1e-12) and hi == pytest.approx(0.1611, abs=1e-4)
+    assert lo == 0.0 and hi == pytest.approx(0.1611, abs=1e-4)  # not -2.8e-17: within [0, 1]
+    assert all(0.0 <= x <= 1.0 for k in range(65) for x in compare.wilson(k, 64))
 
 
 # ----------------------------------------------------------------------------------------------------------------
