@@ -68,7 +68,8 @@ def stream_docs(source, files, text_field, hf_split):
         rows = iter(datasets.load_dataset(**kwargs, streaming=True))
         first = next(rows, None)
     except Exception as e:  # offline, unknown or unreadable: one line
-        hint = "" if files else "; offline, train on the embedded corpus instead: dataset=english"
+        hint = "" if files else ("; offline, prepare local files (.txt, .jsonl, .parquet) instead, or train a GPT-2-"
+                                 "token model on the embedded corpus: dataset=english")  # an import's tokenizer too
         raise DataError(f"cannot load {source!r}: {first_line(e)}{hint}")
     if first is None:
         raise DataError(f"{source!r} has no rows")

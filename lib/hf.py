@@ -28,8 +28,11 @@ class ConvertError(Exception):
 
 
 def cause(e):
-    """A library's exception as one short line: its type and its message's first line (which may be empty)."""
-    first = (str(e).strip().splitlines() or [""])[0][:120]
+    """A library's exception as one short line: its type and its message's first sentence (which may be empty), cut
+    at a word past 200 characters (a cut at 120 ended huggingface_hub's offline message in "traffic has ")."""
+    first = (str(e).strip().splitlines() or [""])[0].split(". ")[0]
+    if len(first) > 200:  # at the last word that fits
+        first = first[:first.rfind(" ", 0, 200) if " " in first[:200] else 200] + " ..."
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 

@@ -66,4 +66,8 @@ def test_an_export_refuses_gpt2_bpe_files_whose_hash_differs(monkeypatch):
 def test_a_librarys_error_is_named_by_its_type_and_its_messages_first_line_even_an_empty_one():
     assert lib_hf.cause(ValueError("\n  bad header\nsecond line")) == "ValueError: bad header"
     assert lib_hf.cause(Exception()) == "Exception"  # str(e) == "": there is no first line to index
-    assert lib_hf.cause(OSError("x" * 200)) == "OSError: " + "x" * 120
+    assert lib_hf.cause(OSError("x" * 300)) == "OSError: " + "x" * 200 + " ..."
+    offline = ("Cannot find an appropriate cached snapshot folder for the specified revision on the local disk and "
+               "outgoing traffic has been disabled. To enable repo look-ups and downloads online, set ...")
+    assert lib_hf.cause(OSError(offline)) == "OSError: " + offline.split(". ")[0]  # a sentence, not cut mid-way
+    assert lib_hf.cause(OSError("word " * 60)).endswith("word word ...") and len(lib_hf.cause(OSError("w " * 200))) < 215
