@@ -158,6 +158,8 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
         if not force and is_up_to_date(data_dir, args):
             print(f"{data_dir} is up to date")
             return data_dir
+        if not force and os.path.isfile(os.path.join(data_dir, "meta.json")):  # its runs' checkpoints may not read it
+            print(f"{data_dir} holds a dataset made from other files or settings (meta.json's args): made again")
         try:
             return _build(data_dir, args, source, files, hf or tokenizer, text_field, hf_split, val_frac, seed,
                           max_tokens)

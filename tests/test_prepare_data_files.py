@@ -42,8 +42,9 @@ def test_rebuilds_when_args_or_files_change(tmp_path, capsys):
     before = mtimes(d)
     pdata.prepare(str(src), out_dir=str(tmp_path))
     assert "up to date" in capsys.readouterr().out and mtimes(d) == before
-    pdata.prepare(str(src), out_dir=str(tmp_path), seed=7)  # other args: rebuilt
-    assert "up to date" not in capsys.readouterr().out
+    pdata.prepare(str(src), out_dir=str(tmp_path), seed=7)  # other args: rebuilt, and said (a char dataset became BPE)
+    assert f"{d} holds a dataset made from other files or settings (meta.json's args): made again" in (
+        capsys.readouterr().out)
     with open(os.path.join(d, "val.bin"), "ab") as f:  # a damaged .bin no longer matches meta.json: rebuilt
         f.write(b"\0\0")
     pdata.prepare(str(src), out_dir=str(tmp_path), seed=7)
