@@ -73,8 +73,9 @@ def _generic(q, k, v, scorer, p, params):  # kernels_cpu without its hand-writte
         return kernels_cpu.attention(q, k, v, scorer, p=p, **params)
 
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.error = lambda message: sys.exit(f"error: {message}")  # one line, no usage dump
     ap.add_argument("--T", type=int, nargs="+", default=[256, 1024, 2048])
     ap.add_argument("--scorers", nargs="+", default=list(model.SCORERS), choices=model.SCORERS)
     ap.add_argument("--reference", action="store_true", help="also time backend=torch (the reference; slow)")
@@ -86,8 +87,16 @@ if __name__ == "__main__":
     ap.add_argument("--train_block", type=int, default=1024, help="block_size of the training steps")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's own); 1 on a CPU shared with others")
     ap.add_argument("--out", help="also write the tables (markdown) to this file")
-    args = ap.parse_args()
-    if args.threads:
+    args = ap.parse_args(argv)
+    sizes = {"train_batch": args.train_batch, "train_block": args.train_block, "train_steps": args.train_steps + 1,
+             "threads": 1 if args.threads is None else args.threads}  # train_steps 0: no training
+    bad = [f"--T {t}" for t in args.T if t < 1] + [f"--{k} {getattr(args, k)}" for k, v in sizes.items() if v < 1]
+    bad += [f"--p {args.p}"] * (args.p is not None and not args.p > 0)
+    if bad:  # found before the benchmark runs, not as a traceback after it
+        ap.error(f"{', '.join(bad)}: sizes, --threads >= 1, --train_steps >= 0 (0: skip), --p > 0")
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        ap.error(f"--out {args.out!r}: its folder does not exist (the tables are written there at the end)")
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.reuse_memory:
         kernels_cpu.reuse_freed_memory()
@@ -119,3 +128,7 @@ if __name__ == "__main__":
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
