@@ -53,7 +53,8 @@ def check(a, synthetic):
     if a.max_iters is not None and a.max_iters < 1:  # else train.py's error, among the steps' lines, after they start
         sys.exit(f"error: --max_iters {a.max_iters}: must be >= 1")
     if a.name is not None and (a.name in ("", ".", "..") or os.sep in a.name or "/" in a.name):
-        sys.exit(f"error: --name {a.name!r}: a folder name (no '/'), made under out-repro-<name>/, out-results/")
+        sys.exit(f"error: --name {a.name!r}: a folder name (no '/'), made under out-results/ (runs: out-repro-<name>/ "
+                 "or out-<name>/)")
     for flag, given, allowed in (("--seeds", a.seeds, None), ("--tasks", a.tasks, synthetic and synthetic.SUITE),
                                  ("--settings", a.settings, synthetic and synthetic.SETTINGS)):
         wrong = [str(x) for x in given or [] if (x not in allowed if allowed else not 0 <= x < 2 ** 63)]
@@ -71,14 +72,16 @@ def main(argv=None):
     p.add_argument("--max_iters", type=int, help="override the scale's training iterations (report it if you do)")
     p.add_argument("--seeds", type=int, nargs="+", help="training seeds (lm: 1337 1338 1339, retrieval on the "
                    "first seed's models; synthetic: each task's own count, 0, 1, ...)")
-    p.add_argument("--name", help="folders out-repro-<name>/ and out-results/<name>/ (default: the scale)")
+    p.add_argument("--name", help="results in out-results/<name>/, runs in out-repro-<name>/ (lm) or out-<name>/ "
+                   "(synthetic) (default: the scale, or synthetic[-quick|-gpu])")
     p.add_argument("--commit-results", action="store_true",
                    help="write the committed results/<name>/ (RESULTS.md's numbers) instead of out-results/<name>/; "
                    "needs the run's rule in results/<name>/plan.md, committed before the run starts (lib/plans.py)")
     p.add_argument("--redo", action="store_true", help="run again each step made with other settings than asked "
-                   "now (its output is replaced); without it such a step refuses")
+                   "now (its output is replaced; a skipped step's is removed); without it such a step refuses")
     p.add_argument("--skip", nargs="*", choices=["eval_long", "needle", "passkey", "score", "bench"],
-                   help="steps not to run; an output of theirs made with other settings is left out of summary.json")
+                   help="steps not to run; an output of theirs made with other settings is left out of summary.json "
+                   "(with --redo, removed)")
     p.add_argument("--suite", choices=["lm", "synthetic"], default="lm",
                    help="lm: the papers' language-model experiments (--scale); synthetic: synthetic.py's task suite")
     p.add_argument("--quick", action="store_true", help="--suite synthetic: recall x {softmax, ssmax} x 10 seeds "

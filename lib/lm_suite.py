@@ -10,8 +10,8 @@ import torch
 
 from lib import dataset, plans, report, retrieval
 from lib.folders import held
-from lib.runs import (Steps, check_runs, complete, done, iter_of, keep_train_log, kv, pack, read_train_logs,
-                      trained)
+from lib.runs import (Steps, check_runs, complete, done, iter_of, keep_train_log, kv, own_folders, pack,
+                      read_train_logs, trained)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Scales: model = GPTConfig, train = TrainConfig
@@ -116,7 +116,6 @@ def train_all(S, runs, steps, data_dir, seed, variants, threads):
             shutil.copy(ckpt("softmax_at_switch"), ckpt("ssmax_f"))
         run("train (f) after the switch", base + kv(dict(init_from="resume", scorer="ssmax", overwrite=True,
                                                          out_dir=f"{runs}/ssmax_f")), trained(ckpt("ssmax_f"), M))
-
 
 
 def eval_settings(cmd, S, seed, reads, **extra):
@@ -258,6 +257,7 @@ def main(a):
     root, data_dir = f"out-repro-{name}", "data"
     results = os.path.join("results" if a.commit_results else "out-results", name)
     with held(root, "a reproduction's runs"), held(results, "a reproduction's results"):  # one writer each
+        own_folders("lm", results, root)
         began = plans.begin(results) if a.commit_results else None  # the rule, committed before the run
         os.makedirs(results, exist_ok=True)
         run_steps(a, S, root, data_dir, Steps(results, a.redo), variants, began)

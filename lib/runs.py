@@ -12,6 +12,7 @@ a step whose steps.jsonl line predates them: those are taken as they are, with a
 """
 import csv, gzip, json, os, shutil, subprocess, sys, threading, time
 
+from lib.checkpoint import RUN_FILES
 from lib.folders import replace_synced, write_json
 from lib.report import read_json
 
@@ -213,6 +214,23 @@ def check_runs(root, want, redo):
     os.makedirs(root, exist_ok=True)
     variants = {**(have or {}).get("variants", {}), **plain(want["variants"])}
     write_json(path, {"train": plain(want["train"]), "variants": variants}, indent=1)
+
+
+def own_folders(kind, results, runs):
+    """StepError unless this suite (kind: "lm" or "synthetic") may write in results and runs: neither a results folder
+    holding the other suite's (its steps.jsonl: the lm suite's records name a step) nor a train.py run's out_dir as
+    runs (the synthetic suite's out-<name>: --name quick is the quickstart's out-quick/)."""
+    path = os.path.join(results, "steps.jsonl")
+    with open(path) if os.path.isfile(path) else open(os.devnull) as f:
+        first = next((json.loads(line) for line in f if line.strip()), None)
+    other = first and ("lm" if "step" in first else "synthetic")
+    if other and other != kind:
+        raise StepError(f"{results} holds the {other} suite's results; nothing was written: give the {kind} suite "
+                        f"another --name")
+    held = [f for f in RUN_FILES if os.path.isfile(os.path.join(runs, f))]
+    if held:
+        raise StepError(f"{runs} holds a train.py run ({', '.join(held)}); nothing was written: give the {kind} suite "
+                        f"another --name")
 
 
 def complete(out_dir, variants):

@@ -14,7 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from lib import plans
 from lib.folders import held, write_json
-from lib.runs import StepError, judge, plain, remove
+from lib.runs import StepError, judge, own_folders, plain, remove
 from lib.synthetic_suite import (  # noqa: F401 (the suite's definitions, for a reader and the tests)
     CONTROLS, CORE, DEFAULT_TASKS, GPU, LONG, LRS, N_EVAL, QUICK, REPO, RESCALED, RESCALINGS, SETTINGS, SHORT, SUITE,
     RUNGS, SWEPT, ZOO, Entry, overrides, plan, recipe, select_budget, select_lr, sweep_accuracy)
@@ -140,6 +140,7 @@ def main(quick=False, jobs=None, n_eval=N_EVAL, settings=None, task_names=None, 
     runs = os.path.join(REPO_OUT, f"out-{name}")
     results = os.path.join(REPO_OUT, "results" if commit else "out-results", name)
     with held(runs, "a synthetic suite's runs"), held(results, "a synthetic suite's results"):  # one writer each
+        own_folders("synthetic", results, runs)
         began = plans.begin(results) if commit else None  # the rule, committed before the run
         os.makedirs(runs, exist_ok=True)
         os.makedirs(results, exist_ok=True)

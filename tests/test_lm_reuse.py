@@ -55,6 +55,25 @@ def test_an_output_with_no_record_is_taken_as_it_is_only_where_no_record_carries
     assert out.read_text() == "20" and "made before settings were recorded" in capsys.readouterr().out
 
 
+def test_a_suite_refuses_the_other_suites_results_folder_and_a_train_py_runs_folder(tmp_path):
+    # reproduce.py --suite synthetic --name qa rewrote the lm suite's out-results/qa/summary.json, and back again
+    res, run_dir = tmp_path / "res", tmp_path / "runs"
+    res.mkdir()
+    run_dir.mkdir()
+    runs.own_folders("synthetic", str(res), str(run_dir))  # empty folders: either suite's
+    (res / "steps.jsonl").write_text(json.dumps({"step": "gate (seed 1)", "command": "eval_long.py"}) + "\n")
+    runs.own_folders("lm", str(res), str(run_dir))
+    with pytest.raises(runs.StepError, match="holds the lm suite's results; nothing was written: give the "
+                                             "synthetic suite another --name"):
+        runs.own_folders("synthetic", str(res), str(run_dir))
+    (res / "steps.jsonl").write_text(json.dumps({"task": "recall", "setting": "softmax", "seed": 0}) + "\n")
+    with pytest.raises(runs.StepError, match="holds the synthetic suite's results"):
+        runs.own_folders("lm", str(res), str(run_dir))
+    (run_dir / "log.jsonl").write_text("")  # --name quick: the synthetic runs in the quickstart's out-quick/
+    with pytest.raises(runs.StepError, match=r"runs holds a train.py run \(log.jsonl\)"):
+        runs.own_folders("synthetic", str(tmp_path / "elsewhere"), str(run_dir))
+
+
 def test_a_retrieval_step_made_under_older_rules_is_not_reused(tmp_path):
     """needle.py's steps record retrieval.RULES (how answers are graded, which row the score reads): one made under
     other rules (or before they were recorded) is refused without --redo, as other training is; other steps not."""

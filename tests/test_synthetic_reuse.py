@@ -4,6 +4,7 @@ later call leaves none of an earlier call's files in its results folder. Tiny ru
 import csv
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -55,6 +56,17 @@ def test_an_evaluation_is_judged_by_the_settings_it_started_with(suite, tmp_path
     assert "8" in json.loads((out / "eval_settings.json").read_text())["eval"]
     rows = list(csv.DictReader(open(tmp_path / "out-results" / "synthetic" / "accuracy.csv")))
     assert {r["n"] for r in rows} == {"8"}
+
+
+def test_the_synthetic_suite_leaves_a_results_folder_of_the_lm_suite_untouched(suite, tmp_path):
+    results = tmp_path / "out-results" / "synthetic"
+    results.mkdir(parents=True)
+    lm = json.dumps({"step": "gate (seed 1)", "command": "eval_long.py", "wall_s": 1}) + "\n"
+    (results / "steps.jsonl").write_text(lm)
+    with pytest.raises(runs.StepError, match="holds the lm suite's results"):
+        suite()
+    assert os.listdir(results) == ["steps.jsonl"] and (results / "steps.jsonl").read_text() == lm
+    assert not (tmp_path / "out-synthetic").exists()  # refused before any run
 
 
 def test_a_rescaling_evaluates_its_softmax_run_at_that_runs_recipe():
