@@ -11,7 +11,7 @@ entropy -sum p log p (the row normalised to sum 1) and entropy_norm = entropy / 
 t = 1); sink, the weight on key 1 (the first token); local8, the weight on the last 8 keys t-7..t without key 1, so
 sink + local8 never exceed the row's mass; mass, the row's total weight (1 for softmax and SSMax).
 --context c adds loss_c<c>: the same token predicted from its last c tokens only, read as a fresh window (positions
-1..c): the text held fixed, only the context length changed; equal to loss up to t = c.
+1..c): the text held fixed, only the context length changed; nan up to t = c, where it would equal loss.
 Every model reads the same --num_seqs windows of L+1 tokens, starts drawn with --seed (dataset.draw_starts, as in
 eval_long.py).
 Outputs: per_position.csv, per_sequence.csv (each window's losses by bin of positions 1, 2, 3-4, 5-8, ...), rows.png,
