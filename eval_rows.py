@@ -199,7 +199,7 @@ def main(argv=None):
     p.add_argument("--disjoint", action="store_true", help="windows that share no token (default: with replacement)")
     p.add_argument("--seed", type=int, default=0, help="draws the windows' starts")
     p.add_argument("--local", type=int, default=8, help="the last k keys of the local mass (1..L-1)")
-    p.add_argument("--context", type=int, nargs="*", default=[], help="also the loss from the last c tokens only")
+    p.add_argument("--context", type=int, nargs="+", default=[], help="also the loss from the last c tokens only")
     p.add_argument("--batch_size", type=int, default=16)
     p.add_argument("--out_dir", default="out-eval-rows")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")

@@ -114,7 +114,8 @@ def announce(cfg, model, run, tokens_per_iter, data, info=None):
                                      subsequent_indent="  ", break_long_words=False, break_on_hyphens=False))
     epoch = len(data.sft[0]) / (tokens_per_iter / cfg.block_size) if data.sft else None
     sft = data.sft and (f"; SFT examples: {len(data.sft[0]):,} to train, " + (
-        "val: the same (sft_val_frac=0)" if data.sft[1] is data.sft[0] else f"{len(data.sft[1]):,} held out for val"))
+        "val: the same (sft_val_frac=0)" if data.sft[1] is data.sft[0] else f"{len(data.sft[1]):,} held out for val")
+        + "; losses in nats summed over each example's answer, not per token")  # train.batch_loss: the paper's
     print(f"{model.get_num_params() / 1e6:.2f}M parameters, {run.world} process(es), {tokens_per_iter:,} tokens per "
           f"iteration, device {run.device}" + (f"; unigram entropy of train {data.unigram:.4f} nats" if data.unigram
                                                else "") + (f"; {epoch:.1f} iterations per epoch{sft}" if epoch else ""))

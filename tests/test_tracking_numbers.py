@@ -242,11 +242,13 @@ def test_announce_counts_iterations_per_epoch_in_sequences_and_warns_of_data_wit
     out, err = capsys.readouterr()
     assert out.splitlines()[-1] == ("2.50M parameters, 1 process(es), 64 tokens per iteration, device cpu; unigram "
                                     "entropy of train 5.1234 nats; 2.5 iterations per epoch; SFT examples: 10 to train"
-                                    ", 2 held out for val")
+                                    ", 2 held out for val; losses in nats summed over each example's answer, not per "
+                                    "token")  # an SFT val loss of 52.55 read as per-token nats was 10.8 a token
     assert err == f"warning: {tmp_path} has no meta.json: its ids are taken as GPT-2's (a character dataset needs " \
                   f"the meta.json that prepare_data.py writes)\n"
     (tmp_path / "meta.json").write_text("{}")
     tracking.announce(cfg, model, run, 64, types.SimpleNamespace(sft=(examples, examples), unigram=None, dir=tmp_path))
     out, err = capsys.readouterr()
     assert out.splitlines()[-1].endswith("device cpu; 2.5 iterations per epoch; SFT examples: 10 to train, val: the "
-                                         "same (sft_val_frac=0)") and err == ""
+                                         "same (sft_val_frac=0); losses in nats summed over each example's answer, "
+                                         "not per token") and err == ""
