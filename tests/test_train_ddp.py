@@ -48,7 +48,7 @@ def test_torchrun_two_cpu_processes_equal_one_process_and_only_rank0_writes(data
 @pytest.mark.parametrize("accum,world", [(3, 2), (1, 2), (6, 4)])
 def test_gradient_accumulation_that_does_not_split_among_the_processes_is_one_line_naming_only_that(accum, world):
     # it read "need lr_schedule in ('constant', 'cosine') and gradient_accumulation_steps (global) divisible by 2
-    # processes; got 'cosine', 3": a valid lr_schedule named as a cause. Under torchrun each rank prints the line
+    # processes; got 'cosine', 3": a valid lr_schedule named as a cause. Under torchrun rank 0 prints the line
     # (manual check: python -m torch.distributed.run --standalone --nproc_per_node=2 train.py configs/cpu_quick.py
     # device=cpu gradient_accumulation_steps=3 out_dir=/tmp/x -> that line, then torchrun's ChildFailedError report)
     from lib.config import TrainConfig, TrainError, resolve
@@ -58,6 +58,16 @@ def test_gradient_accumulation_that_does_not_split_among_the_processes_is_one_li
     assert str(e.value) == (f"gradient_accumulation_steps={accum} (global) does not split evenly among {world} "
                             f"processes: set a multiple of {world} (or use fewer processes)")
     assert resolve(TrainConfig(gradient_accumulation_steps=accum * world), {}, None, False, world)
+
+
+def test_under_torchrun_a_settings_error_is_printed_by_rank_0_alone(monkeypatch, capsys):
+    # every rank printed the same line ("already holds a run", a bad value), then torchrun its report
+    for rank, said in (("1", ""), ("0", "error: batch_size=0 is out of range")):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as e:
+            train.main(["batch_size=0"])  # refused before any process group starts
+        assert (e.value.code == 1) if rank == "1" else str(e.value.code).startswith(said)
+    assert capsys.readouterr().err == ""
 
 
 def test_an_unknown_lr_schedule_is_one_line_naming_the_schedules(data_dir, tmp_path):
