@@ -225,7 +225,8 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=1337)
     tracking.add_args(p)
     args = p.parse_args(argv)
-    args.mode = args.mode or args.mode_opt or p.error(f"give a mode: one of {', '.join(MODES)}")
+    given = sorted({m for m in (args.mode, args.mode_opt) if m})  # `passkey --mode needle` ran passkey unsaid
+    args.mode = given[0] if len(given) == 1 else p.error(f"give one mode of {', '.join(MODES)}; got {given}")
     args.context_sizes = args.context_sizes or DEFAULT_CONTEXTS.get(args.mode, [])  # score, sft_data: none
     bad = [f"--{k} {getattr(args, k)}" for k in ("samples", "trials", "batch_size", "max_new_tokens", "context",
                                                   "sft_length") if getattr(args, k) < 1]

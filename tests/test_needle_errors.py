@@ -39,6 +39,13 @@ def test_bad_input_is_one_error_line(ckpts, data_dir, argv, named, tmp_path):
     assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message and named in message
 
 
+def test_two_different_modes_or_none_is_one_error_line():
+    # `passkey --mode needle` ran passkey and said nothing of the needle asked for
+    assert "give one mode of sft_data, needle, passkey, score; got ['needle', 'passkey']" in one_line_error(
+        ["passkey", "--mode", "needle"])
+    assert "got []" in one_line_error([])
+
+
 def test_a_mode_without_a_checkpoint_or_a_label_given_twice_is_one_error_line(ckpts, data_dir):
     assert "mode passkey needs --ckpt" in one_line_error(["passkey", "--data", data_dir])
     argv = ["passkey", "--ckpt", *ckpts, "--labels", "a", "a", "--context_sizes", "64", "--samples", "1"]
