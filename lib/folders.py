@@ -6,7 +6,7 @@ excludes a second open in the same process (the synthetic suite's workers run tr
 record locks do not. And the folder an evaluation writes its results into (results_dir): never over an earlier
 evaluation's, never partial.
 """
-import contextlib, errno, glob, json, os, shutil
+import contextlib, errno, glob, json, math, os, shutil
 
 try:
     import fcntl
@@ -40,10 +40,20 @@ def replace_synced(tmps, paths):
 
 
 def write_json(path, obj, **kw):
-    """obj as JSON at path (kw: json.dump's), whole or not at all: written beside it, synced, renamed over it."""
+    """obj as JSON at path (kw: json.dump's), whole or not at all: written beside it, synced, renamed over it. A float
+    nan or inf (a one-seed run's sd and interval) is written null: Python wrote NaN, which strict readers (jq, a
+    browser's JSON.parse) refuse."""
     with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, **kw)
+        json.dump(strict(obj), f, allow_nan=False, **kw)
     replace_synced([path + ".tmp"], [path])
+
+
+def strict(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: strict(v) for k, v in x.items()}
+    return [strict(v) for v in x] if isinstance(x, (list, tuple)) else x
 
 
 def path_of(folder):  # realpath: a link to the folder (or to a folder above it) takes the folder's own lock

@@ -2,8 +2,11 @@
 the data, an empty or cut file where the last good one was. Every file a rename shows finished (a checkpoint, a JSON
 record, a repaired log, a kept training log, a prepared dataset with the meta.json that vouches for it, an
 evaluation's results) is synced before its rename, and its folder after. CPU only, tiny files."""
+import json
+import math
 import os
 
+import pytest
 import torch
 
 from lib import dataset as pdata
@@ -34,6 +37,15 @@ def test_a_json_record_is_on_disk_before_it_replaces_the_last_one(tmp_path, monk
     path = os.path.join(os.path.realpath(tmp_path), "started.json")
     folders.write_json(path, {"iter": 3})
     assert calls == [("fsync", path + ".tmp"), ("replace", path + ".tmp"), ("fsync", os.path.dirname(path))]
+
+
+def test_a_json_record_writes_nan_and_inf_as_null_strict_json(tmp_path):
+    # a one-seed suite's summary.json held bare NaN (its sd and interval), which jq and JSON.parse refuse
+    path = str(tmp_path / "summary.json")
+    folders.write_json(path, {"sd": math.nan, "ci": (1.0, math.inf, -math.inf), "n": 1, "rows": [{"p": math.nan}]})
+    refuse = lambda name: pytest.fail(f"{name} in {path}")
+    assert json.loads(open(path).read(), parse_constant=refuse) == {"sd": None, "ci": [1.0, None, None], "n": 1,
+                                                                    "rows": [{"p": None}]}
 
 
 def test_a_repaired_log_is_on_disk_before_it_replaces_the_runs_log(tmp_path, monkeypatch):

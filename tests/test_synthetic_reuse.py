@@ -56,6 +56,8 @@ def test_an_evaluation_is_judged_by_the_settings_it_started_with(suite, tmp_path
     assert "8" in json.loads((out / "eval_settings.json").read_text())["eval"]
     rows = list(csv.DictReader(open(tmp_path / "out-results" / "synthetic" / "accuracy.csv")))
     assert {r["n"] for r in rows} == {"8"}
+    text = (tmp_path / "out-results" / "synthetic" / "summary.json").read_text()  # one seed: no sd, no interval
+    assert json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in summary.json")) and "null" in text
 
 
 def test_the_synthetic_suite_leaves_a_results_folder_of_the_lm_suite_untouched(suite, tmp_path):
