@@ -218,12 +218,13 @@ def read_csv_if(path):
 # ----------------------------------------------------------------------------------------------------------------
 # tables.md: the Markdown tables RESULTS.md quotes
 
-def _pm(x, digits=3):
-    return f"{x[0]:.{digits}f} ± {x[1]:.{digits}f}"
+def _pm(x, digits=3):  # a one-seed run's sd (and _ci's interval) is nan: "–", as in the synthetic suite's tables
+    return f"{x[0]:.{digits}f} ± " + ("–" if np.isnan(x[1]) else f"{x[1]:.{digits}f}")
 
 
 def _ci(x, digits=3):
-    return f"{x[0]:+.{digits}f} [{x[2]:+.{digits}f}, {x[3]:+.{digits}f}]"
+    lo, hi = ("–" if np.isnan(v) else f"{v:+.{digits}f}" for v in x[2:4])
+    return f"{x[0]:+.{digits}f} [{lo}, {hi}]"
 
 
 def _table(head, rows):

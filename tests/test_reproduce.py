@@ -143,6 +143,9 @@ def test_summary_json_leaves_out_a_skipped_steps_outputs_made_with_other_trainin
     assert not any(k in got for k in retrieval) and (res / "needle" / "needle.json").exists()
     assert got["skipped"]["passkey"].startswith("left out of the summary: made with other settings")
     assert got["skipped"]["eval_long theta (seed 1)"] == "not made"
+    # one seed: no sd or interval, "–" in tables.md (was "± nan", "[+nan, +nan]") and null in summary.json (was NaN)
+    tables, text = (res / "tables.md").read_text(), (res / "summary.json").read_text()
+    assert "nan" not in tables.lower() and " ± –" in tables and "NaN" not in text and "null" in text
 
 
 def test_context_gates_on_a_hand_made_curve():
