@@ -135,7 +135,8 @@ def main(argv=None):
     p.add_argument("--data", default="data/english_char", help="prepared dataset folder (prepare_data.py)")
     p.add_argument("--split", default="val", choices=dataset.SPLITS)
     p.add_argument("--distances", type=float, nargs="+", default=list(longrange.DISTANCES),
-                   help="distances between the copies, in multiples of each model's training length N")
+                   help="distances between the copies, in multiples of each model's training length N (the gate's "
+                   "0.5 is always added)")
     p.add_argument("--span", type=int, default=32, help="tokens per copy (train.py's copy_span)")
     p.add_argument("--kind", choices=longrange.KINDS, default="text",
                    help="the span: val text (the gate), or tokens drawn from the sequence at random")
