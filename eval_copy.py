@@ -91,7 +91,8 @@ def run(args, folder):
     # every checkpoint must read the data's vocabulary (by content), checked before any model runs
     vocab.data_folder(args.data)  # read for its tokens: a missing one is no GPT-2 folder ("another vocabulary")
     model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)["model_args"] for p in args.ckpt]
-    rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale, args.rope_method)
+    rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale, args.rope_method,
+                  args.llama4_floor)
     tokens = dataset.load_split(args.data, args.split)
     dataset.check_ids(args.data, args.split, min(a["vocab_size"] for a in model_args))  # a damaged file: one line
     if longrange.GATE_DISTANCE not in args.distances:  # the gate is always measured

@@ -135,7 +135,8 @@ def run(args, folder):  # the results to folder; returns the wandb table
     # check all checkpoints (mmap'd, each against the data's vocabulary, by content) before any model runs
     vocab.data_folder(args.data)  # read for its tokens: a missing one is no GPT-2 folder ("another vocabulary")
     model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)["model_args"] for p in args.ckpt]
-    rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale, args.rope_method)
+    rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale, args.rope_method,
+                  args.llama4_floor)
     args.length = args.length or 10 * model_args[0]["block_size"]  # the first checkpoint fixes L
     N, path = max((a["block_size"], path) for a, path in zip(model_args, args.ckpt))
     if args.length < N:

@@ -57,9 +57,13 @@ def factors(kind, L, N, floor=LLAMA4_FLOOR):
     return f.float()
 
 
-def check(scorers, kind, rope_method=None):
+def check(scorers, kind, rope_method=None, floor=LLAMA4_FLOOR):
     """One error for a rescaling asked of a model that is not softmax (its logits already carry their own scale),
-    and for YaRN's temperature asked twice: --rope_method yarn already multiplies cos and sin by its mscale."""
+    for YaRN's temperature asked twice (--rope_method yarn already multiplies cos and sin by its mscale), and for a
+    llama4 floor given without llama4 (it was ignored)."""
+    if floor != LLAMA4_FLOOR and kind != "llama4":
+        raise ValueError(f"--llama4_floor {floor} sets --logit_scale llama4's F; it does nothing with "
+                         f"--logit_scale {kind}")
     bad = [s for s in scorers if kind is not None and s != "softmax"]
     if bad:
         raise ValueError(f"--logit_scale {kind} rescales softmax models; got one with scorer={bad[0]!r}")

@@ -227,6 +227,9 @@ def test_bad_input_is_one_clear_error_line(ckpts, data_dir, tmp_path):
     assert "--labels" in one_line_error([ckpts["softmax"], "--labels", "x", "y"])
     missing = str(tmp_path / "no-such-data")  # was read as GPT-2's ids (a warning, then "has no val.bin")
     assert f"--data {missing!r} does not exist" in one_line_error([ckpts["softmax"], "--data", missing])
+    assert "--llama4_floor 64 sets --logit_scale llama4's F; it does nothing with --logit_scale qwen" in one_line_error(
+        [ckpts["softmax"], "--data", data_dir, "--logit_scale", "qwen", "--llama4_floor", "64", "--out_dir",
+         str(tmp_path / "f")])  # was ignored
     assert not (tmp_path / "per_position.csv").exists()
 
 

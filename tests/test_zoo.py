@@ -155,6 +155,15 @@ def test_a_rescaled_softmax_model_equals_one_whose_query_weights_carry_the_facto
         m(idx[:1, 22:24], cache=cache)                                        # broadcast to both, silently
 
 
+def test_a_llama4_floor_without_llama4_is_refused_not_ignored():
+    rescale.check(["softmax"], "llama4", floor=64)
+    for kind in (None, "qwen", "2"):  # eval_tasks, eval_long, eval_copy took it and did nothing with it
+        with pytest.raises(ValueError, match=f"--llama4_floor 64 sets --logit_scale llama4's F; it does nothing with "
+                                             f"--logit_scale {kind}"):
+            rescale.check(["softmax"], kind, floor=64)
+    rescale.check(["softmax"], "qwen", floor=rescale.LLAMA4_FLOOR)  # the default: nothing asked
+
+
 def test_yarns_temperature_is_applied_once_and_only_past_the_training_length():
     with pytest.raises(ValueError, match="--logit_scale yarn with --rope_method yarn applies YaRN's temperature twice"):
         rescale.check(["softmax"], "yarn", "yarn")
