@@ -88,6 +88,16 @@ def test_two_rescalings_of_a_seed_train_its_softmax_run_once(suite, tmp_path):
     assert {r["setting"] for r in rows} == {"softmax-qwen", "softmax-yarn"}
 
 
+def test_a_call_that_reuses_every_run_reports_its_own_time_apart_from_the_runs_of_every_call(suite, tmp_path,
+                                                                                             capsys):
+    suite()
+    wall = json.loads((tmp_path / "out-synthetic" / "wall.json").read_text())["wall_s"]
+    capsys.readouterr()
+    suite()  # nothing trains or evaluates: it said "done in 0.1 min", the first call's time, as its own
+    done = capsys.readouterr().out.splitlines()[-1]
+    assert done.startswith("done: this call ") and f"the runs of every call {wall / 60:.1f} min (wall.json)" in done
+
+
 def test_a_later_call_leaves_no_earlier_calls_attention_files(suite, tmp_path):
     res = tmp_path / "out-results" / "synthetic"
     suite()  # first: diagnosed
