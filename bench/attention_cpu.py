@@ -88,9 +88,9 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's own); 1 on a CPU shared with others")
     ap.add_argument("--out", help="also write the tables (markdown) to this file")
     args = ap.parse_args(argv)
-    sizes = {"train_batch": args.train_batch, "train_block": args.train_block, "train_steps": args.train_steps + 1,
-             "threads": 1 if args.threads is None else args.threads}  # train_steps 0: no training
-    bad = [f"--T {t}" for t in args.T if t < 1] + [f"--{k} {getattr(args, k)}" for k, v in sizes.items() if v < 1]
+    least = {"train_batch": 1, "train_block": 1, "train_steps": 0, "threads": 1}  # threads None: torch's own
+    bad = [f"--T {t}" for t in args.T if t < 1] + [f"--{k} {getattr(args, k)}" for k, m in least.items()
+                                                   if getattr(args, k) is not None and getattr(args, k) < m]
     bad += [f"--p {args.p}"] * (args.p is not None and not args.p > 0)
     if bad:  # found before the benchmark runs, not as a traceback after it
         ap.error(f"{', '.join(bad)}: sizes, --threads >= 1, --train_steps >= 0 (0: skip), --p > 0")
