@@ -19,7 +19,7 @@ import argparse, json, math, os, sys
 import torch
 
 from lib import compare, dataset, folders, longrange, rescale, tracking, vocab
-from lib.checkpoint import CheckpointError, load_checkpoint, pick_device, read_checkpoint, run_info
+from lib.checkpoint import CheckpointError, load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
 from model import BACKENDS, ROPE_METHODS
 
 OUTPUTS = ("per_sequence.csv", "copy.png", "summary.json")  # summary.json last: it marks the results whole
@@ -89,7 +89,7 @@ def plot(path, models, args):
 
 def run(args, folder):
     # every checkpoint must read the data's vocabulary (by content), checked before any model runs
-    vocab.data_folder(args.data)  # read for its tokens: a missing one is no GPT-2 folder ("another vocabulary")
+    args.data = vocab.data_folder(args.data) or trained_on(args.ckpt, "data/english_char")  # a given one must exist
     model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)["model_args"] for p in args.ckpt]
     rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale, args.rope_method,
                   args.llama4_floor)
@@ -133,7 +133,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="The copy gate: loss on a repeated span's second copy vs a control span.")
     p.error = lambda message: sys.exit(f"error: {message}")  # one line, no usage dump
     p.add_argument("ckpt", nargs="+", help="language-model checkpoints")
-    p.add_argument("--data", default="data/english_char", help="prepared dataset folder (prepare_data.py)")
+    p.add_argument("--data", help="prepared dataset folder (prepare_data.py; default: the first checkpoint's "
+                   "own, where it is here, else data/english_char)")
     p.add_argument("--split", default="val", choices=dataset.SPLITS)
     p.add_argument("--distances", type=float, nargs="+", default=list(longrange.DISTANCES),
                    help="distances between the copies, in multiples of each model's training length N (the gate's "

@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from lib import compare, dataset, folders, rescale, tracking, vocab
-from lib.checkpoint import load_checkpoint, pick_device, read_checkpoint, run_info
+from lib.checkpoint import load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
 from model import BACKENDS, ROPE_METHODS
 
 WINDOW_MULTIPLES = (1, 2, 4, 8, 10, 16, 20)  # k x the training length N
@@ -133,7 +133,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
     if not args.ckpt:
         return []
     # check all checkpoints (mmap'd, each against the data's vocabulary, by content) before any model runs
-    vocab.data_folder(args.data)  # read for its tokens: a missing one is no GPT-2 folder ("another vocabulary")
+    args.data = vocab.data_folder(args.data) or trained_on(args.ckpt, "data/shakespeare")  # a given one must exist
     model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)["model_args"] for p in args.ckpt]
     rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale, args.rope_method,
                   args.llama4_floor)
@@ -192,7 +192,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="Per-position loss of long sequences with RoPE extended (SSMax Fig. 5).")
     p.error = lambda message: sys.exit(f"error: {message}")  # one line, no usage dump
     p.add_argument("ckpt", nargs="*", help="checkpoints, compared in one figure")
-    p.add_argument("--data", default="data/shakespeare", help="prepared dataset folder (prepare_data.py)")
+    p.add_argument("--data", help="prepared dataset folder (prepare_data.py; default: the first checkpoint's "
+                   "own, where it is here, else data/shakespeare)")
     p.add_argument("--split", default="val", choices=dataset.SPLITS)
     p.add_argument("--length", type=int, help="tokens per sequence L (default: 10 x the first block_size)")
     p.add_argument("--rope_method", choices=ROPE_METHODS, default="theta")

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from lib import compare, dataset, folders, tracking, vocab
-from lib.checkpoint import load_checkpoint, pick_device, read_checkpoint, run_info
+from lib.checkpoint import load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
 from model import BACKENDS
 
 OUTPUTS = ("per_position.csv", "per_sequence.csv", "rows.png", "summary.json")  # summary.json last: results whole
@@ -164,7 +164,7 @@ def plot(path, results, args, L):
 
 def run(args, folder):
     # every checkpoint must read the data's vocabulary (by content), checked before any model runs
-    vocab.data_folder(args.data)  # read for its tokens: a missing one is no GPT-2 folder ("another vocabulary")
+    args.data = vocab.data_folder(args.data) or trained_on(args.ckpt, "data/shakespeare")  # a given one must exist
     model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)["model_args"] for p in args.ckpt]
     L = args.length or model_args[0]["block_size"]
     if any(c >= L for c in args.context):
@@ -192,7 +192,8 @@ def main(argv=None):
     p.error = lambda message: sys.exit(f"error: {message}")  # one line, no usage dump
     p.add_argument("--ckpt", nargs="+", required=True, help="language-model checkpoints")
     p.add_argument("--labels", nargs="+", help="names in the CSV and legend (default: scorer)")
-    p.add_argument("--data", default="data/shakespeare", help="prepared dataset folder (prepare_data.py)")
+    p.add_argument("--data", help="prepared dataset folder (prepare_data.py; default: the first checkpoint's "
+                   "own, where it is here, else data/shakespeare)")
     p.add_argument("--split", default="val", choices=dataset.SPLITS)
     p.add_argument("--length", type=int, help="positions per window L >= 2 (default: the first block_size)")
     p.add_argument("--num_seqs", type=int, default=256, help="windows averaged")

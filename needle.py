@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from lib import compare, folders, tracking, vocab
-from lib.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, run_info
+from lib.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, run_info, trained_on
 from lib.dataset import DataError  # bad input, printed by main as one line
 from lib.retrieval import cells, load_hay, ranked_heads, score_answer, score_trials, sft_examples, trials, with_lead
 from lib.vocab import EOT
@@ -165,7 +165,7 @@ def outputs(args):  # a mode's files, the "finished" one last (reproduce.py)
     return [f"{stem}.{ext}" for stem in stems for ext in ("csv", "png", "json", "jsonl")]
 
 def run(args, folder):  # the results to folder; returns the wandb table
-    args.data = vocab.data_folder(args.data) or "data/shakespeare"  # one given must exist: no GPT-2 codec instead
+    args.data = vocab.data_folder(args.data) or trained_on(args.ckpt, "data/shakespeare")  # a given one must exist
     enc = vocab.codec(args.data)  # characters for a character dataset (shorter prompts: retrieval.PROMPTS)
     if args.mode == "sft_data":
         name, examples = sft_examples(args, enc)
@@ -205,7 +205,7 @@ def main(argv=None):
     p.add_argument("--mode", dest="mode_opt", choices=MODES, help="the same as the positional mode")
     p.add_argument("--ckpt", nargs="+", default=[], help="one or more checkpoints, compared in every plot")
     p.add_argument("--labels", nargs="+", help="a name for each --ckpt (the CSV's model; default: its folder)")
-    p.add_argument("--data", help="prepared dataset (default data/shakespeare): val = haystacks, train = SFT's")
+    p.add_argument("--data", help="val: haystacks, train: SFT's (default: the first --ckpt's, else data/shakespeare)")
     p.add_argument("--out_dir", default="out-needle")
     p.add_argument("--context_sizes", type=int, nargs="+", help=f"needle, passkey (default {DEFAULT_CONTEXTS})")
     p.add_argument("--depths", type=int, nargs="+", default=[10, 30, 50, 70, 90], help="needle depths in %%")

@@ -139,6 +139,13 @@ def read_checkpoint(path, device="cpu", mmap=False, need=()):
                               f"needs (a best.pt?): start a new run from its weights with init_from={path}")
     return ckpt
 
+def trained_on(paths, default):
+    """The evals' --data when none is given: the prepared dataset the first checkpoint trained on (its config's
+    data_dir/dataset) where that folder is here, else default; a task run or an import names none."""
+    cfg = (read_checkpoint(paths[0], mmap=True).get("config") or {}) if paths else {}
+    folder = os.path.join(cfg.get("data_dir", "data"), cfg.get("dataset") or "")
+    return folder if cfg.get("dataset") and not cfg.get("task") and os.path.isdir(folder) else default
+
 def load_checkpoint(path, device="cpu", **overrides):
     """GPT from a checkpoint written by train.py (read_checkpoint); overrides change config fields (e.g. backend)."""
     if overrides.get("backend") == "triton" and torch.device(device).type != "cuda" and not os.environ.get(

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import eval_rows
 from conftest import one_line_error
 from lib import vocab
-from lib.checkpoint import run_info, save_checkpoint
+from lib.checkpoint import run_info, save_checkpoint, trained_on
 from model import GPT, GPTConfig
 from scorers import SCORERS
 
@@ -199,3 +199,18 @@ def test_overlapping_pairs_count_windows_that_share_their_last_token(ckpts, data
     eval_rows.main(["--ckpt", ckpts["softmax"], "--data", data_dir, "--num_seqs", "3", "--out_dir", out])
     seqs = json.load(open(os.path.join(out, "summary.json")))["sequences"]
     assert seqs["starts"] == [0, N, 3 * N] and seqs["overlapping_pairs"] == 1
+
+
+def test_without_data_the_evals_read_the_dataset_the_first_checkpoint_trained_on(data_dir, tmp_path, monkeypatch):
+    model = tiny()
+    base, name = os.path.split(data_dir)
+    run = dict(model=model.state_dict(), model_args=asdict(model.config), iter_num=0, run_info=run_info(0))
+    save_checkpoint({**run, "config": {"data_dir": base, "dataset": name}}, str(tmp_path / "own.pt"))
+    save_checkpoint({**run, "config": {"data_dir": base, "dataset": name, "task": "first"}},
+                           str(tmp_path / "task.pt"))
+    save_checkpoint({**run, "config": {"data_dir": base, "dataset": "not-here"}}, str(tmp_path / "gone.pt"))
+    monkeypatch.chdir(tmp_path)  # no data/shakespeare here: the default would be refused
+    eval_rows.main(["--ckpt", str(tmp_path / "own.pt"), "--num_seqs", "2", "--out_dir", "rows"])
+    assert json.load(open(tmp_path / "rows" / "summary.json"))["args"]["data"] == data_dir
+    assert trained_on([str(tmp_path / "task.pt")], "d") == "d" and trained_on([str(tmp_path / "gone.pt")], "d") == "d"
+    assert trained_on([], "d") == "d"  # needle.py's sft_data: no checkpoint
