@@ -7,8 +7,8 @@ n_i = i + 1 is row i's key count (its 1-based position), N the training length, 
 - yarn: (0.1 ln(L/N) + 1)^2 for L > N, else 1: YaRN's attention temperature (on q and k; here all on q);
 - llama4: 1 + 0.1 log(floor(n_i / F) + 1): Llama 4's attention temperature tuning, floor scale F = 8,192. Below
   F tokens it is 1, so at N = 32 (tested to 4,096 tokens) it does nothing with Llama 4's F; the suite sets F = N;
-- a number 0 < c <= 1e6 (e.g. "2"): every row's logits times c, a constant temperature (the control for "is it the scale or
-  its growth with n": SSMax at s = 1 multiplies by log n_i, which grows past N; c does not).
+- a number 0 < c <= 1e6 (e.g. "2"): every row's logits times c, a constant temperature (the control for "is it the
+  scale or its growth with n": SSMax at s = 1 multiplies by log n_i, which grows past N; c does not).
 """
 import argparse
 import math
