@@ -639,8 +639,14 @@ def _attention_grads(ctx, do, *_):  # M1, M2 get no gradient
     q, k, v, s, b, n, qs, ks, out, M1, M2 = ctx.saved_tensors
     dq, dk, dv, G, GK = _attention_bwd(do, q, k, v, out, M1, M2, s, b, n, qs, ks, *ctx.cfg)
     scorer, _, offset, sm_scale, _ = ctx.cfg
-    flags = scorers.SCORERS[scorer].kernel_flags()
-    return dq, dk, dv, *_param_grads(G, GK, flags, qs, ks, offset, sm_scale), None, None, None, None
+    entry = scorers.SCORERS[scorer]
+    grads = _param_grads(G, GK, entry.kernel_flags(), qs, ks, offset, sm_scale)
+    learns = dict(zip(SLOTS, ctx.needs_input_grad[3:6]))  # the scorer's own slots: an unused one holds zeros
+    lost = [prm.name for prm in entry.params if learns[prm.name] and grads[SLOTS.index(prm.name)] is None]
+    if lost:  # else the parameter silently never learns on this backend
+        raise RuntimeError(f"kernels.py sums no gradient for the learnable {lost[0]} of scorer {scorer!r}: add it "
+                           f"to _bwd_dq_inner and _param_grads (SCORERS.md, Adding a scorer, step 4)")
+    return dq, dk, dv, *grads, None, None, None, None
 
 
 _attention_fwd.register_autograd(_attention_grads, setup_context=_setup_context)
@@ -660,8 +666,8 @@ def _prepare(q, k, v, scorer, p, offset, params):
         f"q, k, v must share one of fp32/fp16/bf16, got {q.dtype}, {k.dtype}, {v.dtype}"
     flags = entry.kernel_flags()
     if tuple(flags.values())[:4] not in KERNELS or not set(params) <= {*SLOTS, "c"}:  # math no kernel helper has
-        raise ValueError(f"kernels.py implements no kernel for {scorer!r}'s flags {flags} and parameters "
-                         f"{list(params)} (known: {sorted(KERNELS)}, slots {SLOTS})")
+        raise ValueError(f"kernels.py implements no kernel for scorer {scorer!r}: flags {flags}, parameters "
+                         f"{list(params)} (known: {sorted(KERNELS)}, slots {SLOTS}; SCORERS.md, Adding a scorer)")
     zeros = q.new_zeros(q.shape[1], dtype=torch.float32)
     return entry, *(params.get(name, zeros) for name in SLOTS), p
 

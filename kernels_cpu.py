@@ -1,6 +1,6 @@
 """
-Exact attention on the CPU for the scorers that SDPA cannot run: every one but softmax and ssmax, and re-weighting on
-any normalised scorer (SCORERS.md). model.attention(backend="cpu"), and backend="auto" on the CPU for those.
+Exact attention on the CPU for every scorer whose registry entry lists "cpu" (all but fox) and re-weighting on any
+normalised one (SCORERS.md): model.attention(backend="cpu"), and backend="auto" on the CPU where SDPA can't run it.
 
 The reference (backend="torch") lets autograd differentiate the equations: many (Tq, Tk) temporaries, both
 branches of every torch.where, every chunk scored against the full square of its keys. The same math runs here

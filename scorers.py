@@ -5,9 +5,10 @@ The exact definitions are SCORERS.md. One `Scorer` entry per scorer holds its re
 like the paper's equation), its per-head parameters, whether and by what its rows are divided, and the flags the
 fused paths compile from (kernels.py, kernels_cpu.py, flex). GPTConfig's checks, the model's parameters, train.py's
 options and the tests' case tables derive from SCORERS, and tests/test_registry.py checks that they agree. A new
-scorer is one function here, one entry in SCORERS and, when its math is new to the Triton kernels, its branch in each
-kernels_math.py helper that its flags reach (SCORERS.md, "Adding a scorer"); a special case of another scorer (its
-parameters held fixed) is one entry, special_case(...).
+scorer is one function here and one entry in SCORERS (a GPTConfig field for each option its parameters name, a row in
+README.md's and SCORERS.md's tables): it runs on torch, cpu and flex. Triton needs its kernel math named
+(kernel_logit), kernels_math.py's branches and, for a learnt parameter, kernels.py's gradient sums: SCORERS.md,
+"Adding a scorer". A special case of another scorer (its parameters held fixed) is one entry, special_case(...).
 
 - softmax: the baseline.
 - ssmax: Scalable-Softmax, Nakanishi 2025 "Scalable-Softmax Is Superior for Attention" (eq. 2, 4, 11): the logits
@@ -169,9 +170,14 @@ class Scorer:
     # the fused kernels' compile-time flags (kernels_math.py)
     stats: str = "online_max"  # or plain_sum: bounded weights, no running max
     row: str = "plain"  # or logn (ssmax), norm (lssa), bias (sigmoid), forget (fox: c_i, c_j)
-    kernel_logit: str = "linear"  # or ssa, softplus, sigmoid, softpick, stickbreaking, forget
+    kernel_logit: Optional[str] = None  # linear (z), ssa, softplus, sigmoid, softpick, stickbreaking, forget
     forget: bool = False  # FoX: logits + c_i - c_j, c (B, H, Tk) given as c= (the model's forget gates)
-    backends: tuple = ("torch", "cpu", "triton", "flex")  # model.attention's backends that run it
+    backends: tuple = ("torch", "cpu", "flex")  # model.attention's that run it; triton only with a kernel_logit
+
+    def __post_init__(self):  # no kernel math named: Triton would run another scorer's (a default once ran softmax's)
+        if "triton" in self.backends and self.kernel_logit is None:
+            raise ValueError(f"the Scorer of {self.weights.__name__} lists backend 'triton' but no kernel_logit: "
+                             f"name its kernel math (SCORERS.md, Adding a scorer, step 4) or leave 'triton' out")
 
     @property
     def sums_to_one(self):  # divided by its weights' own sum: re-weighting applies
@@ -195,23 +201,25 @@ def _log_abs_expm1(z):  # log|e^z - 1| = max(z, 0) + log(1 - e^-|z|); -inf at 0,
     z = torch.where(nz, z, torch.ones_like(z))
     return torch.where(nz, z.clamp(min=0) + torch.log(-torch.expm1(-z.abs())), -math.inf)
 
-_lssa = dict(weights=score_lssa, cosine=True, stats="plain_sum", row="norm", kernel_logit="softplus",
+_FUSED, _SDPA = ("torch", "cpu", "triton", "flex"), ("torch", "sdpa", "cpu", "triton", "flex")
+_lssa = dict(weights=score_lssa, cosine=True, stats="plain_sum", row="norm", kernel_logit="softplus", backends=_FUSED,
              logit=lambda cos, ln_n, ln_d: torch.log(F.softplus(ln_d * ln_n * cos)))  # A / sum A = softmax(log A)
-_SDPA = ("torch", "sdpa", "cpu", "triton", "flex")
 SCORERS = {
-    "softmax": Scorer(score_softmax, lambda z, ln_n, ln_d: z, backends=_SDPA),
-    "ssmax": Scorer(score_ssmax, lambda z, ln_n, ln_d, s, b: z * (s * ln_n + b), row="logn", backends=_SDPA,
+    "softmax": Scorer(score_softmax, lambda z, ln_n, ln_d: z, kernel_logit="linear", backends=_SDPA),
+    "ssmax": Scorer(score_ssmax, lambda z, ln_n, ln_d, s, b: z * (s * ln_n + b), row="logn", kernel_logit="linear",
+                    backends=_SDPA,
                     params=(Param("s", 1.0, init="ssmax_s_init", learn="ssmax_learn_s"),  # (c): s fixed
                             Param("b", 0.0, init="ssmax_b_init", learn="ssmax_learn_b", only_if="ssmax_bias"))),  # (d)
-    "ssa": Scorer(score_ssa, _ssa_logit, kernel_logit="ssa",
+    "ssa": Scorer(score_ssa, _ssa_logit, kernel_logit="ssa", backends=_FUSED,
                   params=(Param("b", 1.0, init="ssa_b_init", low=0.0),
                           Param("n", 1.5, init="ssa_n", learn="ssa_learn_n", low=1.0))),
     "lssa": Scorer(**_lssa),
     "lssar": Scorer(**_lssa, p=LSSAR_DEFAULT_P),
     "sigmoid": Scorer(score_sigmoid, lambda z, ln_n, ln_d: F.logsigmoid(z - ln_n), row_sum=False,
-                      stats="plain_sum", row="bias", kernel_logit="sigmoid"),
+                      stats="plain_sum", row="bias", kernel_logit="sigmoid", backends=_FUSED),
     "softpick": Scorer(score_softpick, lambda z, ln_n, ln_d: torch.where(z > 0, _log_abs_expm1(z), -math.inf),
-                       den_logit=lambda z, ln_n, ln_d: _log_abs_expm1(z), eps=SOFTPICK_EPS, kernel_logit="softpick"),
+                       den_logit=lambda z, ln_n, ln_d: _log_abs_expm1(z), eps=SOFTPICK_EPS, kernel_logit="softpick",
+                       backends=_FUSED),
     # a reverse cumulative sum over each row's keys: no row template, no flex logit
     "stickbreaking": Scorer(score_stickbreaking, None, row_sum=False, stats="plain_sum",
                             kernel_logit="stickbreaking", backends=("torch", "cpu", "triton")),
@@ -224,6 +232,9 @@ def check_options(config):
     (almost always a typo'd experiment), an initial value out of its bound, re-weighting on unnormalised rows."""
     for name, entry in SCORERS.items():
         for f in (f for prm in entry.params for f in prm.fields()):
+            if not hasattr(config, f):  # else an AttributeError for every scorer's model
+                raise ValueError(f"scorer {name!r} reads GPTConfig field {f}, which model.py's GPTConfig lacks: add "
+                                 f"it (SCORERS.md, Adding a scorer, step 2)")
             if getattr(config, f) != type(config).__dataclass_fields__[f].default and config.scorer != name:
                 raise ValueError(f"option {f}={getattr(config, f)!r} does not apply to scorer={config.scorer!r} "
                                  f"(only to {name})")

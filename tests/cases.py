@@ -64,6 +64,7 @@ def score_off_by_one(q, k, n_i, mask, s, b):
 
 # the row template with no backend branch (fixture off_by_one)
 OFF_BY_ONE = Scorer(score_off_by_one, lambda z, ln_n, ln_d, s, b: z * (s * ln_n + b), row="logn", eps=1.0,
+                    kernel_logit="linear", backends=("torch", "cpu", "triton", "flex"),
                     params=(Param("s", 1.0), Param("b", 0.0)))
 # StableMax (Prieto et al. 2025, "Grokking at the Edge of Numerical Stability"): s(z) = z + 1 (z >= 0), 1 / (1 - z)
 # (z < 0), normalised: ssa at b = n = 1, one entry with no branch of its own (fixture stablemax)

@@ -38,7 +38,8 @@ def test_registry_agrees_with_config_model_train_kernels_flex_and_ptxas():
     option_fields = {f for e in SCORERS.values() for prm in e.params for f in prm.fields()}
     config_fields = {f.name for f in dataclasses.fields(model.GPTConfig)}
     assert option_fields <= config_fields  # every option a Param names is a GPTConfig field ...
-    assert {f for f in config_fields if f.split("_")[0] in SCORERS} == option_fields  # ... and each <scorer>_* field
+    scorer_fields = {f for f in config_fields if any(f.startswith(f"{name}_") for name in SCORERS)}
+    assert scorer_fields == option_fields  # ... and each <scorer>_* field (a name may hold "_")
     assert set(config.SCORER_OPTIONS) == option_fields  # train.py's
     for name, entry in SCORERS.items():
         cfg = model.GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=8, scorer=name,
@@ -116,6 +117,42 @@ def test_every_kernel_helper_has_a_branch_for_every_registry_scorers_flags(score
     except Exception as e:  # the helper's tl.static_assert, under the interpreter
         pytest.fail(f"{scorer}'s flags {SCORERS[scorer].kernel_flags()}: {e} (SCORERS.md, Adding a scorer, step 4)")
     assert torch.isfinite(out).all()
+
+
+def test_a_new_entry_without_kernel_math_runs_its_own_math_on_cpu_and_is_kept_off_triton(monkeypatch):
+    # kernel_logit once defaulted to "linear": a new entry's cpu and Triton paths silently ran softmax
+    from scorers import Scorer
+    cube = lambda q, k, n_i, mask: (lambda w: w / w.sum(-1, keepdim=True))(  # (1 + relu z)^3, normalised
+        (1 + (q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))).relu()) ** 3 * mask)
+    entry = Scorer(cube, lambda z, ln_n, ln_d: 3 * torch.log1p(z.relu()))
+    assert entry.backends == ("torch", "cpu", "flex") and kernels_cpu._fast(entry) is None
+    monkeypatch.setitem(SCORERS, "cube", entry)
+    q, k, v = torch.randn(3, 1, 2, 9, 16).unbind(0)
+    ref = model.attention(q, k, v, "cube", backend="torch")
+    assert (ref - model.attention(q, k, v, "softmax", backend="torch")).abs().max() > 1e-2
+    torch.testing.assert_close(model.attention(q, k, v, "cube", backend="cpu"), ref)
+    with pytest.raises(ValueError, match="the Scorer of <lambda> lists backend 'triton' but no kernel_logit"):
+        Scorer(cube, entry.logit, backends=("torch", "triton"))
+
+
+def test_a_learnable_parameter_without_kernel_gradient_sums_fails_its_backward_in_one_line(monkeypatch):
+    import kernels
+    from scorers import Param
+    sig = SCORERS["sigmoid"]  # its flags, plus a parameter that kernels.py sums no gradient for
+    logit = lambda z, ln_n, ln_d, n: sig.logit(n * z, ln_n, ln_d)
+    monkeypatch.setitem(SCORERS, "sig_a", dataclasses.replace(sig, params=(Param("n", 1.0),), logit=logit))
+    q, k, v = torch.randn(3, 1, 2, 5, 16).unbind(0)
+    n = torch.ones(2, requires_grad=True)
+    out = kernels.attention(q, k, v, "sig_a", n=n)
+    with pytest.raises(RuntimeError, match="kernels.py sums no gradient for the learnable n of scorer 'sig_a': add it"):
+        out.sum().backward()
+
+
+def test_a_param_field_missing_from_gptconfig_is_one_line_naming_it(monkeypatch):
+    from scorers import Param
+    monkeypatch.setitem(SCORERS, "ssa", dataclasses.replace(SCORERS["ssa"], params=(Param("b", 1.0, init="ssa_c"),)))
+    with pytest.raises(ValueError, match="scorer 'ssa' reads GPTConfig field ssa_c, which model.py's GPTConfig lacks"):
+        model.GPTConfig(scorer="softmax")
 
 
 @pytest.mark.parametrize("helper", HELPERS)
