@@ -3,6 +3,7 @@ every fused kernel and autotune shape, compiled for sm_90 (H100/H200) on a machi
 
     python bench/ptxas_report.py                       # prints the table, writes bench/ptxas_sm90.csv
     python bench/ptxas_report.py --extra 64,128,8,2    # also these (BLOCK_M, BLOCK_N, warps, stages) shapes
+    python bench/ptxas_report.py --scorers softmax --kernels fwd --out /tmp/p.csv   # a part of it: its own --out
 
 Triton compiles for any target ahead of time, and its wheel ships NVIDIA's ptxas, whose -v output gives registers
 and spill bytes per thread. A tile shape that spills is slow on any GPU; which of the rest is fastest is still for
@@ -104,8 +105,14 @@ def main(argv=None):
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="of q, k, v (fp32: tf32x3 dots)")
     ap.add_argument("--prec", choices=("tf32x3", "ieee"), help="fp32 only: another dot precision, to compare")
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
-    ap.add_argument("--out", default="bench/ptxas_sm90.csv")
+    ap.add_argument("--out", help="the CSV (default: bench/ptxas_sm90.csv for the whole bf16 table, else needed)")
     a = ap.parse_args(argv)
+    part = [f"--{k}" for k, v in (("scorers", a.scorers), ("kernels", set(a.kernels) != set(KERNELS)),
+                                  ("D", a.D != [64, 128]), ("dtype fp32", a.dtype == "fp32"), ("prec", a.prec)) if v]
+    if part and not a.out:  # it once replaced the committed table of every kernel with these few rows
+        ap.error(f"{', '.join(part)}: a part of the table; name its CSV with --out (bench/ptxas_sm90.csv, the default, "
+                 f"holds the whole bf16 table)")
+    a.out = a.out or "bench/ptxas_sm90.csv"
     extra = [tuple(int(x) for x in e.split(",")) for e in a.extra]
     fp32 = a.dtype == "fp32"  # each dtype has its own autotune lists
     fwd, bwd = (kernels.FWD_TUNE_FP32, kernels.BWD_TUNE_FP32) if fp32 else (kernels.FWD_TUNE, kernels.BWD_TUNE)

@@ -206,6 +206,13 @@ def test_the_triton_interpreter_lets_backend_triton_pass_the_cpu_check(monkeypat
         cost.cpu_cost_check(cfg, "cpu")
 
 
+def test_backend_flex_on_a_cpu_is_refused_before_training_but_an_eval_only_run_passes():
+    # FlexAttention has no CPU backward: the run once died after its first eval with torch's NotImplementedError
+    with pytest.raises(TrainError, match=r"^backend='flex': FlexAttention has no backward on the CPU"):
+        cost.cpu_cost_check(TrainConfig(**TINY, backend="flex", max_iters=1), "cpu")
+    assert cost.cpu_cost_check(TrainConfig(**TINY, backend="flex", max_iters=0), "cpu") is None
+
+
 def test_help_shows_each_default_as_a_python_literal():
     text = " ".join(config_lib.usage("doc").split())  # textwrap may break a line between fields
     assert "out_dir='out'," in text and "wandb_run_name=''," in text and "max_iters=200000," in text

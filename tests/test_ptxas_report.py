@@ -44,3 +44,16 @@ def test_importing_the_report_leaves_the_interpreter_on_for_the_kernels_after_it
     q, k, v = (torch.randn(1, 2, 5, 16) for _ in range(3))
     torch.testing.assert_close(kernels.attention(q, k, v, "softmax"), model.attention(q, k, v, "softmax"),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_a_part_of_the_table_needs_its_own_out_and_never_replaces_the_committed_one(capsys):
+    # `--scorers softmax` once rewrote bench/ptxas_sm90.csv (every kernel) with a handful of rows
+    spec = importlib.util.spec_from_file_location("ptxas_report", os.path.join(ROOT, "bench", "ptxas_report.py"))
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    before = open(os.path.join(ROOT, "bench", "ptxas_sm90.csv")).read()
+    for argv in (["--scorers", "softmax"], ["--kernels", "fwd"], ["--D", "64"], ["--dtype", "fp32"]):
+        with pytest.raises(SystemExit):
+            report.main(argv)
+        assert "a part of the table; name its CSV with --out" in capsys.readouterr().err
+    assert open(os.path.join(ROOT, "bench", "ptxas_sm90.csv")).read() == before
