@@ -3,7 +3,7 @@ Hugging Face Llama-family checkpoints in (convert_hf.py import): a folder's conf
 checkpoint with its tokenizer as codec (import_hf); the names' mapping and what transformers can run (refusals), which
 the way out shares (lib/hf_export.py: a checkpoint -> a folder that transformers loads).
 """
-import importlib, json, os
+import hashlib, importlib, json, os, pathlib
 
 import torch
 
@@ -189,6 +189,22 @@ def layer_names(a):
     return [*LAYER.items(), *(QK_NORM.items() if a.get("qk_norm") else ())]
 
 
+def tokenizer_of(folder):
+    """The folder's tokenizer: its tokenizer.json, or GPT-2's vocab.json and merges.txt as an export writes them
+    (matched by sha256); None without either."""
+    if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        files = [os.path.join(folder, f) for f in ("vocab.json", "merges.txt")]
+        sums = [hashlib.sha256(pathlib.Path(f).read_bytes()).hexdigest() for f in files if os.path.isfile(f)]
+        return vocab.get_tokenizer() if sums == [vocab.ENCODER_JSON_SHA256, vocab.VOCAB_BPE_SHA256] else None
+    try:
+        return vocab.hf_codec(folder)
+    except DataError:
+        raise
+    except Exception as e:  # the tokenizers library's own parse error
+        raise ConvertError(f"{folder}/tokenizer.json is not a tokenizer the tokenizers library reads "
+                           f"({cause(e)})") from None
+
+
 def import_hf(name, out):
     folder = hf_folder(name)
     if not os.path.isfile(os.path.join(folder, "config.json")):
@@ -202,19 +218,18 @@ def import_hf(name, out):
     args.update(options)
     try:
         model = GPT(GPTConfig(**args))
-    except ValueError as e:  # an option out of its bound (check_options)
-        raise ConvertError(f"config.json's nanoscorer block: {e}") from None
-    state = {**to_state(read_weights(folder), args), **scorer_state(model, params)}
+    except ValueError as e:  # an option out of its bound (check_options), a head layout GPTConfig refuses
+        where = "config.json's nanoscorer block" if "nanoscorer" in cfg else "config.json"
+        raise ConvertError(f"{where}: {e}") from None
+    state, want = {**to_state(read_weights(folder), args), **scorer_state(model, params)}, model.state_dict()
+    bad = next((k for k, x in state.items() if k in want and x.shape != want[k].shape), None)
+    if bad:  # else load_state_dict's traceback
+        raise ConvertError(f"the weights and config.json disagree: {bad} is {tuple(state[bad].shape)} in the weights, "
+                           f"{tuple(want[bad].shape)} by config.json")
     missing, unexpected = model.load_state_dict(state, strict=False)
     if [k for k in missing if not k.startswith("lm_head")] or unexpected:  # lm_head: the tied wte
         raise ConvertError(f"weights that do not fit: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    try:
-        enc = vocab.hf_codec(folder) if os.path.isfile(os.path.join(folder, "tokenizer.json")) else None
-    except DataError:
-        raise
-    except Exception as e:  # the tokenizers library's own parse error
-        raise ConvertError(f"{folder}/tokenizer.json is not a tokenizer the tokenizers library reads "
-                           f"({cause(e)})") from None
+    enc = tokenizer_of(folder)
     tok_cfg = os.path.join(folder, "tokenizer_config.json")
     bos = read_json(tok_cfg).get("bos_token") if enc and os.path.isfile(tok_cfg) else None
     bos = bos.get("content") if isinstance(bos, dict) else bos  # an AddedToken's dict, or its text

@@ -256,6 +256,12 @@ def test_bad_inputs_are_one_error_line(imported, tmp_path):
         assert words in refused("biased")
     os.remove(tmp_path / "biased" / "config.json")
     assert "has no config.json" in refused("biased")
+    llama(str(tmp_path / "odd"), False)  # config.json against the weights, a head layout GPTConfig refuses
+    cfg = json.load(open(tmp_path / "odd" / "config.json"))
+    json.dump({**cfg, "intermediate_size": 100}, open(tmp_path / "odd" / "config.json", "w"))
+    assert "the weights and config.json disagree: transformer.h.0.mlp." in refused("odd")  # was load_state_dict's
+    json.dump({**cfg, "head_dim": 15}, open(tmp_path / "odd" / "config.json", "w"))
+    assert refused("odd").startswith("error: config.json: head_dim=15 must be even")  # not "its nanoscorer block"
     llama(str(tmp_path / "small"), False, vocab_size=200)  # a tokenizer of 300 ids over 200 embeddings
     assert "its tokenizer has 300 ids, more than the model's 200" in refused("small")
     llama(str(tmp_path / "fits"), False, vocab_size=300)  # a tokenizer of exactly the model's ids imports, once

@@ -173,6 +173,10 @@ def test_a_gpt2_vocabulary_model_exports_gpt2s_tokenizer(gpt2_ssmax):
     text = TEXT[:400] + " naïve café, 2024  ok\n\n"
     assert tok(text)["input_ids"] == vocab.get_tokenizer().encode_ordinary(text)
     assert json.load(open(os.path.join(folder, "config.json")))["eos_token_id"] == vocab.EOT
+    # and imports back with it: it once came back with no tokenizer ("sample.py cannot decode")
+    convert_hf.main(["import", folder, "--out", os.path.join(os.path.dirname(folder), "back")])
+    back = torch.load(os.path.join(os.path.dirname(folder), "back", "ckpt.pt"), weights_only=True)
+    assert back["codec"] == vocab.record(None)
 
 
 def test_eval_harness_loads_a_qwen2_export_with_its_biases(tmp_path):
