@@ -46,7 +46,8 @@ def evaluate(args, out):
                          + ("" if args.include_path else " (a local task's YAML: --include_path)"))
     ckpt = vocab.language_model(args.ckpt, read_checkpoint(args.ckpt, mmap=True))  # a task run: said as such
     if ckpt.get("codec") is None:
-        raise ValueError(f"{args.ckpt} stores no tokenizer (an import of a folder without one, or an older checkpoint): lm-eval needs one")
+        raise ValueError(f"{args.ckpt} stores no tokenizer (an import of a folder without one, or an older "
+                         f"checkpoint): lm-eval needs one")
     device = pick_device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # as the other evaluations' autocast
     precision = str(dtype).removeprefix("torch.")
