@@ -221,7 +221,12 @@ def import_hf(name, out):
     except ValueError as e:  # an option out of its bound (check_options), a head layout GPTConfig refuses
         where = "config.json's nanoscorer block" if "nanoscorer" in cfg else "config.json"
         raise ConvertError(f"{where}: {e}") from None
-    state, want = {**to_state(read_weights(folder), args), **scorer_state(model, params)}, model.state_dict()
+    w = read_weights(folder)
+    if args["tie_embeddings"] and "lm_head.weight" in w and not torch.equal(w["lm_head.weight"],
+                                                                           w["model.embed_tokens.weight"]):
+        raise ConvertError("config.json ties the embeddings (tie_word_embeddings) but the weights hold another "
+                           "lm_head.weight: which one the model reads is ambiguous (transformers 5 unties them)")
+    state, want = {**to_state(w, args), **scorer_state(model, params)}, model.state_dict()
     bad = next((k for k, x in state.items() if k in want and x.shape != want[k].shape), None)
     if bad:  # else load_state_dict's traceback
         raise ConvertError(f"the weights and config.json disagree: {bad} is {tuple(state[bad].shape)} in the weights, "

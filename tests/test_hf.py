@@ -260,6 +260,8 @@ def test_bad_inputs_are_one_error_line(imported, tmp_path):
     cfg = json.load(open(tmp_path / "odd" / "config.json"))
     json.dump({**cfg, "intermediate_size": 100}, open(tmp_path / "odd" / "config.json", "w"))
     assert "the weights and config.json disagree: transformer.h.0.mlp." in refused("odd")  # was load_state_dict's
+    json.dump({**cfg, "tie_word_embeddings": True}, open(tmp_path / "odd" / "config.json", "w"))  # its own lm_head
+    assert "ties the embeddings (tie_word_embeddings) but the weights hold another lm_head.weight" in refused("odd")
     json.dump({**cfg, "head_dim": 15}, open(tmp_path / "odd" / "config.json", "w"))
     assert refused("odd").startswith("error: config.json: head_dim=15 must be even")  # not "its nanoscorer block"
     llama(str(tmp_path / "small"), False, vocab_size=200)  # a tokenizer of 300 ids over 200 embeddings
