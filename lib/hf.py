@@ -236,7 +236,8 @@ def import_hf(name, out):
         raise ConvertError(f"weights that do not fit: missing {missing[:3]}, unexpected {unexpected[:3]}")
     enc = tokenizer_of(folder)
     tok_cfg = os.path.join(folder, "tokenizer_config.json")
-    bos = read_json(tok_cfg).get("bos_token") if enc and os.path.isfile(tok_cfg) else None
+    tok = read_json(tok_cfg) if enc and os.path.isfile(tok_cfg) else {}
+    bos = tok.get("bos_token")
     bos = bos.get("content") if isinstance(bos, dict) else bos  # an AddedToken's dict, or its text
     if enc is not None and enc.n_vocab > args["vocab_size"]:
         raise ConvertError(f"its tokenizer has {enc.n_vocab:,} ids, more than the model's {args['vocab_size']:,}")
@@ -247,7 +248,8 @@ def import_hf(name, out):
     os.makedirs(out, exist_ok=True)
     save_checkpoint({"model": model.state_dict(), "model_args": args, "config": {}, "iter_num": 0,
                      "run_info": run_info(), "codec": vocab.record(enc) if enc else None,
-                     "hf": {"source": name, "config": cfg, "bos_token": bos}}, os.path.join(out, "ckpt.pt"))
+                     "hf": {"source": name, "config": cfg, "bos_token": bos,
+                            "chat_template": tok.get("chat_template")}}, os.path.join(out, "ckpt.pt"))
     print(f"{out}/ckpt.pt: {model.get_num_params() / 1e6:.1f}M parameters, scorer {args['scorer']}, "
           f"{args['n_head']} heads, {args['n_kv_head']} KV heads, N = {args['block_size']}, tokenizer: "
           + (f"{enc.n_vocab:,} ids" if enc else "none (no tokenizer.json: sample.py cannot decode)"))

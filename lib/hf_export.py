@@ -27,16 +27,16 @@ def gpt2_files():
     return files
 
 
-def write_tokenizer(codec, out, block_size, bos=None):
+def write_tokenizer(codec, out, block_size, bos=None, chat_template=None):
     """The checkpoint's codec as a tokenizer transformers loads (AutoTokenizer): an imported model's tokenizer.json,
     or GPT-2's vocab.json and merges.txt; tokenizer_config.json names its end-of-text token and an imported
-    tokenizer's BOS (bos: its text). Returns the files."""
+    tokenizer's BOS (bos: its text) and chat template. Returns the files."""
     if codec.get("kind") == "hf":
         with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as f:
             f.write(codec["json"])
         eot = vocab.from_record(codec).tok.id_to_token(codec["eot"])
         cfg, files = dict(tokenizer_class="PreTrainedTokenizerFast", eos_token=eot), ["tokenizer.json"]
-        cfg.update({"bos_token": bos} if bos else {})
+        cfg.update({k: x for k, x in (("bos_token", bos), ("chat_template", chat_template)) if x})
     elif codec.get("kind") == "gpt2":
         for src, name in zip(gpt2_files(), ("vocab.json", "merges.txt")):
             shutil.copyfile(src, os.path.join(out, name))
@@ -81,7 +81,7 @@ def export_hf(path, out):
                max_position_embeddings=a["block_size"], rms_norm_eps=a["norm_eps"], rope_theta=a["rope_theta"],
                rope_parameters={"rope_type": "default", **(a.get("rope_scaling") or {}), "rope_theta": a["rope_theta"]},
                tie_word_embeddings=tie, hidden_act="silu", attention_bias=False, mlp_bias=False,
-               torch_dtype="float32", eos_token_id=codec.get("eot"),
+               torch_dtype="float32", eos_token_id=source.get("config", {}).get("eos_token_id", codec.get("eot")),
                bos_token_id=source.get("config", {}).get("bos_token_id"))
     if a.get("rope_scaling"):  # the older key too (transformers takes it first, θ then the top level's)
         cfg["rope_scaling"] = a["rope_scaling"]
@@ -95,7 +95,7 @@ def export_hf(path, out):
     if held:
         raise ConvertError(f"{out} already holds {', '.join(held)}: give another --out")
     with folders.results_dir(out, ["model.safetensors", "config.json"], "an export", "--out") as tmp:  # whole or none
-        files = write_tokenizer(codec, tmp, a["block_size"], source.get("bos_token"))
+        files = write_tokenizer(codec, tmp, a["block_size"], source.get("bos_token"), source.get("chat_template"))
         st.save_file({k: t.contiguous() for k, t in out_w.items()}, os.path.join(tmp, "model.safetensors"),
                      metadata={"format": "pt"})
         with open(os.path.join(tmp, "config.json"), "w") as f:

@@ -195,6 +195,18 @@ def test_an_exported_model_loads_as_a_plain_llama_with_the_sources_bos_left_padd
         assert (got[1, 4:] - model(x[1:, 4:], x[1:, 4:])[0][0]).abs().max() < 1e-5
 
 
+def test_an_export_keeps_the_sources_end_of_text_ids_and_chat_template(tmp_path):
+    # Llama 3 Instruct's eos list (<|eot_id|> among them) and chat template were dropped: generation ran on past a turn
+    llama(str(tmp_path / "src"), False, eos_token_id=[0, 1])
+    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    json.dump({"bos_token": "<s>", "chat_template": template}, open(tmp_path / "src" / "tokenizer_config.json", "w"))
+    convert_hf.main(["import", str(tmp_path / "src"), "--out", str(tmp_path / "run")])
+    convert_hf.main(["export", str(tmp_path / "run" / "ckpt.pt"), "--out", str(tmp_path / "out")])
+    assert json.load(open(tmp_path / "out" / "config.json"))["eos_token_id"] == [0, 1]
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "user: hi\n"
+
+
 def test_the_imported_tokenizer_is_the_checkpoints_codec(imported, capsys):
     _, path = imported[False]
     codec = torch.load(path, weights_only=True)["codec"]
