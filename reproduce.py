@@ -29,6 +29,7 @@ results/<name>/ keeps, with today's statistics (lib/rereport.py).
 import argparse, importlib, os, sys
 
 from lib import lm_suite
+from lib.checkpoint import CheckpointError
 from lib.corpora import DataError
 from lib.folders import FolderError
 from lib.lm_suite import PAPERS, SCALES, SWITCH_AT, VARIANTS  # noqa: F401 (the suite's definitions, for a reader)
@@ -113,7 +114,7 @@ def main(argv=None):
                                   seeds=a.seeds, commit=a.commit_results, redo=a.redo, scale=a.scale)
         a.jobs = a.jobs or 2
         lm_suite.main(a)
-    except (StepError, FolderError, DataError) as e:
+    except (StepError, FolderError, DataError, CheckpointError) as e:  # CheckpointError: a run's cut ckpt.pt
         sys.exit(f"error: {e}")
 
 

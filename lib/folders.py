@@ -39,6 +39,15 @@ def replace_synced(tmps, paths):
             sync(folder)
 
 
+def copy_whole(src, dst):
+    """src copied to dst (its folder made), whole or not at all: a kill mid-copy leaves a temporary beside dst (which
+    train.py's out_dir check removes), never a cut dst that a rerun takes as made."""
+    os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
+    tmp = f"{dst}.tmp-{os.getpid()}"
+    shutil.copyfile(src, tmp)
+    replace_synced([tmp], [dst])
+
+
 def write_json(path, obj, **kw):
     """obj as JSON at path (kw: json.dump's), whole or not at all: written beside it, synced, renamed over it. A float
     nan or inf (a one-seed run's sd and interval) is written null: Python wrote NaN, which strict readers (jq, a
@@ -124,12 +133,13 @@ def results_dir(out_dir, names, what="an evaluation", flag="--out_dir"):
     go to a fresh folder of this process's beside it, moved into out_dir only when the evaluation finished: out_dir
     never holds a partial or mixed set of results."""
     with held(out_dir, what):
-        refuse_results(out_dir, names, flag)
         stem = os.path.normpath(out_dir) + ".tmp-"
         tmp = stem + str(os.getpid())
         for old in glob.glob(glob.escape(stem) + "*"):  # a dead process's, or this one's
             if old == tmp or old[len(stem):].isdigit() and not pid_alive(int(old[len(stem):])):
+                _finish_move(old, out_dir)
                 shutil.rmtree(old, ignore_errors=True)
+        refuse_results(out_dir, names, flag)
         os.makedirs(tmp)
         try:
             yield tmp
@@ -138,13 +148,30 @@ def results_dir(out_dir, names, what="an evaluation", flag="--out_dir"):
                     sync(os.path.join(folder, name))
             try:
                 os.replace(tmp, out_dir)  # one rename where out_dir is absent or empty
-            except OSError:  # shared folder: file by file, marker last
-                for name in sorted(os.listdir(tmp), key=lambda n: names.index(n) if n in names else -1):
+            except OSError:  # shared folder: file by file, marker last, after a list of them (_finish_move's)
+                moving = sorted(os.listdir(tmp), key=lambda n: names.index(n) if n in names else -1)
+                with open(os.path.join(tmp, ".moving.tmp"), "w") as f:
+                    f.write("\n".join(moving))
+                replace_synced([os.path.join(tmp, ".moving.tmp")], [os.path.join(tmp, ".moving")])
+                for name in moving:
                     os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
             with contextlib.suppress(OSError):
                 sync(os.path.dirname(os.path.abspath(out_dir)))
         finally:
+            _finish_move(tmp, out_dir)  # a move cut by an exception (Ctrl-C): the rest of it, not a part lost
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _finish_move(tmp, out_dir):
+    """A killed evaluation's move into a shared out_dir, finished: its results were whole (synced) before the first
+    file moved, and its list of them (.moving) tells a cut move, which left out_dir a part of them, from a cut run."""
+    if os.path.isfile(os.path.join(tmp, ".moving")):
+        with open(os.path.join(tmp, ".moving")) as f:
+            left = [n for n in f.read().split("\n") if os.path.isfile(os.path.join(tmp, n))]
+        for name in left:
+            os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+        if left:
+            print(f"{out_dir}: finished the move of an interrupted evaluation's results ({', '.join(left)})")
 
 
 def refuse_results(out_dir, names, flag="--out_dir"):

@@ -3,13 +3,13 @@ The language-model suite of reproduce.py (`python reproduce.py --scale cpu|gpu|c
 each seed's steps (training, then eval_long, the copy gate and retrieval) run with lib/runs.py's Steps, and
 report.py's summary. reproduce.py's docstring says what it reproduces; lib/synthetic.py is the other suite.
 """
-import os, shutil, sys
+import os, sys
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from lib import dataset, plans, report, retrieval
-from lib.folders import held
+from lib.folders import copy_whole, held
 from lib.runs import (Steps, check_runs, complete, done, iter_of, keep_train_log, kv, own_folders, pack,
                       read_train_logs, trained)
 
@@ -100,8 +100,7 @@ def train_all(S, runs, steps, data_dir, seed, variants, threads):
         run("train softmax to the switch", base + kv(dict(scorer="softmax", out_dir=f"{runs}/softmax", max_iters=k,
                                                           resume=True)))
         if iter_of(ckpt("softmax")) == k and not os.path.isfile(ckpt("softmax_at_switch")):
-            os.makedirs(os.path.join(runs, "softmax_at_switch"), exist_ok=True)
-            shutil.copy(ckpt("softmax"), ckpt("softmax_at_switch"))
+            copy_whole(ckpt("softmax"), ckpt("softmax_at_switch"))  # a kill mid-copy: no cut ckpt.pt
         run("train softmax", base + kv(dict(scorer="softmax", out_dir=f"{runs}/softmax", resume=True)))
     for v in variants:
         over = VARIANTS[v][0]
@@ -112,8 +111,7 @@ def train_all(S, runs, steps, data_dir, seed, variants, threads):
                                                            out_dir=f"{runs}/ssmax_e")), ckpt("ssmax_e"))
     if "ssmax_f" in variants:  # (f): SSMax resumes softmax's data and AdamW state
         if not os.path.isfile(ckpt("ssmax_f")):
-            os.makedirs(os.path.join(runs, "ssmax_f"), exist_ok=True)
-            shutil.copy(ckpt("softmax_at_switch"), ckpt("ssmax_f"))
+            copy_whole(ckpt("softmax_at_switch"), ckpt("ssmax_f"))
         run("train (f) after the switch", base + kv(dict(init_from="resume", scorer="ssmax", overwrite=True,
                                                          out_dir=f"{runs}/ssmax_f")), trained(ckpt("ssmax_f"), M))
 

@@ -149,7 +149,41 @@ def test_results_reach_out_dir_only_whole_and_a_killed_runs_folder_is_cleared_by
     with folders.results_dir(str(out), names[1:]) as folder:  # a.csv is another evaluation's
         for name in ("done.json", "b.png"):
             (Path(folder) / name).write_text(name)
-    assert moved == ["b.png", "done.json"] and set(snapshot(out)) == set(names)
+    assert moved == [".moving", "b.png", "done.json"] and set(snapshot(out)) == set(names)  # the list first
+
+
+def test_a_move_into_a_shared_folder_cut_by_ctrl_c_or_a_kill_is_finished_not_left_a_part(tmp_path, monkeypatch, capsys):
+    # a kill between two renames left needle.csv without needle.json, and every rerun refused the folder for it
+    out, names, replace = tmp_path / "res", ["a.csv", "b.png", "done.json"], os.replace
+    out.mkdir()
+    (out / "other.csv").write_text("another evaluation's")  # shared: file by file
+    calls = []
+    def cut_after_one(src, dst):
+        calls.append(dst)
+        if len(calls) == 3:  # .moving, a.csv, then Ctrl-C
+            raise KeyboardInterrupt
+        replace(src, dst)
+    monkeypatch.setattr(os, "replace", cut_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        with folders.results_dir(str(out), names) as folder:
+            for name in names:
+                (Path(folder) / name).write_text(name)
+    assert set(snapshot(out)) == {"other.csv", *names} and no_staging_beside(out)
+    monkeypatch.setattr(os, "replace", replace)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])  # a kill -9 mid-move: its folder, list and the rest
+    dead.wait()
+    staged = tmp_path / f"res2.tmp-{dead.pid}"
+    staged.mkdir()
+    for name in names:
+        (staged / name).write_text(name)
+    (staged / ".moving").write_text("\n".join(names))
+    (tmp_path / "res2").mkdir()
+    os.replace(staged / "a.csv", tmp_path / "res2" / "a.csv")  # moved before the kill
+    with pytest.raises(folders.FolderError, match="already holds a.csv, b.png, done.json of an earlier run"):
+        with folders.results_dir(str(tmp_path / "res2"), names):
+            pass
+    assert snapshot(tmp_path / "res2") == {n: n.encode() for n in names} and not staged.exists()
+    assert "finished the move of an interrupted evaluation's results (b.png, done.json)" in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -95,3 +95,21 @@ def test_evaluation_results_are_on_disk_before_the_rename_that_shows_them_finish
                                                                 ("a.csv", "done.json", "sub/b.png")}
     assert calls[rename + 1:] == [("fsync", os.path.realpath(tmp_path))]
     assert sorted(os.listdir(out)) == ["a.csv", "done.json", "sub"]
+
+
+def test_a_checkpoint_copy_cut_short_leaves_no_destination_and_a_whole_one_is_synced_first(tmp_path, monkeypatch):
+    # the lm suite's copies of softmax at the switch: a kill mid-copy left a cut ckpt.pt that every rerun took as made
+    src, dst = tmp_path / "ckpt.pt", tmp_path / "f" / "ckpt.pt"
+    src.write_bytes(os.urandom(4096))
+    def cut(a, b):
+        open(b, "wb").write(b"half")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(folders.shutil, "copyfile", cut)
+    with pytest.raises(KeyboardInterrupt):
+        folders.copy_whole(str(src), str(dst))
+    assert not dst.exists()
+    monkeypatch.undo()
+    calls = _record(monkeypatch)
+    folders.copy_whole(str(src), str(dst))
+    assert dst.read_bytes() == src.read_bytes() and calls.index(("fsync", str(dst) + f".tmp-{os.getpid()}")) < \
+        calls.index(("replace", str(dst) + f".tmp-{os.getpid()}"))
