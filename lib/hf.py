@@ -8,7 +8,7 @@ import hashlib, importlib, json, os, pathlib
 import torch
 
 import tasks
-from lib import vocab
+from lib import folders, vocab
 from lib.checkpoint import run_info, save_checkpoint
 from lib.corpora import DataError
 from model import GPT, GPTConfig, param_name
@@ -243,13 +243,14 @@ def import_hf(name, out):
         raise ConvertError(f"its tokenizer has {enc.n_vocab:,} ids, more than the model's {args['vocab_size']:,}")
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConvertError(f"--out {out!r} is a file, expected a folder for ckpt.pt")
-    if os.path.exists(os.path.join(out, "ckpt.pt")):
-        raise ConvertError(f"{out} already holds a ckpt.pt: give another --out")
-    os.makedirs(out, exist_ok=True)
-    save_checkpoint({"model": model.state_dict(), "model_args": args, "config": {}, "iter_num": 0,
-                     "run_info": run_info(), "codec": vocab.record(enc) if enc else None,
-                     "hf": {"source": name, "config": cfg, "bos_token": bos,
-                            "chat_template": tok.get("chat_template")}}, os.path.join(out, "ckpt.pt"))
+    with folders.held(out, "an import"):  # two imports into one --out: the second is refused, never both written
+        if os.path.exists(os.path.join(out, "ckpt.pt")):
+            raise ConvertError(f"{out} already holds a ckpt.pt: give another --out")
+        os.makedirs(out, exist_ok=True)
+        save_checkpoint({"model": model.state_dict(), "model_args": args, "config": {}, "iter_num": 0,
+                         "run_info": run_info(), "codec": vocab.record(enc) if enc else None,
+                         "hf": {"source": name, "config": cfg, "bos_token": bos,
+                                "chat_template": tok.get("chat_template")}}, os.path.join(out, "ckpt.pt"))
     print(f"{out}/ckpt.pt: {model.get_num_params() / 1e6:.1f}M parameters, scorer {args['scorer']}, "
           f"{args['n_head']} heads, {args['n_kv_head']} KV heads, N = {args['block_size']}, tokenizer: "
           + (f"{enc.n_vocab:,} ids" if enc else "none (no tokenizer.json: sample.py cannot decode)"))

@@ -24,7 +24,7 @@ import rope  # noqa: E402
 import sample  # noqa: E402
 import train  # noqa: E402
 from conftest import one_line_error  # noqa: E402
-from lib import dataset, hf as lib_hf, vocab  # noqa: E402
+from lib import dataset, folders, hf as lib_hf, vocab  # noqa: E402
 from lib.checkpoint import load_checkpoint, read_checkpoint  # noqa: E402
 from lib.config import TrainConfig, TrainError, model_config  # noqa: E402
 
@@ -281,6 +281,9 @@ def test_bad_inputs_are_one_error_line(imported, tmp_path):
     llama(str(tmp_path / "fits"), False, vocab_size=300)  # a tokenizer of exactly the model's ids imports, once
     convert_hf.main(["import", str(tmp_path / "fits"), "--out", str(tmp_path / "o")])
     assert "already holds a ckpt.pt" in refused("fits")
+    with folders.held(str(tmp_path / "busy")):  # another import writing there: refused, not both written
+        assert "is in use" in one_line_error(convert_hf.main, ["import", str(tmp_path / "fits"), "--out",
+                                                               str(tmp_path / "busy")])
     for name in ("no/such/x", "/no_such", "./no_such"):  # a missing path, not a hub name to download
         assert "neither a Hugging Face folder" in one_line_error(convert_hf.main, ["import", name, "--out", "o"])
     _, path = imported[False]
