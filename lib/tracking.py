@@ -169,7 +169,9 @@ def plot_losses(out_dir, title):
         ax.axvline(r["start_iter"], color="gray", ls=":", lw=1, label=f"scorer -> {r['switch']['scorer'][1]}")
     ax.set(xlabel="iteration", ylabel="loss (nats)", title=title)
     ax.legend()
-    ax.figure.savefig(os.path.join(out_dir, "loss.png"), dpi=120, bbox_inches="tight")
+    path = os.path.join(out_dir, "loss.png")  # drawn beside it, then renamed: a kill mid-draw left an empty one
+    ax.figure.savefig(f"{path}.tmp-{os.getpid()}", format="png", dpi=120, bbox_inches="tight")
+    os.replace(f"{path}.tmp-{os.getpid()}", path)
 
 
 # bf16 dense peak FLOP/s by device name, the first key the name contains: the PCIe and NVL cards before "H100" (the

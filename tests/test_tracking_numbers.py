@@ -159,10 +159,10 @@ def test_read_run_labels_a_run_by_its_last_scorer_and_a_later_line_of_an_iter_wi
 
 
 def drawn(monkeypatch):
-    """The figures savefig is asked to write, kept instead of written."""
+    """The figures savefig is asked to write, kept instead of drawn (an empty file in their place)."""
     from matplotlib.figure import Figure
     figures = []
-    monkeypatch.setattr(Figure, "savefig", lambda self, *args, **kwargs: figures.append(self))
+    monkeypatch.setattr(Figure, "savefig", lambda self, fname, **kw: figures.append(self) or open(fname, "w").close())
     return figures
 
 
@@ -175,6 +175,21 @@ def test_loss_png_draws_the_latest_line_of_each_iter_and_marks_the_switch(tmp_pa
     assert curves["train (per step)"] == ([0, 1], [5.0, 3.0])
     assert curves["train (eval)"] == ([0, 2], [4.4, 3.4]) and curves["val (eval)"] == ([0, 2], [4.5, 3.5])
     assert list(curves["scorer -> ssmax"][0]) == [1, 1]  # a vertical line at the switch's start_iter
+
+
+def test_a_loss_png_cut_mid_draw_leaves_the_last_whole_one(tmp_path, monkeypatch):
+    # a kill while it was drawn left a 0-byte loss.png that a finished run never redrew
+    from matplotlib.figure import Figure
+    switched_run(tmp_path)
+    tracking.plot_losses(str(tmp_path), "t")
+    whole = (tmp_path / "loss.png").read_bytes()
+    def cut(self, fname, **kw):
+        open(fname, "wb").close()
+        raise KeyboardInterrupt
+    monkeypatch.setattr(Figure, "savefig", cut)
+    with pytest.raises(KeyboardInterrupt):
+        tracking.plot_losses(str(tmp_path), "t")
+    assert whole[:8] == b"\x89PNG\r\n\x1a\n" and (tmp_path / "loss.png").read_bytes() == whole
 
 
 def test_compare_averages_a_runs_steps_over_a_fiftieth_of_them(tmp_path, monkeypatch):
