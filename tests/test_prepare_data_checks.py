@@ -41,6 +41,17 @@ def test_check_prepared_names_a_truncated_train_bin_and_prepare_repairs_it(prepa
     assert read_all(prepared)[0]["sha256"] == meta["sha256"]  # the same bytes as before, rewritten whole
     assert not any(f.endswith(".tmp") for f in os.listdir(prepared))
 
+def test_ctrl_c_while_tokenizing_leaves_no_temp_file(tmp_path, monkeypatch):
+    # train.bin.tmp and val.bin.tmp stayed behind (for a large corpus, gigabytes)
+    write_jsonl(tmp_path / "c.jsonl", n=20)
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(pdata, "replace_synced", interrupted)  # every .tmp written, none renamed yet
+    with pytest.raises(KeyboardInterrupt):
+        pdata.prepare(str(tmp_path / "c.jsonl"), out_dir=str(tmp_path / "data"), val_frac=0.2)
+    assert not [f for _, _, files in os.walk(tmp_path / "data") for f in files if f.endswith(".bin.tmp")]
+
+
 def test_check_prepared_names_a_missing_train_bin_beside_val_bin(prepared):
     os.remove(os.path.join(prepared, "train.bin"))
     with pytest.raises(pdata.DataError, match="train.bin is missing; re-prepare it with `python prepare_data.py "):
