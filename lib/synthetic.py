@@ -9,7 +9,7 @@ results/<name>/ with commit=True). A finished step is skipped when it was made w
 records its training in its `done` marker and its evaluation in eval_settings.json), so an interrupted suite
 resumes; other settings refuse in one line unless redo=True (the run is made again).
 """
-import contextlib, json, multiprocessing, os, runpy, sys, time
+import contextlib, ctypes, json, multiprocessing, os, runpy, signal, sys, time
 from concurrent.futures import ProcessPoolExecutor
 
 from lib import plans
@@ -22,7 +22,28 @@ from lib.synthetic_suite import (  # noqa: F401 (the suite's definitions, for a 
 REPO_OUT = REPO  # output root; tests point it elsewhere
 
 
+def _die_with_parent():
+    """Linux: this worker is killed when the suite's process dies (kill -9 too): else it finished its queued runs and
+    then waited forever, holding its run folder's lock."""
+    parent = multiprocessing.parent_process()
+    if parent is None:  # not a worker (a test calls _one_core in its own process)
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if not parent.is_alive():  # it died before the line above
+        os._exit(1)
+
+
+def _stop(pool):
+    """Stop the pool now (Ctrl-C, a failed run): a worker whose run was interrupted took the next queued one, and the
+    suite exited only after it (35 s later, its time in no wall.json)."""
+    for process in list((pool._processes or {}).values()):  # the executor has no public kill before Python 3.14
+        process.terminate()
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _one_core():  # one core per worker, `jobs` workers at once
+    _die_with_parent()
     import torch
     torch.set_num_threads(1)
     # what train.py and eval_tasks.py import, and CUDA, start here, not in a worker's first run: train_s compares
@@ -187,7 +208,7 @@ def suite(runs, results, todo, jobs, n_eval, command, task_names, redo, syntheti
                 try:
                     r, done = f.result(), done + evaluate
                 except BaseException:  # stop now: queued runs would otherwise all run before the error shows
-                    pool.shutdown(cancel_futures=True)
+                    _stop(pool)
                     raise
                 print(f"[{done}/{len(todo)}] {r['task']} {r['setting']} seed {r['seed']}: train {r['train_s']} s, "
                       + (f"eval {r['eval_s']} s" if evaluate else "for its rescalings") +
