@@ -87,7 +87,7 @@ def held(folder, what="this folder", wait=False, active=True):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except OSError as e:
-            holder = _holder(fd)
+            holder, what = _holder(fd, what)
             os.close(fd)
             _remove_empty(made)
             if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
@@ -104,7 +104,7 @@ def held(folder, what="this folder", wait=False, active=True):
     try:
         with contextlib.suppress(OSError):  # the pid is for the message only (a full disk may refuse it)
             os.ftruncate(fd, 0)  # a killed holder's pid may be longer
-            os.write(fd, str(os.getpid()).encode())
+            os.write(fd, f"{os.getpid()} {what}".encode())  # what the holder writes: the refused caller's message
         yield
     finally:
         with contextlib.suppress(OSError):
@@ -119,11 +119,13 @@ def _remove_empty(folders):
             os.rmdir(d)
 
 
-def _holder(fd):
+def _holder(fd, what):
+    """The holder's pid and what it writes, from its lock file (an older holder's: the pid alone, and `what`)."""
     try:
-        return os.pread(fd, 32, 0).decode().strip() or "(pid not yet written)"
+        pid, _, theirs = os.pread(fd, 300, 0).decode(errors="replace").strip().partition(" ")
     except OSError:
-        return "(unknown pid)"
+        return "(unknown pid)", what
+    return pid or "(pid not yet written)", theirs or what
 
 
 @contextlib.contextmanager

@@ -41,7 +41,7 @@ def test_a_missing_or_wrong_checkpoint_a_tokenizer_without_eot_and_a_busy_or_fil
     assert run("export", str(tmp_path / "no.pt"), "--out", "o") == f"error: checkpoint {str(tmp_path / 'no.pt')!r} " \
                                                                    "does not exist"
     assert run("export", str(tmp_path), "--out", "o").endswith("is a directory, expected a checkpoint file")
-    with folders.held(str(tmp_path / "busy")):  # another export writing the same folder
+    with folders.held(str(tmp_path / "busy"), "an export"):  # another export writing the same folder
         msg = run("export", path, "--out", str(tmp_path / "busy"))
     assert msg.startswith(f"error: {str(tmp_path / 'busy')!r} is in use: an export is being written by process ")
     assert not (tmp_path / "busy").exists()

@@ -51,17 +51,19 @@ def snapshot(folder):
 
 
 HOLD = ("import sys; sys.path.insert(0, sys.argv[1]); from lib import folders\n"
-        "with folders.held(sys.argv[2]):\n    print('held', flush=True); sys.stdin.read()\n")
+        "with folders.held(*sys.argv[2:]):\n    print('held', flush=True); sys.stdin.read()\n")
 
 
 @pytest.fixture
 def other_process():
-    """hold(folder): another process holds folder's lock until the test ends (or it is killed); returns its pid."""
+    """hold(folder, what): another process holds folder's lock (writing `what`) until the test ends (or it is
+    killed); returns its pid."""
     procs = []
 
-    def hold(folder):
-        p = subprocess.Popen([sys.executable, "-c", HOLD, os.path.dirname(os.path.dirname(__file__)), str(folder)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    def hold(folder, *what):
+        root = os.path.dirname(os.path.dirname(__file__))
+        p = subprocess.Popen([sys.executable, "-c", HOLD, root, str(folder), *what], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
         assert p.stdout.readline().strip() == "held"
         procs.append(p)
         return p
@@ -134,13 +136,22 @@ def test_a_second_evaluation_into_one_folder_and_a_second_suite_stop_in_one_line
     import reproduce
     from lib import synthetic
     monkeypatch.setattr(synthetic, "REPO_OUT", str(tmp_path))
-    p = other_process(tmp_path / "out-synthetic-quick")  # the same suite started twice
+    p = other_process(tmp_path / "out-synthetic-quick", "a synthetic suite's runs")  # the same suite started twice
     msg = one_line_error(reproduce.main, ["--suite", "synthetic", "--quick"])
     assert f"a synthetic suite's runs is being written by process {p.pid}" in msg
     monkeypatch.chdir(tmp_path)
-    p = other_process(tmp_path / "out-repro-cpu_char")
+    p = other_process(tmp_path / "out-repro-cpu_char", "a reproduction's runs")
     msg = one_line_error(reproduce.main, ["--scale", "cpu_char", "--seeds", "1"])
     assert f"a reproduction's runs is being written by process {p.pid}" in msg
+
+
+def test_the_refusal_names_what_the_holder_writes_not_what_the_caller_would(tmp_path):
+    # a synthetic suite was told that "a synthetic suite's results" held the folder an lm reproduction wrote
+    with folders.held(str(tmp_path / "res"), "a reproduction's results"):
+        with pytest.raises(folders.FolderError, match=f"in use: a reproduction's results is being written by process "
+                                                      f"{os.getpid()} "):
+            with folders.held(str(tmp_path / "res"), "a synthetic suite's results"):
+                pass
 
 
 # ----------------------------------------------------------------------------------------------------------------
