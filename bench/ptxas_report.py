@@ -108,7 +108,8 @@ def main(argv=None):
     ap.add_argument("--out", help="the CSV (default: bench/ptxas_sm90.csv for the whole bf16 table, else needed)")
     a = ap.parse_args(argv)
     part = [f"--{k}" for k, v in (("scorers", a.scorers), ("kernels", set(a.kernels) != set(KERNELS)),
-                                  ("D", a.D != [64, 128]), ("dtype fp32", a.dtype == "fp32"), ("prec", a.prec)) if v]
+                                  ("D", set(a.D) != {64, 128}), ("dtype fp32", a.dtype == "fp32"),
+                                  ("prec", a.prec)) if v]
     if part and not a.out:  # it once replaced the committed table of every kernel with these few rows
         ap.error(f"{', '.join(part)}: a part of the table; name its CSV with --out (bench/ptxas_sm90.csv, the default, "
                  f"holds the whole bf16 table)")

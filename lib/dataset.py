@@ -163,7 +163,7 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
         try:
             return _build(data_dir, args, source, files, hf or tokenizer, text_field, hf_split, val_frac, seed,
                           max_tokens)
-        except (OSError, DataError, KeyboardInterrupt) as e:  # a full disk, a bad row, Ctrl-C: no .tmp is left ...
+        except BaseException as e:  # a full disk, a bad row, Ctrl-C, any error: no .tmp is left behind ...
             meta = os.path.join(data_dir, "meta.json")
             for f in ("train.bin.tmp", "val.bin.tmp", *["meta.json.tmp"] * os.path.exists(meta)):
                 with contextlib.suppress(OSError):  # ... but a cut build's meta.json.tmp, which fetch refuses

@@ -40,12 +40,17 @@ def replace_synced(tmps, paths):
 
 
 def copy_whole(src, dst):
-    """src copied to dst (its folder made), whole or not at all: a kill mid-copy leaves a temporary beside dst (which
-    train.py's out_dir check removes), never a cut dst that a rerun takes as made."""
+    """src copied to dst (its folder made), whole or not at all: never a cut dst that a rerun takes as made (an
+    exception removes the temporary beside it; a kill -9 may leave it, never under dst's name)."""
     os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
     tmp = f"{dst}.tmp-{os.getpid()}"
-    shutil.copyfile(src, tmp)
-    replace_synced([tmp], [dst])
+    try:
+        shutil.copyfile(src, tmp)
+        replace_synced([tmp], [dst])
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
 
 
 def write_json(path, obj, **kw):
@@ -166,10 +171,14 @@ def results_dir(out_dir, names, what="an evaluation", flag="--out_dir"):
 
 def _finish_move(tmp, out_dir):
     """A killed evaluation's move into a shared out_dir, finished: its results were whole (synced) before the first
-    file moved, and its list of them (.moving) tells a cut move, which left out_dir a part of them, from a cut run."""
+    file moved, and its list of them (.moving) tells a cut move, which left out_dir a part of them, from a cut run.
+    Only where that part is still there: else the staging folder is dropped as a cut run's."""
     if os.path.isfile(os.path.join(tmp, ".moving")):
         with open(os.path.join(tmp, ".moving")) as f:
-            left = [n for n in f.read().split("\n") if os.path.isfile(os.path.join(tmp, n))]
+            names = f.read().split("\n")
+        left = [n for n in names if os.path.isfile(os.path.join(tmp, n))]
+        if not all(os.path.isfile(os.path.join(out_dir, n)) for n in names if n not in left):
+            return  # the part it moved was removed since (or out_dir): not finished into a set that looks whole
         for name in left:
             os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
         if left:

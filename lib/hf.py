@@ -222,8 +222,8 @@ def import_hf(name, out):
         where = "config.json's nanoscorer block" if "nanoscorer" in cfg else "config.json"
         raise ConvertError(f"{where}: {e}") from None
     w = read_weights(folder)
-    if args["tie_embeddings"] and "lm_head.weight" in w and not torch.equal(w["lm_head.weight"],
-                                                                           w["model.embed_tokens.weight"]):
+    if args["tie_embeddings"] and "lm_head.weight" in w and not torch.equal(w["lm_head.weight"], w.get(
+            "model.embed_tokens.weight", w["lm_head.weight"])):  # no embeddings: to_state says so
         raise ConvertError("config.json ties the embeddings (tie_word_embeddings) but the weights hold another "
                            "lm_head.weight: which one the model reads is ambiguous (transformers 5 unties them)")
     state, want = {**to_state(w, args), **scorer_state(model, params)}, model.state_dict()
@@ -237,7 +237,8 @@ def import_hf(name, out):
     enc = tokenizer_of(folder)
     tok_cfg = os.path.join(folder, "tokenizer_config.json")
     tok = read_json(tok_cfg) if enc and os.path.isfile(tok_cfg) else {}
-    bos = tok.get("bos_token")
+    bos, jinja = tok.get("bos_token"), os.path.join(folder, "chat_template.jinja")  # transformers 5 saves it there
+    template = tok.get("chat_template") or (pathlib.Path(jinja).read_text() if enc and os.path.isfile(jinja) else None)
     bos = bos.get("content") if isinstance(bos, dict) else bos  # an AddedToken's dict, or its text
     if enc is not None and enc.n_vocab > args["vocab_size"]:
         raise ConvertError(f"its tokenizer has {enc.n_vocab:,} ids, more than the model's {args['vocab_size']:,}")
@@ -250,7 +251,7 @@ def import_hf(name, out):
         save_checkpoint({"model": model.state_dict(), "model_args": args, "config": {}, "iter_num": 0,
                          "run_info": run_info(), "codec": vocab.record(enc) if enc else None,
                          "hf": {"source": name, "config": cfg, "bos_token": bos,
-                                "chat_template": tok.get("chat_template")}}, os.path.join(out, "ckpt.pt"))
+                                "chat_template": template}}, os.path.join(out, "ckpt.pt"))
     print(f"{out}/ckpt.pt: {model.get_num_params() / 1e6:.1f}M parameters, scorer {args['scorer']}, "
           f"{args['n_head']} heads, {args['n_kv_head']} KV heads, N = {args['block_size']}, tokenizer: "
           + (f"{enc.n_vocab:,} ids" if enc else "none (no tokenizer.json: sample.py cannot decode)"))

@@ -27,7 +27,7 @@ def constant(kind):
         c = float(kind)
     except (TypeError, ValueError):
         c = math.nan
-    if not 0 < c <= 1e6:  # past it, float32 logits times c overflow to inf, and the rows to nan
+    if not 0 < c <= 1e6:  # a bound of our choosing: 1e300 is inf as float32 (every row nan), 1e6 already argmax-like
         raise ValueError(f"--logit_scale {kind!r}: one of {', '.join(KINDS)}, or a factor c in (0, 1e6]")
     return c
 

@@ -37,9 +37,12 @@ def _die_with_parent():
 def _stop(pool):
     """Stop the pool now (Ctrl-C, a failed run): a worker whose run was interrupted took the next queued one, and the
     suite exited only after it (35 s later, its time in no wall.json)."""
-    for process in list((pool._processes or {}).values()):  # the executor has no public kill before Python 3.14
+    workers = list((pool._processes or {}).values())  # the executor has no public kill before Python 3.14
+    pool.shutdown(wait=False, cancel_futures=True)  # the queued runs first: cancelled, never started
+    for process in workers:
         process.terminate()
-    pool.shutdown(wait=True, cancel_futures=True)
+    for process in workers:
+        process.join()
 
 
 def _one_core():  # one core per worker, `jobs` workers at once

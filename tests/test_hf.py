@@ -195,11 +195,15 @@ def test_an_exported_model_loads_as_a_plain_llama_with_the_sources_bos_left_padd
         assert (got[1, 4:] - model(x[1:, 4:], x[1:, 4:])[0][0]).abs().max() < 1e-5
 
 
-def test_an_export_keeps_the_sources_end_of_text_ids_and_chat_template(tmp_path):
+@pytest.mark.parametrize("where", ["tokenizer_config.json", "chat_template.jinja"])  # transformers 4's, 5's
+def test_an_export_keeps_the_sources_end_of_text_ids_and_chat_template(tmp_path, where):
     # Llama 3 Instruct's eos list (<|eot_id|> among them) and chat template were dropped: generation ran on past a turn
     llama(str(tmp_path / "src"), False, eos_token_id=[0, 1])
     template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    json.dump({"bos_token": "<s>", "chat_template": template}, open(tmp_path / "src" / "tokenizer_config.json", "w"))
+    json.dump({"bos_token": "<s>", **({"chat_template": template} if where == "tokenizer_config.json" else {})},
+              open(tmp_path / "src" / "tokenizer_config.json", "w"))
+    if where == "chat_template.jinja":
+        (tmp_path / "src" / where).write_text(template)
     convert_hf.main(["import", str(tmp_path / "src"), "--out", str(tmp_path / "run")])
     convert_hf.main(["export", str(tmp_path / "run" / "ckpt.pt"), "--out", str(tmp_path / "out")])
     assert json.load(open(tmp_path / "out" / "config.json"))["eos_token_id"] == [0, 1]

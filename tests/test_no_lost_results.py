@@ -184,6 +184,14 @@ def test_a_move_into_a_shared_folder_cut_by_ctrl_c_or_a_kill_is_finished_not_lef
             pass
     assert snapshot(tmp_path / "res2") == {n: n.encode() for n in names} and not staged.exists()
     assert "finished the move of an interrupted evaluation's results (b.png, done.json)" in capsys.readouterr().out
+    (tmp_path / "res2" / "a.csv").unlink()  # the part moved before the kill, removed since: its rest is dropped
+    staged.mkdir()
+    (staged / ".moving").write_text("\n".join(names))
+    for name in names[1:]:
+        (staged / name).write_text(name)
+    with folders.results_dir(str(tmp_path / "res2"), ["x.csv"]) as folder:
+        (Path(folder) / "x.csv").write_text("x")
+    assert set(snapshot(tmp_path / "res2")) == {"b.png", "done.json", "x.csv"} and not staged.exists()
 
 
 # ----------------------------------------------------------------------------------------------------------------

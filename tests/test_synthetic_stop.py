@@ -28,10 +28,11 @@ def test_stopping_the_pool_ends_the_runs_in_flight_and_the_queued_ones_at_once()
     futures = [pool.submit(time.sleep, 60) for _ in range(5)]
     while not all(f.running() for f in futures[:2]):
         time.sleep(0.05)
-    workers = list(pool._processes.values())
+    workers = list(pool._processes)  # pids
     t0 = time.time()
     synthetic._stop(pool)
-    assert time.time() - t0 < 10 and not any(w.is_alive() for w in workers)
+    # by the OS's word: is_alive() may still say True while the executor's own thread reaps the process
+    assert time.time() - t0 < 10 and all(gone(pid) for pid in workers)
     assert all(f.cancelled() for f in futures[3:])  # never started
 
 

@@ -190,6 +190,7 @@ def test_a_loss_png_cut_mid_draw_leaves_the_last_whole_one(tmp_path, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         tracking.plot_losses(str(tmp_path), "t")
     assert whole[:8] == b"\x89PNG\r\n\x1a\n" and (tmp_path / "loss.png").read_bytes() == whole
+    assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
 
 
 def test_compare_averages_a_runs_steps_over_a_fiftieth_of_them(tmp_path, monkeypatch):

@@ -126,7 +126,7 @@ def test_training_free_rescalings_have_the_published_factors():
     assert math.isclose(llama[95], 1 + 0.1 * math.log(4), rel_tol=1e-6)
     assert (rescale.factors("2.5", 4096, 32) == 2.5).all()  # a constant temperature: every row, every length
     assert rescale.kind("2.50") == "2.5" and rescale.kind("qwen") == "qwen"  # --logit_scale's values, as labelled
-    assert rescale.kind("1e6") == "1e+06"  # the largest factor float32 logits bear
+    assert rescale.kind("1e6") == "1e+06"  # the largest factor taken
     for bad in ("ntk", "0", "-1", "inf", "nan", "1e300"):  # 1e300: logits to inf, rows to nan
         with pytest.raises(ValueError, match=f"--logit_scale '{bad}': one of qwen, yarn, llama4, or a factor c in"):
             rescale.factors(bad, 8, 4)
