@@ -56,13 +56,10 @@ def save_checkpoint(obj, path):
     """Atomic (a temp file of this process's, synced, + rename, synced): a kill, a crash or a power loss mid-write
     leaves the previous checkpoint intact. A full disk or an unwritable folder is an OSError naming the path
     (torch.save raises RuntimeError for some)."""
-    tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        torch.save(obj, tmp)
-        folders.replace_synced([tmp], [path])  # the data on disk before the name points at it, then the rename
-    except BaseException as e:  # disk full or Ctrl-C: leave no partial file
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        with folders.whole(path) as tmp:  # the data on disk before the name points at it, then the rename
+            torch.save(obj, tmp)
+    except BaseException as e:  # disk full or Ctrl-C: no partial file is left (folders.whole removes it)
         if isinstance(e, (OSError, RuntimeError)):
             why = getattr(e, "strerror", None) or (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise OSError(f"cannot write {path}: {why}") from None

@@ -39,18 +39,26 @@ def replace_synced(tmps, paths):
             sync(folder)
 
 
-def copy_whole(src, dst):
-    """src copied to dst (its folder made), whole or not at all: never a cut dst that a rerun takes as made (an
-    exception removes the temporary beside it; a kill -9 may leave it, never under dst's name)."""
-    os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
-    tmp = f"{dst}.tmp-{os.getpid()}"
+@contextlib.contextmanager
+def whole(path):
+    """A temporary of this process's beside path, to write in the block; renamed over path (synced) when the block
+    ends, removed when it raises: path is the old file or the new one, never a part (a kill -9 may leave the
+    temporary, never under path's name). Checkpoints, their copies, loss.png."""
+    tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        shutil.copyfile(src, tmp)
-        replace_synced([tmp], [dst])
+        yield tmp
+        replace_synced([tmp], [path])
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+def copy_whole(src, dst):
+    """src copied to dst (its folder made), whole or not at all: never a cut dst that a rerun takes as made."""
+    os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
+    with whole(dst) as tmp:
+        shutil.copyfile(src, tmp)
 
 
 def write_json(path, obj, **kw):
@@ -157,9 +165,7 @@ def results_dir(out_dir, names, what="an evaluation", flag="--out_dir"):
                 os.replace(tmp, out_dir)  # one rename where out_dir is absent or empty
             except OSError:  # shared folder: file by file, marker last, after a list of them (_finish_move's)
                 moving = sorted(os.listdir(tmp), key=lambda n: names.index(n) if n in names else -1)
-                with open(os.path.join(tmp, ".moving.tmp"), "w") as f:
-                    f.write("\n".join(moving))
-                replace_synced([os.path.join(tmp, ".moving.tmp")], [os.path.join(tmp, ".moving")])
+                write_json(os.path.join(tmp, ".moving"), moving)
                 for name in moving:
                     os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
             with contextlib.suppress(OSError):
@@ -175,7 +181,7 @@ def _finish_move(tmp, out_dir):
     Only where that part is still there: else the staging folder is dropped as a cut run's."""
     if os.path.isfile(os.path.join(tmp, ".moving")):
         with open(os.path.join(tmp, ".moving")) as f:
-            names = f.read().split("\n")
+            names = json.load(f)
         left = [n for n in names if os.path.isfile(os.path.join(tmp, n))]
         if not all(os.path.isfile(os.path.join(out_dir, n)) for n in names if n not in left):
             return  # the part it moved was removed since (or out_dir): not finished into a set that looks whole

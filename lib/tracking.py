@@ -169,13 +169,8 @@ def plot_losses(out_dir, title):
         ax.axvline(r["start_iter"], color="gray", ls=":", lw=1, label=f"scorer -> {r['switch']['scorer'][1]}")
     ax.set(xlabel="iteration", ylabel="loss (nats)", title=title)
     ax.legend()
-    path = os.path.join(out_dir, "loss.png")  # drawn beside it, then renamed: a kill mid-draw left an empty one
-    try:
-        ax.figure.savefig(f"{path}.tmp-{os.getpid()}", format="png", dpi=120, bbox_inches="tight")
-        os.replace(f"{path}.tmp-{os.getpid()}", path)
-    finally:
-        with contextlib.suppress(OSError):  # an interrupted draw's
-            os.remove(f"{path}.tmp-{os.getpid()}")
+    with folders.whole(os.path.join(out_dir, "loss.png")) as tmp:  # a kill mid-draw left an empty one
+        ax.figure.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
 
 
 # bf16 dense peak FLOP/s by device name, the first key the name contains: the PCIe and NVL cards before "H100" (the

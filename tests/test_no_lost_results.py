@@ -4,6 +4,7 @@ eval_long.py, needle.py); a failed evaluation leaves no file, a killed one's fol
 task checkpoint given to a language-model tool, a length below a task's minimum or beyond this machine's memory and a
 negative context size are each one error line that writes nothing. Tiny models, CPU only."""
 import glob
+import json
 import importlib.util
 import os
 import subprocess
@@ -176,7 +177,7 @@ def test_a_move_into_a_shared_folder_cut_by_ctrl_c_or_a_kill_is_finished_not_lef
     staged.mkdir()
     for name in names:
         (staged / name).write_text(name)
-    (staged / ".moving").write_text("\n".join(names))
+    (staged / ".moving").write_text(json.dumps(names))
     (tmp_path / "res2").mkdir()
     os.replace(staged / "a.csv", tmp_path / "res2" / "a.csv")  # moved before the kill
     with pytest.raises(folders.FolderError, match="already holds a.csv, b.png, done.json of an earlier run"):
@@ -186,7 +187,7 @@ def test_a_move_into_a_shared_folder_cut_by_ctrl_c_or_a_kill_is_finished_not_lef
     assert "finished the move of an interrupted evaluation's results (b.png, done.json)" in capsys.readouterr().out
     (tmp_path / "res2" / "a.csv").unlink()  # the part moved before the kill, removed since: its rest is dropped
     staged.mkdir()
-    (staged / ".moving").write_text("\n".join(names))
+    (staged / ".moving").write_text(json.dumps(names))
     for name in names[1:]:
         (staged / name).write_text(name)
     with folders.results_dir(str(tmp_path / "res2"), ["x.csv"]) as folder:
