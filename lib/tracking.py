@@ -262,9 +262,14 @@ def read_run(out_dir):
     return (label, {r["iter"]: r["loss"] for r in rows if "loss" in r},
             {r["iter"]: r["val_loss"] for r in rows if "val_loss" in r})
 
-def compare(out_dirs, out="compare.png"):
+def compare(out_dirs, out=None):
     """Per-step train loss (moving average over ~1/50 of each run, drawn at each window's last step) and eval val
-    loss of every run, one color per run."""
+    loss of every run, one color per run, in out (default ./compare.png, which an earlier figure keeps: a new one
+    replaces a file only where out names it)."""
+    if out is None and os.path.exists("compare.png"):
+        raise TrackingError("./compare.png holds an earlier comparison: name this one with --out (--out compare.png "
+                            "replaces it)")
+    out = out or "compare.png"
     import numpy as np
     from matplotlib.backend_bases import FigureCanvasBase
     from matplotlib.figure import Figure  # not pyplot: no GUI backend, no global figure
@@ -283,12 +288,13 @@ def compare(out_dirs, out="compare.png"):
         ax.plot(sorted(evals), [evals[k] for k in sorted(evals)], "o--", color=f"C{i}", ms=4, label=f"{label}: val")
     ax.set(xlabel="iteration", ylabel="loss (nats)", title=f"{len(runs)} runs")
     ax.legend(fontsize=8)
-    ax.figure.savefig(out, dpi=120, bbox_inches="tight")
+    with folders.whole(out) as tmp:  # never a cut figure under out's name
+        ax.figure.savefig(tmp, format=os.path.splitext(out)[1][1:].lower(), dpi=120, bbox_inches="tight")
     print(f"wrote {out}")
     return out
 
 def compare_main(argv):
     p = argparse.ArgumentParser(prog="train.py --compare", description="Overlay runs' log.jsonl curves in one PNG.")
     p.add_argument("out_dirs", nargs="+", help="train.py out_dir folders, each with its log.jsonl")
-    p.add_argument("--out", default="compare.png", help="the PNG to write")
+    p.add_argument("--out", help="the PNG to write (default ./compare.png, refused if there: named, replaced)")
     return compare(**vars(p.parse_args(argv)))

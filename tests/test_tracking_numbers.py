@@ -204,6 +204,21 @@ def test_compare_averages_a_runs_steps_over_a_fiftieth_of_them(tmp_path, monkeyp
     assert list(val_line.get_xdata()) == [119] and list(val_line.get_ydata()) == [7.0]
 
 
+def test_compare_keeps_an_earlier_compare_png_unless_out_names_it(tmp_path, monkeypatch):
+    figures = drawn(monkeypatch)
+    write_log(tmp_path / "run", {"iter": 0, "loss": 5.0}, {"iter": 0, "val_loss": 5.5})
+    monkeypatch.chdir(tmp_path)
+    assert train.main(["--compare", "run"]) == "compare.png" and len(figures) == 1  # none there yet: the default
+    (tmp_path / "compare.png").write_bytes(b"an earlier figure")
+    with pytest.raises(SystemExit) as e:
+        train.main(["--compare", "run"])
+    assert str(e.value.code).startswith("error: ./compare.png holds an earlier comparison: name this one with --out")
+    assert (tmp_path / "compare.png").read_bytes() == b"an earlier figure" and len(figures) == 1
+    train.main(["--compare", "run", "--out", "compare.png"])  # named: replaced, through a temporary
+    assert (tmp_path / "compare.png").read_bytes() == b"" and len(figures) == 2
+    assert sorted(os.listdir(tmp_path)) == ["compare.png", "run"]
+
+
 def test_a_json_line_that_is_no_object_is_left_out_and_named_only_when_warned(tmp_path, capsys):
     write_log(tmp_path, {"iter": 0, "loss": 5.0}, "5\n", "[1, 2]\n", "\n", {"iter": 1, "loss": 4.0})
     path = str(tmp_path / "log.jsonl")
