@@ -276,7 +276,7 @@ def language_model(path, ckpt, data_dir=None):
 def data_folder(data_dir):
     """data_dir if a folder (or None), else DataError: a missing --data is no folder of GPT-2's ids (data_record's)."""
     if data_dir is not None and not os.path.isdir(data_dir):
-        raise DataError(f"--data {data_dir!r} is not a folder: name a dataset folder prepare_data.py wrote")
+        raise DataError(f"--data {data_dir!r} does not exist: name a dataset folder prepare_data.py wrote")
     return data_dir
 
 def checkpoint_codec(ckpt, data_dir=None):

@@ -209,11 +209,7 @@ def test_eval_copy_writes_its_results_for_a_char_model_and_refuses_a_model_of_ot
     missing = str(tmp_path / "no-such-data")  # was read as GPT-2's ids: "reads another vocabulary"
     msg = one_line_error(eval_copy.main, [os.path.join(out, "ckpt.pt"), "--data", missing, "--out_dir",
                                           str(tmp_path / "c2")])
-    assert msg == f"error: --data {missing!r} is not a folder: name a dataset folder prepare_data.py wrote", msg
-    split = str(bpe / "val.bin")  # a split's file, not its folder: "does not exist" misled
-    msg = one_line_error(eval_copy.main, [os.path.join(out, "ckpt.pt"), "--data", split, "--out_dir",
-                                          str(tmp_path / "c2")])
-    assert msg == f"error: --data {split!r} is not a folder: name a dataset folder prepare_data.py wrote", msg
+    assert msg == f"error: --data {missing!r} does not exist: name a dataset folder prepare_data.py wrote", msg
     assert not os.path.exists(tmp_path / "c2" / "summary.json")
 
 
