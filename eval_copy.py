@@ -18,7 +18,7 @@ import argparse, json, math, os, sys
 
 import torch
 
-from lib import compare, dataset, folders, longrange, rescale, tracking, vocab
+from lib import compare, dataset, figures, folders, longrange, rescale, tracking, vocab
 from lib.checkpoint import CheckpointError, load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
 from model import BACKENDS, ROPE_METHODS
 
@@ -66,25 +66,24 @@ def summarize(label, N, losses, args):
 
 
 def plot(path, models, args):
-    fig, (ax, bx) = compare.figure(2)
-    for m in models:
+    """copy.png from the models' summaries (also how results/redraw_figures.py draws a committed folder again)."""
+    fig, (ax, bx) = figures.figure(2)
+    for m, color in zip(models, figures.colors(len(models))):
         ks = [float(k) for k in m["by_distance"]]
-        line, = ax.plot(ks, [r["ratio"] for r in m["by_distance"].values()], "o-", label=m["label"])
-        bx.plot(range(1, args.span), m["by_offset"]["second"], "-", color=line.get_color(), label=f"{m['label']} 2nd")
-        bx.plot(range(1, args.span), m["by_offset"]["control"], ":", color=line.get_color(),
-                label=f"{m['label']} control")
+        ax.plot(ks, [r["ratio"] for r in m["by_distance"].values()], "o-", color=color, label=m["label"])
+        bx.plot(range(1, args.span), m["by_offset"]["second"], "-", color=color)
+        bx.plot(range(1, args.span), m["by_offset"]["control"], ":", color=color)
     ax.axhline(longrange.GATE_RATIO, color="gray", ls="--", lw=0.8)
     ax.axvline(1, color="gray", lw=0.8)
     ax.set(xscale="log", xlabel="distance between the copies (x N)", ylabel="loss on 2nd copy / on the control span",
            title=f"copy gate: 2nd/control <= {longrange.GATE_RATIO} at {longrange.GATE_DISTANCE} N (dashed)")
     bx.set(xlabel="offset inside the span", ylabel="loss (nats/token)",
            title=f"loss by offset at {longrange.GATE_DISTANCE} N (solid: 2nd copy, dotted: control)")
-    for a in (ax, bx):
-        a.legend(fontsize=7)
+    bx.legend(*ax.get_legend_handles_labels(), **figures.LEGEND)  # one colour a model in both panels
     fig.suptitle(f"{args.num_seqs} sequences per distance, {args.kind} span of {args.span} tokens, RoPE "
                  f"{args.rope_method} x{args.rope_scale:g}" + (f", logits {args.logit_scale}" if args.logit_scale
                                                                  else ""), fontsize=9)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    figures.save(fig, path, dpi=120)
 
 
 def run(args, folder):

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from lib import compare, dataset, folders, rescale, tracking, vocab
+from lib import compare, dataset, figures, folders, rescale, tracking, vocab
 from lib.checkpoint import load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
 from model import BACKENDS, ROPE_METHODS
 
@@ -96,40 +96,34 @@ def rope_settings(args):
 
 # ----------------------------------------------------------------------------------------------------------------
 
-def write_results(args, folder, curves, models, rows, starts, baseline, figures=True):
+def write_results(args, folder, curves, models, rows, starts, baseline, draw=True):
     """Rewritten in `folder` after every model (main moves it to --out_dir when all are done); the figures (0.3-1 s
-    each on a CPU) where `figures`: after the last model, and a model done tracking.PLOT_EVERY_S (30 s) or more
+    each on a CPU) where `draw`: after the last model, and a model done tracking.PLOT_EVERY_S (30 s) or more
     after the last drawing (a long evaluation's progress to look at)."""
     out = lambda name: os.path.join(folder, name)
-    names = sorted(curves, key=lambda n: curves[n][3] != "-")  # the requested method's columns first
+    names = sorted(curves, key=lambda n: curves[n][1])  # the requested method's columns first
     with open(out("per_position.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["position", *names])
-        w.writerows(zip(range(1, args.length + 1), *(map(float, curves[n][1]) for n in names)))
+        w.writerows(zip(range(1, args.length + 1), *(map(float, curves[n][0]) for n in names)))
     compare.write_csv(out("per_sequence.csv"), rows, compare.PER_SEQUENCE_COLUMNS)
     diffs = compare.paired_differences(rows, baseline, args.n_boot, args.seed)
     compare.write_csv(out("differences.csv"), diffs, compare.DIFFERENCE_COLUMNS)
-    note = f"{args.num_seqs} sequences of {args.length:,} tokens ({args.split})" + (
-        f", logits {args.logit_scale}" if args.logit_scale else "")  # runs at two scales must not look alike
+    summary = dict(models=models, baseline=baseline, differences=diffs, window_rule=WINDOW_RULE,
+                   position_rule=POSITION_RULE, ci=f"{compare.LEVEL:.0%} percentile bootstrap over sequences, "
+                   f"paired, {args.n_boot} resamples", sequences=dict(split=args.split, length=args.length,
+                   disjoint=args.disjoint, overlapping_pairs=dataset.overlapping_pairs(starts, args.length),
+                   starts=starts.tolist()), smoothing=f"moving average over {args.smooth} positions (plot only)",
+                   run_info=run_info(args.seed), args=vars(args))
     with open(out("summary.json"), "w") as f:
-        json.dump(dict(models=models, baseline=baseline, differences=diffs, window_rule=WINDOW_RULE,
-                       position_rule=POSITION_RULE, ci=f"{compare.LEVEL:.0%} percentile bootstrap over sequences, "
-                       f"paired, {args.n_boot} resamples", sequences=dict(split=args.split, length=args.length,
-                       disjoint=args.disjoint, overlapping_pairs=dataset.overlapping_pairs(starts, args.length),
-                       starts=starts.tolist()), smoothing=f"moving average over {args.smooth} positions (plot only)",
-                       run_info=run_info(args.seed), args=vars(args)), f, indent=1)
-    if not figures:
-        return
-    ropes = {rope: description for rope, _, _, description in rope_settings(args)}
-    compare.plot_per_position(out("per_position.png"), [curves[n] for n in names], [m["train_len"] for m in models],
-                              args.smooth, args.logx, f"{note}, RoPE " + "; dashed: ".join(ropes.values()))
-    if diffs:  # from the second model on
-        compare.plot_differences(out("differences.png"), diffs, [m["label"] for m in models], ropes,
-                                 f"{note}: paired difference to {baseline}, {compare.LEVEL:.0%} bootstrap CI")
+        json.dump(summary, f, indent=1)
+    if draw:  # from the numbers just written: a committed folder is redrawn the same way (results/redraw_figures.py)
+        figures.eval_long(folder, summary, {n: curves[n][0] for n in names},
+                          {rope: description for rope, _, _, description in rope_settings(args)})
 
 def run(args, folder):  # the results to folder; returns the wandb table
     if args.fading:
-        compare.fading(folder)
+        figures.fading(folder)
     if not args.ckpt:
         return []
     # check all checkpoints (mmap'd, each against the data's vocabulary, by content) before any model runs
@@ -164,8 +158,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
             bar.set_description(f"{label} {rope} L={args.length:,}")
             curve, info, per_seq, theta = evaluate(model, data, starts, args, cfg.block_size, method, scale, bar)
             name = label if i == 0 else f"{label} [native]"  # its column in per_position.csv, dashed if native
-            curves[name] = (f"{name} (θ={info['rope_theta_effective'] or info['rope_theta']:,.0f})", curve,
-                            len(models) - 1, "--" if i else "-")
+            curves[name] = (curve, i)
             windows = {w: dict(positions=list(b), rope_theta_effective=theta[w], mean_loss=float(per_seq[w].mean()))
                        for w, b in bounds.items()}
             result = dict(**info, mean_loss=float(curve.mean()), windows=windows)
@@ -179,9 +172,9 @@ def run(args, folder):  # the results to folder; returns the wandb table
             print(f"{label} [{rope}]: " + ", ".join(f"{w} {v['mean_loss']:.4f}" for w, v in windows.items()
                                                    if not w.startswith("prefix")) + f", all {result['mean_loss']:.4f}")
         models[-1].update(model_args=ckpt["model_args"], train_run_info=ckpt.get("run_info"))
-        figures = len(models) == len(args.ckpt) or time.time() - drawn >= tracking.PLOT_EVERY_S
-        write_results(args, folder, curves, models, rows, starts, baseline, figures)
-        drawn = time.time() if figures else drawn
+        draw = len(models) == len(args.ckpt) or time.time() - drawn >= tracking.PLOT_EVERY_S
+        write_results(args, folder, curves, models, rows, starts, baseline, draw)
+        drawn = time.time() if draw else drawn
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lib import compare, dataset, folders, tracking, vocab
+from lib import compare, dataset, figures, folders, tracking, vocab
 from lib.checkpoint import load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
 from model import BACKENDS
 
@@ -143,7 +143,7 @@ def write_results(args, folder, results, per_seq, models, starts, L):
                        run_info=run_info(args.seed), args=vars(args)), f, indent=1)
 
 def plot(path, results, args, L):
-    fig, axes = compare.figure(4)
+    fig, axes = figures.figure(4)
     pos = np.arange(1, L + 1)
     names = ("loss", "entropy", "sink", "local")
     for i, (label, cur) in enumerate(results.items()):

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from lib import compare, folders, tracking, vocab
+from lib import compare, figures, folders, tracking, vocab
 from lib.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, run_info, trained_on
 from lib.dataset import DataError  # bad input, printed by main as one line
 from lib.retrieval import cells, load_hay, ranked_heads, score_answer, score_trials, sft_examples, trials, with_lead
@@ -30,13 +30,14 @@ DEFAULT_CONTEXTS = {"needle": [1024, 2048, 4096, 6144, 8192, 10240], "passkey": 
 FIELDS = ["model", "trial", "context", "depth", "actual_depth", "city", "number", "output", "score", "top_score",
           "top_layer", "top_head", "mean_score", "control_top_score", "control_mean_score", "uniform", "span_start",
           "span_tokens", "control_start", "keys"]  # CSV columns a mode has; depth: asked, top = the best head
-LEGEND = dict(fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))  # beside the axes: room for many models
 MARKERS = {"exact": "o", "first_digit": "^", "wrong": "x"}  # Fig. 8: fully correct, first digit only, wrong
-BARS = [("needle, best head", "top_score", "tab:red", ""),  # the score summary: (label, column, colour, hatch)
-        ("control, best head", "control_top_score", "tab:gray", ""),
-        ("needle, mean head", "mean_score", "tab:red", "//"),
-        ("control, mean head", "control_mean_score", "tab:gray", "//"),
-        ("uniform", "uniform", "black", "")]
+# the score summary, points on a log axis (a bar's length there is only its distance from an arbitrary bottom):
+# (label, column, colour, marker)
+POINTS = [("needle, best head", "top_score", "tab:red", "o"),
+          ("control, best head", "control_top_score", "tab:gray", "o"),
+          ("needle, mean head", "mean_score", "tab:red", "s"),
+          ("control, mean head", "control_mean_score", "tab:gray", "s"),
+          ("uniform", "uniform", "black", "_")]
 
 # ----------------------------------------------------------------------------------------------------------------
 # The model side
@@ -92,15 +93,8 @@ def figure(n=1, ncols=None, size=(5, 4)):
         ax.set_axis_off()
     return fig, axes[:n]
 
-def colors(n):
-    """n distinct colours ("C{i}" repeats after 10): tab20's 10 strong shades, then its 10 light ones, then turbo."""
-    from matplotlib import colormaps
-    if n > 20:
-        return list(colormaps["turbo"](np.linspace(0, 1, n)))
-    return [colormaps["tab20"](2 * i % 20 + i // 10) for i in range(n)]
-
 def report(args, folder, rows, models, labels):
-    palette = colors(len(models))
+    palette = figures.colors(len(models))
     if args.mode == "needle":  # Fig. 6: depth x context, a panel per model
         acc = cells(rows, ["model", "context", "depth"])
         fig, axes = figure(len(models), math.ceil(math.sqrt(len(models))), size=(4.5, 3.5))
@@ -119,12 +113,12 @@ def report(args, folder, rows, models, labels):
         for m, label, color in zip(models, labels, palette):
             ax.plot(args.context_sizes, [c["accuracy"] for c in acc if c["model"] == m], "o-", color=color, label=label)
         ax.set(xlabel="context length (tokens)", ylabel="passkey accuracy", ylim=(-0.05, 1.05))
-        ax.legend(**LEGEND)
+        ax.legend(**figures.LEGEND)
         return save(args, folder, "passkey", rows, FIELDS, fig, cells=acc)
     fig7, fig8 = [r for r in rows if r["trial"] == 0], [r for r in rows if r["trial"] > 0]
     heads = ranked_heads(fig7)
     trials_of = {m: [r for r in fig8 if r["model"] == m] for m in models}
-    summary = [dict(model=m, n=len(rs), **{k: float(np.mean([r[k] for r in rs])) for _, k, _, _ in BARS})
+    summary = [dict(model=m, n=len(rs), **{k: float(np.mean([r[k] for r in rs])) for _, k, _, _ in POINTS})
                for m, rs in trials_of.items()]  # per model: the means over its trials
     n_heads = max(r["heads"].numel() for r in fig7)  # n_layer x n_head
     shown = min(n_heads, 25)  # Fig. 7: the strongest heads, at most 25 of them
@@ -143,13 +137,12 @@ def report(args, folder, rows, models, labels):
             ylabel="needle score (weight on the number)", title=f"context {args.context}, depth {args.depth}%")
     ax8.set(xlabel="trial rank", ylabel="best head's score", title=f"context {args.context}, {args.trials} trials: "
             + ", ".join(f"{marker} {outcome}" for outcome, marker in MARKERS.items()))
-    slot = 0.8 / len(BARS)  # bars side by side in 0.8 of a model's slot
-    for j, (name, k, color, hatch) in enumerate(BARS):
-        ax.bar(np.arange(len(models)) - 0.4 + j * slot, [s[k] for s in summary], slot, align="edge", color=color,
-               hatch=hatch, alpha=0.8, label=name)
+    for j, (name, k, color, marker) in enumerate(POINTS):  # side by side in 0.8 of a model's slot
+        ax.plot(np.arange(len(models)) - 0.32 + j * 0.16, [s[k] for s in summary], marker, color=color, ms=7, ls="",
+                label=name)
     ax.set(yscale="log", title="needle vs control span vs uniform", ylabel=f"weight on the span, mean of {args.trials}")
     ax.set_xticks(range(len(models)), labels, rotation=30, ha="right")  # long names side by side
-    ax7.legend(**LEGEND), ax8.legend(**LEGEND), ax.legend(**LEGEND)
+    ax7.legend(**figures.LEGEND), ax8.legend(**figures.LEGEND), ax.legend(**figures.LEGEND)
     s = summary[-1]  # after each model: its line
     print(f"{labels[-1]}: needle score {s['top_score']:.3f} best head, {s['mean_score']:.4f} mean head; "
           f"control span {s['control_top_score']:.3f}, {s['control_mean_score']:.4f}; uniform {s['uniform']:.4f}")
@@ -204,7 +197,8 @@ def main(argv=None):
     p.add_argument("mode", nargs="?", choices=MODES)
     p.add_argument("--mode", dest="mode_opt", choices=MODES, help="the same as the positional mode")
     p.add_argument("--ckpt", nargs="+", default=[], help="one or more checkpoints, compared in every plot")
-    p.add_argument("--labels", nargs="+", help="a name for each --ckpt (the CSV's model; default: its folder)")
+    p.add_argument("--labels", nargs="+", help="a name for each --ckpt (the CSV's model; default: its "
+                   "folder's path, the figures its name)")
     p.add_argument("--data", help="val: haystacks, train: SFT's (default: the first --ckpt's, else data/shakespeare)")
     p.add_argument("--out_dir", default="out-needle")
     p.add_argument("--context_sizes", type=int, nargs="+", help=f"needle, passkey (default {DEFAULT_CONTEXTS})")

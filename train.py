@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import kernels_cpu
 import tasks
-from lib import cost, dataset, folders, longrange, sft, tracking, vocab
+from lib import cost, dataset, figures, folders, longrange, sft, tracking, vocab
 from lib.checkpoint import (CheckpointError, build_model, check_out_dir, clear_out_dir, read_checkpoint, rng_state,
                             run_info, save_checkpoint, set_rng_state)
 from lib.config import TrainConfig, TrainError, model_config, parse_args, resolve, usage
@@ -331,8 +331,8 @@ def main(argv=None):
     if {"-h", "--help"} & set(argv) and argv[:1] != ["--compare"]:
         return print(usage(__doc__))
     try:
-        if argv[:1] == ["--compare"]:  # runs' curves in one PNG, no wandb (tracking.py)
-            return tracking.compare_main(argv[1:])
+        if argv[:1] == ["--compare"]:  # runs' curves in one PNG, no wandb (lib/figures.py)
+            return figures.compare_main(argv[1:])
         explicit = parse_args(argv)
         with folders.held(explicit.get("out_dir", TrainConfig.out_dir), "a training run",  # rank 0 writes
                        active=int(os.environ.get("RANK", 0)) == 0):

@@ -1,9 +1,8 @@
 """
 Comparing models scored on the same sequences: per-sequence losses (eval_long.py's per_sequence.csv), each model's
 paired difference to a baseline model with a percentile bootstrap CI over sequences (Efron & Tibshirani 1993,
-ch. 13), seed-level statistics (exact t intervals, sign-flip p, Holm's step-down correction, ceilings), and the
-figures: differences by window length, per-position curves, and the SSMax paper's closed-form Figs. 1 and 3
-(eval_long.py --fading).
+ch. 13), and seed-level statistics (exact t intervals, sign-flip p, Holm's step-down correction, ceilings). Their figures are
+lib/figures.py's.
 
 Paired: the difference is taken sequence by sequence, so text that is hard for every model cancels out.
 """
@@ -17,8 +16,6 @@ PER_SEQUENCE_COLUMNS = ("model", "ckpt", "rope", "rope_method", "rope_scale", "t
 DIFFERENCE_COLUMNS = ("model", "baseline", "rope", "window", "k", "tokens", "baseline_tokens", "n_seqs", "mean_diff",
                       "ci_lo", "ci_hi")  # tokens: the model's window; baseline_tokens: the baseline's (its own N)
 LEVEL = 0.95
-FADING_S = 0.43  # the SSMax paper's Fig. 1
-FADING_ZMAX_N, FADING_ZMAX_S = (10, 1000, 100000), (0.43, 1.0)  # Fig. 3: a few sizes, two s
 RESAMPLE_CELLS = 2**22  # sequences x resamples per draw: bounds memory
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -194,104 +191,3 @@ def write_csv(path, rows, columns):
 def read_csv(path):
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
-
-# ----------------------------------------------------------------------------------------------------------------
-# Figures (no pyplot: no global state)
-
-def figure(n=1, rows=1, sharey=False):
-    from matplotlib.figure import Figure
-    fig = Figure(figsize=(5.5 * n + 1, 4.2 * rows), layout="tight")
-    return fig, fig.subplots(rows, n, squeeze=False, sharey=sharey).ravel()
-
-def moving_average(y, w):
-    return np.convolve(y, np.ones(w) / w, mode="valid")  # point j = mean of y[j : j + w]
-
-def plot_per_position(path, curves, train_lens, w, logx, title):
-    """curves: (legend, loss per position, color index, line style); the native-θ curves are drawn dashed."""
-    fig, (ax,) = figure()
-    for legend, y, c, ls in curves:
-        pos = np.arange(1, len(y) + 1)
-        ax.plot(moving_average(pos, w), moving_average(y, w), color=f"C{c}", ls=ls, lw=1.2, label=legend)
-    for N in sorted(set(train_lens)):
-        ax.axvline(N, color="gray", ls=":", lw=1.2)  # training length, as in the SSMax paper
-    ax.set(xlabel="context size (position)", ylabel=f"test loss (moving average of {w} positions)",
-           xscale="log" if logx else "linear")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
-    fig.savefig(path, dpi=130)
-
-def plot_differences(path, diffs, models, ropes, title):
-    """One panel per RoPE setting (rows) and window kind (columns: prefix_kx = the loss of a kN-token sequence, LSSAR
-    Table 4; kx = its last N positions): each model's mean difference to the baseline with its CI, by k on a log
-    axis. ropes: {rope: its description}; models: labels in order (their colors). No differences (the baseline
-    alone): no figure, and none of an earlier call's."""
-    if not diffs:
-        if os.path.exists(path):
-            os.remove(path)
-        return
-    kinds = (("prefix_", "prefix_kx: loss of kN-token sequences"), ("", "kx: last N positions up to kN"))
-    fig, axes = figure(len(kinds), len(ropes), sharey="col")  # shared y per column: extended vs native
-    others = [m for m in models if any(d["model"] == m for d in diffs)]
-    dodge = np.linspace(-0.06, 0.06, len(others)) if len(others) > 1 else [0.0]  # log-x offsets: CIs side by side
-    for ax, (rope, (prefix, kind)) in zip(axes, ((r, k) for r in ropes for k in kinds)):
-        for j, m in enumerate(others):
-            ds = sorted((d for d in diffs if d["model"] == m and d["rope"] == rope
-                         and d["window"].startswith("prefix_") == bool(prefix)), key=lambda d: d["k"])
-            if not ds:
-                continue
-            x = np.array([d["k"] for d in ds]) * np.exp(dodge[j])
-            y = np.array([d["mean_diff"] for d in ds])
-            # clip at 0: a percentile CI may exclude the mean
-            err = np.maximum(0, [y - [d["ci_lo"] for d in ds], [d["ci_hi"] for d in ds] - y])
-            ax.errorbar(x, y, yerr=err, color=f"C{models.index(m)}", marker="o", ms=3.5, lw=1.2, capsize=2.5, label=m)
-        ks = sorted({d["k"] for d in diffs})
-        ax.axhline(0, color="gray", lw=0.8)
-        ax.set(xscale="log", xlabel="window length / N (training length)", title=f"{ropes[rope]} | {kind}",
-               ylabel=f"loss − {diffs[0]['baseline']} (nats/token)")
-        ax.set_xticks(ks, [f"{k:g}" for k in ks])
-        ax.minorticks_off()
-        ax.title.set_fontsize(9)
-        if ax.lines:
-            ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.savefig(path, dpi=130)
-
-# ----------------------------------------------------------------------------------------------------------------
-# SSMax Figs. 1 and 3 in closed form (eval_long --fading)
-
-def fading(out_dir):
-    """Fig. 1 in closed form: n-1 logits at -2 and one at +3. Softmax's largest output is
-    e^3 / (e^3 + (n-1) e^-2); SSMax multiplies the logits by s*log n, so its largest is 1 / (1 + (n-1) n^(-5s)).
-    Fig. 3: logits (0, 1/(n-2), ..., 1, z_max): the output at z_max as z_max varies, for a few n."""
-    n = np.unique(np.round(np.logspace(0, 6, 181)))  # 1 .. 10^6, 30 per decade
-    soft = 1 / (1 + (n - 1) * np.exp(-5.0))
-    ssmax = 1 / (1 + (n - 1) * n ** (-5 * FADING_S))
-    zmax = np.linspace(0, 15, 301)
-    sweep = {}
-    for k in FADING_ZMAX_N:
-        grid = np.linspace(0, 1, k - 1)  # the other n-1 logits
-        for name, c in [("softmax", 1.0)] + [(f"ssmax_s{s:g}", s * math.log(k)) for s in FADING_ZMAX_S]:
-            sweep[f"{name}_n{k}"] = np.exp(c * zmax) / (np.exp(c * grid).sum() + np.exp(c * zmax))
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "fading.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["n", "softmax_max", f"ssmax_max_s{FADING_S:g}"])
-        w.writerows(zip(n.astype(int), soft, ssmax))
-    with open(os.path.join(out_dir, "fading_zmax.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["z_max", *sweep])
-        w.writerows(zip(zmax, *sweep.values()))
-    fig, (ax1, ax3) = figure(2)
-    ax1.plot(n, soft, color="C0", label="softmax")
-    ax1.plot(n, ssmax, color="C3", label=f"SSMax (s = {FADING_S})")
-    ax1.set(xscale="log", xlabel="input size n", ylabel="largest output", ylim=(-0.03, 1.03),
-            title="Fig. 1: logits (-2, ..., -2, +3)")
-    styles = dict(zip(FADING_ZMAX_N, ("-", "--", ":")))
-    colors = {"softmax": "C0", **{f"ssmax_s{s:g}": c for s, c in zip(FADING_ZMAX_S, ("C3", "C1"))}}
-    for key, y in sweep.items():
-        name, k = key.rsplit("_n", 1)
-        ax3.plot(zmax, y, color=colors[name], ls=styles[int(k)], label=f"{name.replace('_s', ' s=')}, n={int(k):,}")
-    ax3.set(xlabel="z_max", ylabel="output at z_max", title="Fig. 3: logits (0, 1/(n-2), ..., 1, z_max)")
-    ax1.legend(), ax3.legend(fontsize=7)
-    fig.savefig(os.path.join(out_dir, "fading.png"), dpi=130)
-    print(f"fading: n = 10^6: softmax max {soft[-1]:.2e}, SSMax max {ssmax[-1]:.4f}")  # out_dir: a temporary folder

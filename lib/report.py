@@ -11,7 +11,7 @@ import json, os
 
 import numpy as np
 
-from lib import compare, folders, longrange
+from lib import compare, figures, folders, longrange
 
 
 def read_json(*path):
@@ -37,22 +37,21 @@ def loss_curves(logs, results, variants, switch_iter, max_iters):
                      for r in log if "val_loss" in r]
     w = max(1, max_iters // 20)
     from matplotlib.figure import Figure  # no pyplot: no global state
-    fig = Figure(figsize=(9, 5), layout="tight")
+    fig, palette = Figure(figsize=(9, 5), layout="tight"), figures.colors(len(curves))
     ax = fig.subplots()
     for c, (v, runs) in enumerate(curves.items()):
         x = sorted(set.intersection(*(set(r) for r in runs)))
         if len(x) > w:
-            y = np.array([compare.moving_average([r[i] for i in x], w) for r in runs])  # (seeds, points)
-            ax.plot(x[w - 1:], y.mean(0), color=f"C{c % 10}", ls="--" if c >= 10 else "-", label=variants[v])
-            ax.fill_between(x[w - 1:], y.min(0), y.max(0), color=f"C{c % 10}", alpha=0.15, lw=0)
+            y = np.array([figures.moving_average([r[i] for i in x], w) for r in runs])  # (seeds, points)
+            ax.plot(x[w - 1:], y.mean(0), color=palette[c], label=f"{variants[v]} ({len(runs)} seeds)")
+            ax.fill_between(x[w - 1:], y.min(0), y.max(0), color=palette[c], alpha=0.15, lw=0)
     ax.axvline(switch_iter, color="gray", ls=":", lw=0.8)
     ax.set(xlabel="iteration", ylabel=f"training loss (moving average of {w} steps)",
-           title=f"Training loss (SSMax paper Fig. 4): mean of {max(map(len, curves.values()), default=0)} seeds, "
-                 "band = their range; dotted: the "
-                 "(f) switch")
+           title="Training loss (SSMax paper Fig. 4): mean over each variant's seeds (their number in the legend), "
+                 "band = their range; dotted: the (f) switch")
     ax.title.set_fontsize(9)
-    ax.legend(fontsize=7)
-    fig.savefig(os.path.join(results, "train_loss.png"), dpi=120)
+    ax.legend(**figures.LEGEND)
+    figures.save(fig, os.path.join(results, "train_loss.png"), dpi=120)
     compare.write_csv(os.path.join(results, "train_loss.csv"), rows, ("variant", "seed", "iter", "train_loss",
                                                                       "val_loss"))
     return rows
@@ -83,7 +82,7 @@ def long_context(results, seeds, variants, method, read=read_json):
     differences to the baseline, with the figure eval_long_<method>_differences.png. None if a seed lacks it."""
     per_seed = [read(results, f"s{s}", f"eval_long_{method}", "summary.json") for s in seeds]
     if not all(per_seed):  # and no figure of earlier models (plot_differences of nothing removes it)
-        compare.plot_differences(os.path.join(results, f"eval_long_{method}_differences.png"), [], [], {}, "")
+        figures.plot_differences(os.path.join(results, f"eval_long_{method}_differences.png"), [], [], {}, "")
         return None
     models = {m["label"]: [next(x for x in p["models"] if x["label"] == m["label"]) for p in per_seed]
               for m in per_seed[0]["models"]}  # label -> its results, one per seed
@@ -97,7 +96,7 @@ def long_context(results, seeds, variants, method, read=read_json):
         # the extension's cost: extended minus native θ
         cost[label] = over(lambda ext, native: ext - native, loss)
     diffs = compare.across_seeds([p["differences"] for p in per_seed])
-    compare.plot_differences(os.path.join(results, f"eval_long_{method}_differences.png"), diffs, list(variants),
+    figures.plot_differences(os.path.join(results, f"eval_long_{method}_differences.png"), diffs, list(variants),
                              {"extended": f"{method} (RoPE extended)", "native": "native θ"},
                              f"{method}: mean over {len(seeds)} seeds of each model's paired difference to "
                              f"{per_seed[0]['baseline']}, 95% t interval over seeds")

@@ -1,14 +1,13 @@
 """
-Experiment tracking, what a run records and reports: its log.jsonl and loss.png, its cost on a CPU before it starts,
-optional Weights & Biases logging, a local figure that overlays several runs.
+Experiment tracking, what a run records and reports: its log.jsonl and loss.png, its progress lines and their MFU,
+optional Weights & Biases logging (the figure that overlays several runs, train.py --compare, is lib/figures.py's).
 
     WANDB_MODE=offline python train.py configs/cpu_quick.py wandb_log=True   # no network; `wandb sync` uploads later
-    python train.py --compare out-softmax out-ssmax [--out compare.png]       # no wandb: runs' log.jsonl in one PNG
 
 wandb is imported only when asked (wandb_log=True, log_table): a run without it never pays for it. A run's wandb
 folder is in its out_dir: `wandb sync out-quick/wandb/offline-run-*` uploads an offline one.
 """
-import argparse, contextlib, json, math, os, sys, textwrap, time
+import contextlib, json, os, sys, textwrap, time
 from dataclasses import asdict
 from datetime import timedelta
 
@@ -246,55 +245,3 @@ def log_table(project, name, rows, out_dir=None):
         v, (int, float, str, bool, type(None))) else json.dumps(v)  # numpy scalars; "" = not measured
     with start(project=project, name=name, job_type="eval", dir=out_dir) as run:
         run.log({name: wandb.Table(columns=columns, data=[[cell(r.get(k)) for k in columns] for r in rows])})
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Local comparison: several runs in one figure
-
-def read_run(out_dir):
-    """(label, steps {iter: loss}, evals {iter: val_loss}) from out_dir/log.jsonl; a resumed run's entry wins."""
-    path = os.path.join(out_dir, "log.jsonl")
-    if not os.path.isfile(path):
-        raise TrackingError(f"{out_dir!r} has no log.jsonl: not a train.py out_dir (or no step was logged yet)")
-    rows = read_log(path, warn=True)
-    scorer = next((r["config"].get("scorer") for r in reversed(rows) if "config" in r), None)
-    label = os.path.basename(os.path.abspath(out_dir)) + (f" ({scorer})" if scorer else "")
-    return (label, {r["iter"]: r["loss"] for r in rows if "loss" in r},
-            {r["iter"]: r["val_loss"] for r in rows if "val_loss" in r})
-
-def compare(out_dirs, out=None):
-    """Per-step train loss (moving average over ~1/50 of each run, drawn at each window's last step) and eval val
-    loss of every run, one color per run, in out (default ./compare.png, which an earlier figure keeps: a new one
-    replaces a file only where out names it)."""
-    if out is None and os.path.exists("compare.png"):
-        raise TrackingError("./compare.png holds an earlier comparison: name this one with --out (--out compare.png "
-                            "replaces it)")
-    out = out or "compare.png"
-    import numpy as np
-    from matplotlib.backend_bases import FigureCanvasBase
-    from matplotlib.figure import Figure  # not pyplot: no GUI backend, no global figure
-    kinds = FigureCanvasBase.get_supported_filetypes()  # fail now, not at savefig after drawing
-    if os.path.splitext(out)[1][1:].lower() not in kinds:
-        raise TrackingError(f"--out {out!r} is not an image name: end it in one of {', '.join(sorted(kinds))}")
-    if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
-        raise TrackingError(f"--out {out!r}: its folder does not exist")
-    runs = [read_run(d) for d in out_dirs]  # every folder checked before drawing
-    ax = Figure(figsize=(8, 4.5)).subplots()
-    for i, (label, steps, evals) in enumerate(runs):
-        it, w = sorted(steps), max(1, math.ceil(len(steps) / 50))
-        if steps:  # max_iters=0: evals only
-            ax.plot(it[w - 1:], np.convolve([steps[k] for k in it], np.ones(w) / w, "valid"), "-", color=f"C{i}",
-                    lw=1, label=f"{label}: train" + (f" (mean of {w})" if w > 1 else ""))
-        ax.plot(sorted(evals), [evals[k] for k in sorted(evals)], "o--", color=f"C{i}", ms=4, label=f"{label}: val")
-    ax.set(xlabel="iteration", ylabel="loss (nats)", title=f"{len(runs)} runs")
-    ax.legend(fontsize=8)
-    with folders.whole(out) as tmp:  # never a cut figure under out's name
-        ax.figure.savefig(tmp, format=os.path.splitext(out)[1][1:].lower(), dpi=120, bbox_inches="tight")
-    print(f"wrote {out}")
-    return out
-
-def compare_main(argv):
-    p = argparse.ArgumentParser(prog="train.py --compare", description="Overlay runs' log.jsonl curves in one PNG.")
-    p.add_argument("out_dirs", nargs="+", help="train.py out_dir folders, each with its log.jsonl")
-    p.add_argument("--out", help="the PNG to write (default ./compare.png, refused if there: named, replaced)")
-    return compare(**vars(p.parse_args(argv)))

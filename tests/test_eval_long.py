@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from lib import compare, dataset, vocab
+from lib import compare, dataset, figures, vocab
 import eval_long
 from lib.checkpoint import load_checkpoint, run_info, save_checkpoint
 from model import GPT, GPTConfig
@@ -201,10 +201,9 @@ def test_baseline_picks_the_model_the_others_are_compared_to(ckpts, data_dir, tm
 
 
 def test_the_baseline_alone_evaluates_without_a_difference_figure(ckpts, data_dir, tmp_path, capsys):
-    from lib import compare
     path = tmp_path / "eval_long_theta_differences.png"
     path.write_text("an earlier call's")  # eval_long with softmax only raised IndexError drawing it
-    compare.plot_differences(str(path), [], ["softmax"], {"plain": "native θ"}, "softmax alone")
+    figures.plot_differences(str(path), [], ["softmax"], {"plain": "native θ"}, "softmax alone")
     assert not path.exists()
     eval_long.main([ckpts["softmax"], "--data", data_dir, "--rope_method", "theta", "--rope_scale", "4", "--length",
                     str(2 * N), "--num_seqs", "2", "--batch_size", "2", "--out_dir", str(tmp_path / "ev")])

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import rope
-from lib import compare
+from lib import compare, figures
 import eval_long
 from lib.checkpoint import load_checkpoint, run_info, save_checkpoint
 from model import GPT, GPTConfig
@@ -178,7 +178,7 @@ def test_extend_rope_reports_a_scaled_models_effective_theta_under_its_own_scali
 
 def test_eval_long_names_the_logit_scale_in_its_figure(sharp_ckpt, data_dir, tmp_path, monkeypatch):
     titles = []
-    monkeypatch.setattr(compare, "plot_per_position", lambda *a: titles.append(a[-1]))
+    monkeypatch.setattr(figures, "plot_per_position", lambda *a: titles.append(a[-1]))
     eval_long.main([sharp_ckpt, "--data", data_dir, "--rope_method", "none", "--num_seqs", "2", "--logit_scale",
                     "qwen", "--out_dir", str(tmp_path / "q")])
     assert titles and all("logits qwen" in t for t in titles)

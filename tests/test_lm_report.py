@@ -30,7 +30,7 @@ def eval_long_summary(ext, native, diff):
 
 
 def test_eval_long_over_seeds_keeps_extended_and_native_apart_and_costs_extended_minus_native(monkeypatch):
-    monkeypatch.setattr(report.compare, "plot_differences", lambda *a: None)
+    monkeypatch.setattr(report.figures, "plot_differences", lambda *a: None)
     files = {"s1": eval_long_summary(3.0, 2.0, 0.5), "s2": eval_long_summary(4.0, 2.5, 0.75)}
     read = lambda results, seed, folder, name: files.get(seed)  # noqa: E731
     got = report.long_context("r", [1, 2], ["softmax", "ssa"], "theta", read)

@@ -11,7 +11,7 @@ import torch
 
 from conftest import random_ids_data
 import train
-from lib import tracking
+from lib import figures, tracking
 from test_train import read_log, tiny_args
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny models, one thread
@@ -155,22 +155,22 @@ def switched_run(out_dir):
 
 def test_read_run_labels_a_run_by_its_last_scorer_and_a_later_line_of_an_iter_wins(tmp_path):
     switched_run(tmp_path / "run")
-    assert tracking.read_run(str(tmp_path / "run")) == ("run (ssmax)", {0: 5.0, 1: 3.0}, {0: 4.5, 2: 3.5})
+    assert figures.read_run(str(tmp_path / "run")) == ("run (ssmax)", {0: 5.0, 1: 3.0}, {0: 4.5, 2: 3.5})
 
 
 def drawn(monkeypatch):
     """The figures savefig is asked to write, kept instead of drawn (an empty file in their place)."""
     from matplotlib.figure import Figure
-    figures = []
-    monkeypatch.setattr(Figure, "savefig", lambda self, fname, **kw: figures.append(self) or open(fname, "w").close())
-    return figures
+    made = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, fname, **kw: made.append(self) or open(fname, "w").close())
+    return made
 
 
 def test_loss_png_draws_the_latest_line_of_each_iter_and_marks_the_switch(tmp_path, monkeypatch):
-    figures = drawn(monkeypatch)
+    made = drawn(monkeypatch)
     switched_run(tmp_path)
     tracking.plot_losses(str(tmp_path), "t")
-    (ax,) = figures[0].axes
+    (ax,) = made[0].axes
     curves = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines}
     assert curves["train (per step)"] == ([0, 1], [5.0, 3.0])
     assert curves["train (eval)"] == ([0, 2], [4.4, 3.4]) and curves["val (eval)"] == ([0, 2], [4.5, 3.5])
@@ -194,10 +194,10 @@ def test_a_loss_png_cut_mid_draw_leaves_the_last_whole_one(tmp_path, monkeypatch
 
 
 def test_compare_averages_a_runs_steps_over_a_fiftieth_of_them(tmp_path, monkeypatch):
-    figures = drawn(monkeypatch)
+    made = drawn(monkeypatch)
     write_log(tmp_path / "long", *({"iter": i, "loss": float(i)} for i in range(120)), {"iter": 119, "val_loss": 7.0})
-    tracking.compare([str(tmp_path / "long")], out=str(tmp_path / "c.PNG"))  # its case aside, a PNG
-    train_line, val_line = figures[0].axes[0].lines
+    figures.compare_runs([str(tmp_path / "long")], out=str(tmp_path / "c.PNG"))  # its case aside, a PNG
+    train_line, val_line = made[0].axes[0].lines
     assert train_line.get_label() == "long: train (mean of 3)"  # ceil(120 / 50) steps a window
     assert list(train_line.get_xdata()) == list(range(2, 120))  # drawn at each window's last step
     assert list(train_line.get_ydata()) == pytest.approx(range(1, 119))  # the mean of k - 2, k - 1, k
@@ -205,17 +205,17 @@ def test_compare_averages_a_runs_steps_over_a_fiftieth_of_them(tmp_path, monkeyp
 
 
 def test_compare_keeps_an_earlier_compare_png_unless_out_names_it(tmp_path, monkeypatch):
-    figures = drawn(monkeypatch)
+    made = drawn(monkeypatch)
     write_log(tmp_path / "run", {"iter": 0, "loss": 5.0}, {"iter": 0, "val_loss": 5.5})
     monkeypatch.chdir(tmp_path)
-    assert train.main(["--compare", "run"]) == "compare.png" and len(figures) == 1  # none there yet: the default
+    assert train.main(["--compare", "run"]) == "compare.png" and len(made) == 1  # none there yet: the default
     (tmp_path / "compare.png").write_bytes(b"an earlier figure")
     with pytest.raises(SystemExit) as e:
         train.main(["--compare", "run"])
     assert str(e.value.code).startswith("error: ./compare.png holds an earlier comparison: name this one with --out")
-    assert (tmp_path / "compare.png").read_bytes() == b"an earlier figure" and len(figures) == 1
+    assert (tmp_path / "compare.png").read_bytes() == b"an earlier figure" and len(made) == 1
     train.main(["--compare", "run", "--out", "compare.png"])  # named: replaced, through a temporary
-    assert (tmp_path / "compare.png").read_bytes() == b"" and len(figures) == 2
+    assert (tmp_path / "compare.png").read_bytes() == b"" and len(made) == 2
     assert sorted(os.listdir(tmp_path)) == ["compare.png", "run"]
 
 
@@ -237,7 +237,7 @@ def test_an_oserror_is_its_path_and_reason_in_one_line():
 
 
 def test_an_eval_saves_best_pt_only_when_best_and_logs_its_record_without_the_flag(tmp_path, capsys, monkeypatch):
-    figures = drawn(monkeypatch)
+    made = drawn(monkeypatch)
     cfg = cfg_of(tmp_path, scorer="ssmax", task="", sft_data="", dataset="rand", max_iters=2)
     model = types.SimpleNamespace(get_num_params=lambda: 2_500_000)
     saved = []
@@ -250,8 +250,8 @@ def test_an_eval_saves_best_pt_only_when_best_and_logs_its_record_without_the_fl
                                       "iter 2: train loss 6.0000, val loss 4.7000\n"
     assert read_log(tmp_path) == [{"iter": 0, "train_loss": 4.0, "val_loss": 4.5, "elapsed": 1.0},
                                   {"iter": 2, "train_loss": 6.0, "val_loss": 4.7, "elapsed": 1.0}]
-    assert len(figures) == 1  # a run of seconds: loss.png once, at its last eval
-    assert figures[-1].axes[0].get_title() == "ssmax, rand, 2.5M params, git 0123456"
+    assert len(made) == 1  # a run of seconds: loss.png once, at its last eval
+    assert made[-1].axes[0].get_title() == "ssmax, rand, 2.5M params, git 0123456"
     assert tracking.eval_logged(str(tmp_path), 2) and not tracking.eval_logged(str(tmp_path), 1)
 
 

@@ -14,7 +14,7 @@ import argparse, csv, glob, gzip, json, os, sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
-from lib import compare  # noqa: E402
+from lib import compare, figures  # noqa: E402
 
 A, B = (17, 32), (33, 128)
 GATE = 256  # the committed gate's windows: the first 256 of default_rng(0)'s draws
@@ -198,9 +198,9 @@ def bin_curves(path, model):
 
 
 def plot(path, curves, seeds, models, rows_dir):
-    fig, axes = compare.figure(4)
+    fig, axes = figures.figure(4)
     t = np.arange(1, 129)
-    smooth = lambda y, w=8: compare.moving_average(y, w)
+    smooth = lambda y, w=8: figures.moving_average(y, w)
     for (seed, m), c in curves.items():
         col = f"C{models.index(m)}"
         lab = m if seed == seeds[0] else None

@@ -1,0 +1,121 @@
+"""lib/figures.py and the figures drawn with it: one colour a model however many (matplotlib's "C{i}" gave an 11th
+model the first one's colour: FoX and SSMax looked alike in cpu_char's figures), legends beside the axes, each seed
+beside a mean over seeds, names told apart, and a committed folder redrawn from its numbers exactly as the evaluation
+drew it (results/redraw_figures.py). Drawn without a display; savefig is kept, not written."""
+import json
+import os
+import sys
+import types
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_hex
+
+import eval_copy
+import eval_long
+from lib import figures, report
+from lib.checkpoint import run_info, save_checkpoint
+from model import GPT, GPTConfig
+from test_tracking_numbers import drawn, write_log
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results"))
+import redraw_figures  # noqa: E402
+
+NAMES = [f"m{i}" for i in range(12)]
+
+
+def line_colors(ax, labels):
+    return {line.get_label(): to_hex(line.get_color()) for line in ax.get_lines() if line.get_label() in labels}
+
+
+def test_twelve_models_get_twelve_colours_in_every_figure(tmp_path, monkeypatch):
+    made = drawn(monkeypatch)
+    figures.plot_per_position(str(tmp_path / "p.png"), [(n, np.ones(8), i, "-") for i, n in enumerate(NAMES)],
+                              [4], 2, False, "t")
+    diffs = [dict(model=n, baseline="m0", rope="r", window="1x", k=1, mean_diff=0.1, ci_lo=0.0, ci_hi=0.2)
+             for n in NAMES[1:]]
+    figures.plot_differences(str(tmp_path / "d.png"), diffs, NAMES, {"r": "rope"}, "t")
+    models = [dict(label=n, by_distance={"0.5": dict(ratio=0.5)},
+                   by_offset=dict(second=[1.0] * 3, control=[2.0] * 3)) for n in NAMES]
+    eval_copy.plot(str(tmp_path / "c.png"), models, types.SimpleNamespace(
+        span=4, num_seqs=2, kind="text", rope_method="none", rope_scale=1.0, logit_scale=None))
+    for n in NAMES:
+        write_log(tmp_path / "runs" / n, {"iter": 0, "loss": 5.0}, {"iter": 0, "val_loss": 5.0})
+    figures.compare_runs([str(tmp_path / "runs" / n) for n in NAMES], out=str(tmp_path / "r.png"))
+    per_position, difference, copy, runs = made
+    assert len(set(line_colors(per_position.axes[0], NAMES).values())) == 12
+    assert len({to_hex(c.lines[0].get_color()) for c in difference.axes[1].containers}) == 11  # the baseline: none
+    assert len(set(line_colors(copy.axes[0], NAMES).values())) == 12
+    assert len({to_hex(line.get_color()) for line in runs.axes[0].get_lines()}) == 12
+
+
+def test_train_loss_legend_gives_each_variant_its_own_seed_count(tmp_path, monkeypatch):
+    made = drawn(monkeypatch)
+    log = [{"iter": i, "loss": 3.0 - i / 100} for i in range(40)]
+    logs = {s: {"softmax": log, **({"ssmax": log} if s < 2 else {})} for s in range(3)}  # ssmax: 2 of 3 seeds
+    report.loss_curves(logs, str(tmp_path), {"softmax": "softmax", "ssmax": "SSMax"}, 20, 40)
+    labels = [t.get_text() for t in made[0].axes[0].get_legend().get_texts()]
+    assert labels == ["softmax (3 seeds)", "SSMax (2 seeds)"]  # the title said "mean of 3 seeds" for both
+    assert "mean of 3 seeds" not in made[0].axes[0].get_title()
+
+
+def test_differences_over_seeds_show_each_seed_beside_the_mean_and_legends_sit_beside_the_axes(tmp_path, monkeypatch):
+    made = drawn(monkeypatch)
+    diffs = [dict(model="ssmax", baseline="softmax", rope="r", window=w, k=k, mean_diff=0.1, ci_lo=0.0, ci_hi=0.2,
+                  per_seed=[[0.05, 0, 0], [0.1, 0, 0], [0.15, 0, 0]]) for w, k in (("1x", 1), ("2x", 2))]
+    figures.plot_differences(str(tmp_path / "d.png"), diffs, ["softmax", "ssmax"], {"r": "rope"}, "t")
+    fig = made[0]
+    ax = fig.axes[1]  # the kx panel
+    (dots,) = ax.collections[-1:]
+    assert sorted(dots.get_offsets()[:, 1]) == [0.05, 0.05, 0.1, 0.1, 0.15, 0.15]  # 3 seeds at each of 2 windows
+    FigureCanvasAgg(fig).draw()
+    legend = fig.legends[0].get_window_extent()
+    assert all(legend.x0 >= a.get_window_extent().x1 for a in fig.axes)  # over no panel's data
+    assert fig.legends[0].get_title().get_text() == "minus softmax, dots: seeds"
+
+
+def test_two_run_folders_of_one_name_are_told_apart_in_the_comparison(tmp_path, monkeypatch):
+    made = drawn(monkeypatch)
+    for side in ("a", "b"):
+        write_log(tmp_path / side / "run", {"iter": 0, "loss": 5.0}, {"iter": 0, "val_loss": 5.0})
+    figures.compare_runs([str(tmp_path / "a" / "run"), str(tmp_path / "b" / "run")], out=str(tmp_path / "c.png"))
+    labels = [line.get_label() for line in made[0].axes[0].get_lines()]
+    assert labels == ["run: train", "run: val", "run #2 (b/run): train", "run #2 (b/run): val"]
+
+
+@pytest.fixture
+def evaluated(tmp_path):
+    """eval_long's outputs for two untrained tiny models, and what it drew."""
+    ids = np.random.default_rng(0).integers(0, 50257, 600, dtype=np.uint16)
+    data = tmp_path / "data"
+    data.mkdir()
+    ids.tofile(data / "train.bin"), ids.tofile(data / "val.bin")
+    ckpts = []
+    for scorer in ("softmax", "ssmax"):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=16, ffn_hidden=32, scorer=scorer))
+        ckpts.append(str(tmp_path / f"{scorer}.pt"))
+        save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config), "config": {},
+                         "iter_num": 0, "best_val_loss": float("nan"), "run_info": run_info(0)}, ckpts[-1])
+    return data, ckpts
+
+
+def artists(fig):
+    return [[(line.get_label(), to_hex(line.get_color()), line.get_linestyle(), list(line.get_ydata()))
+             for line in ax.get_lines()] for ax in fig.axes] + [ax.get_title() for ax in fig.axes]
+
+
+def test_a_folder_redrawn_from_its_numbers_gives_the_figures_eval_long_drew(evaluated, tmp_path, monkeypatch):
+    data, ckpts = evaluated
+    made = drawn(monkeypatch)
+    eval_long.main([*ckpts, "--data", str(data), "--length", "32", "--num_seqs", "2", "--n_boot", "50",
+                    "--out_dir", str(tmp_path / "ev")])
+    first = [artists(f) for f in made]
+    assert redraw_figures.redraw(str(tmp_path / "ev")) == ["per_position.png", "differences.png"]
+    again = [artists(f) for f in made[len(first):]]
+    assert len(first) == 2 and again == first  # per_position.png and differences.png, line by line
+    assert json.load(open(tmp_path / "ev" / "summary.json"))["models"][1]["label"] == "ssmax"
+    assert list(redraw_figures.folders_under([str(tmp_path)])) == [str(tmp_path / "ev")]
