@@ -16,6 +16,7 @@ import math, os, re
 
 import numpy as np
 
+from lib import figures
 from lib.runs import remove
 from lib.synthetic_suite import SETTINGS
 from scorers import SCORERS
@@ -30,14 +31,14 @@ NO_INTERVAL = "1 seed: no interval"
 
 
 def palette(names):
-    """{name: colour}: the table's, then for the others tab20's strong, then light shades (needle.colors' order)
-    that no name of this figure has, then turbo's."""
+    """{name: colour}: the table's, then for the others figures.colors' (tab20's strong, then light shades) that no
+    name of this figure has, then turbo's."""
     from matplotlib import colormaps
     from matplotlib.colors import to_hex
     names = list(dict.fromkeys(names))
     out = {s: COLORS[s] for s in names if s in COLORS}
     used = {to_hex(c) for c in out.values()}
-    spare = [c for c in (colormaps["tab20"](2 * i % 20 + i // 10) for i in range(20)) if to_hex(c) not in used]
+    spare = [c for c in figures.colors(20) if to_hex(c) not in used]
     new = [s for s in names if s not in out]
     spare += list(colormaps["turbo"](np.linspace(0, 1, max(0, len(new) - len(spare)))))
     return {s: out.get(s) or spare[new.index(s)] for s in names}

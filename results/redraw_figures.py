@@ -1,17 +1,19 @@
 """
-The committed eval_long and eval_copy figures drawn again from the numbers beside each (its summary.json and
-per_position.csv[.gz]) by today's drawing code, the code those scripts draw with: how a fix to a figure reaches the
-committed results without running a model again. A summary's own figures (train_loss.png,
-eval_long_*_differences.png, the synthetic suite's) are `python reproduce.py --rereport results/<name>`'s.
+The committed figures drawn again from the numbers beside each, by the code that drew them: eval_long's (its
+summary.json and per_position.csv[.gz]), eval_copy's (summary.json) and the synthetic suite's (accuracy.csv,
+attention.csv, a sweep's rows): how a fix to a figure reaches the committed results without running a model again.
+An LM suite's own figures (train_loss.png, eval_long_*_differences.png) are `reproduce.py --rereport`'s.
 
-    python results/redraw_figures.py results/cpu results/cpu_char    # every eval_long/eval_copy folder under them
+    python results/redraw_figures.py results/cpu results/synthetic    # every such folder under them
 """
 import argparse, csv, gzip, json, os, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repo root, from any folder
 import eval_copy, eval_long  # noqa: E402
-from lib import figures  # noqa: E402
+from lib import compare, figures, synthetic_figures, synthetic_report  # noqa: E402
+from lib.rereport import SYNTHETIC_COLUMNS  # noqa: E402
+from lib.synthetic_suite import select_lr, sweep_accuracy  # noqa: E402
 
 
 def read_text(path):
@@ -23,8 +25,28 @@ def read_text(path):
         return f.read()
 
 
+def synthetic(folder):
+    """A synthetic suite's figures, as the suite draws them: summarize(accuracy.csv), attention.csv where kept, a
+    sweep's sweep.png at the rates its selected.json holds. An older layout's folder is left as it is."""
+    acc = compare.read_csv(os.path.join(folder, "accuracy.csv"))
+    if not acc or any(c not in acc[0] for c in SYNTHETIC_COLUMNS):
+        return []
+    summary, att = synthetic_report.summarize(acc), os.path.join(folder, "attention.csv")
+    synthetic_figures.draw(summary, compare.read_csv(att) if os.path.isfile(att) else [], folder,
+                           {t: synthetic_report.primary(t) for t in summary}, synthetic_report.BELOW_N)
+    if os.path.exists(os.path.join(folder, "sweep.png")):
+        with open(os.path.join(folder, "selected.json")) as f:
+            chosen = json.load(f)
+        if chosen != select_lr(acc):
+            sys.exit(f"error: {folder}/selected.json is not the rates its accuracy.csv selects")
+        synthetic_figures.sweep(sweep_accuracy(acc), chosen, os.path.join(folder, "sweep.png"))
+    return sorted(f for f in os.listdir(folder) if f.endswith(".png"))
+
+
 def redraw(folder):
-    """folder's copy.png or per_position.png / differences.png from its own numbers; the PNGs it drew."""
+    """folder's copy.png, per_position.png / differences.png or synthetic figures from its own numbers; the PNGs."""
+    if os.path.exists(os.path.join(folder, "horizons.png")):
+        return synthetic(folder)
     with open(os.path.join(folder, "summary.json")) as f:
         summary = json.load(f)
     args = argparse.Namespace(**{"ntk_per_length": False, "logit_scale": None, **summary["args"]})
@@ -38,10 +60,10 @@ def redraw(folder):
 
 
 def folders_under(paths):
-    """Every eval_long or eval_copy folder under paths: a summary.json beside the per_position.png or copy.png drawn."""
+    """Every folder under paths with a summary.json beside a per_position.png, copy.png or horizons.png it drew."""
     for top in paths:
         for folder, _, files in sorted(os.walk(top)):
-            if "summary.json" in files and {"per_position.png", "copy.png"} & set(files):
+            if "summary.json" in files and {"per_position.png", "copy.png", "horizons.png"} & set(files):
                 yield folder
 
 
@@ -54,7 +76,7 @@ def main(argv=None):
         sys.exit(f"error: {', '.join(missing)}: not a folder")
     done = [(folder, redraw(folder)) for folder in folders_under(a.paths)]
     for folder, drawn in done:
-        print(f"{folder}: {', '.join(drawn)}")
+        print(f"{folder}: {', '.join(drawn) or 'left as it is (an older layout)'}")
     print(f"{len(done)} folders redrawn")
 
 
