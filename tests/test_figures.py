@@ -4,6 +4,7 @@ beside a mean over seeds, names told apart, and a committed folder redrawn from 
 drew it (results/redraw_figures.py). Drawn without a display; savefig is kept, not written."""
 import json
 import os
+import shutil
 import sys
 import types
 from dataclasses import asdict
@@ -119,3 +120,23 @@ def test_a_folder_redrawn_from_its_numbers_gives_the_figures_eval_long_drew(eval
     assert len(first) == 2 and again == first  # per_position.png and differences.png, line by line
     assert json.load(open(tmp_path / "ev" / "summary.json"))["models"][1]["label"] == "ssmax"
     assert list(redraw_figures.folders_under([str(tmp_path)])) == [str(tmp_path / "ev")]
+
+
+def test_a_synthetic_folder_is_redrawn_from_its_rows_and_a_sweep_only_at_the_rates_its_rows_select(tmp_path,
+                                                                                                  monkeypatch):
+    made = drawn(monkeypatch)
+    folder = tmp_path / "lr"
+    shutil.copytree(os.path.join(redraw_figures.ROOT, "results", "synthetic-lr"), folder)
+    assert redraw_figures.redraw(str(folder)) == ["accuracy.png", "horizons.png", "sweep.png"] and len(made) == 3
+    assert made[-1].axes[0].get_xlabel() == "learning rate"  # the sweep, drawn last
+    chosen = json.load(open(folder / "selected.json"))
+    task = next(iter(chosen))
+    chosen[task]["softmax"] = 0.123  # not a rate its rows select
+    (folder / "selected.json").write_text(json.dumps(chosen))
+    with pytest.raises(SystemExit, match="selected.json is not the rates its accuracy.csv selects"):
+        redraw_figures.redraw(str(folder))
+    old = tmp_path / "old"  # an older layout (no setting column) is left as it is
+    old.mkdir()
+    (old / "accuracy.csv").write_text("task,seed,length,accuracy\nfirst,0,32,1.0\n")
+    (old / "horizons.png").write_bytes(b"as drawn then")
+    assert redraw_figures.redraw(str(old)) == [] and (old / "horizons.png").read_bytes() == b"as drawn then"
