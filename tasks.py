@@ -23,7 +23,7 @@ Reals enter through a linear embedding x W (features: the value, and for linear 
 a scalar head (lib/checkpoint.py's RealGPT). A batch is a pure function of (seed, stream, sample index), so resume and
 DDP stay exact.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -133,26 +133,37 @@ class Task:
     loss: str = "ce"  # ce: tokens | bce: a yes/no logit | mse
     n_in: int = 0  # real features per position
     conditions: tuple = (("", {}),)  # test conditions: (name, TaskConfig overrides)
+    reads: tuple = ()  # the task_* options it reads: another one set is refused (check_config), never ignored
 
 
 SIGMAS = tuple((f"sigma={s}", {"task_sigma": float(s)}) for s in (1, 3, 10))
 TASKS = {
     "first": Task(first, lambda c: 3),
-    "mqar": Task(mqar, lambda c: FILL + 2 * c.task_keys),
-    "recall": Task(recall, lambda c: FILL + c.task_keys * (c.task_keys + 2)),
+    "mqar": Task(mqar, lambda c: FILL + 2 * c.task_keys, reads=("task_pairs", "task_keys")),
+    "recall": Task(recall, lambda c: FILL + c.task_keys * (c.task_keys + 2),
+                   reads=("task_pairs", "task_keys", "task_filler")),
     # each condition sets what its name says (the first had no override: a run trained at 0.5 was tested at 0.5)
     "flipflop": Task(flipflop, lambda c: 5, conditions=tuple((f"{kind}p_i={p}", {"task_p_ignore": p}) for kind, p in
-                                                             (("", 0.8), ("sparse ", 0.98), ("dense ", 0.1)))),
-    "every": Task(every, lambda c: 1, "bce", 1, SIGMAS),
-    "some": Task(some, lambda c: 1, "bce", 1, SIGMAS),
-    "linear": Task(linear, lambda c: 1, "mse", 3, tuple((f"sigma={s}", {"task_sigma": float(s)}) for s in (1, 2, 4))),
+                                                             (("", 0.8), ("sparse ", 0.98), ("dense ", 0.1))),
+                     reads=("task_p_ignore",)),
+    "every": Task(every, lambda c: 1, "bce", 1, SIGMAS, reads=("task_sigma",)),
+    "some": Task(some, lambda c: 1, "bce", 1, SIGMAS, reads=("task_sigma",)),
+    "linear": Task(linear, lambda c: 1, "mse", 3, tuple((f"sigma={s}", {"task_sigma": float(s)}) for s in (1, 2, 4)),
+                   reads=("task_sigma",)),
 }
 
 
 def check_config(c):
-    """One clear message for a bad task setting (train.py turns it into its error line)."""
-    if c.task not in TASKS:
+    """One clear message for a bad task setting (train.py turns it into its error line), and for a task_* option that
+    neither the task nor language modelling reads (a typo'd experiment that would run as if it were not there)."""
+    if c.task and c.task not in TASKS:
         raise ValueError(f"unknown task {c.task!r}; allowed: {', '.join(TASKS)}")
+    unread = [f.name for f in fields(TaskConfig)[1:] if getattr(c, f.name) != f.default
+              and f.name not in (TASKS[c.task].reads if c.task else ())]
+    if unread:
+        raise ValueError(f"{', '.join(f'{k}={getattr(c, k)!r}' for k in unread)}: "
+                         + (f"task {c.task!r} does not read it (it reads: {', '.join(TASKS[c.task].reads) or 'none'})"
+                            if c.task else "a task option, and this run is language modelling (no task=)"))
     if c.task in ("mqar", "recall") and c.task_pairs < 1:
         raise ValueError(f"task_pairs={c.task_pairs} must be >= 1")
     if c.task in ("mqar", "recall") and c.task_keys <= c.task_pairs:

@@ -136,10 +136,11 @@ def run_config(path, seen=()):
 
 
 def parse_args(argv):
-    """CONFIG.py files and key=value overrides -> {field: value} of what they set, applied in order. A config file's
+    """CONFIG.py files and key=value overrides -> {field: value} of what they set, applied in order (a file never
+    after a key=value it sets). A config file's
     overwrite=True applies only to the out_dir that file names (`out-quick` and `./out-quick` are one):
     `configs/cpu_quick.py out_dir=<another trained run>` is refused, and so is a file that names none."""
-    explicit, own_dir = {}, None  # own_dir: where a file's overwrite=True applies
+    explicit, own_dir, typed = {}, None, set()  # own_dir: where a file's overwrite=True applies; typed: key=value's
     for arg in argv:
         if "=" in arg:
             key, raw = arg.removeprefix("--").split("=", 1)
@@ -147,10 +148,13 @@ def parse_args(argv):
                 value = ast.literal_eval(raw)
             except (ValueError, SyntaxError):  # nan, inf: floats, refused by coerce as such
                 value = float(raw) if raw.strip().lower().lstrip("+-") in ("nan", "inf", "infinity") else raw
-            explicit[key] = coerce(key, value, "the overrides", raw)
+            explicit[key], typed = coerce(key, value, "the overrides", raw), typed | {key}
             own_dir = None if key == "overwrite" else own_dir  # from the command line: any out_dir
         elif arg.endswith(".py") and os.path.isfile(arg):
             assigned = run_config(arg)
+            if typed & set(assigned):  # it would replace them without a word
+                raise TrainError(f"{arg} comes after {', '.join(f'{k}=' for k in sorted(typed & set(assigned)))}, "
+                                 f"which it sets too: put config files first, then key=value")
             for key, value in assigned.items():
                 if not (key.startswith("_") or key.isupper() or isinstance(value, types.ModuleType) or callable(value)):
                     explicit[key] = coerce(key, value, arg)
@@ -183,8 +187,7 @@ def resolve(cfg, explicit, ckpt, resuming, world):
                          f"drop to min_lr a step after warmup; need lr_decay_iters >= warmup_iters (the decay's end)")
     try:
         longrange.check_config(cfg)
-        if cfg.task:  # task vocabulary (1: a scalar head)
-            tasks.check_config(cfg)
+        tasks.check_config(cfg)  # a task's options; with no task, none of them set
     except ValueError as e:
         raise TrainError(str(e))
     if cfg.task:

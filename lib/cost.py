@@ -58,9 +58,9 @@ def cpu_cost_check(cfg, device_type, start_iter=0, rate=None):
     allow_slow=True. The estimate is cpu_hours: FLOPs at `rate` FLOP/s (tests pass it), else measured."""
     if device_type != "cuda" and cfg.backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1":  # a traceback
         raise TrainError("backend='triton': the fused Triton kernels need a CUDA GPU; use backend=auto or torch")
-    if device_type == "cpu" and cfg.backend == "flex" and cfg.max_iters > start_iter:  # a traceback after the eval
-        raise TrainError("backend='flex': FlexAttention has no backward on the CPU (a forward only); use backend=auto, "
-                         "cpu or torch")
+    if device_type == "cpu" and cfg.backend == "flex" and (cfg.max_iters > start_iter or cfg.compile):  # a traceback
+        raise TrainError("backend='flex': FlexAttention has no backward on the CPU (a forward only), and compiled, no "
+                         "forward of its own either; use backend=auto, cpu or torch")
     if device_type != "cpu" or cfg.allow_slow:
         return
     hours = cpu_hours(cfg, start_iter, rate)

@@ -211,6 +211,28 @@ def test_backend_flex_on_a_cpu_is_refused_before_training_but_an_eval_only_run_p
     with pytest.raises(TrainError, match=r"^backend='flex': FlexAttention has no backward on the CPU"):
         cost.cpu_cost_check(TrainConfig(**TINY, backend="flex", max_iters=1), "cpu")
     assert cost.cpu_cost_check(TrainConfig(**TINY, backend="flex", max_iters=0), "cpu") is None
+    with pytest.raises(TrainError, match=r"compiled, no forward of its own"):  # inductor: "CPU only supports inference"
+        cost.cpu_cost_check(TrainConfig(**TINY, backend="flex", max_iters=0, compile=True), "cpu")
+
+
+def test_a_config_file_after_a_key_value_it_sets_is_refused_not_applied_over_it(tmp_path):
+    # `train.py scorer=softmax configs/cpu_quick.py` trained ssmax: the file replaced the override without a word
+    with pytest.raises(TrainError, match=r"^configs/cpu_quick.py comes after eval_iters=, scorer=, which it sets too"):
+        parse_args(["scorer=softmax", "eval_iters=1", "configs/cpu_quick.py"])
+    assert parse_args(["wandb_log=False", "configs/cpu_quick.py"])["scorer"] == "ssmax"  # one it does not set
+    assert parse_args(["configs/cpu_quick.py", "scorer=softmax"])["scorer"] == "softmax"
+
+
+@pytest.mark.parametrize("task,arg", [("", "task_pairs=8"), ("first", "task_pairs=8"), ("flipflop", "task_sigma=2.0"),
+                                      ("every", "task_filler='noise'"), ("mqar", "task_filler='noise'")])
+def test_a_task_option_no_task_reads_is_refused_never_ignored(task, arg):
+    key, value = arg.split("=")
+    cfg = TrainConfig(**TINY, task=task, **{key: eval(value)})
+    with pytest.raises(TrainError, match=rf"^{key}={value}: " + ("task" if task else "a task option")):
+        resolve(cfg, {}, None, False, 1)
+    if task:
+        tasks_ok = TrainConfig(**TINY, task="recall", task_filler="noise", task_pairs=3)
+        assert resolve(tasks_ok, {}, None, False, 1).task_filler == "noise"  # read by recall
 
 
 def test_help_shows_each_default_as_a_python_literal():
