@@ -17,13 +17,14 @@ import torch.nn.functional as F
 import rope
 import scorers
 from kernels_sdpa import sdpa_attention
-from rope import ROPE_METHODS, apply_rope, precompute_rope, rope_extension, rope_inv_freq  # noqa: F401 (extend_rope's)
+from rope import ROPE_METHODS, apply_rope, precompute_rope, rope_extension, rope_inv_freq  # noqa: F401
 from scorers import LSSAR_DEFAULT_P, SCORERS, attention_weights, reweight  # noqa: F401
 
 # ----------------------------------------------------------------------------------------------------------------
 # attention(): every layer's call, reference or fused
 
 BACKENDS = ("auto", "torch", "sdpa", "cpu", "triton", "flex")
+TRITON_HEAD_DIMS = (16, 32, 64, 128)  # the fused kernels' tiles (kernels.py, kernels_stick.py)
 
 def attention(q, k, v, scorer, *, p=None, offset=0, backend="torch", chunk=1024, **params):
     """Causal attention (B, H, Tq, D) for every scorer; params: the scorer's per-head parameters by their registry
@@ -31,7 +32,7 @@ def attention(q, k, v, scorer, *, p=None, offset=0, backend="torch", chunk=1024,
     triton (kernels.py; kernels_stick.py), flex (kernels_flex.py); auto: the fastest exact one for the device.
     The reference scores at most `chunk` query rows at a time, so its memory is O(chunk * Tk), not O(T^2)."""
     kw = dict(p=p, offset=offset, **params)
-    backend = auto_backend(scorer, p, q.device) if backend == "auto" else backend
+    backend = auto_backend(scorer, p, q.device, q.size(-1)) if backend == "auto" else backend
     if backend == "sdpa":
         return sdpa_attention(q, k, v, scorer, **kw)
     if backend == "cpu":
@@ -55,13 +56,14 @@ def attention(q, k, v, scorer, *, p=None, offset=0, backend="torch", chunk=1024,
     P = attention_weights(q, k, scorer, **kw)
     return (P @ v.to(P.dtype)).to(q.dtype)
 
-def auto_backend(scorer, p, device):
-    """SDPA where it runs the scorer (softmax, ssmax: exact, q scaled; fox) without re-weighting; else Triton on CUDA,
-    else kernels_cpu; else the reference (the registry's backends say which run it)."""
+def auto_backend(scorer, p, device, head_dim=None):
+    """SDPA where it runs the scorer (softmax, ssmax: exact, q scaled; fox) without re-weighting; else Triton on CUDA
+    at a head size its tiles take (head_dim None: not asked); else kernels_cpu; else the reference (the registry's
+    backends say which run it)."""
     ok = SCORERS[scorer].backends
     if "sdpa" in ok and p is None:
         return "sdpa"
-    if "triton" in ok and torch.device(device).type == "cuda":
+    if "triton" in ok and torch.device(device).type == "cuda" and head_dim in (None, *TRITON_HEAD_DIMS):
         return "triton"
     return "cpu" if "cpu" in ok else "torch"
 
@@ -100,7 +102,7 @@ class GPTConfig:
     ssa_b_init: float = 1.0
     ssa_n: float = 1.5
     ssa_learn_n: bool = False
-    reweight_p: Optional[float] = None  # on any scorer; None: lssar's 15
+    reweight_p: Optional[float] = None  # on any normalised scorer; None: lssar's 15
     fgate_bias_init: float = 0.0  # fox: the forget gate's bias at start (0, the paper's: f = 1/2; 4: f = 0.98)
     backend: str = "auto"  # auto: see auto_backend
 
@@ -121,6 +123,9 @@ class GPTConfig:
         if self.backend not in ("auto", *SCORERS[self.scorer].backends):
             raise ValueError(f"backend={self.backend!r} does not run scorer={self.scorer!r}; its backends: "
                              f"{', '.join(SCORERS[self.scorer].backends)} (or auto)")
+        if self.backend == "triton" and self.head_size not in TRITON_HEAD_DIMS:
+            raise ValueError(f"backend='triton' runs head sizes {', '.join(map(str, TRITON_HEAD_DIMS))}, not "
+                             f"{self.head_size} (n_embd / n_head or head_dim); backend='auto' picks another")
         if self.backend == "sdpa" and self.reweight_p is not None:
             raise ValueError("backend='sdpa' runs no re-weighting; use backend='auto'")
         if self.fgate_bias_init and not (SCORERS[self.scorer].forget and math.isfinite(self.fgate_bias_init)):
@@ -167,7 +172,7 @@ class CausalSelfAttention(nn.Module):
             self.q_norm, self.k_norm = RMSNorm(self.hs, config.norm_eps), RMSNorm(self.hs, config.norm_eps)
         if config.qkv_bias:  # starts at 0
             nn.init.zeros_(self.c_attn.bias)
-        if SCORERS[config.scorer].forget:  # FoX: f = w_f x + b_f per head (b_f starts at 0: sigmoid 1/2)
+        if SCORERS[config.scorer].forget:  # FoX: f = w_f x + b_f per head (b_f starts at fgate_bias_init: 0, f = 1/2)
             self.fgate = nn.Linear(C, H, bias=True)
             nn.init.constant_(self.fgate.bias, config.fgate_bias_init)
         # per head; a fixed one is a buffer, so it is still saved
@@ -213,7 +218,7 @@ class CausalSelfAttention(nn.Module):
             if "k" in cache:
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
             cache["k"], cache["v"] = k, v
-        backend = auto_backend(self.scorer, self.p, x.device) if self.backend == "auto" else self.backend
+        backend = auto_backend(self.scorer, self.p, x.device, q.size(-1)) if self.backend == "auto" else self.backend
         groups = self.n_head // self.n_kv_head  # each KV head serves `groups` query heads (the cache keeps n_kv)
         repeat = lambda t: t.repeat_interleave(groups, dim=1) if groups > 1 else t
         y = attention(q, *((k, v) if backend == "sdpa" else map(repeat, (k, v))), self.scorer, p=self.p,

@@ -40,7 +40,7 @@ def model_config(path, scorer, **overrides):
 
 def attention_path(cfg, device, step):
     """auto's choice, and for sdpa the kernel behind it: the aten op a profiled step ran."""
-    backend = auto_backend(cfg.scorer, cfg.p, device) if cfg.backend == "auto" else cfg.backend
+    backend = auto_backend(cfg.scorer, cfg.p, device, cfg.head_size) if cfg.backend == "auto" else cfg.backend
     if backend != "sdpa":
         return backend
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

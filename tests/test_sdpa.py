@@ -169,6 +169,16 @@ def test_auto_picks_sdpa_for_softmax_and_ssmax_and_the_fused_path_for_the_others
     assert model.auto_backend(scorer, p, device) == expect
 
 
+@pytest.mark.parametrize("scorer", ["ssa", "lssar", "stickbreaking"])
+def test_auto_never_picks_triton_at_a_head_size_its_tiles_do_not_take_and_triton_asked_there_is_one_line(scorer):
+    # the 162M model with 16 heads (48) or 8 (96) reached kernels.py's assert at the first forward on a GPU
+    assert [model.auto_backend(scorer, None, "cuda", d) for d in (16, 48, 64, 96, 128)] == [
+        "triton", "cpu", "triton", "cpu", "triton"]
+    with pytest.raises(ValueError, match=r"^backend='triton' runs head sizes 16, 32, 64, 128, not 48 "):
+        model.GPTConfig(scorer=scorer, backend="triton", n_embd=768, n_head=16)
+    assert model.GPTConfig(scorer=scorer, backend="triton", n_embd=768, n_head=12).head_size == 64
+
+
 def _tiny(**kw):
     return GPTConfig(**{**dict(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=32, ffn_hidden=32), **kw})
 
