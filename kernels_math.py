@@ -62,8 +62,8 @@ def _softplus2(u):  # log2(1 + 2^u)
 @triton.jit
 def _sigmoid(qk, c, b, DT: tl.constexpr):
     """sigmoid((qk c - b) ln 2), c and b per row. 16-bit inputs on a GPU: FlashSigmoid's 1/2 + tanh(./2)/2, one
-    tanh.approx (relative error 2^-11 documented, 1.1e-5 measured on sm_75; bench/README.md, 2026-11-27); fp32
-    inputs and the interpreter: exact."""
+    tanh.approx (relative error 2^-11 documented, 1.1e-5 by NVIDIA's forum on sm_75, not measured here;
+    bench/README.md); fp32 inputs and the interpreter: exact."""
     if ASM and DT != tl.float32:
         u = qk * (c * (LN2 / 2))[:, None] - (b * (LN2 / 2))[:, None]
         t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [u], dtype=tl.float32, is_pure=True, pack=1)

@@ -1,6 +1,6 @@
 """
-Synthetic length-generalization tasks: train a tiny model at length N with train.py, test it at up to 16 N, and
-see the scorers apart on a laptop CPU.
+Synthetic length-generalization tasks: train a tiny model at length N with train.py, test it far beyond N (the suite:
+up to 128 N), and see the scorers apart on a laptop CPU.
 
     python train.py configs/tasks/first.py scorer=ssmax out_dir=out-first-ssmax
     python eval_tasks.py out-first-*/ckpt.pt --lengths 32 64 128 256 512 --out_dir out-first-eval

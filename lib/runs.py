@@ -234,8 +234,8 @@ def own_folders(kind, results, runs):
 
 
 def complete(out_dir, variants):
-    """eval_long.py's summary.json if it holds every variant, else None: it is rewritten after each model, so a
-    partial one must not pass for done."""
+    """eval_long.py's summary.json if it holds every variant, else None: one written by an earlier run with fewer
+    variants must not pass for done."""
     path = os.path.join(out_dir, "summary.json")
     summary = read_json(path)
     return path if summary and {m["label"] for m in summary["models"]} >= set(variants) else None
