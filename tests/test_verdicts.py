@@ -62,6 +62,50 @@ def test_every_claim_of_the_committed_summary_shows_the_papers_result_beside_its
     assert next(r for r in v["claims"] if r["verdict"] == "contradicted" and r is not claims["SSA"])["holm_p"] > 0.05
 
 
+def test_the_figure_plots_each_rows_labelled_difference_and_wraps_titles_whole_without_overlaps(tmp_path):
+    """verdicts.png had plotted softmax − ssa under the label "ssa − softmax" (a side < 0 turns the cell round) and
+    cut titles at 110 characters: every row's mean sits at its label's difference, recomputed from the summary, and
+    every title reads whole; no title, tick label or axis label overlaps another panel's."""
+    import json
+    with open(os.path.join(REPO, "results", "cpu_char", "summary.json")) as f:
+        s = json.load(f)
+    v = verdicts.decide(s)
+    fig = verdicts.figure(v, tmp_path / "verdicts.png")
+    mean = {}  # (first, second, rest) -> the mean of first − second, from the table's cells
+    for c in (c for r in v["claims"] for c in r["cells"]):
+        diff, rest = c["label"].split(", ", 1)
+        if " − " in diff:
+            a, b = diff.split(" − ")
+            mean[a, b, rest], mean[b, a, rest] = c["mean"], -c["mean"]
+    ssa = s["losses"]["ssa"]["per_seed"]
+    softmax = s["losses"]["softmax"]["per_seed"]
+    assert mean["softmax", "ssa", "val loss"] == pytest.approx(np.mean([softmax[k]["val_loss"] - ssa[k]["val_loss"]
+                                                                        for k in ssa if k in softmax]))
+    renderer = fig.canvas.get_renderer()
+    fig.canvas.draw()
+    checked = 0
+    for ax, r in zip(fig.axes, v["claims"]):
+        labels = [t.get_text() for t in ax.get_yticklabels()]
+        dots = sorted((line.get_ydata()[0], line.get_xdata()[0]) for line in ax.lines if line.get_marker() == "o")
+        assert len(dots) == len(labels) == len(r["cells"])
+        for (y, x), label, c in zip(dots, labels, r["cells"]):
+            diff, rest = label.split(", ", 1)
+            if " − " in diff:  # e.g. "softmax − ssa, val loss": its mean, on its side of 0
+                a, b = diff.split(" − ")
+                assert x == pytest.approx(mean[a, b, rest]), (label, x)
+                checked += 1
+            else:  # "ssmax, needle − control span (best head)": as recorded
+                assert label == c["label"] and x == pytest.approx(c["mean"])
+        title = ax.get_title(loc="left")
+        assert title.replace("\n", " ").replace("\u00a0", " ") == f"{r['claim']} ({r['verdict']})"
+        left, right = ax.title.get_window_extent(renderer), ax._right_title.get_window_extent(renderer)
+        assert not left.overlaps(right) and right.x1 <= fig.bbox.x1 and left.y1 <= fig.bbox.y1
+    assert checked == 58 and "softmax − ssa, val loss" in [t.get_text() for a in fig.axes for t in a.get_yticklabels()]
+    boxes = [ax.get_tightbbox(renderer) for ax in fig.axes]  # title, tick labels and axis labels included
+    assert all(not upper.overlaps(lower) for upper, lower in zip(boxes, boxes[1:]))
+    assert all(b.x0 >= 0 and b.y0 >= 0 and b.x1 <= fig.bbox.x1 and b.y1 <= fig.bbox.y1 for b in boxes)
+
+
 def test_explore_averages_each_seeds_sequences_before_pairing_by_seed(tmp_path):
     import csv, gzip
     explore = load("explore")

@@ -198,31 +198,51 @@ def markdown(v):
     return "\n".join(out) + "\n"
 
 
-def figure(v, path, xlabel="paired difference, signed so that the paper's expected side is > 0 (dots: seeds)"):
-    """Every cell: each seed's paired difference (dots), the mean and its 95 % t interval (bar), signed so that the
-    paper's side is right of 0; one panel a claim."""
+def plotted_label(label, side):
+    """The difference a cell's row plots: its label's, turned round ("a − b, x" -> "b − a, x") when the paper's
+    side is < 0, so that the paper's side is always > 0 and the label still names what is plotted."""
+    if side >= 0:
+        return label
+    diff, rest = label.split(", ", 1)
+    a, b = diff.split(" − ")
+    return f"{b} − {a}, {rest}"
+
+
+def figure(v, path, width=105):
+    """Every cell: each seed's paired difference (dots), the mean and its 95 % t interval (bar), each row the
+    difference its label names, turned so that the paper's side is right of 0; one panel a claim, rows top down
+    in the table's order. width: a title's characters a line (wrapped whole)."""
+    import re, textwrap
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     claims = v["claims"]
+    keep = lambda t: re.sub(r"(?<=\d) (?=N\b)|(?<=θ) (?=×)|(?<=×) (?=\d)", "\u00a0", t)  # "2 N", "θ × 50" unbroken
+    titles = [textwrap.wrap(keep(f"{r['claim']} ({r['verdict']})"), width) for r in claims]
     sizes = [len(r["cells"]) for r in claims]
-    fig, axes = plt.subplots(len(claims), 1, figsize=(9, 0.32 * sum(sizes) + 0.9 * len(claims)),
-                             gridspec_kw=dict(height_ratios=sizes))
-    for ax, r in zip(axes, claims):
+    heights = [0.32 * n + 0.55 + 0.13 * len(t) for n, t in zip(sizes, titles)]  # rows + ticks + title lines
+    fig, axes = plt.subplots(len(claims), 1, figsize=(9, sum(heights) + 0.4), gridspec_kw=dict(height_ratios=sizes))
+    for ax, r, title in zip(axes, claims, titles):
         for y, c in enumerate(r["cells"]):
-            sign = c["side"] or 1
+            sign = c["side"] or 1  # "close to" (side 0) has no side: plotted as labelled
             ax.scatter(sign * np.array(c["per_seed"]), np.full(len(c["per_seed"]), y), s=8, color="grey", alpha=0.6)
             lo, hi = sorted((sign * c["lo"], sign * c["hi"]))
             color = {"reproduced": "tab:green", "contradicted": "tab:red"}.get(c["verdict"], "tab:blue")
             ax.plot([lo, hi], [y, y], color=color, lw=2)
             ax.plot(sign * c["mean"], y, "o", color=color)
         ax.axvline(0, color="k", lw=0.5)
-        ax.set_yticks(range(len(r["cells"])), [c["label"] for c in r["cells"]], fontsize=6)
-        ax.set_title(f"{r['claim'][:110]} ({r['verdict']})", fontsize=7, loc="left")
+        ax.set_yticks(range(len(r["cells"])), [plotted_label(c["label"], c["side"]) for c in r["cells"]], fontsize=6)
+        ax.set_ylim(len(r["cells"]) - 0.5, -0.5)  # first cell on top, as in verdicts.md
+        ax.set_title("\n".join(title), fontsize=7, loc="left")
+        side = "the paper's side →" if any(c["side"] for c in r["cells"]) else "no side (“close to”)"
+        ax.set_title(side, fontsize=6, loc="right", color="dimgrey")
         ax.tick_params(axis="x", labelsize=6)
-    axes[-1].set_xlabel(xlabel, fontsize=7)
+    axes[-1].set_xlabel("each row: the difference its label names (dots: seeds; bar: mean, 95 % t interval), "
+                        "written so that the paper's side is > 0\n(a loss or copy ratio: lower is better; "
+                        "an accuracy or needle score: higher is better)", fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
+    return fig
 
 
 if __name__ == "__main__":
