@@ -334,6 +334,8 @@ class GPT(nn.Module):
         """Every layer's and head's attention weights of the chosen query rows over all keys:
         (n_layer, B, n_head, len(rows), T), scored in fp32 (under autocast too: attention_weights turns it off).
         Memory O(T) per row."""
+        bad = [r for r in rows if not -idx.size(1) <= r < idx.size(1)]  # r % T took row 25 of 20 for row 5
+        assert not bad, f"rows {bad} are outside the {idx.size(1)} positions (-{idx.size(1)} .. {idx.size(1) - 1})"
         capture = {"rows": list(rows), "weights": []}
         self(idx, capture=capture)
         return torch.stack(capture["weights"])

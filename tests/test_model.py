@@ -214,6 +214,8 @@ def test_attention_rows_equal_the_full_weights_without_a_txt_matrix():
     idx = torch.randint(0, 64, (1, 20))
     rows = m.attention_rows(idx, rows=(-1, 3))
     assert rows.shape == (2, 1, 2, 2, 20)
+    with pytest.raises(AssertionError, match=r"rows \[25, -21\] are outside the 20 positions"):
+        m.attention_rows(idx, rows=(25, 5, -21))  # row 25 was row 5's weights, without a word
     # reference: recompute layer 0's q, k and take the full weight matrix
     blk = m.transformer.h[0]
     x = blk.ln_1(m.transformer.wte(idx))
