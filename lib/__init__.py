@@ -16,6 +16,7 @@ What the scripts share; nothing here is run directly.
     folders.py            who writes where: one writer per folder (a lock), results folders, write_json, synced renames
     rescale.py            training-free rescalings of a softmax model's logits (qwen, yarn, llama4) for the evals
     compare.py            the statistics: paired bootstrap and seed-level t intervals, sign-flip p, Holm, horizons, CSVs
+    figures.py            the evaluations' figures: one colour a model, legends beside, seeds shown; train.py --compare
     runs.py               a reproduction's steps: reuse what was done as asked, keep what the report needs of the runs
     plans.py              pre-registration git can check: --commit-results needs results/<name>/plan.md committed first
     lm_suite.py           the language-model suite of reproduce.py: scales, variants, each seed's steps
