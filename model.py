@@ -297,7 +297,8 @@ class GPT(nn.Module):
         self.register_buffer("rope_sin", (sin * mscale).to(self.lm_head.weight.device), persistent=False)
 
     def extend_rope(self, method, scale, L):
-        """Rotary tables for L tokens by rope_extension(method), weights untouched; returns θ, effective θ, mscale."""
+        """Rotary tables for L tokens by rope_extension(method), weights untouched; returns θ, effective θ, mscale
+        (NoPE: None, None, 1: no table is read, nothing extended)."""
         cfg, hs = self.config, self.config.head_size
         inv_freq, mscale = rope_extension(method, hs, cfg.rope_theta, scale, cfg.block_size, L, cfg.rope_scaling)
         self.set_rope(cfg.rope_theta * scale if method == "theta" else cfg.rope_theta, inv_freq, L, mscale)
@@ -306,6 +307,8 @@ class GPT(nn.Module):
         theta_eff = float(inv_freq[1] / inv_freq[0]) ** (-hs / 2) if hs > 2 else None
         plain = theta_eff is not None and torch.allclose(rope_inv_freq(hs, theta_eff, cfg.rope_scaling),
                                                          inv_freq.double(), rtol=1e-9)
+        if cfg.pos == "nope":
+            return dict(rope_theta=None, rope_theta_effective=None, mscale=1.0)
         return dict(rope_theta=self.rope_theta, rope_theta_effective=theta_eff if plain else None, mscale=mscale)
 
     def forward(self, idx, targets=None, cache=None, capture=None, reduction="mean"):

@@ -20,7 +20,7 @@ from contextlib import nullcontext
 import torch
 
 from lib import dataset, vocab
-from lib.checkpoint import CheckpointError, load_checkpoint, pick_device
+from lib.checkpoint import CheckpointError, load_checkpoint, pick_device, read_checkpoint
 from model import BACKENDS
 
 SEP = "-" * 15  # nanoGPT's separator line
@@ -65,13 +65,16 @@ def main(argv=None):
         except (OSError, UnicodeDecodeError) as e:
             p.error(f"cannot read the prompt file {start[5:]!r}: {e.strerror if isinstance(e, OSError) else e}")
     try:
-        model, ckpt = load_checkpoint(args.ckpt, device, backend=args.backend)
-        enc = vocab.checkpoint_codec(vocab.language_model(args.ckpt, ckpt), args.data)  # a task run is refused
+        ckpt = vocab.language_model(args.ckpt, read_checkpoint(args.ckpt, mmap=True))  # a task run: before its model
+        model = load_checkpoint(args.ckpt, device, backend=args.backend)[0]
+        enc = vocab.checkpoint_codec(ckpt, args.data)
         first = vocab.bos(enc)  # an import's texts start with its <s>; a written <|endoftext|> is the trained separator
         ids = first + enc.encode(start, allowed_special={"<|endoftext|>"}) or [enc.eot_token]
     except (CheckpointError, dataset.DataError) as e:  # missing, corrupt, foreign or unsafe, a task run, a bad char
         p.error(str(e))
     model.eval()  # load_checkpoint leaves dropout on
+    if args.rope_theta is not None and model.config.pos == "nope":
+        p.error(f"--rope_theta {args.rope_theta:g}: this model has no RoPE (pos='nope'), so it would change nothing")
     # size RoPE once for the whole sample: no regrowing
     # set_rope changes no weights, only RoPE buffers
     length = max(len(ids) + args.max_new_tokens, model.config.block_size)

@@ -103,8 +103,10 @@ def eval_long(folder, summary, columns, ropes):
         for c, m in enumerate(models):
             name, info = (f"{m['label']} [native]", m.get("native")) if native else (m["label"], m)
             if name in columns and info:
-                theta = info["rope_theta_effective"] or info["rope_theta"]
-                curves.append((f"{name} (θ={theta:,.0f})", np.asarray(columns[name]), c, "--" if native else "-"))
+                nope = m.get("model_args", {}).get("pos") == "nope"  # no θ (before 2026-11-29 its unread one was shown)
+                theta = None if nope else info["rope_theta_effective"] or info["rope_theta"]
+                label = "NoPE" if theta is None else f"θ={theta:,.0f}"
+                curves.append((f"{name} ({label})", np.asarray(columns[name]), c, "--" if native else "-"))
     note = f"{args['num_seqs']} sequences of {args['length']:,} tokens ({args['split']})" + (
         f", logits {args['logit_scale']}" if args.get("logit_scale") else "")  # two scales must not look alike
     plot_per_position(os.path.join(folder, "per_position.png"), curves, [m["train_len"] for m in models],

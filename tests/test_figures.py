@@ -17,7 +17,7 @@ from matplotlib.colors import to_hex
 
 import eval_copy
 import eval_long
-from lib import figures, report
+from lib import compare, figures, report
 from lib.checkpoint import run_info, save_checkpoint
 from model import GPT, GPTConfig
 from test_tracking_numbers import drawn, write_log
@@ -95,10 +95,10 @@ def evaluated(tmp_path):
     data.mkdir()
     ids.tofile(data / "train.bin"), ids.tofile(data / "val.bin")
     ckpts = []
-    for scorer in ("softmax", "ssmax"):
+    for scorer, pos in (("softmax", "rope"), ("ssmax", "rope"), ("softmax", "nope")):
         torch.manual_seed(0)
-        model = GPT(GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=16, ffn_hidden=32, scorer=scorer))
-        ckpts.append(str(tmp_path / f"{scorer}.pt"))
+        model = GPT(GPTConfig(block_size=16, n_layer=1, n_head=2, n_embd=16, ffn_hidden=32, scorer=scorer, pos=pos))
+        ckpts.append(str(tmp_path / f"{scorer}-{pos}.pt"))
         save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config), "config": {},
                          "iter_num": 0, "best_val_loss": float("nan"), "run_info": run_info(0)}, ckpts[-1])
     return data, ckpts
@@ -112,7 +112,7 @@ def artists(fig):
 def test_a_folder_redrawn_from_its_numbers_gives_the_figures_eval_long_drew(evaluated, tmp_path, monkeypatch):
     data, ckpts = evaluated
     made = drawn(monkeypatch)
-    eval_long.main([*ckpts, "--data", str(data), "--length", "32", "--num_seqs", "2", "--n_boot", "50",
+    eval_long.main([*ckpts[:2], "--data", str(data), "--length", "32", "--num_seqs", "2", "--n_boot", "50",
                     "--out_dir", str(tmp_path / "ev")])
     first = [artists(f) for f in made]
     assert redraw_figures.redraw(str(tmp_path / "ev")) == ["per_position.png", "differences.png"]
@@ -140,3 +140,16 @@ def test_a_synthetic_folder_is_redrawn_from_its_rows_and_a_sweep_only_at_the_rat
     (old / "accuracy.csv").write_text("task,seed,length,accuracy\nfirst,0,32,1.0\n")
     (old / "horizons.png").write_bytes(b"as drawn then")
     assert redraw_figures.redraw(str(old)) == [] and (old / "horizons.png").read_bytes() == b"as drawn then"
+
+
+def test_a_nope_model_is_recorded_and_drawn_without_a_rope_it_does_not_have(evaluated, tmp_path, monkeypatch):
+    data, ckpts = evaluated  # it was recorded as 'theta x50, θ 500,000' and drawn so, two identical curves
+    made = drawn(monkeypatch)
+    eval_long.main([ckpts[0], ckpts[2], "--data", str(data), "--length", "32", "--num_seqs", "2", "--n_boot", "50",
+                    "--labels", "rope", "nope", "--out_dir", str(tmp_path / "ev")])
+    nope = json.load(open(tmp_path / "ev" / "summary.json"))["models"][1]
+    assert (nope["rope_method"], nope["rope_theta"], nope["native"]["rope_theta"]) == ("none", None, None)
+    labels = [line.get_label() for line in made[0].axes[0].get_lines() if not line.get_label().startswith("_")]
+    assert labels == ["rope (θ=500,000)", "nope (NoPE)", "rope [native] (θ=10,000)", "nope [native] (NoPE)"]
+    assert {r["rope_method"] for r in compare.read_csv(tmp_path / "ev" / "per_sequence.csv")
+            if r["model"] == "nope"} == {"none"}

@@ -257,3 +257,15 @@ def test_an_imported_tokenizers_prompt_starts_with_its_bos_hidden_and_padded_ids
     (x, y), = calls
     assert x[0].tolist() == [1] + enc.encode("ROMEO") and y.max() < enc.n_vocab
     assert samples == [enc.decode(y[0, 1:].tolist())] and samples[0].startswith("ROMEO")  # <s> fed, not shown
+
+
+def test_a_task_run_is_named_as_one_and_rope_theta_on_a_nope_model_is_refused(tmp_path):
+    from lib.checkpoint import build_model
+    model = build_model(GPTConfig(block_size=N, n_layer=1, n_head=2, n_embd=16, ffn_hidden=32, vocab_size=1), "linear")
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config), "config": {"task": "linear"},
+                     "iter_num": 0, "best_val_loss": float("nan"), "run_info": run_info(0)}, str(tmp_path / "t.pt"))
+    msg = one_error_line(["--ckpt", str(tmp_path / "t.pt")])  # was load_state_dict's size-mismatch dump
+    assert "is a run of task 'linear' (eval_tasks.py evaluates it), not a language model" in msg, msg
+    nope = write_ckpt(tmp_path / "nope.pt", pos="nope")
+    assert "--rope_theta 500: this model has no RoPE (pos='nope')" in one_error_line(["--ckpt", nope, "--rope_theta",
+                                                                                      "500"])
