@@ -158,6 +158,8 @@ def check_config(c):
     neither the task nor language modelling reads (a typo'd experiment that would run as if it were not there)."""
     if c.task and c.task not in TASKS:
         raise ValueError(f"unknown task {c.task!r}; allowed: {', '.join(TASKS)}")
+    if c.task and TASKS[c.task].n_in and getattr(c, "tie_embeddings", False):  # RealGPT: a Linear in, a scalar out
+        raise ValueError(f"tie_embeddings=True: task {c.task!r} reads real numbers, with no token embedding to tie")
     unread = [f.name for f in fields(TaskConfig)[1:] if getattr(c, f.name) != f.default
               and f.name not in (TASKS[c.task].reads if c.task else ())]
     if unread:

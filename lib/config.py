@@ -171,6 +171,21 @@ def parse_args(argv):
 # ----------------------------------------------------------------------------------------------------------------
 # Resolution: the config, once the checkpoint is known
 
+def unread(cfg, explicit):
+    """TrainError for an option this command sets that the run would not read (recorded as if it ran): SFT's schedule
+    without sft_data, or its epochs beside the iterations they set; copy_* with copy_frac unset; RoPE's base with
+    pos=nope. (A task's options: tasks.check_config; a scorer's: scorers.check_options.)"""
+    why = {k: "sft_epochs sets it, in epochs" for k in ("max_iters", "warmup_iters", "lr_decay_iters")
+           if cfg.sft_epochs}
+    why.update({k: "no sft_data" for k in ("sft_epochs", "sft_val_frac") if not cfg.sft_data})
+    why.update({k: "no copy_frac" for k in ("copy_span", "copy_kind") if "copy_frac" not in explicit})
+    why.update({k: "pos='nope' has no RoPE" for k in ("rope_theta", "rope_scaling") if cfg.pos == "nope"})
+    set_unread = [k for k in why if k in explicit]
+    if set_unread:
+        raise TrainError(", ".join(f"{k}={explicit[k]!r}" for k in set_unread) + f": not read by this run ("
+                         f"{'; '.join(dict.fromkeys(why[k] for k in set_unread))}), so it would be recorded, not run")
+
+
 def resolve(cfg, explicit, ckpt, resuming, world):
     """A resume: the run's stored config, then what this command sets; init_from: the checkpoint's model fields unless
     this command sets them; then the checks across fields, and a task's vocabulary (tasks.py) as the model's."""
@@ -179,6 +194,7 @@ def resolve(cfg, explicit, ckpt, resuming, world):
                              "out_dir": cfg.out_dir})
     elif ckpt is not None:  # block_size too
         cfg = replace(cfg, **{k: v for k, v in ckpt["model_args"].items() if k in MODEL_FIELDS and k not in explicit})
+    unread(cfg, explicit)
     if cfg.gradient_accumulation_steps % world:  # each process runs an equal share (lr_schedule: coerce() checks it)
         raise TrainError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} (global) does not split "
                          f"evenly among {world} processes: set a multiple of {world} (or use fewer processes)")

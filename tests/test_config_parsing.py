@@ -126,7 +126,8 @@ def cross_checked(*argv):
 def test_cosine_needs_decay_at_or_past_warmup_and_the_other_schedules_do_not():
     assert cross_checked("lr_schedule=cosine", "warmup_iters=100", "lr_decay_iters=100").lr_decay_iters == 100
     assert cross_checked("warmup_iters=100", "lr_decay_iters=10").lr_schedule == "constant"
-    assert cross_checked("lr_schedule=cosine", "warmup_iters=100", "lr_decay_iters=1", "sft_epochs=2").sft_epochs == 2
+    with pytest.raises(TrainError, match=r"sft_epochs sets it"):  # SFT in epochs sets both: never ran as typed
+        cross_checked("lr_schedule=cosine", "warmup_iters=100", "lr_decay_iters=1", "sft_epochs=2", "sft_data='x'")
     with pytest.raises(TrainError, match=r"^lr_decay_iters=99 is below warmup_iters=100: cosine"):
         cross_checked("lr_schedule=cosine", "warmup_iters=100", "lr_decay_iters=99")
 
@@ -250,3 +251,18 @@ def test_a_bases_overwrite_covers_its_own_out_dir_never_one_a_config_built_on_it
     assert parse_args([str(tmp_path / "same.py")]) == {"out_dir": "out-demo", "overwrite": True, "max_iters": 7}
     assert parse_args([str(tmp_path / "asks.py")])["overwrite"] is True
     assert parse_args([str(tmp_path / "mine.py"), "overwrite=True"])["overwrite"] is True  # asked on the command line
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["configs/cpu_quick.py", "copy_span=8", "copy_kind='random'"], "copy_span=8, copy_kind='random': not read by "
+     "this run (no copy_frac)"),
+    (["sft_epochs=3", "sft_val_frac=0.5"], "sft_epochs=3, sft_val_frac=0.5: not read by this run (no sft_data)"),
+    (["sft_data='x.jsonl'", "sft_epochs=2", "max_iters=10"], "max_iters=10: not read by this run (sft_epochs sets "
+     "it, in epochs)"),  # it trained to 2 epochs' iterations, max_iters=10 recorded as typed and never run
+    (["pos='nope'", "rope_theta=500.0"], "rope_theta=500.0: not read by this run (pos='nope' has no RoPE)"),
+    (["task='some'", "tie_embeddings=True", "vocab_size=1"], "tie_embeddings=True: task 'some' reads real numbers"),
+])
+def test_an_option_the_run_would_not_read_is_refused_not_recorded_as_run(argv, msg):
+    with pytest.raises(TrainError, match="^" + msg.replace("(", r"\(").replace(")", r"\)")):
+        cross_checked(*argv)
+    assert cross_checked("configs/cpu_char.py", "copy_frac=0").copy_span == 16  # a control without copies: asked
