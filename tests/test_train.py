@@ -89,8 +89,10 @@ def test_config_files_then_overrides_apply_in_order_and_skip_private_names_const
     a.write_text("import math\n_scratch = 5\nSTEPS = 7\ndef helper():\n    return 1\n"
                  "learning_rate = math.sqrt(1e-6)\nmax_iters = 2e3\nscorer = 'ssmax'\nreweight_p = None\n")
     b.write_text("max_iters = 20\nbatch_size = 4\n")
-    assert train.parse_args([str(a), "max_iters=5", str(b), "batch_size=8"]) == {
-        "learning_rate": 1e-3, "max_iters": 20, "scorer": "ssmax", "reweight_p": None, "batch_size": 8}
+    assert train.parse_args([str(a), "scorer='softmax'", str(b), "batch_size=8"]) == {
+        "learning_rate": 1e-3, "max_iters": 20, "scorer": "softmax", "reweight_p": None, "batch_size": 8}
+    with pytest.raises(train.TrainError, match="b.py comes after max_iters=, which it sets too"):
+        train.parse_args([str(a), "max_iters=5", str(b)])  # b's 20 silently replaced the typed 5
     assert train.parse_args([str(b), str(a)])["max_iters"] == 2000  # the later file wins
     assert type(train.parse_args([str(a)])["max_iters"]) is int
 
