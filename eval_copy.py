@@ -82,7 +82,8 @@ def plot(path, models, args):
     bx.legend(*ax.get_legend_handles_labels(), **figures.LEGEND)  # one colour a model in both panels
     fig.suptitle(f"{args.num_seqs} sequences per distance, {args.kind} span of {args.span} tokens, RoPE "
                  f"{args.rope_method} x{args.rope_scale:g}" + (f", logits {args.logit_scale}" if args.logit_scale
-                                                                 else ""), fontsize=9)
+                                                                 else "")
+                 + (f" F={args.llama4_floor:,}" if args.logit_scale == "llama4" else ""), fontsize=9)
     figures.save(fig, path, dpi=120)
 
 

@@ -14,8 +14,8 @@ overlapping pairs. All checkpoints are read (weights_only) before the first mode
 whole, never over earlier ones.
 
 Dynamic NTK sets RoPE's base from the sequence length, so window k is read from kN-token sequences with the factor
-for kN (LSSAR Table 4; prefix_1x = native RoPE); --no-ntk_per_length: one L-token pass with the factor for L. Other
-methods need one pass of L tokens. Each model also runs with its trained θ (rope "native"; the method: "extended").
+for kN (LSSAR Table 4; prefix_1x = native RoPE), and so is YaRN's logit temperature (--logit_scale yarn, set by the
+length too); --no-ntk_per_length: one L-token pass with the factors for L. Other settings need one pass of L tokens. Each model also runs with its trained θ (rope "native"; the method: "extended").
 Outputs: per_sequence.csv (model x rope x sequence x window), differences.csv/png (each model minus --baseline,
 paired over sequences, bootstrap 95% CI), per_position.csv/png (raw curves), summary.json.
 """
@@ -32,7 +32,8 @@ from model import BACKENDS, ROPE_METHODS
 WINDOW_MULTIPLES = (1, 2, 4, 8, 10, 16, 20)  # k x the training length N
 WINDOW_RULE = ("window kx: mean loss over positions (k*N - N, k*N], the last N positions up to k times the "
                "training length N; prefix_kx: over positions 1..k*N, the loss of a k*N-token sequence (LSSAR Table "
-               "4); k*N <= L. Dynamic NTK per length: both from k*N-token passes with the factor for k*N")
+               "4); k*N <= L. Dynamic NTK or YaRN's logit temperature, per length: both from k*N-token passes with the "
+               "factor for k*N")
 POSITION_RULE = "position t = the loss of predicting token t+1 from tokens 1..t; trained positions are 1..N"
 OUTPUTS = ("per_position.csv", "per_position.png", "per_sequence.csv", "differences.csv", "differences.png",
            "fading.csv", "fading_zmax.csv", "fading.png", "summary.json")  # summary.json last: runs.complete
@@ -69,8 +70,9 @@ def per_position_loss(model, data, starts, L, batch_size, bounds, bar=None):
     return (total / len(starts)).cpu().numpy(), {w: torch.cat(v).numpy() for w, v in per_seq.items()}
 
 def pass_lengths(args, N, method):
-    """Sequence lengths run for one RoPE setting. Dynamic NTK per length: every window's end kN and L (the curve)."""
-    if method == "dynamic_ntk" and args.ntk_per_length:  # the only method whose tables depend on the length
+    """Sequence lengths run for one RoPE setting. Per length (Dynamic NTK's tables, YaRN's logit temperature: both
+    set by the length): every window's end kN and L (the curve)."""
+    if (method == "dynamic_ntk" or args.logit_scale == "yarn") and args.ntk_per_length:
         return sorted({last for _, last in window_bounds(N, args.length).values()} | {args.length})
     return [args.length]
 
@@ -195,7 +197,8 @@ def main(argv=None):
     p.add_argument("--rope_method", choices=ROPE_METHODS, default="theta")
     p.add_argument("--rope_scale", type=float, default=50.0, help="the SSMax paper: θ x 50 = 500,000")
     p.add_argument("--ntk_per_length", action=argparse.BooleanOptionalAction, default=True,
-                   help="dynamic_ntk: window k from kN-token sequences with the factor for kN (LSSAR Table 4)")
+                   help="dynamic_ntk, --logit_scale yarn: window k from kN-token sequences with the factor for kN "
+                   "(LSSAR Table 4)")
     p.add_argument("--baseline", help="label of the model the others are compared to (default: the first model)")
     p.add_argument("--n_boot", type=int, default=2000, help="bootstrap resamples of the paired 95%% CIs")
     p.add_argument("--num_seqs", type=int, default=64, help="sequences averaged (the SSMax paper: 100,000)")
@@ -217,6 +220,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if not args.ckpt and not args.fading:
         p.error("give one or more checkpoints, or --fading")
+    if not args.ckpt and (args.logit_scale or args.llama4_floor != rescale.LLAMA4_FLOOR):  # --fading: closed forms
+        p.error("--logit_scale and --llama4_floor rescale the checkpoints' logits: give one (--fading draws no model)")
     bad = [f"--{k} {getattr(args, k)}" for k in ("num_seqs", "batch_size", "length", "smooth", "n_boot", "llama4_floor")
            if getattr(args, k) is not None and getattr(args, k) < 1]
     bad += [f"--rope_scale {args.rope_scale}"] * (not 0 < args.rope_scale < math.inf)  # `not <` refuses nan too

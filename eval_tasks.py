@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from kernels_cpu import CHUNK
 from lib import folders, rescale, tracking
-from lib.checkpoint import build_model, pick_device, read_checkpoint
+from lib.checkpoint import build_model, pick_device, read_checkpoint, run_info
 from lib.compare import unique_labels, wilson, write_csv
 from model import SCORERS, GPTConfig, auto_backend
 from tasks import TASKS, get_batch, min_length, target_positions
@@ -124,7 +124,8 @@ PROMPT_COLUMNS = ("run", "checkpoint", "iter", "task", "setting", "seed", "lengt
                   "correct", "answer_loss")
 
 
-OUTPUTS = ("accuracy.csv", "attention.csv", "per_prompt.csv")  # per_prompt.csv last: it means "finished"
+# settings.json: this command's options (a rescaling's floor is in no row's name), run_info; per_prompt.csv last: done
+OUTPUTS = ("settings.json", "accuracy.csv", "attention.csv", "per_prompt.csv")
 
 
 def check(runs, lengths, n, diag_n):
@@ -218,6 +219,7 @@ def main(argv=None):
                  f"{a.diagnose}, {a.lengths}, {a.llama4_floor}")
     try:
         with folders.results_dir(a.out_dir, OUTPUTS) as out:
+            folders.write_json(os.path.join(out, "settings.json"), dict(args=vars(a), run_info=run_info()), indent=1)
             acc, _ = evaluate(a.ckpt, sorted(set(a.lengths)), a.n, out, a.rope, a.diagnose, a.logit_scale,
                               a.llama4_floor, a.device)
         if a.wandb:

@@ -178,15 +178,14 @@ class CausalSelfAttention(nn.Module):
         if SCORERS[config.scorer].forget:  # FoX: f = w_f x + b_f per head (b_f starts at fgate_bias_init: 0, f = 1/2)
             self.fgate = nn.Linear(C, H, bias=True)
             nn.init.constant_(self.fgate.bias, config.fgate_bias_init)
-        # per head; a fixed one is a buffer, so it is still saved
-        # one kept > low is stored raw, used as low + softplus(raw)
+        # the scorer's parameters (scorers.Param: ssmax's s, b; ssa's b, n), one value per head, from the config
         self.params = [prm for prm in SCORERS[config.scorer].params if not prm.only_if or getattr(config, prm.only_if)]
         for prm in self.params:
             value = getattr(config, prm.init) if prm.init else prm.default
-            if prm.low is not None:
+            if prm.low is not None:  # kept > low: stored raw, used as low + softplus(raw) (scorer_params)
                 value = math.log(math.expm1(value - prm.low))  # softplus^-1
             value = torch.full((H,), float(value))
-            if not prm.learn or getattr(config, prm.learn):
+            if not prm.learn or getattr(config, prm.learn):  # else fixed: a buffer, so still saved
                 setattr(self, param_name(self.scorer, prm), nn.Parameter(value))
             else:
                 self.register_buffer(param_name(self.scorer, prm), value)
@@ -210,7 +209,8 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.q_scale is not None:  # sized to the evaluated length: a short table would broadcast its last row
             assert self.q_scale.size(0) >= offset + T, f"q_scale has {self.q_scale.size(0)} rows, not {offset + T}"
-            q = q * self.q_scale[offset:offset + T, None].to(q.dtype)
+            wide = torch.promote_types(q.dtype, torch.float32)  # bf16 q: the factor unrounded, q rounded once
+            q = (q.to(wide) * self.q_scale[offset:offset + T, None].to(wide)).to(q.dtype)
         params = self.scorer_params()
         if hasattr(self, "fgate"):  # FoX's c (B, nh, T): prefix sums of log sigmoid(f), fp32 at least, cache-continued
             c = F.logsigmoid(self.fgate(x).to(torch.promote_types(x.dtype, torch.float32))).transpose(1, 2).cumsum(-1)

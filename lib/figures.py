@@ -107,8 +107,9 @@ def eval_long(folder, summary, columns, ropes):
                 theta = None if nope else info["rope_theta_effective"] or info["rope_theta"]
                 label = "NoPE" if theta is None else f"θ={theta:,.0f}"
                 curves.append((f"{name} ({label})", np.asarray(columns[name]), c, "--" if native else "-"))
+    scale = args.get("logit_scale")  # two scales must not look alike, nor two llama4 floors
     note = f"{args['num_seqs']} sequences of {args['length']:,} tokens ({args['split']})" + (
-        f", logits {args['logit_scale']}" if args.get("logit_scale") else "")  # two scales must not look alike
+        f", logits {scale}" if scale else "") + (f" F={args['llama4_floor']:,}" if scale == "llama4" else "")
     plot_per_position(os.path.join(folder, "per_position.png"), curves, [m["train_len"] for m in models],
                       args["smooth"], args["logx"], f"{note}, RoPE " + "; dashed: ".join(ropes.values()))
     if summary["differences"]:  # from the second model on

@@ -7,7 +7,7 @@ n_i = i + 1 is row i's key count (its 1-based position), N the training length, 
 - yarn: (0.1 ln(L/N) + 1)^2 for L > N, else 1: YaRN's attention temperature (on q and k; here all on q);
 - llama4: 1 + 0.1 log(floor(n_i / F) + 1): Llama 4's attention temperature tuning, floor scale F = 8,192. Below
   F tokens it is 1, so at N = 32 (tested to 4,096 tokens) it does nothing with Llama 4's F; the suite sets F = N;
-- a number 0 < c <= 1e6 (e.g. "2"): every row's logits times c, a constant temperature (the control for "is it the
+- a number 1e-6 <= c <= 1e6 (e.g. "2"): every row's logits times c, a constant temperature (the control for "is it the
   scale or its growth with n": SSMax at s = 1 multiplies by log n_i, which grows past N; c does not).
 """
 import argparse
@@ -27,18 +27,19 @@ def constant(kind):
         c = float(kind)
     except (TypeError, ValueError):
         c = math.nan
-    if not 0 < c <= 1e6:  # a bound of our choosing: 1e300 is inf as float32 (every row nan), 1e6 already argmax-like
-        raise ValueError(f"--logit_scale {kind!r}: one of {', '.join(KINDS)}, or a factor c in (0, 1e6]")
+    if not 1e-6 <= c <= 1e6:  # bounds of our choosing: 1e300 is inf as float32 (every row nan), 1e-300 is 0
+        raise ValueError(f"--logit_scale {kind!r}: one of {', '.join(KINDS)}, or a factor c in [1e-6, 1e6]")
     return c
 
 
 def kind(text):
-    """--logit_scale's argparse type: one of KINDS or a factor 0 < c <= 1e6 (as "%g"), else one error line."""
+    """--logit_scale's argparse type: one of KINDS or a factor 1e-6 <= c <= 1e6 (its shortest exact name: "2" for
+    "2.0", 1.0000001 kept whole), else one error line."""
     try:
         c = constant(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-    return text if c is None else f"{c:g}"
+    return text if c is None else f"{c:g}" if float(f"{c:g}") == c else repr(c)
 
 
 def factors(kind, L, N, floor=LLAMA4_FLOOR):

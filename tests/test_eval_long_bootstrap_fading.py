@@ -73,3 +73,10 @@ def test_fading_softmax_max_decays_ssmax_stays_near_one(tmp_path, capsys):
 def test_out_of_range_numbers_are_one_error_line(flag, value):
     v = float(value) if flag == "--rope_scale" else int(value)
     assert f"{flag} {v}" in one_line_error(["ckpt.pt", flag, value])  # checked before any file is read
+
+
+def test_fading_alone_refuses_a_rescaling_it_would_ignore(tmp_path):
+    for extra in (["--logit_scale", "qwen"], ["--llama4_floor", "5"]):
+        with pytest.raises(SystemExit, match="rescale the checkpoints' logits: give one"):
+            eval_long.main(["--fading", *extra, "--out_dir", str(tmp_path / "f")])
+    assert not (tmp_path / "f").exists()

@@ -115,3 +115,8 @@ def test_a_logit_rescaling_follows_each_passs_length_under_dynamic_ntk_per_lengt
         with torch.no_grad():
             _, want = model.eval()(xy[:, :-1], xy[:, 1:])
         assert windows[f"prefix_{k}x"]["mean_loss"] == pytest.approx(want.item(), abs=1e-4)
+        model.extend_rope("none", 1.0, k * N)  # the native pass too: it scored prefix_1x at L's temperature
+        with torch.no_grad():
+            _, want = model(xy[:, :-1], xy[:, 1:])
+        assert summary["models"][0]["native"]["windows"][f"prefix_{k}x"]["mean_loss"] == pytest.approx(want.item(),
+                                                                                                       abs=1e-4)

@@ -4,6 +4,7 @@ mass (a stand-in whose attention rows are known), and what evaluate makes of the
 its own overrides and its own stream, the MSE's interval, one diagnosis per length, --logit_scale with its floor and
 its name, and the sizes checked before anything runs. Tiny sizes, CPU only."""
 import csv
+import json
 import math
 from dataclasses import asdict
 from types import SimpleNamespace
@@ -154,6 +155,8 @@ def test_logit_scale_rescales_with_its_floor_and_names_the_setting(runs, tmp_pat
     assert names == {"softmax-llama4"} and llama_8192 == plain
     names, llama_4 = losses("--logit_scale", "llama4", "--llama4_floor", "4")  # rows n_i >= 4 scaled up
     assert names == {"softmax-llama4"} and llama_4 != plain
+    settings = json.load(open(tmp_path / "ev-logit_scale-llama4-llama4_floor-4" / "settings.json"))
+    assert settings["args"]["llama4_floor"] == 4 and "git_sha" in settings["run_info"]  # the rows' name has no F
 
 
 def test_too_few_prompts_and_a_diagnosis_beyond_memory_are_one_error_line(runs, tmp_path, monkeypatch):

@@ -153,3 +153,12 @@ def test_a_nope_model_is_recorded_and_drawn_without_a_rope_it_does_not_have(eval
     assert labels == ["rope (θ=500,000)", "nope (NoPE)", "rope [native] (θ=10,000)", "nope [native] (NoPE)"]
     assert {r["rope_method"] for r in compare.read_csv(tmp_path / "ev" / "per_sequence.csv")
             if r["model"] == "nope"} == {"none"}
+
+
+def test_a_llama4_rescaling_is_titled_with_its_floor(tmp_path, monkeypatch):
+    made = drawn(monkeypatch)  # two floors must not look alike (they were both "logits llama4")
+    args = dict(num_seqs=2, length=32, split="val", smooth=1, logx=False, logit_scale="llama4", llama4_floor=16)
+    model = dict(label="m", train_len=16, rope_theta=1e4, rope_theta_effective=1e4, model_args={})
+    figures.eval_long(str(tmp_path), dict(args=args, models=[model], differences=[], baseline="m"),
+                      {"m": np.ones(32)}, {"native": "native θ"})
+    assert "logits llama4 F=16," in made[0].axes[0].get_title()

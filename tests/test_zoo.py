@@ -127,9 +127,23 @@ def test_training_free_rescalings_have_the_published_factors():
     assert (rescale.factors("2.5", 4096, 32) == 2.5).all()  # a constant temperature: every row, every length
     assert rescale.kind("2.50") == "2.5" and rescale.kind("qwen") == "qwen"  # --logit_scale's values, as labelled
     assert rescale.kind("1e6") == "1e+06"  # the largest factor taken
-    for bad in ("ntk", "0", "-1", "inf", "nan", "1e300"):  # 1e300: logits to inf, rows to nan
+    assert rescale.kind("1e-6") == "1e-06" and rescale.kind("1.0000001") == "1.0000001"  # was "1": named as it runs
+    for bad in ("ntk", "0", "-1", "inf", "nan", "1e300", "1e-300"):  # 1e300: rows nan; 1e-300: a factor 0 in fp32
         with pytest.raises(ValueError, match=f"--logit_scale '{bad}': one of qwen, yarn, llama4, or a factor c in"):
             rescale.factors(bad, 8, 4)
+
+
+def test_a_bf16_query_takes_the_factor_unrounded(monkeypatch):
+    # eval_long and eval_copy run bf16 on a GPU: the factor was rounded to bf16 first (qwen 1.0039 -> 1.0 past N)
+    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=32, block_size=8, pos="nope")).to(torch.bfloat16)
+    seen = []
+    monkeypatch.setattr(model, "attention", lambda q, *a, **kw: seen.append(q) or q)
+    idx = torch.randint(0, 32, (1, 40))
+    m(idx)
+    rescale.apply(m, "qwen", 40)
+    m(idx)
+    f = rescale.factors("qwen", 40, 8)[None, None, :, None]
+    assert torch.equal(seen[1], (seen[0].float() * f).to(torch.bfloat16))
 
 
 def test_a_rescaled_softmax_model_equals_one_whose_query_weights_carry_the_factor():
