@@ -9,9 +9,10 @@ model exported by `convert_hf.py export` with a scorer other than softmax names 
 config.json's "nanoscorer" holds the scorer, its per-head parameters per layer and its GPTConfig options (for
 convert_hf.py's import back): {"scorer": "ssmax", "params": {"s": [[s of each head] for each layer], "b": ...},
 "options": {"ssmax_bias": true, ...}}. It also names the attention ("attn_implementation"), so without
-this import from_pretrained refuses the folder instead of running softmax in its place (a folder saved again by
-transformers drops that name: pass attn_implementation then). The mask function sdpa_mask is registered for the
-name too, else a padded batch would arrive without a mask.
+this import from_pretrained refuses the folder instead of running softmax in its place. A folder saved again by
+transformers drops that name and loads as "sdpa": with this import, "sdpa" runs the scorer of any config that names
+one (attn_implementation="eager" asked by hand still runs softmax: transformers calls it directly). The mask function
+sdpa_mask is registered for the name too, else a padded batch would arrive without a mask.
 
 n_i, the keys query row i attends to (SCORERS.md), is counted from that mask: left padding is not counted, so a
 padded row scores as the unpadded sequence does, with or without position_ids (RoPE is relative). ssmax runs on SDPA
@@ -65,5 +66,15 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     return y.transpose(1, 2).contiguous(), None
 
 
+def sdpa_or_scorer(module, query, key, value, attention_mask, **kwargs):
+    """transformers' "sdpa", unless the model's config.json names a scorer: a folder saved again by transformers loses
+    attn_implementation (and loads as sdpa), never its "nanoscorer" block, so its scorer still runs, not softmax."""
+    spec = getattr(module.config, "nanoscorer", None)
+    run = attention if spec and spec.get("scorer", "softmax") != "softmax" else SDPA
+    return run(module, query, key, value, attention_mask, **kwargs)
+
+
+SDPA = AttentionInterface._global_mapping["sdpa"]
 AttentionInterface.register(NAME, attention)
+AttentionInterface.register("sdpa", sdpa_or_scorer)
 AttentionMaskInterface.register(NAME, sdpa_mask)
