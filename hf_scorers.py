@@ -41,13 +41,39 @@ def keys_attended(mask, Tq, Tk, device):
     return mask | ~mask.any(-1, keepdim=True)  # a padding query sees no key: let it see all, finite
 
 
+def check(spec, L, H):
+    """config.json's nanoscorer block as convert_hf.py import takes it, else one ValueError naming the bad entry: a
+    scorer hf_scorers runs, and each parameter one of its own, L layers x H heads of finite values above its bound."""
+    scorer = spec.get("scorer") if isinstance(spec, dict) else spec
+    if scorer not in RUNS:
+        raise ValueError(f"hf_scorers runs {', '.join(RUNS)}, not scorer {scorer!r}")
+    if not isinstance(spec.get("params"), dict):
+        raise ValueError(f"config.json's nanoscorer block has no params dict: {spec!r}")
+    own = {prm.name: prm for prm in scorers.SCORERS[spec["scorer"]].params}
+    for name, value in spec["params"].items():
+        try:
+            x = torch.tensor(value, dtype=torch.float64)
+        except (TypeError, ValueError):
+            x = torch.zeros(0)
+        low = own[name].low if name in own else None
+        if name not in own or x.shape != (L, H) or not x.isfinite().all() or (low is not None and (x <= low).any()):
+            raise ValueError(f"config.json's nanoscorer params {name!r}: scorer {spec['scorer']!r} takes "
+                             f"{', '.join(own) or 'none'}, each {L} layers x {H} heads of finite values"
+                             + (f" > {low:g}" if low is not None else ""))
+
+
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' attention function: query (B, H, Tq, D), key and value (B, H_kv, Tk, D) -> (B, Tq, H, D)."""
     spec = getattr(module.config, "nanoscorer", None) or {"scorer": "softmax", "params": {}}
-    if spec["scorer"] not in RUNS:
-        raise ValueError(f"hf_scorers runs {', '.join(RUNS)}, not scorer {spec['scorer']!r}")
+    if not getattr(module, "nanoscorer_checked", False):  # once a layer
+        check(spec, module.config.num_hidden_layers, query.size(1))
+        module.nanoscorer_checked = True
     if scaling is not None and abs(scaling * query.size(-1) ** 0.5 - 1) > 1e-6:
         raise ValueError(f"the scorers scale q.k by 1/sqrt(head_dim), not {scaling}")
+    unread = [k for k in ("softcap", "s_aux", "sinks") if kwargs.get(k) is not None] + ["dropout"] * bool(
+        dropout and module.training)  # Gemma 2's softcap, gpt-oss's sinks, training dropout: never run here
+    if unread:
+        raise ValueError(f"hf_scorers runs no attention {' or '.join(unread)}; this model asks for it")
     H, Tq = query.shape[1:3]
     groups = H // key.size(1)  # grouped KV heads serve `groups` query heads each
     k, v = (t.repeat_interleave(groups, dim=1) if groups > 1 else t for t in (key, value))

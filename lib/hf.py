@@ -3,7 +3,7 @@ Hugging Face Llama-family checkpoints in (convert_hf.py import): a folder's conf
 checkpoint with its tokenizer as codec (import_hf); the names' mapping and what transformers can run (refusals), which
 the way out shares (lib/hf_export.py: a checkpoint -> a folder that transformers loads).
 """
-import hashlib, importlib, json, os, pathlib
+import hashlib, importlib, json, os, pathlib, sys
 
 import torch
 
@@ -63,6 +63,16 @@ def hf_folder(name):
 def model_args(cfg):
     """GPTConfig fields of a Hugging Face config.json, or ConvertError naming what is unsupported."""
     family, ropes = cfg.get("model_type"), [cfg.get(k) or {} for k in ("rope_scaling", "rope_parameters")]
+    shape = [f"{k}={v!r} (a positive integer)" for k in ("vocab_size", "num_hidden_layers", "num_attention_heads",
+             "hidden_size", "intermediate_size") if k in cfg and not (type(v := cfg[k]) is int and v > 0)]
+    shape += [f"{k}={cfg[k]!r} (a positive number)" for k in ("num_key_value_heads", "max_position_embeddings",
+              "rms_norm_eps", "rope_theta") if k in cfg and not (type(cfg[k]) in (int, float) and cfg[k] > 0)]
+    shape += [f"{k} {r!r} (a dict)" for k, r in zip(("rope_scaling", "rope_parameters"), ropes) if type(r) is not dict]
+    shape += [f"{k}'s rope_theta={r['rope_theta']!r} (a positive number)" for k, r in zip(("rope_scaling",
+              "rope_parameters"), ropes) if type(r) is dict and not (type(r.get("rope_theta", 1)) in (int, float)
+                                                                     and r.get("rope_theta", 1) > 0)]
+    if shape:  # else a traceback, or a checkpoint no forward can run (rms_norm_eps null)
+        raise ConvertError(f"config.json: {'; '.join(shape)}")
     # transformers takes rope_scaling over rope_parameters (θ its own, else the top level's); older: kind in "type"
     kinds = sorted({r.get("rope_type") or r.get("type") or "default" for r in ropes if r} or {"default"})
     rope = ropes[0] or ropes[1]
@@ -231,6 +241,10 @@ def import_hf(name, out):
     if bad:  # else load_state_dict's traceback
         raise ConvertError(f"the weights and config.json disagree: {bad} is {tuple(state[bad].shape)} in the weights, "
                            f"{tuple(want[bad].shape)} by config.json")
+    extra = sorted(k for k in w if k.startswith("model.layers.") and int(k.split(".")[2]) >= args["n_layer"])
+    if extra:  # transformers drops them too, with a warning
+        print(f"warning: config.json's num_hidden_layers={args['n_layer']}: {len(extra)} weights of later layers "
+              f"(from {extra[0]}) are not read", file=sys.stderr)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if [k for k in missing if not k.startswith("lm_head")] or unexpected:  # lm_head: the tied wte
         raise ConvertError(f"weights that do not fit: missing {missing[:3]}, unexpected {unexpected[:3]}")

@@ -93,3 +93,12 @@ def test_a_broken_hugging_face_folder_is_one_error_line_naming_the_file_and_writ
         (folder / name).write_bytes(kept)
     convert_hf.main(["import", str(sharded), "--out", str(tmp_path / "whole")])  # mended, the same folder imports
     assert (tmp_path / "whole" / "ckpt.pt").is_file()
+
+
+def test_weights_of_layers_past_num_hidden_layers_are_named_when_dropped(tmp_path, capsys):
+    llama(str(tmp_path / "src"), False)  # 2 layers of weights, a config.json that says 1: dropped without a word
+    cfg = json.load(open(tmp_path / "src" / "config.json"))
+    json.dump({**cfg, "num_hidden_layers": 1}, open(tmp_path / "src" / "config.json", "w"))
+    convert_hf.main(["import", str(tmp_path / "src"), "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert "warning: config.json's num_hidden_layers=1: 9 weights of later layers (from model.layers.1." in err, err

@@ -71,3 +71,18 @@ def test_a_librarys_error_is_named_by_its_type_and_its_messages_first_line_even_
                "outgoing traffic has been disabled. To enable repo look-ups and downloads online, set ...")
     assert lib_hf.cause(OSError(offline)) == "OSError: " + offline.split(". ")[0]  # a sentence, not cut mid-way
     assert lib_hf.cause(OSError("word " * 60)).endswith("word word ...") and len(lib_hf.cause(OSError("w " * 200))) < 215
+
+
+MALFORMED = [({"num_attention_heads": None}, "num_attention_heads=None (a positive integer)"),  # hidden // None
+             ({"hidden_size": "64"}, "hidden_size='64' (a positive integer)"),
+             ({"max_position_embeddings": None}, "max_position_embeddings=None (a positive number)"),  # torch.arange
+             ({"rms_norm_eps": None}, "rms_norm_eps=None (a positive number)"),  # imported; every forward failed
+             ({"rope_parameters": [1]}, "rope_parameters [1] (a dict)"),  # .get of a list
+             ({"rope_parameters": {"rope_type": "default", "rope_theta": -1.0}}, "rope_theta=-1.0 (a positive number)")]
+
+
+@pytest.mark.parametrize("extra,words", MALFORMED, ids=[next(iter(x)) + str(i) for i, (x, _) in enumerate(MALFORMED)])
+def test_a_malformed_value_is_one_line_naming_it_not_a_traceback_or_a_checkpoint_no_forward_runs(extra, words):
+    with pytest.raises(lib_hf.ConvertError, match="^config.json: ") as e:
+        lib_hf.model_args({**BASE, **extra})
+    assert words in str(e.value)

@@ -18,7 +18,8 @@ BF16_U = 2.0 ** -8  # bf16's unit roundoff: a value rounded once is within it, r
 
 def layer(scorer, params):
     """A stand-in for transformers' attention module: its config's nanoscorer block, layer 0."""
-    return SimpleNamespace(config=SimpleNamespace(nanoscorer={"scorer": scorer, "params": params}), layer_idx=0)
+    return SimpleNamespace(config=SimpleNamespace(nanoscorer={"scorer": scorer, "params": params}, num_hidden_layers=1),
+                           layer_idx=0, training=False)
 
 
 def qkv(dtype=torch.bfloat16):
@@ -94,3 +95,31 @@ def test_a_scorer_hf_scorers_does_not_run_is_refused_never_run_as_another(scorer
     assert scorer not in hf_scorers.RUNS
     with pytest.raises(ValueError, match=f"hf_scorers runs {', '.join(hf_scorers.RUNS)}, not scorer '{scorer}'$"):
         hf_scorers.attention(layer(scorer, {}), q, k, v, None, scaling=D ** -0.5)
+
+
+BLOCKS = [({"scorer": "ssa", "params": {"b": [[1.0] * H], "n": [[0.5] * H]}}, "'n': scorer 'ssa' takes b, n, each 1 "
+           "layers x 2 heads of finite values > 1"),  # n = 0.5 ran, though SSA needs n > 1
+          ({"scorer": "ssmax", "params": {"z": [[1.0] * H]}}, "'z': scorer 'ssmax' takes s, b"),  # ran at s = 1
+          ({"scorer": "ssa", "params": {"b": [[1.0] * H] * 2}}, "'b': scorer 'ssa'"),  # 2 layers of 1: IndexError
+          ({"scorer": "ssa", "params": {"b": [[1.0] * 3]}}, "'b': scorer 'ssa'"),  # 3 heads of 2: deep RuntimeError
+          ({"scorer": "ssa"}, "has no params dict")]  # KeyError
+
+
+@pytest.mark.parametrize("spec,words", BLOCKS, ids=["n_low", "unknown", "layers", "heads", "no_params"])
+def test_a_config_block_convert_hf_would_refuse_is_refused_here_too_never_run(spec, words):
+    q, k, v = qkv(torch.float32)
+    module = layer("ssa", {})
+    module.config.nanoscorer = spec
+    with pytest.raises(ValueError, match=words):
+        hf_scorers.attention(module, q, k, v, None, scaling=D ** -0.5)
+
+
+@pytest.mark.parametrize("extra", [dict(softcap=2.0), dict(s_aux=torch.zeros(H)), dict(dropout=0.5)])
+def test_softcap_sinks_and_training_dropout_are_refused_never_dropped(extra):
+    q, k, v = qkv(torch.float32)  # Gemma 2's softcap ran 0.55 off, gpt-oss's sinks 0.38, dropout never applied
+    module = layer("ssa", per_head("ssa"))
+    module.training = "dropout" in extra
+    with pytest.raises(ValueError, match="hf_scorers runs no attention (softcap|s_aux|dropout)"):
+        hf_scorers.attention(module, q, k, v, None, scaling=D ** -0.5, **extra)
+    module.training = False  # eval: dropout is off anyway
+    hf_scorers.attention(module, q, k, v, None, scaling=D ** -0.5, dropout=0.5)
