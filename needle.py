@@ -221,6 +221,12 @@ def main(argv=None):
     args = p.parse_args(argv)
     given = sorted({m for m in (args.mode, args.mode_opt) if m})  # `passkey --mode needle` ran passkey unsaid
     args.mode = given[0] if len(given) == 1 else p.error(f"give one mode of {', '.join(MODES)}; got {given}")
+    reads = {"needle": ("context_sizes", "depths", "samples"), "passkey": ("context_sizes", "samples"),  # passkey:
+             "score": ("context", "depth", "trials"), "sft_data": ("squad", "synthetic", "sft_length")}  # own depths
+    unread = [f"--{k}" for k in dict.fromkeys(sum(reads.values(), ())) if getattr(args, k) != p.get_default(k)
+              and k not in reads[args.mode]]  # recorded in its JSON as if it had run
+    if unread:
+        p.error(f"{', '.join(unread)}: mode {args.mode} does not read it (it reads {', '.join(reads[args.mode])})")
     args.context_sizes = args.context_sizes or DEFAULT_CONTEXTS.get(args.mode, [])  # score, sft_data: none
     bad = [f"--{k} {getattr(args, k)}" for k in ("samples", "trials", "batch_size", "max_new_tokens", "context",
                                                   "sft_length") if getattr(args, k) < 1]

@@ -29,6 +29,9 @@ enc, data_dir, ckpts = test_needle.enc, test_needle.data_dir, test_needle.ckpts
     (["passkey", "--samples", "0", "--context_sizes", "64"], "--samples 0: counts and sizes must be >= 1"),
     (["passkey", "--seed", "-1", "--context_sizes", "64", "--samples", "1"], "--seed -1: counts and sizes"),
     (["needle", "--depths", "0", "101", "--context_sizes", "96", "--samples", "1"], "--depths/--depth: counts"),
+    # options another mode reads were recorded in the JSON as if run (passkey draws its own depths)
+    (["passkey", "--depths", "0", "50", "--context_sizes", "64"], "--depths: mode passkey does not read it"),
+    (["score", "--context_sizes", "999", "--samples", "7"], "--context_sizes, --samples: mode score does not read"),
 ])
 def test_bad_input_is_one_error_line(ckpts, data_dir, argv, named, tmp_path):
     argv = argv + ["--data", data_dir] * ("--data" not in argv) + ["--ckpt", ckpts[0]] * ("--ckpt" not in argv)
