@@ -92,8 +92,9 @@ def main(argv=None):
            if getattr(args, k) is not None and not getattr(args, k) > 0]
     bad += [f"--{k} {getattr(args, k)}" for k in ("num_fewshot", "bootstrap_iters")
             if getattr(args, k) is not None and getattr(args, k) < 0]
-    if bad:
-        p.error(f"{', '.join(bad)}: sizes and --limit must be > 0, counts >= 0")
+    bad += [f"--limit {args.limit}"] * bool(args.limit and args.limit > 1 and not args.limit.is_integer())  # lm-eval
+    if bad:  # ran int(1.5) = 1 document, recorded as 1.5
+        p.error(f"{', '.join(bad)}: sizes and --limit must be > 0 (a count past 1 whole), counts >= 0")
     if args.include_path and not os.path.isdir(args.include_path):
         p.error(f"--include_path {args.include_path!r} is not a folder")
     try:

@@ -79,8 +79,8 @@ def test_bad_options_no_tokenizer_and_an_unknown_task_are_one_error_line_and_def
     path, out = ckpt(tmp_path / "ckpt.pt"), str(tmp_path / "out")
     run = lambda *argv: one_line_error(eval_harness.main, [path, "--tasks", "t1", "--out_dir", out, *argv])
     for argv in (["--batch_size", "0"], ["--max_length", "0"], ["--limit", "0.0"], ["--num_fewshot", "-1"],
-                 ["--bootstrap_iters", "-1"]):
-        assert f"{argv[0]} {argv[1]}: sizes and --limit must be > 0, counts >= 0" in run(*argv)
+                 ["--bootstrap_iters", "-1"], ["--limit", "1.5"]):  # 1.5: lm-eval ran 1 document, 1.5 recorded
+        assert f"{argv[0]} {argv[1]}: sizes and --limit must be > 0 (a count past 1 whole), counts >= 0" in run(*argv)
     assert "--include_path 'nowhere' is not a folder" in run("--include_path", "nowhere")
     assert "lm-eval has no task 'nosuch' (a local task's YAML: --include_path)" in one_line_error(
         eval_harness.main, [path, "--tasks", "t1", "nosuch", "--out_dir", out])
