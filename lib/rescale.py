@@ -76,6 +76,12 @@ def check(scorers, kind, rope_method=None, floor=LLAMA4_FLOOR):
 def apply(model, kind, L, floor=LLAMA4_FLOOR):
     """Every layer's q_scale for sequences of L tokens (kind None: none)."""
     check([model.config.scorer], kind)
+    scaling = model.config.rope_scaling or {}
+    if kind in ("qwen", "yarn") and scaling.get("original_max_position_embeddings", model.config.block_size) != \
+            model.config.block_size:  # Llama 3.1: 131,072 positions by rope_scaling over 8,192 trained: which is N?
+        raise ValueError(f"--logit_scale {kind} needs the training length N; this model's RoPE was already extended "
+                         f"({scaling['rope_type']}) from {scaling['original_max_position_embeddings']:,} to "
+                         f"{model.config.block_size:,}: ambiguous, so not applied")
     table = None
     if kind is not None:
         table = factors(kind, L, model.config.block_size, floor).to(model.lm_head.weight.device)

@@ -273,3 +273,15 @@ def test_stick_tile_sweep_times_every_candidate_flags_one_that_computes_somethin
     assert set(picks) == {(1, 2, 40, 16, "fwd_ms"), (1, 2, 40, 16, "bwd_ms")}
     assert picks[1, 2, 40, 16, "fwd_ms"] is min(rows[:2], key=lambda r: r["fwd_ms"])  # never the wrong one
     assert picks[1, 2, 40, 16, "bwd_ms"] is min(rows[:2], key=lambda r: r["bwd_ms"])
+
+
+def test_qwen_and_yarn_refuse_a_model_whose_rope_was_already_extended():
+    # an imported Llama 3.1 (131,072 positions over 8,192 trained): N = 131,072 made both factors 1 at every length
+    scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=8)
+    m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=32, block_size=64, rope_scaling=scaling))
+    for kind in ("qwen", "yarn"):
+        with pytest.raises(ValueError, match=f"--logit_scale {kind} needs the training length N; .* from 8 to 64"):
+            rescale.apply(m, kind, 128)
+    rescale.apply(m, "llama4", 128)  # F, not N
+    rescale.apply(m, "2", 128)
