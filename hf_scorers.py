@@ -17,7 +17,8 @@ sdpa_mask is registered for the name too, else a padded batch would arrive witho
 n_i, the keys query row i attends to (SCORERS.md), is counted from that mask: left padding is not counted, so a
 padded row scores as the unpadded sequence does, with or without position_ids (RoPE is relative). ssmax runs on SDPA
 with q_i scaled by s log n_i + b, as kernels_sdpa.sdpa_attention does; ssa, lssa, sigmoid and softpick on their
-reference weights (scorers.py), in fp32, memory O(Tq Tk) a head.
+reference weights (scorers.py), in fp32, memory O(Tq Tk) a head: output_attentions=True returns these (ssmax's SDPA
+none, as transformers' sdpa).
 """
 import torch
 import torch.nn.functional as F
@@ -83,13 +84,14 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     entry = scorers.SCORERS[spec["scorer"]]
     layer = {name: torch.tensor(x[module.layer_idx]) for name, x in spec["params"].items()}  # (H,) each
     prm = scorers.per_head(entry, layer, H, n_i)  # (H, 1, 1) each, registry defaults where absent
+    P = None  # the weights, where computed: output_attentions=True returns them (SDPA's: none, as transformers')
     if spec["scorer"] in ("softmax", "ssmax"):  # SDPA on q_i scaled by s log n_i + b: exact
         q = (query.to(dtype) * (prm["s"] * n_i.log() + prm["b"])).to(query.dtype) if prm else query
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
     else:
         P = entry.weights(query.to(dtype), k.to(dtype), n_i, allowed, **prm)  # (B, H, Tq, Tk), masked entries 0
         y = (P @ v.to(dtype)).to(query.dtype)
-    return y.transpose(1, 2).contiguous(), None
+    return y.transpose(1, 2).contiguous(), P
 
 
 def sdpa_or_scorer(module, query, key, value, attention_mask, **kwargs):

@@ -73,6 +73,9 @@ def test_a_scorer_model_runs_in_transformers_as_in_nanoscorer_left_padded_batch_
             assert torch.equal(got, model.generate(x[:1, 12:], 6, temperature=0))  # with the KV cache
         static = StaticCache(config=back.config, max_cache_len=32)
         assert (back(x[:1], past_key_values=static).logits[0] - ours[0]).abs().max() < 1e-5
+        if scorer != "ssmax":  # output_attentions gave (): every layer's weights now (SDPA's ssmax: none, as sdpa's)
+            got = torch.stack(back(x[:1], output_attentions=True).attentions)
+            assert (got - model.attention_rows(x[:1], rows=range(20))).abs().max() < 1e-5
     if scorer == "ssmax" and not extra:  # saved again by transformers: no attn_implementation, loads as sdpa
         back.save_pretrained(str(tmp_path / "again"))  # (after a fine-tune: Trainer's checkpoints, push_to_hub)
         again = AutoModelForCausalLM.from_pretrained(str(tmp_path / "again")).eval()
