@@ -34,8 +34,7 @@ MULTIPLY_MASK = ("softplus", "sigmoid", "softpick", "stickbreaking")  # LOGITs t
 def reuse_freed_memory():
     """Keep the memory torch frees in the process: glibc unmaps large freed blocks, so each step page-faults its
     large buffers (the logits) back in. With mmap off and no trimming freed blocks are reused; the process keeps its
-    peak memory. glibc only, else a no-op. train.py and bench/attention_cpu.py call it on the CPU; importing this
-    module changes nothing."""
+    peak memory. glibc only, else a no-op. train.py and bench/attention_cpu.py call it; importing this does nothing."""
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):  # not glibc (macOS, musl)
