@@ -292,8 +292,8 @@ def _bwd_dq_inner(acc, acc2, g1, g2, c1, c2, s1, s2, q, do, k_ptrs, v_ptrs, KS, 
             acc = tl.dot((dl * W).to(DT), tl.trans(kT), acc, input_precision=PREC)
             t1 = W * qk  # dL/dparam = sum dl t: ssa's b (* qk / b), lssa's |q|^-1 (* qk / |q|^-1, in PyTorch)
             if LOGIT == "ssa":  # b db = sum dl (t1 - n P) too (sum dl P = 0): exact at |z| ~ 1e4, but eps / (b|z|)
-                # off where b|z| << 1 (66 % at b = 1e-6); a row's choice by b z_max ~ 2^((m1 - log2 n_i) / n) - 1
-                big = (m1 - tl.log2(n_i.to(tl.float32)) > n_h)[:, None]
+                # off where b|z| << 1 (66 % at b = 1e-6); a row's choice by a lower bound of its b z_max,
+                big = (m1 - tl.log2(n_i) > n_h)[:, None]  # 2^((m1 - log2 n_i) / n) - 1 (2^m1 = sum of weights)
                 t1 = W * tl.where(big, 2.0 * tl.minimum(qk, 0.0) - 1.0 / (b_h * sm_scale), qk)
             if ROW == "logn":  # ssmax: dL/dlogit qk, scaled later
                 t1 = P * qk

@@ -178,7 +178,8 @@ def unread(cfg, explicit):
     why = {k: "sft_epochs sets it, in epochs" for k in ("max_iters", "warmup_iters", "lr_decay_iters")
            if cfg.sft_epochs}
     why.update({k: "no sft_data" for k in ("sft_epochs", "sft_val_frac") if not cfg.sft_data})
-    why.update({k: "no copy_frac" for k in ("copy_span", "copy_kind") if "copy_frac" not in explicit})
+    why.update({k: "no copy_frac" for k in ("copy_span", "copy_kind")  # a copy run's resume reads them
+                if not cfg.copy_frac and "copy_frac" not in explicit})
     why.update({k: "pos='nope' has no RoPE" for k in ("rope_theta", "rope_scaling") if cfg.pos == "nope"})
     set_unread = [k for k in why if k in explicit]
     if set_unread:

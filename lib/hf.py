@@ -64,9 +64,10 @@ def model_args(cfg):
     """GPTConfig fields of a Hugging Face config.json, or ConvertError naming what is unsupported."""
     family, ropes = cfg.get("model_type"), [cfg.get(k) or {} for k in ("rope_scaling", "rope_parameters")]
     shape = [f"{k}={v!r} (a positive integer)" for k in ("vocab_size", "num_hidden_layers", "num_attention_heads",
-             "hidden_size", "intermediate_size") if k in cfg and not (type(v := cfg[k]) is int and v > 0)]
-    shape += [f"{k}={cfg[k]!r} (a positive number)" for k in ("num_key_value_heads", "max_position_embeddings",
-              "rms_norm_eps", "rope_theta") if k in cfg and not (type(cfg[k]) in (int, float) and cfg[k] > 0)]
+             "hidden_size", "intermediate_size", "num_key_value_heads", "max_position_embeddings")
+             if k in cfg and not (type(v := cfg[k]) is int and v > 0)]
+    shape += [f"{k}={cfg[k]!r} (a positive number)" for k in ("rms_norm_eps", "rope_theta")
+              if k in cfg and not (type(cfg[k]) in (int, float) and cfg[k] > 0)]
     shape += [f"{k} {r!r} (a dict)" for k, r in zip(("rope_scaling", "rope_parameters"), ropes) if type(r) is not dict]
     shape += [f"{k}'s rope_theta={r['rope_theta']!r} (a positive number)" for k, r in zip(("rope_scaling",
               "rope_parameters"), ropes) if type(r) is dict and not (type(r.get("rope_theta", 1)) in (int, float)

@@ -75,7 +75,7 @@ def test_a_librarys_error_is_named_by_its_type_and_its_messages_first_line_even_
 
 MALFORMED = [({"num_attention_heads": None}, "num_attention_heads=None (a positive integer)"),  # hidden // None
              ({"hidden_size": "64"}, "hidden_size='64' (a positive integer)"),
-             ({"max_position_embeddings": None}, "max_position_embeddings=None (a positive number)"),  # torch.arange
+             ({"max_position_embeddings": None}, "max_position_embeddings=None (a positive integer)"),  # torch.arange
              ({"rms_norm_eps": None}, "rms_norm_eps=None (a positive number)"),  # imported; every forward failed
              ({"rope_parameters": [1]}, "rope_parameters [1] (a dict)"),  # .get of a list
              ({"rope_parameters": {"rope_type": "default", "rope_theta": -1.0}}, "rope_theta=-1.0 (a positive number)")]

@@ -1,7 +1,6 @@
 """The GPT around the scorers: size, causality, KV cache, parameters that learn, configs, RoPE, conversion."""
 from dataclasses import asdict
 
-import math
 import pytest
 import torch
 
@@ -35,18 +34,6 @@ def test_config_rejects_unknown_scorer_and_options_of_other_scorers():
     with pytest.raises(ValueError, match="reweight_p"):
         GPTConfig(reweight_p=0.0)
     assert GPTConfig(scorer="lssar").p == 15.0 and GPTConfig(scorer="lssa").p is None
-
-
-@pytest.mark.parametrize("kw,msg", [(dict(reweight_p=1e10), r"reweight_p=10000000000.0 must be in \(0, 1e6\]"),
-                                    (dict(reweight_p=math.inf), "reweight_p=inf must be in"),
-                                    (dict(scorer="ssmax", ssmax_s_init=math.nan), "ssmax_s_init=nan: must be finite"),
-                                    (dict(scorer="ssa", ssa_b_init=math.inf), "ssa_b_init=inf"),
-                                    (dict(norm_eps=math.nan), "norm_eps=nan: must be finite")])
-def test_a_config_built_in_code_refuses_what_the_command_line_refuses(kw, msg):
-    # p = 1e10 gave Triton rows 3.1 off (r = y / y_max rounds to 1 + ulp; r^p = inf); nan/inf built models of nan
-    with pytest.raises(ValueError, match=msg):
-        GPTConfig(**kw)
-    assert GPTConfig(scorer="lssa", reweight_p=1e6).p == 1e6
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
