@@ -92,7 +92,7 @@ def run(args, folder):
     args.data = vocab.data_folder(args.data) or trained_on(args.ckpt, "data/english_char")  # a given one must exist
     model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)["model_args"] for p in args.ckpt]
     rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale, args.rope_method,
-                  args.llama4_floor)
+                  args.llama4_floor, [a.get("rope_scaling") for a in model_args])
     tokens = dataset.load_split(args.data, args.split)
     dataset.check_ids(args.data, args.split, min(a["vocab_size"] for a in model_args))  # a damaged file: one line
     if longrange.GATE_DISTANCE not in args.distances:  # the gate is always measured

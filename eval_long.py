@@ -15,7 +15,8 @@ whole, never over earlier ones.
 
 Dynamic NTK sets RoPE's base from the sequence length, so window k is read from kN-token sequences with the factor
 for kN (LSSAR Table 4; prefix_1x = native RoPE), and so is YaRN's logit temperature (--logit_scale yarn, set by the
-length too); --no-ntk_per_length: one L-token pass with the factors for L. Other settings need one pass of L tokens. Each model also runs with its trained θ (rope "native"; the method: "extended").
+length too); --no-ntk_per_length: one L-token pass with the factors for L. Other settings need one pass of L tokens.
+Each model also runs with its trained θ (rope "native"; the method: "extended").
 Outputs: per_sequence.csv (model x rope x sequence x window), differences.csv/png (each model minus --baseline,
 paired over sequences, bootstrap 95% CI), per_position.csv/png (raw curves), summary.json.
 """
@@ -132,7 +133,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
     args.data = vocab.data_folder(args.data) or trained_on(args.ckpt, "data/shakespeare")  # a given one must exist
     model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)["model_args"] for p in args.ckpt]
     rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale, args.rope_method,
-                  args.llama4_floor)
+                  args.llama4_floor, [a.get("rope_scaling") for a in model_args])  # every model before the first
     args.length = args.length or 10 * model_args[0]["block_size"]  # the first checkpoint fixes L
     N, path = max((a["block_size"], path) for a, path in zip(model_args, args.ckpt))
     if args.length < N:

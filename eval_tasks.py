@@ -156,7 +156,8 @@ def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0, logit_scale
     training-free rescaling of softmax's logits (lib/rescale.py), its name appended to the setting; device: load's."""
     runs = [(p, *load(p, device)) for p in paths]  # check every input before the first evaluation
     check(runs, lengths, n, diag_n)
-    rescale.check([model.config.scorer for _, model, _ in runs], logit_scale, floor=floor)
+    rescale.check([model.config.scorer for _, model, _ in runs], logit_scale, floor=floor,
+                  scalings=[model.config.rope_scaling for _, model, _ in runs])
     os.makedirs(out_dir, exist_ok=True)
     acc, att, prompts = [], [], []
     labels = unique_labels([os.path.basename(os.path.dirname(os.path.abspath(p))) for p in paths], paths)

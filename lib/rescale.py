@@ -58,16 +58,22 @@ def factors(kind, L, N, floor=LLAMA4_FLOOR):
     return f.float()
 
 
-def check(scorers, kind, rope_method=None, floor=LLAMA4_FLOOR):
+def check(scorers, kind, rope_method=None, floor=LLAMA4_FLOOR, scalings=()):
     """One error for a rescaling asked of a model that is not softmax (its logits already carry their own scale),
-    for YaRN's temperature asked twice (--rope_method yarn already multiplies cos and sin by its mscale), and for a
-    llama4 floor given without llama4 (it was ignored)."""
+    for YaRN's temperature asked twice (--rope_method yarn already multiplies cos and sin by its mscale), for a
+    llama4 floor given without llama4 (it was ignored), and for qwen or yarn on a model whose RoPE was already
+    extended (scalings: each model's rope_scaling; an imported Llama 3.1's 131,072 positions over 8,192 trained:
+    which is N? With N = block_size both factors were 1 at every length that can be run)."""
     if floor != LLAMA4_FLOOR and kind != "llama4":
         raise ValueError(f"--llama4_floor {floor} sets --logit_scale llama4's F; it does nothing with "
                          f"--logit_scale {kind}")
     bad = [s for s in scorers if kind is not None and s != "softmax"]
     if bad:
         raise ValueError(f"--logit_scale {kind} rescales softmax models; got one with scorer={bad[0]!r}")
+    extended = next((s for s in scalings if s), None)
+    if kind in ("qwen", "yarn") and extended:
+        raise ValueError(f"--logit_scale {kind} needs the training length N; a model's RoPE was already extended "
+                         f"(rope_scaling {extended['rope_type']}): ambiguous, so not applied")
     if kind == "yarn" and rope_method == "yarn":
         raise ValueError("--logit_scale yarn with --rope_method yarn applies YaRN's temperature twice (the RoPE "
                          "method's mscale already scales the logits): use one of them")
@@ -75,13 +81,7 @@ def check(scorers, kind, rope_method=None, floor=LLAMA4_FLOOR):
 
 def apply(model, kind, L, floor=LLAMA4_FLOOR):
     """Every layer's q_scale for sequences of L tokens (kind None: none)."""
-    check([model.config.scorer], kind)
-    scaling = model.config.rope_scaling or {}
-    if kind in ("qwen", "yarn") and scaling.get("original_max_position_embeddings", model.config.block_size) != \
-            model.config.block_size:  # Llama 3.1: 131,072 positions by rope_scaling over 8,192 trained: which is N?
-        raise ValueError(f"--logit_scale {kind} needs the training length N; this model's RoPE was already extended "
-                         f"({scaling['rope_type']}) from {scaling['original_max_position_embeddings']:,} to "
-                         f"{model.config.block_size:,}: ambiguous, so not applied")
+    check([model.config.scorer], kind, scalings=[model.config.rope_scaling])
     table = None
     if kind is not None:
         table = factors(kind, L, model.config.block_size, floor).to(model.lm_head.weight.device)

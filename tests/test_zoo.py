@@ -281,7 +281,9 @@ def test_qwen_and_yarn_refuse_a_model_whose_rope_was_already_extended():
                    original_max_position_embeddings=8)
     m = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=32, block_size=64, rope_scaling=scaling))
     for kind in ("qwen", "yarn"):
-        with pytest.raises(ValueError, match=f"--logit_scale {kind} needs the training length N; .* from 8 to 64"):
+        with pytest.raises(ValueError, match=f"--logit_scale {kind} needs the training length N; .* llama3"):
             rescale.apply(m, kind, 128)
+        with pytest.raises(ValueError, match="already extended \\(rope_scaling linear\\)"):  # all, before the 1st
+            rescale.check(["softmax"] * 2, kind, scalings=[None, dict(rope_type="linear", factor=4.0)])
     rescale.apply(m, "llama4", 128)  # F, not N
     rescale.apply(m, "2", 128)
