@@ -81,7 +81,7 @@ def check(scorers, kind, rope_method=None, floor=LLAMA4_FLOOR, scalings=()):
 
 def apply(model, kind, L, floor=LLAMA4_FLOOR):
     """Every layer's q_scale for sequences of L tokens (kind None: none)."""
-    check([model.config.scorer], kind, scalings=[model.config.rope_scaling])
+    check([model.config.scorer], kind, scalings=[getattr(model.config, "rope_scaling", None)])
     table = None
     if kind is not None:
         table = factors(kind, L, model.config.block_size, floor).to(model.lm_head.weight.device)

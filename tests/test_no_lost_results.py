@@ -84,10 +84,10 @@ def test_a_second_eval_tasks_into_its_out_dir_is_refused_and_keeps_every_file(ta
     ev = tmp_path / "ev"
     eval_tasks.main([task_ckpts["first"], "--lengths", "8", "--n", "4", "--diagnose", "2", "--out_dir", str(ev)])
     before = snapshot(ev)
-    assert list(before) == ["accuracy.csv", "attention.csv", "per_prompt.csv"]
+    assert list(before) == ["accuracy.csv", "attention.csv", "per_prompt.csv", "settings.json"]
     for argv in (["--lengths", "12", "--n", "4"], ["--lengths", "1"]):  # --lengths 1 once emptied accuracy.csv
         msg = one_line_error(eval_tasks.main, [task_ckpts["recall"], *argv, "--out_dir", str(ev)])
-        assert f"--out_dir {str(ev)!r} already holds accuracy.csv, attention.csv, per_prompt.csv" in msg
+        assert f"--out_dir {str(ev)!r} already holds settings.json, accuracy.csv, attention.csv, per_prompt.csv" in msg
         assert "another --out_dir, or remove them" in msg
         assert snapshot(ev) == before and no_staging_beside(ev)
     (tmp_path / "empty").mkdir()  # an empty folder, or one holding other files, is accepted
