@@ -159,18 +159,6 @@ def fading(out_dir):
 # ----------------------------------------------------------------------------------------------------------------
 # train.py --compare: several runs' log.jsonl in one figure, no wandb
 
-def read_run(out_dir):
-    """(label, steps {iter: loss}, evals {iter: val_loss}) from out_dir/log.jsonl; a resumed run's entry wins."""
-    path = os.path.join(out_dir, "log.jsonl")
-    if not os.path.isfile(path):
-        raise tracking.TrackingError(f"{out_dir!r} has no log.jsonl: not a train.py out_dir (or no step was logged "
-                                     "yet)")
-    rows = tracking.read_log(path, warn=True)
-    scorer = next((r["config"].get("scorer") for r in reversed(rows) if "config" in r), None)
-    label = os.path.basename(os.path.abspath(out_dir)) + (f" ({scorer})" if scorer else "")
-    return (label, {r["iter"]: r["loss"] for r in rows if "loss" in r},
-            {r["iter"]: r["val_loss"] for r in rows if "val_loss" in r})
-
 def compare_runs(out_dirs, out=None):
     """Per-step train loss (moving average over ~1/50 of each run, drawn at each window's last step) and eval val
     loss of every run, one color per run, in out (default ./compare.png, which an earlier figure keeps: a new one
@@ -187,7 +175,7 @@ def compare_runs(out_dirs, out=None):
                                      f"{', '.join(sorted(kinds))}")
     if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
         raise tracking.TrackingError(f"--out {out!r}: its folder does not exist")
-    runs = [read_run(d) for d in out_dirs]  # every folder checked before drawing
+    runs = [tracking.read_run(d) for d in out_dirs]  # every folder checked before drawing
     labels = unique_labels([label for label, _, _ in runs], out_dirs)  # two folders of one name told apart
     ax = Figure(figsize=(8, 4.5)).subplots()
     for (_, steps, evals), label, color in zip(runs, labels, colors(len(runs))):

@@ -73,6 +73,18 @@ def read_log(path, warn=False):
               f"disk?), left out", file=sys.stderr)
     return [r for _, r in records if r is not None]
 
+def read_run(out_dir):
+    """(label, steps {iter: loss}, evals {iter: val_loss}) from out_dir/log.jsonl (train.py --compare's curves); a
+    resumed run's entry wins."""
+    path = os.path.join(out_dir, "log.jsonl")
+    if not os.path.isfile(path):
+        raise TrackingError(f"{out_dir!r} has no log.jsonl: not a train.py out_dir (or no step was logged yet)")
+    rows = read_log(path, warn=True)
+    scorer = next((r["config"].get("scorer") for r in reversed(rows) if "config" in r), None)
+    label = os.path.basename(os.path.abspath(out_dir)) + (f" ({scorer})" if scorer else "")
+    return (label, {r["iter"]: r["loss"] for r in rows if "loss" in r},
+            {r["iter"]: r["val_loss"] for r in rows if "val_loss" in r})
+
 def repair_log(path):
     """Before a resume appends: log.jsonl without its cut or junk lines (a cut last line would swallow the next
     record), rewritten whole; each line dropped is named once."""

@@ -155,7 +155,7 @@ def switched_run(out_dir):
 
 def test_read_run_labels_a_run_by_its_last_scorer_and_a_later_line_of_an_iter_wins(tmp_path):
     switched_run(tmp_path / "run")
-    assert figures.read_run(str(tmp_path / "run")) == ("run (ssmax)", {0: 5.0, 1: 3.0}, {0: 4.5, 2: 3.5})
+    assert tracking.read_run(str(tmp_path / "run")) == ("run (ssmax)", {0: 5.0, 1: 3.0}, {0: 4.5, 2: 3.5})
 
 
 def drawn(monkeypatch):

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import random_ids_data
 import train
-from lib import figures, tracking
+from lib import tracking
 
 VOCAB = 512  # as tests/test_train.py: random ids < VOCAB, a small head keeps every step fast
 TINY = ["device=cpu", f"vocab_size={VOCAB}", "n_layer=2", "n_head=2", "n_embd=32", "ffn_hidden=64", "block_size=16",
@@ -155,7 +155,7 @@ def test_compare_figure_of_two_runs(data_dir, tmp_path):
     png = tmp_path / "compare.png"
     train.main(["--compare", *runs, "--out", str(png)])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
-    assert [figures.read_run(d)[0] for d in runs] == ["out-softmax (softmax)", "out-ssmax (ssmax)"]
+    assert [tracking.read_run(d)[0] for d in runs] == ["out-softmax (softmax)", "out-ssmax (ssmax)"]
     msg = error_of(["--compare", runs[0], str(tmp_path / "nothing")])
     assert "nothing" in msg and "no log.jsonl" in msg
 
