@@ -1,18 +1,21 @@
 """
 The committed figures drawn again from the numbers beside each, by the code that drew them: eval_long's (its
 summary.json and per_position.csv[.gz]), eval_copy's (summary.json) and the synthetic suite's (accuracy.csv,
-attention.csv, a sweep's rows): how a fix to a figure reaches the committed results without running a model again.
-An LM suite's own figures (train_loss.png, eval_long_*_differences.png) are `reproduce.py --rereport`'s.
+attention.csv, a sweep's rows) and an LM suite's train_loss.png (its seeds' train logs; train_loss.csv must come out
+the same): how a fix to a figure reaches the committed results without running a model again. An LM suite's
+eval_long_*_differences.png are `reproduce.py --rereport`'s.
 
     python results/redraw_figures.py results/cpu results/synthetic    # every such folder under them
 """
-import argparse, csv, gzip, json, os, sys
+import argparse, csv, gzip, json, os, shutil, sys, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repo root, from any folder
 import eval_copy, eval_long  # noqa: E402
-from lib import compare, figures, synthetic_figures, synthetic_report  # noqa: E402
+from lib import compare, figures, report, synthetic_figures, synthetic_report  # noqa: E402
+from lib.lm_suite import SWITCH_AT  # noqa: E402
 from lib.rereport import SYNTHETIC_COLUMNS  # noqa: E402
+from lib.runs import read_train_logs  # noqa: E402
 from lib.synthetic_suite import select_lr, sweep_accuracy  # noqa: E402
 
 
@@ -43,12 +46,26 @@ def synthetic(folder):
     return sorted(f for f in os.listdir(folder) if f.endswith(".png"))
 
 
+def train_loss(folder, summary):
+    """An LM suite's train_loss.png as the suite draws it, from its seeds' train_log.csv.gz."""
+    M = summary["config"]["train"]["max_iters"]
+    with tempfile.TemporaryDirectory() as tmp:
+        report.loss_curves(read_train_logs(folder, summary["seeds"]), tmp, summary["variants"], int(SWITCH_AT * M), M)
+        if read_text(os.path.join(tmp, "train_loss.csv")) != read_text(os.path.join(folder, "train_loss.csv")):
+            return []  # its seeds' train logs were not all kept (results/cpu): left as drawn
+        shutil.move(os.path.join(tmp, "train_loss.png"), os.path.join(folder, "train_loss.png"))
+    return ["train_loss.png"]
+
+
 def redraw(folder):
-    """folder's copy.png, per_position.png / differences.png or synthetic figures from its own numbers; the PNGs."""
+    """folder's copy.png, per_position.png / differences.png, train_loss.png or synthetic figures from its own
+    numbers; the PNGs."""
     if os.path.exists(os.path.join(folder, "horizons.png")):
         return synthetic(folder)
     with open(os.path.join(folder, "summary.json")) as f:
         summary = json.load(f)
+    if os.path.exists(os.path.join(folder, "train_loss.png")):
+        return train_loss(folder, summary)
     args = argparse.Namespace(**{"ntk_per_length": False, "logit_scale": None, **summary["args"]})
     if os.path.exists(os.path.join(folder, "copy.png")):
         eval_copy.plot(os.path.join(folder, "copy.png"), summary["models"], args)
@@ -60,10 +77,11 @@ def redraw(folder):
 
 
 def folders_under(paths):
-    """Every folder under paths with a summary.json beside a per_position.png, copy.png or horizons.png it drew."""
+    """Every folder under paths with a summary.json beside a per_position.png, copy.png, horizons.png or
+    train_loss.png it drew."""
     for top in paths:
         for folder, _, files in sorted(os.walk(top)):
-            if "summary.json" in files and {"per_position.png", "copy.png", "horizons.png"} & set(files):
+            if "summary.json" in files and {"per_position.png", "copy.png", "horizons.png", "train_loss.png"} & set(files):
                 yield folder
 
 
@@ -76,7 +94,7 @@ def main(argv=None):
         sys.exit(f"error: {', '.join(missing)}: not a folder")
     done = [(folder, redraw(folder)) for folder in folders_under(a.paths)]
     for folder, drawn in done:
-        print(f"{folder}: {', '.join(drawn) or 'left as it is (an older layout)'}")
+        print(f"{folder}: {', '.join(drawn) or 'left as drawn (an older layout, or its inputs not all kept)'}")
     print(f"{len(done)} folders redrawn")
 
 

@@ -162,3 +162,16 @@ def test_a_llama4_rescaling_is_titled_with_its_floor(tmp_path, monkeypatch):
     figures.eval_long(str(tmp_path), dict(args=args, models=[model], differences=[], baseline="m"),
                       {"m": np.ones(32)}, {"native": "native θ"})
     assert "logits llama4 F=16," in made[0].axes[0].get_title()
+
+
+def test_an_lm_suites_train_loss_is_redrawn_only_where_its_train_logs_give_its_csv_again(tmp_path, monkeypatch):
+    made = drawn(monkeypatch)
+    src, folder = os.path.join(redraw_figures.ROOT, "results", "cpu_char"), tmp_path / "cpu_char"
+    shutil.copytree(src, folder, ignore=lambda d, names: [n for n in names if n.startswith(("eval_long", "needle",
+                                                                                            "copy", "gate"))])
+    assert redraw_figures.redraw(str(folder)) == ["train_loss.png"]
+    legend = [t.get_text() for t in made[0].axes[0].get_legend().get_texts()]
+    assert legend[0] == "(a) softmax (8 seeds)" and "(b) SSMax, learnable s (6 seeds)" in legend
+    os.remove(folder / "s1346" / "train_log.csv.gz")  # a seed's log not kept: its CSV is not given again
+    (folder / "train_loss.png").write_bytes(b"as drawn")
+    assert redraw_figures.redraw(str(folder)) == [] and (folder / "train_loss.png").read_bytes() == b"as drawn"
