@@ -65,28 +65,6 @@ def summarize(label, N, losses, args):
                 by_offset=dict(first=f.mean(0).tolist(), second=s.mean(0).tolist(), control=c.mean(0).tolist()))
 
 
-def plot(path, models, args):
-    """copy.png from the models' summaries (also how results/redraw_figures.py draws a committed folder again)."""
-    fig, (ax, bx) = figures.figure(2)
-    for m, color in zip(models, figures.colors(len(models))):
-        ks = [float(k) for k in m["by_distance"]]
-        ax.plot(ks, [r["ratio"] for r in m["by_distance"].values()], "o-", color=color, label=m["label"])
-        bx.plot(range(1, args.span), m["by_offset"]["second"], "-", color=color)
-        bx.plot(range(1, args.span), m["by_offset"]["control"], ":", color=color)
-    ax.axhline(longrange.GATE_RATIO, color="gray", ls="--", lw=0.8)
-    ax.axvline(1, color="gray", lw=0.8)
-    ax.set(xscale="log", xlabel="distance between the copies (x N)", ylabel="loss on 2nd copy / on the control span",
-           title=f"copy gate: 2nd/control <= {longrange.GATE_RATIO} at {longrange.GATE_DISTANCE} N (dashed)")
-    bx.set(xlabel="offset inside the span", ylabel="loss (nats/token)",
-           title=f"loss by offset at {longrange.GATE_DISTANCE} N (solid: 2nd copy, dotted: control)")
-    bx.legend(*ax.get_legend_handles_labels(), **figures.LEGEND)  # one colour a model in both panels
-    fig.suptitle(f"{args.num_seqs} sequences per distance, {args.kind} span of {args.span} tokens, RoPE "
-                 f"{args.rope_method} x{args.rope_scale:g}" + (f", logits {args.logit_scale}" if args.logit_scale
-                                                                 else "")
-                 + (f" F={args.llama4_floor:,}" if args.logit_scale == "llama4" else ""), fontsize=9)
-    figures.save(fig, path, dpi=120)
-
-
 def run(args, folder):
     # every checkpoint must read the data's vocabulary (by content), checked before any model runs
     args.data = vocab.data_folder(args.data) or trained_on(args.ckpt, "data/english_char")  # a given one must exist
@@ -120,7 +98,7 @@ def run(args, folder):
                                        for k, r in models[-1]["by_distance"].items())
               + f"; gate {'passed' if models[-1]['gate'] else 'failed'}", flush=True)
     compare.write_csv(f"{folder}/per_sequence.csv", rows, COLUMNS)
-    plot(f"{folder}/copy.png", models, args)
+    figures.copy_gate(f"{folder}/copy.png", models, vars(args))
     with open(f"{folder}/summary.json", "w") as f:
         json.dump(dict(models=models, gate_rule=f"second copy's loss / the control span's <= {longrange.GATE_RATIO} at "
                        f"distance {longrange.GATE_DISTANCE} x N (per token, the span's first token left out)",

@@ -92,10 +92,9 @@ def evaluate(model, data, starts, args, N, method, scale, bar):
     return curve, rope, per_seq, theta
 
 def rope_settings(args):
-    """(rope, method, scale, description) per pass: the requested method, then (if it extends RoPE) the trained θ."""
-    ntk = ", per length" * (args.rope_method == "dynamic_ntk" and args.ntk_per_length)
-    ext = [("extended", args.rope_method, args.rope_scale, f"{args.rope_method} x{args.rope_scale:g}{ntk}")]
-    return ext * (args.rope_method != "none") + [("native", "none", 1.0, "native θ")]
+    """(rope, method, scale) per pass: the requested method, then (if it extends RoPE) the trained θ; figures.ropes
+    says them in the figures."""
+    return [("extended", args.rope_method, args.rope_scale)] * (args.rope_method != "none") + [("native", "none", 1.0)]
 
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -121,8 +120,7 @@ def write_results(args, folder, curves, models, rows, starts, baseline, draw=Tru
     with open(out("summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     if draw:  # from the numbers just written: a committed folder is redrawn the same way (results/redraw_figures.py)
-        figures.eval_long(folder, summary, {n: curves[n][0] for n in names},
-                          {rope: description for rope, _, _, description in rope_settings(args)})
+        figures.eval_long(folder, summary, {n: curves[n][0] for n in names})
 
 def run(args, folder):  # the results to folder; returns the wandb table
     if args.fading:
@@ -159,7 +157,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
         models.append(dict(label=label, checkpoint=ckpt_path, scorer=cfg.scorer, train_len=cfg.block_size,
                            iter_num=ckpt.get("iter_num"), rope_method="none" if nope else args.rope_method,
                            rope_scale=1.0 if nope else args.rope_scale))
-        for i, (rope, method, scale, _) in enumerate(settings):
+        for i, (rope, method, scale) in enumerate(settings):
             bar.set_description(f"{label} {rope} L={args.length:,}")
             curve, info, per_seq, theta = evaluate(model, data, starts, args, cfg.block_size, method, scale, bar)
             name = label if i == 0 else f"{label} [native]"  # its column in per_position.csv, dashed if native

@@ -2,14 +2,15 @@
 The evaluations' figures (no pyplot: no global state): the panel grid, one colour per model however many (matplotlib's
 "C{i}" repeats after 10: an 11th model took the first one's colour), legends beside the axes (never over the data),
 eval_long's per-position curves and its paired differences by window length (each seed's difference beside the
-mean), and the SSMax paper's Figs. 1 and 3 in closed form (eval_long.py --fading). The numbers behind each figure are
-written beside it by its script (lib/compare.py's statistics).
+mean), eval_copy's copy gate, the SSMax paper's Figs. 1 and 3 in closed form (eval_long.py --fading) and train.py
+--compare's curves. Each is drawn from the numbers its script writes beside it (summary.json, CSVs), so
+results/redraw_figures.py, which imports lib alone, draws a committed folder again the same way.
 """
 import argparse, csv, math, os
 
 import numpy as np
 
-from lib import folders, tracking
+from lib import folders, longrange, tracking
 from lib.compare import LEVEL, unique_labels
 
 FADING_S = 0.43  # the SSMax paper's Fig. 1
@@ -94,10 +95,17 @@ def plot_differences(path, diffs, models, ropes, title):
     fig.suptitle(title, fontsize=9, wrap=True)
     save(fig, path)
 
-def eval_long(folder, summary, columns, ropes):
+def ropes(args):
+    """{rope: description} of eval_long's passes (its args as a dict): the requested method, then (if it extends
+    RoPE) the trained θ."""
+    ntk = ", per length" * (args["rope_method"] == "dynamic_ntk" and bool(args.get("ntk_per_length")))
+    extended = {"extended": f"{args['rope_method']} x{args['rope_scale']:g}{ntk}"}
+    return {**(extended if args["rope_method"] != "none" else {}), "native": "native θ"}
+
+def eval_long(folder, summary, columns):
     """eval_long.py's per_position.png and differences.png from what it writes: its summary.json and per_position.csv's
-    {column: loss per position} (a model's own column solid, its "[native]" one dashed); ropes: {rope: description}.
-    Also how results/redraw_figures.py draws a committed folder again."""
+    {column: loss per position} (a model's own column solid, its "[native]" one dashed). Also how
+    results/redraw_figures.py draws a committed folder again."""
     args, models, curves = summary["args"], summary["models"], []
     for native in (False, True):  # the requested method's curves first
         for c, m in enumerate(models):
@@ -107,14 +115,34 @@ def eval_long(folder, summary, columns, ropes):
                 theta = None if nope else info["rope_theta_effective"] or info["rope_theta"]
                 label = "NoPE" if theta is None else f"θ={theta:,.0f}"
                 curves.append((f"{name} ({label})", np.asarray(columns[name]), c, "--" if native else "-"))
-    scale = args.get("logit_scale")  # two scales must not look alike, nor two llama4 floors
+    scale, passes = args.get("logit_scale"), ropes(args)  # two scales must not look alike, nor two llama4 floors
     note = f"{args['num_seqs']} sequences of {args['length']:,} tokens ({args['split']})" + (
         f", logits {scale}" if scale else "") + (f" F={args['llama4_floor']:,}" if scale == "llama4" else "")
     plot_per_position(os.path.join(folder, "per_position.png"), curves, [m["train_len"] for m in models],
-                      args["smooth"], args["logx"], f"{note}, RoPE " + "; dashed: ".join(ropes.values()))
+                      args["smooth"], args["logx"], f"{note}, RoPE " + "; dashed: ".join(passes.values()))
     if summary["differences"]:  # from the second model on
         plot_differences(os.path.join(folder, "differences.png"), summary["differences"], [m["label"] for m in models],
-                         ropes, f"{note}: paired difference to {summary['baseline']}, {LEVEL:.0%} bootstrap CI")
+                         passes, f"{note}: paired difference to {summary['baseline']}, {LEVEL:.0%} bootstrap CI")
+
+def copy_gate(path, models, args):
+    """eval_copy.py's copy.png from its models' summaries and args (as its summary.json holds them)."""
+    span, scale, fig, (ax, bx) = args["span"], args.get("logit_scale"), *figure(2)
+    for m, color in zip(models, colors(len(models))):
+        ks = [float(k) for k in m["by_distance"]]
+        ax.plot(ks, [r["ratio"] for r in m["by_distance"].values()], "o-", color=color, label=m["label"])
+        bx.plot(range(1, span), m["by_offset"]["second"], "-", color=color)
+        bx.plot(range(1, span), m["by_offset"]["control"], ":", color=color)
+    ax.axhline(longrange.GATE_RATIO, color="gray", ls="--", lw=0.8)
+    ax.axvline(1, color="gray", lw=0.8)
+    ax.set(xscale="log", xlabel="distance between the copies (x N)", ylabel="loss on 2nd copy / on the control span",
+           title=f"copy gate: 2nd/control <= {longrange.GATE_RATIO} at {longrange.GATE_DISTANCE} N (dashed)")
+    bx.set(xlabel="offset inside the span", ylabel="loss (nats/token)",
+           title=f"loss by offset at {longrange.GATE_DISTANCE} N (solid: 2nd copy, dotted: control)")
+    bx.legend(*ax.get_legend_handles_labels(), **LEGEND)  # one colour a model in both panels
+    fig.suptitle(f"{args['num_seqs']} sequences per distance, {args['kind']} span of {span} tokens, RoPE "
+                 f"{args['rope_method']} x{args['rope_scale']:g}" + (f", logits {scale}" if scale else "")
+                 + (f" F={args['llama4_floor']:,}" if scale == "llama4" else ""), fontsize=9)
+    save(fig, path, dpi=120)
 
 # ----------------------------------------------------------------------------------------------------------------
 # SSMax Figs. 1 and 3 in closed form (eval_long --fading)

@@ -11,7 +11,6 @@ import argparse, csv, gzip, json, os, shutil, sys, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repo root, from any folder
-import eval_copy, eval_long  # noqa: E402
 from lib import compare, figures, report, synthetic_figures, synthetic_report  # noqa: E402
 from lib.lm_suite import SWITCH_AT  # noqa: E402
 from lib.rereport import SYNTHETIC_COLUMNS  # noqa: E402
@@ -66,13 +65,12 @@ def redraw(folder):
         summary = json.load(f)
     if os.path.exists(os.path.join(folder, "train_loss.png")):
         return train_loss(folder, summary)
-    args = argparse.Namespace(**{"ntk_per_length": False, "logit_scale": None, **summary["args"]})
     if os.path.exists(os.path.join(folder, "copy.png")):
-        eval_copy.plot(os.path.join(folder, "copy.png"), summary["models"], args)
+        figures.copy_gate(os.path.join(folder, "copy.png"), summary["models"], summary["args"])
         return ["copy.png"]
     rows = list(csv.reader(read_text(os.path.join(folder, "per_position.csv")).splitlines()))
     columns = {name: [float(r[i]) for r in rows[1:]] for i, name in enumerate(rows[0]) if i}
-    figures.eval_long(folder, summary, columns, {rope: d for rope, _, _, d in eval_long.rope_settings(args)})
+    figures.eval_long(folder, summary, columns)
     return ["per_position.png"] + ["differences.png"] * bool(summary["differences"])
 
 

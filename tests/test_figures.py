@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import sys
-import types
 from dataclasses import asdict
 
 import numpy as np
@@ -15,7 +14,6 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
 
-import eval_copy
 import eval_long
 from lib import compare, figures, report
 from lib.checkpoint import run_info, save_checkpoint
@@ -41,8 +39,8 @@ def test_twelve_models_get_twelve_colours_in_every_figure(tmp_path, monkeypatch)
     figures.plot_differences(str(tmp_path / "d.png"), diffs, NAMES, {"r": "rope"}, "t")
     models = [dict(label=n, by_distance={"0.5": dict(ratio=0.5)},
                    by_offset=dict(second=[1.0] * 3, control=[2.0] * 3)) for n in NAMES]
-    eval_copy.plot(str(tmp_path / "c.png"), models, types.SimpleNamespace(
-        span=4, num_seqs=2, kind="text", rope_method="none", rope_scale=1.0, logit_scale=None))
+    figures.copy_gate(str(tmp_path / "c.png"), models, dict(span=4, num_seqs=2, kind="text", rope_method="none",
+                                                           rope_scale=1.0, logit_scale=None))
     for n in NAMES:
         write_log(tmp_path / "runs" / n, {"iter": 0, "loss": 5.0}, {"iter": 0, "val_loss": 5.0})
     figures.compare_runs([str(tmp_path / "runs" / n) for n in NAMES], out=str(tmp_path / "r.png"))
@@ -157,10 +155,11 @@ def test_a_nope_model_is_recorded_and_drawn_without_a_rope_it_does_not_have(eval
 
 def test_a_llama4_rescaling_is_titled_with_its_floor(tmp_path, monkeypatch):
     made = drawn(monkeypatch)  # two floors must not look alike (they were both "logits llama4")
-    args = dict(num_seqs=2, length=32, split="val", smooth=1, logx=False, logit_scale="llama4", llama4_floor=16)
+    args = dict(num_seqs=2, length=32, split="val", smooth=1, logx=False, logit_scale="llama4", llama4_floor=16,
+                rope_method="none", rope_scale=1.0)
     model = dict(label="m", train_len=16, rope_theta=1e4, rope_theta_effective=1e4, model_args={})
     figures.eval_long(str(tmp_path), dict(args=args, models=[model], differences=[], baseline="m"),
-                      {"m": np.ones(32)}, {"native": "native θ"})
+                      {"m": np.ones(32)})
     assert "logits llama4 F=16," in made[0].axes[0].get_title()
 
 
