@@ -50,7 +50,7 @@ def check(spec, L, H):
         raise ValueError(f"hf_scorers runs {', '.join(RUNS)}, not scorer {scorer!r}")
     if not isinstance(spec.get("params"), dict):
         raise ValueError(f"config.json's nanoscorer block has no params dict: {spec!r}")
-    own = {prm.name: prm for prm in scorers.SCORERS[spec["scorer"]].params}
+    own = {prm.name: prm for prm in scorers.SCORERS[scorer].params}
     for name, value in spec["params"].items():
         try:
             x = torch.tensor(value, dtype=torch.float64)
@@ -58,7 +58,7 @@ def check(spec, L, H):
             x = torch.zeros(0)
         low = own[name].low if name in own else None
         if name not in own or x.shape != (L, H) or not x.isfinite().all() or (low is not None and (x <= low).any()):
-            raise ValueError(f"config.json's nanoscorer params {name!r}: scorer {spec['scorer']!r} takes "
+            raise ValueError(f"config.json's nanoscorer params {name!r}: scorer {scorer!r} takes "
                              f"{', '.join(own) or 'none'}, each {L} layers x {H} heads of finite values"
                              + (f" > {low:g}" if low is not None else ""))
 

@@ -66,12 +66,11 @@ def model_args(cfg):
     shape = [f"{k}={v!r} (a positive integer)" for k in ("vocab_size", "num_hidden_layers", "num_attention_heads",
              "hidden_size", "intermediate_size", "num_key_value_heads", "max_position_embeddings")
              if k in cfg and not (type(v := cfg[k]) is int and v > 0)]
-    shape += [f"{k}={cfg[k]!r} (a positive number)" for k in ("rms_norm_eps", "rope_theta")
-              if k in cfg and not (type(cfg[k]) in (int, float) and cfg[k] > 0)]
-    shape += [f"{k} {r!r} (a dict)" for k, r in zip(("rope_scaling", "rope_parameters"), ropes) if type(r) is not dict]
-    shape += [f"{k}'s rope_theta={r['rope_theta']!r} (a positive number)" for k, r in zip(("rope_scaling",
-              "rope_parameters"), ropes) if type(r) is dict and not (type(r.get("rope_theta", 1)) in (int, float)
-                                                                     and r.get("rope_theta", 1) > 0)]
+    named = dict(zip(("rope_scaling", "rope_parameters"), ropes))
+    shape += [f"{k} {r!r} (a dict)" for k, r in named.items() if type(r) is not dict]
+    numbers = {**{k: cfg[k] for k in ("rms_norm_eps", "rope_theta") if k in cfg}, **{
+        f"{k}'s rope_theta": r["rope_theta"] for k, r in named.items() if type(r) is dict and "rope_theta" in r}}
+    shape += [f"{k}={v!r} (a positive number)" for k, v in numbers.items() if not (type(v) in (int, float) and v > 0)]
     if shape:  # else a traceback, or a checkpoint no forward can run (rms_norm_eps null)
         raise ConvertError(f"config.json: {'; '.join(shape)}")
     # transformers takes rope_scaling over rope_parameters (θ its own, else the top level's); older: kind in "type"
