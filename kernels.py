@@ -272,6 +272,9 @@ def _bwd_dq_inner(acc, acc2, g1, g2, c1, c2, s1, s2, q, do, k_ptrs, v_ptrs, KS, 
                   DT: tl.constexpr, PREC: tl.constexpr):
     # PASS 0: sums of Pf g, Pf, P h (g1, g2, c2); 0, 1: of P, P dP (s1, s2). 2: dq, the parameters' g1, g2; CORRECT:
     # sigma is an estimate, so also sums of W k, of their terms (c1, c2), of P, P dP (dq and g are linear in sigma)
+    if LOGIT == "ssa":  # b db = sum dl (t1 - n P) too (sum dl P = 0): exact at |z| ~ 1e4, but eps / (b|z|) off where
+        # b|z| << 1 (66 % at b = 1e-6); each row's choice, once, by a lower bound of its b z_max: 2^((m1 - log2 n_i)
+        big = (m1 - tl.log2(n_i) > n_h)[:, None]  # / n) - 1 (2^m1 = sum of weights)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         kT = tl.load(k_ptrs + start_n * HEAD_DIM, mask=cols[None, :] < Tk, other=0.0).to(DT)
@@ -291,9 +294,7 @@ def _bwd_dq_inner(acc, acc2, g1, g2, c1, c2, s1, s2, q, do, k_ptrs, v_ptrs, KS, 
             dl = dP - sigma[:, None]  # softmax (or l1-normalisation) backward
             acc = tl.dot((dl * W).to(DT), tl.trans(kT), acc, input_precision=PREC)
             t1 = W * qk  # dL/dparam = sum dl t: ssa's b (* qk / b), lssa's |q|^-1 (* qk / |q|^-1, in PyTorch)
-            if LOGIT == "ssa":  # b db = sum dl (t1 - n P) too (sum dl P = 0): exact at |z| ~ 1e4, but eps / (b|z|)
-                # off where b|z| << 1 (66 % at b = 1e-6); a row's choice by a lower bound of its b z_max,
-                big = (m1 - tl.log2(n_i) > n_h)[:, None]  # 2^((m1 - log2 n_i) / n) - 1 (2^m1 = sum of weights)
+            if LOGIT == "ssa":  # the row's form (big: cancelling)
                 t1 = W * tl.where(big, 2.0 * tl.minimum(qk, 0.0) - 1.0 / (b_h * sm_scale), qk)
             if ROW == "logn":  # ssmax: dL/dlogit qk, scaled later
                 t1 = P * qk
