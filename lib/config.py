@@ -173,11 +173,13 @@ def parse_args(argv):
 
 def unread(cfg, explicit):
     """TrainError for an option this command sets that the run would not read (recorded as if it ran): SFT's schedule
-    without sft_data, or its epochs beside the iterations they set; copy_* with copy_frac unset; RoPE's base with
-    pos=nope. (A task's options: tasks.check_config; a scorer's: scorers.check_options.)"""
+    without sft_data, or its epochs beside the iterations they set; a dataset beside sft_data; copy_* with copy_frac
+    unset; RoPE's base with pos=nope. (A task's options: tasks.check_config; a scorer's: scorers.check_options.)"""
     why = {k: "sft_epochs sets it, in epochs" for k in ("max_iters", "warmup_iters", "lr_decay_iters")
            if cfg.sft_epochs}
     why.update({k: "no sft_data" for k in ("sft_epochs", "sft_val_frac") if not cfg.sft_data})
+    why.update({k: "SFT trains on sft_data; it records its checkpoint's dataset" for k in ("dataset", "data_dir")
+                if cfg.sft_data})
     why.update({k: "no copy_frac" for k in ("copy_span", "copy_kind")  # a copy run's resume reads them
                 if not cfg.copy_frac and "copy_frac" not in explicit})
     why.update({k: "pos='nope' has no RoPE" for k in ("rope_theta", "rope_scaling") if cfg.pos == "nope"})
@@ -195,6 +197,9 @@ def resolve(cfg, explicit, ckpt, resuming, world):
                              "out_dir": cfg.out_dir})
     elif ckpt is not None:  # block_size too
         cfg = replace(cfg, **{k: v for k, v in ckpt["model_args"].items() if k in MODEL_FIELDS and k not in explicit})
+    if cfg.sft_data and not resuming:  # it trains on sft_data: it records its model's dataset (the evals' --data), if any
+        held = (ckpt or {}).get("config") or {}
+        cfg = replace(cfg, dataset=held.get("dataset", ""), data_dir=held.get("data_dir", _TrainFields.data_dir))
     unread(cfg, explicit)
     if cfg.gradient_accumulation_steps % world:  # each process runs an equal share (lr_schedule: coerce() checks it)
         raise TrainError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} (global) does not split "

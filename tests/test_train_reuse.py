@@ -182,8 +182,8 @@ def test_a_missing_sft_file_is_named_before_the_cpu_cost_check_counts_the_defaul
     # its size sets max_iters: missing, the cost check counted max_iters and asked for allow_slow=True ("356 hours")
     src = tmp_path / "src"
     train.main(lm(data_dir, src, "max_iters=1", "eval_interval=1"))
-    msg = one_line_error(train.main, lm(data_dir, tmp_path / "sft", f"init_from={src / 'ckpt.pt'}",
-                                        f"sft_data={tmp_path / 'missing.jsonl'}", "max_iters=1000000000"))
+    msg = one_line_error(train.main, [*BASE, f"out_dir={tmp_path / 'sft'}", f"init_from={src / 'ckpt.pt'}",
+                                      f"sft_data={tmp_path / 'missing.jsonl'}", "max_iters=1000000000"])
     assert "missing.jsonl' does not exist" in msg and "hours" not in msg
 
 

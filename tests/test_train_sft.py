@@ -163,3 +163,24 @@ def test_planned_iters_count_epochs_of_the_held_in_examples_with_val_rounded(tmp
                                                  "batch_size=1", "gradient_accumulation_steps=1"]))
     assert sft.held_out(17, 0.1) == 2  # round(1.7): what split_sft holds out
     assert sft.planned_iters(cfg) == 2 * 15  # the cost check's count: 2 epochs of the 17 - 2 examples trained on
+
+
+def test_an_sft_run_records_its_checkpoints_dataset_and_refuses_one_named_beside_sft_data(tmp_path_factory, tmp_path):
+    # it trains on sft_data alone: it recorded the default dataset (shakespeare), where the evals then took --data
+    from conftest import one_line_error, random_ids_data
+    from lib.checkpoint import trained_on
+    data, path = random_ids_data(tmp_path_factory, vocab.VOCAB_SIZE), write_sft(tmp_path / "sft.jsonl")
+    tiny = ["device=cpu", "n_layer=1", "n_head=2", "n_embd=32", "ffn_hidden=64", "block_size=32", "batch_size=2",
+            "gradient_accumulation_steps=1", "eval_iters=1", "max_iters=1", "warmup_iters=0"]
+    train.main(tiny + [f"data_dir={data}", "dataset=rand", f"out_dir={tmp_path / 'lm'}"])
+    for src, out in ((tmp_path / "lm" / "ckpt.pt", "sft"), ("scratch", "sft0")):
+        train.main(tiny + [f"init_from={src}", f"sft_data={path}", f"out_dir={tmp_path / out}"])
+    ckpts = [str(tmp_path / out / "ckpt.pt") for out in ("sft", "sft0")]
+    recorded = [torch.load(c, weights_only=True)["config"] for c in ckpts]
+    assert (recorded[0]["data_dir"], recorded[0]["dataset"]) == (data, "rand") and recorded[1]["dataset"] == ""
+    assert trained_on(ckpts[:1], "d") == f"{data}/rand" and trained_on(ckpts[1:], "d") == "d"
+    train.main(tiny + ["init_from=resume", "max_iters=2", f"sft_data={path}", f"out_dir={tmp_path / 'sft'}"])
+    assert torch.load(ckpts[0], weights_only=True)["config"]["dataset"] == "rand"  # a resume keeps it
+    for named in ("dataset=rand", f"data_dir={data}"):
+        msg = one_line_error(train.main, tiny + [named, f"sft_data={path}", f"out_dir={tmp_path / 'x'}"])
+        assert f"{named.split('=')[0]}=" in msg and "not read by this run (SFT trains on sft_data" in msg
