@@ -13,11 +13,12 @@ import contextlib, ctypes, json, multiprocessing, os, runpy, signal, sys, time
 from concurrent.futures import ProcessPoolExecutor
 
 from lib import plans
+from lib.checkpoint import ADDED_FIELDS
 from lib.folders import held, write_json
 from lib.runs import StepError, judge, own_folders, plain, remove
 from lib.synthetic_suite import (  # noqa: F401 (the suite's definitions, for a reader and the tests)
     CONTROLS, CORE, DEFAULT_TASKS, GPU, LONG, LRS, N_EVAL, QUICK, REPO, RESCALED, RESCALINGS, SETTINGS, SHORT, SUITE,
-    RUNGS, SWEPT, ZOO, Entry, overrides, plan, recipe, select_budget, select_lr, sweep_accuracy)
+    RUNGS, SWEPT, ZOO, Entry, config_file, overrides, plan, recipe, select_budget, select_lr, sweep_accuracy, values)
 
 REPO_OUT = REPO  # output root; tests point it elsewhere
 
@@ -72,11 +73,22 @@ def _run(script, argv, log):
             sys.argv = saved
 
 
-def reuse(path, want, what, redo, clear, whole=True):
+def reuse(path, want, what, redo, clear, whole=True, trained=None):
     """runs.judge() of the record at `path` (a run's done marker, an evaluation's settings; empty or absent: written
-    before settings were recorded, taken as it is where whole, else other settings)."""
-    text = open(path).read() if os.path.isfile(path) else ""
-    return judge(json.loads(text) if text.strip() else None, want, what, redo, [clear], whole)
+    before settings were recorded, taken as it is where whole, else other settings). A record from before the config's
+    values were recorded is judged by the values the trained run's log says it ran with."""
+    old = json.loads(open(path).read() or "null") if os.path.isfile(path) else None
+    rec = old.get("train", old) if isinstance(old, dict) else None  # a marker, or an evaluation's record's training
+    if isinstance(rec, dict) and "values" not in rec and trained and os.path.isfile(os.path.join(trained, "log.jsonl")):
+        rec["values"] = logged(trained, want.get("train", want)["values"])
+    return judge(old, want, what, redo, [clear], whole)
+
+
+def logged(trained, want):
+    """The values a run's log.jsonl says it started with (fields added since: their values then)."""
+    with open(os.path.join(trained, "log.jsonl")) as f:
+        ran = {**ADDED_FIELDS, **json.loads(f.readline())["config"]}
+    return plain({k: ran.get(k) for k in want})
 
 
 def record(path, settings):
@@ -93,18 +105,19 @@ def run_one(task, setting, seed, runs, n_eval, e, over, redo=False, evaluate=Tru
     log = os.path.join(runs, f"{os.path.basename(out)}.train.log")
     t0, ran = time.time(), False
     train = dict(config=e.config, overrides=[*over, f"seed={seed}"])  # what decides the trained model
+    train["values"] = plain(values(e.config, train["overrides"]))
     marker, started = os.path.join(trained, "done"), os.path.join(trained, "train_settings.json")
     if os.path.isfile(marker):
-        reused = reuse(marker, train, f"the run {trained}", redo, trained)
+        reused = reuse(marker, train, f"the run {trained}", redo, trained, trained=trained)
     else:  # a run cut short resumes only with the settings it started with (none recorded: other settings)
         reused = False
         if os.path.isfile(os.path.join(trained, "ckpt.pt")) or os.path.isfile(os.path.join(trained, "log.jsonl")):
-            reuse(started, train, f"the unfinished run {trained}", redo, trained, whole=False)
+            reuse(started, train, f"the unfinished run {trained}", redo, trained, whole=False, trained=trained)
     if not reused:
         ran = True
         os.makedirs(trained, exist_ok=True)
         record(started, train)
-        _run("train.py", [os.path.join(REPO, "configs", "tasks", f"{e.config}.py"), *train["overrides"],
+        _run("train.py", [config_file(e.config), *train["overrides"],
                            f"out_dir={trained}", "resume=True"], log)
         record(marker, train)
     t1 = time.time()
@@ -116,7 +129,7 @@ def run_one(task, setting, seed, runs, n_eval, e, over, redo=False, evaluate=Tru
     settings, evaluated = os.path.join(out, "eval_settings.json"), os.path.join(out, "eval", "per_prompt.csv")
     legacy = not open(marker).read().strip()  # a run from before records: its evaluation had none either (as lm's)
     if not (os.path.isfile(evaluated) and reuse(settings, dict(train=train, eval=args), f"the evaluation {out}/eval",
-                                                redo, os.path.join(out, "eval"), whole=legacy)):
+                                                redo, os.path.join(out, "eval"), whole=legacy, trained=trained)):
         ran = True
         os.makedirs(out, exist_ok=True)
         record(settings, dict(train=train, eval=args))  # before: an evaluation cut short is judged by it

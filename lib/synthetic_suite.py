@@ -4,12 +4,13 @@ rescalings, the suite's entries (a task config, its overrides, test lengths, see
 sweep with its committed selection rule, the GPU scale, and the quick suite.
 """
 import math, os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 from lib import config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(REPO, "configs", "tasks")  # the SUITE entries' config files
 SETTINGS = {  # train.py overrides; {log_N}: log of training length
     "softmax": ["scorer=softmax"],
     "ssmax": ["scorer=ssmax"],
@@ -142,10 +143,22 @@ QUICK = dict(tasks=["recall"], settings=["softmax", "ssmax"], seeds=10)
 N_EVAL = 64  # per run, length, condition: seeds are the unit
 
 
+def config_file(name):
+    return os.path.join(CONFIGS, f"{name}.py")  # a path without .py names a file elsewhere
+
+
+def values(name, over):
+    """What config file `name` and train.py's overrides resolve to now (train.py's fields but where it writes): a file
+    or a default edited since a run trained changes them, where the record of names and overrides alone does not."""
+    explicit = config.parse_args([config_file(name), *over])
+    cfg = asdict(config.resolve(config.TrainConfig(**explicit), explicit, None, False, 1))
+    return {k: v for k, v in cfg.items() if k not in ("out_dir", "overwrite", "resume", "init_from")}
+
+
 def overrides(task, setting):
     """train.py's overrides of one run, {log_N} filled in from the task's training length."""
     e = SUITE[task]
-    N = config.parse_args([os.path.join(REPO, "configs", "tasks", f"{e.config}.py"), *e.extra])["block_size"]
+    N = config.parse_args([config_file(e.config), *e.extra])["block_size"]
     own = "softmax" if setting in RESCALED else setting  # a rescaling evaluates the softmax run: its recipe too
     return [*e.extra, *(o.format(log_N=math.log(N)) for o in SETTINGS[setting]), *dict(e.recipes).get(own, ())]
 

@@ -136,3 +136,34 @@ def test_attention_png_leaves_out_a_settings_entropy_where_any_of_its_runs_lacks
     entropy = figs[0].axes[1]
     assert [line.get_label() for line in entropy.get_lines() if not line.get_label().startswith("_")] == [
         "softmax", "uniform: log L"]  # "_child": each seed's thin line
+
+
+def test_a_config_file_edited_since_a_run_trained_refuses_its_reuse_old_records_judged_by_the_runs_log(
+        suite, tmp_path, monkeypatch):
+    # a run's record held its config's name and overrides alone: an edited configs/tasks/first.py was reused silently
+    import shutil
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    shutil.copy(synthetic.config_file("first"), configs / "first.py")
+    monkeypatch.setitem(synthetic.SUITE, "first", dataclasses.replace(synthetic.SUITE["first"],
+                                                                      config=str(configs / "first")))  # a path: its own
+    suite()
+    run = tmp_path / "out-synthetic" / "first-softmax-s0"
+    done = json.loads((run / "done").read_text())
+    assert done["values"]["n_layer"] == 2 and done["values"]["task"] == "first"
+    legacy = {k: done[k] for k in ("config", "overrides")}  # a record from before values were: its log decides
+    (run / "done").write_text(json.dumps(legacy))
+    settings = json.loads((run / "eval_settings.json").read_text())
+    (run / "eval_settings.json").write_text(json.dumps({**settings, "train": legacy}))
+    suite()  # the same values: reused, evaluation included
+    assert json.loads((run / "done").read_text()) == legacy
+    with open(configs / "first.py", "a") as f:
+        f.write("\nn_layer = 1\n")
+    with pytest.raises(runs.StepError, match=r"the run .*first-softmax-s0 .*values.n_layer 2 -> 1.*--redo"):
+        suite()
+    (run / "done").write_text(json.dumps(done))  # a record with values: the same refusal
+    with pytest.raises(runs.StepError, match=r"values.n_layer 2 -> 1"):
+        suite()
+    suite(redo=True)  # trained again with what the file says now, and evaluated again
+    heads = [json.loads(line)["config"]["n_layer"] for line in open(run / "log.jsonl") if '"config"' in line]
+    assert heads == [1] and json.loads((run / "eval_settings.json").read_text())["train"]["values"]["n_layer"] == 1
