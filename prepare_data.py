@@ -20,11 +20,27 @@ Train and val are split by whole documents; a single document (one .txt file) by
 The pipeline is lib/dataset.py's (train.py also fetches a dataset on first use through it); the sources are
 lib/corpora.py's; the SFT sets are lib/retrieval.py's.
 """
-import argparse, math
+import argparse, glob, math
 
-from lib.corpora import MIN_TEXT_CHARS, SOURCES_HELP, DataError
+from lib.corpora import EMBEDDED, MIN_TEXT_CHARS, NAMED, SOURCES_HELP, DataError
 from lib.checkpoint import CheckpointError
 from lib.dataset import prepare
+
+
+def unread(source, args):
+    """The options given that this source does not read (meta.json would record them as if applied): a text field
+    of plain text, a Hugging Face split of anything else, the split's seed of one .txt file (split by tokens)."""
+    source = NAMED[source][0] if source in NAMED else source
+    hf = source.startswith("hf:")
+    files = [] if hf or source in EMBEDDED else glob.glob(source, recursive=True)
+    why = {}
+    if source in EMBEDDED or files and all(f.lower().endswith(".txt") for f in files):
+        why["text_field"] = "its text is plain, not in fields"
+    if not hf:
+        why["hf_split"] = f"{source!r} is not a Hugging Face dataset"
+    if len(files) == 1 and files[0].lower().endswith(".txt"):
+        why["seed"] = "one .txt file is split by tokens, its last val_frac to val, not shuffled"
+    return [f"--{k} {getattr(args, k)}: not read ({w})" for k, w in why.items() if getattr(args, k) is not None]
 
 
 def main(argv=None):
@@ -36,10 +52,10 @@ def main(argv=None):
     p.add_argument("--out_dir", default="data")
     p.add_argument("--text_field", help="column of the text (default: a known name, else the longest strings if "
                    f"they average {MIN_TEXT_CHARS}+ characters)")
-    p.add_argument("--hf_split", default="train", help="split of a Hugging Face dataset to read")
+    p.add_argument("--hf_split", help="split of a Hugging Face dataset to read (default: train)")
     p.add_argument("--val_frac", type=float, help="val's fraction of documents, of tokens for one (default 0.1 "
                                                   "embedded or one .txt file, 0.005 else)")
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--seed", type=int, help="the documents' split (default 1337)")
     p.add_argument("--max_tokens", type=float, help="stop after this many tokens, <|endoftext|> included (e.g. 1e9)")
     p.add_argument("--tokenizer", help="gpt2, char (the default for NAME_char, else gpt2), or an imported model's "
                    "tokenizer: a tokenizer.json, its Hugging Face folder or its checkpoint (convert_hf.py)")
@@ -47,11 +63,14 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.max_tokens is not None and not math.isfinite(args.max_tokens):  # int() of it: a traceback
         p.error(f"--max_tokens {args.max_tokens} must be a finite count (e.g. 1e9)")
-    if args.seed < 0:  # random.Random(-s) is Random(s): meta.json would record -1 for seed 1's split
+    if args.seed is not None and args.seed < 0:  # random.Random(-s) is Random(s): meta.json would record -1
         p.error(f"--seed {args.seed} must be >= 0: the split's random.Random reads -{-args.seed} as {-args.seed}")
-    try:
-        prepare(args.source_opt or args.source or "shakespeare", args.name, args.out_dir, args.text_field,
-                args.hf_split, args.val_frac, args.seed,
+    source = args.source_opt or args.source or "shakespeare"
+    if unread(source, args):
+        p.error("; ".join(unread(source, args)))
+    try:  # the defaults as meta.json has always recorded them: datasets made before stay up to date
+        prepare(source, args.name, args.out_dir, args.text_field, args.hf_split or "train", args.val_frac,
+                1337 if args.seed is None else args.seed,
                 None if args.max_tokens is None else int(args.max_tokens), args.force, args.tokenizer)
     except (DataError, CheckpointError) as e:  # CheckpointError: --tokenizer names a damaged checkpoint
         p.exit(2, f"error: {e}\n")

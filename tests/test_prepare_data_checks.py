@@ -105,6 +105,11 @@ def test_a_rebuild_cut_short_keeps_the_old_dataset_or_is_refused_never_read_as_g
     (["kjv", "--val_frac", "half"], ["argument --val_frac: invalid float value"]),
     (["kjv", "--name", "../escape"], ["--name '../escape': a folder name (no '/')"]),  # else outside --out_dir
     (["kjv", "--seed", "-1"], ["--seed -1 must be >= 0"]),  # was taken: random.Random(-1) is Random(1), seed 1's split
+    # options the source does not read: meta.json recorded them as if applied (and a plain rerun rebuilt the same data)
+    (["shakespeare", "--text_field", "body"], ["--text_field body: not read (its text is plain"]),
+    (["{tmp}/short.txt", "--text_field", "body"], ["--text_field body: not read (its text is plain"]),
+    (["{tmp}/c.jsonl", "--hf_split", "validation"], ["--hf_split validation: not read", "not a Hugging Face dataset"]),
+    (["{tmp}/short.txt", "--seed", "2"], ["--seed 2: not read (one .txt file is split by tokens"]),
 ])
 def test_errors_are_one_line(tmp_path, capsys, args, words):
     (tmp_path / "empty.jsonl").write_text("")
@@ -117,6 +122,18 @@ def test_errors_are_one_line(tmp_path, capsys, args, words):
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1
     assert all(w in err for w in words), err
+
+def test_options_a_source_reads_are_taken_and_the_defaults_record_as_before(tmp_path):
+    write_jsonl(tmp_path / "c.jsonl", n=20)
+    (tmp_path / "a.txt").write_text("One play. " * 200)
+    (tmp_path / "b.txt").write_text("Another play. " * 200)
+    out = str(tmp_path / "out")
+    prepare_data.main([str(tmp_path / "c.jsonl"), "--text_field", "content", "--seed", "3", "--out_dir", out])
+    prepare_data.main([str(tmp_path / "*.txt"), "--seed", "3", "--name", "two", "--out_dir", out])  # documents: shuffled
+    prepare_data.main([str(tmp_path / "a.txt"), "--out_dir", out])
+    assert read_all(os.path.join(out, "a"))[0]["args"]["seed"] == 1337  # as before: older datasets stay up to date
+    assert read_all(os.path.join(out, "a"))[0]["args"]["hf_split"] == "train"
+    assert read_all(os.path.join(out, "two"))[0]["args"]["seed"] == 3
 
 def test_cli_bad_glob_subprocess(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(REPO_DIR, "prepare_data.py"), str(tmp_path / "*.parquet")],
