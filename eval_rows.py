@@ -36,22 +36,35 @@ STATS = ("entropy", "entropy_norm", "sink", "local", "mass")  # per layer; "loca
 # ----------------------------------------------------------------------------------------------------------------
 # Row statistics
 
-def local_mask(L, k):
-    """(L, L) bool: row r (position r+1) keeps keys max(1, r-k+1)..r, its last k keys without the first token."""
-    r, key = torch.arange(L)[:, None], torch.arange(L)[None, :]
+ROW_ELEMENTS = 2**24  # attention weights held at once: ~30 bytes each with row_stats' float64 copies, ~0.5 GB
+
+def local_mask(rows, L, k):
+    """(R, L) bool: row r (position r+1) keeps keys max(1, r-k+1)..r, its last k keys without the first token."""
+    r, key = rows[:, None], torch.arange(L)[None, :]
     return (key <= r) & (key > r - k) & (key >= 1)
 
-def row_stats(W, k):
-    """W (n_layer, B, nh, L, L): rows, zero beyond the causal keys -> {stat: (n_layer, B, L)}, heads averaged."""
+def row_stats(W, k, first=0):
+    """W (n_layer, B, nh, R, L): rows first..first+R-1, zero beyond the causal keys -> {stat: (n_layer, B, R)}, heads
+    averaged."""
     W = W.double()
-    L = W.size(-1)
+    rows = torch.arange(first, first + W.size(-2))
     mass = W.sum(-1)
     P = W / mass.clamp_min(1e-300).unsqueeze(-1)
     entropy = -torch.special.xlogy(P, P).sum(-1)
-    log_t = torch.log(torch.arange(1, L + 1, dtype=torch.float64))
+    log_t = torch.log((rows + 1).double())
     out = dict(entropy=entropy, entropy_norm=entropy / torch.where(log_t > 0, log_t, math.nan), sink=W[..., 0],
-               local=(W * local_mask(L, k).to(W.device)).sum(-1), mass=mass)
+               local=(W * local_mask(rows, W.size(-1), k).to(W.device)).sum(-1), mass=mass)
     return {s: v.mean(2) for s, v in out.items()}
+
+@torch.no_grad()
+def attention_stats(model, x, k):
+    """row_stats of every row of x (B, L), a block of rows at a time: O(block * L) weights held, never each layer's
+    L x L (16 windows of 1,800 tokens, 4 layers x 4 heads: 24 GiB); each block's rows are the full forward's."""
+    B, L = x.shape
+    block = max(1, ROW_ELEMENTS // (model.config.n_layer * B * model.config.n_head * L))
+    parts = [row_stats(model.attention_rows(x, rows=range(lo, min(lo + block, L))), k, lo)
+             for lo in range(0, L, block)]
+    return {s: torch.cat([part[s] for part in parts], dim=-1) for s in parts[0]}
 
 @torch.no_grad()
 def truncated_loss(model, x, c, batch_size):
@@ -92,8 +105,7 @@ def evaluate(model, data, starts, L, args):
         per_seq += [dict(sequence=i + j, start=int(starts[i + j]), first=lo, last=hi,
                          **{n: float(v[j, lo - 1:hi].mean()) for n, v in losses.items()})
                     for j in range(len(xy)) for lo, hi in bins(L)]
-        W = model.attention_rows(xy[:, :-1], rows=range(L))  # (n_layer, B, nh, L, L), fp32
-        for s, v in row_stats(W, args.local).items():
+        for s, v in attention_stats(model, xy[:, :-1], args.local).items():
             add(s, v)
     return {name: (v / len(starts)).numpy() for name, v in sums.items()}, per_seq
 

@@ -105,6 +105,25 @@ def test_row_stats_equal_a_hand_computation_from_attention_rows(scorer, data_dir
     assert bool((stats["mass"] - 1).abs().max() < 1e-5) is one  # sigmoid's rows: any mass, their sink + local in it
 
 
+def test_row_statistics_a_block_of_rows_at_a_time_equal_the_whole_matrix(ckpts, data_dir, tmp_path, monkeypatch):
+    x = torch.from_numpy(np.fromfile(os.path.join(data_dir, "val.bin"), dtype=np.uint16)[:2 * N].astype(np.int64))
+    sizes, rows_of = [], GPT.attention_rows
+    monkeypatch.setattr(GPT, "attention_rows", lambda self, x, rows: sizes.append(len(rows)) or rows_of(self, x, rows))
+    monkeypatch.setattr(eval_rows, "ROW_ELEMENTS", 5 * 2 * 2 * 2 * N)  # 5 rows of 2 layers x 2 windows x 2 heads
+    for scorer in ("softmax", NOT_ONE):
+        model = tiny(scorer)
+        whole = eval_rows.row_stats(rows_of(model, x.view(2, N), rows=range(N)), 5)  # as eval_rows held it
+        sizes.clear()
+        got = eval_rows.attention_stats(model, x.view(2, N), 5)
+        assert sizes == [5, 5, 5, 5, 4]  # L x block weights at a time, the last block short
+        for s in eval_rows.STATS:
+            torch.testing.assert_close(got[s], whole[s], rtol=0, atol=1e-12, equal_nan=True)
+    sizes.clear()
+    eval_rows.main(["--ckpt", ckpts["softmax"], "--data", data_dir, "--num_seqs", "2", "--batch_size", "2",
+                    "--out_dir", str(tmp_path / "rows")])
+    assert sizes == [5, 5, 5, 5, 4]  # the evaluation's rows, in blocks too
+
+
 def test_csv_columns_shape_loss_and_truncated_context_equal_the_models_own(ckpts, data_dir, tmp_path):
     out, c = str(tmp_path / "rows"), 5
     eval_rows.main(["--ckpt", ckpts["softmax"], ckpts["ssmax"], "--data", data_dir, "--num_seqs", "4", "--seed",
