@@ -75,9 +75,9 @@ def truncated_loss(model, x, c, batch_size):
     if c >= L:
         return out
     win = x.unfold(1, c + 1, 1)[:, 1:].reshape(-1, c + 1)  # window j: tokens j..j+c, position t = j + c
-    losses = []
-    for i in range(0, len(win), batch_size * L):
-        chunk = win[i:i + batch_size * L]
+    losses, step = [], max(1, batch_size * L // (c + 1))  # ~batch_size * L tokens a forward, as the full context's
+    for i in range(0, len(win), step):
+        chunk = win[i:i + step]
         logits, _ = model(chunk[:, :-1])  # the last position's logits only
         losses.append(F.cross_entropy(logits[:, -1].float(), chunk[:, -1], reduction="none").double().cpu())
     out[:, c:] = torch.cat(losses).view(B, L - c)

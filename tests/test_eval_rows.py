@@ -173,6 +173,18 @@ def test_csv_columns_shape_loss_and_truncated_context_equal_the_models_own(ckpts
     assert sorted({int(r["sequence"]) for r in per_seq}) == [0, 1, 2, 3]
 
 
+def test_truncated_context_runs_about_a_batch_of_tokens_a_forward_with_the_same_losses(data_dir, monkeypatch):
+    x = torch.from_numpy(np.fromfile(os.path.join(data_dir, "val.bin"), dtype=np.uint16)[:3 * (N + 1)]
+                         .astype(np.int64)).view(3, N + 1)
+    model, c, batch_size = tiny(), 5, 2
+    whole = eval_rows.truncated_loss(model, x, c, batch_size=10**6)  # every window in one forward
+    tokens, forward = [], model.forward
+    monkeypatch.setattr(model, "forward", lambda idx, *a, **k: tokens.append(idx.numel()) or forward(idx, *a, **k))
+    got = eval_rows.truncated_loss(model, x, c, batch_size)
+    assert max(tokens) <= batch_size * N and sum(tokens) == 3 * (N - c) * c  # was 48 windows of c tokens a forward
+    torch.testing.assert_close(got, whole, rtol=0, atol=1e-12, equal_nan=True)
+
+
 def test_bad_input_is_one_error_line(ckpts, data_dir, tmp_path):
     out = str(tmp_path / "rows")
     base = ["--data", data_dir, "--out_dir", out]
