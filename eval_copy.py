@@ -148,6 +148,8 @@ def main(argv=None):
             run(args, folder)
     except (ValueError, OSError, CheckpointError, dataset.DataError, tracking.TrackingError, folders.FolderError) as e:
         sys.exit(f"error: {tracking.error_text(e)}")  # OSError: a full disk, an unwritable folder
+    except (RuntimeError, MemoryError) as e:  # out of memory only: any other is raised again
+        sys.exit(f"error: {tracking.memory_error(e, '--distances or --batch_size')}")
     print(f"done: {args.out_dir}/summary.json")
 
 

@@ -243,6 +243,8 @@ def main(argv=None):
                                args.out_dir)
     except (ValueError, OSError, dataset.DataError, tracking.TrackingError, folders.FolderError) as e:  # OSError:
         sys.exit(f"error: {tracking.error_text(e)}")  # a missing file, a full disk, an unwritable folder
+    except (RuntimeError, MemoryError) as e:  # out of memory only: any other is raised again
+        sys.exit(f"error: {tracking.memory_error(e, '--length or --batch_size')}")
 
 if __name__ == "__main__":
     main()

@@ -232,6 +232,8 @@ def main(argv=None):
             run(args, folder)
     except (ValueError, OSError, dataset.DataError, folders.FolderError) as e:  # OSError: a full disk...
         sys.exit(f"error: {tracking.error_text(e)}")
+    except (RuntimeError, MemoryError) as e:  # out of memory only: any other is raised again
+        sys.exit(f"error: {tracking.memory_error(e, '--length or --batch_size')}")
 
 if __name__ == "__main__":
     main()

@@ -7,7 +7,7 @@ optional Weights & Biases logging (the figure that overlays several runs, train.
 wandb is imported only when asked (wandb_log=True, log_table): a run without it never pays for it. A run's wandb
 folder is in its out_dir: `wandb sync out-quick/wandb/offline-run-*` uploads an offline one.
 """
-import contextlib, json, os, sys, textwrap, time
+import contextlib, json, os, re, sys, textwrap, time
 from dataclasses import asdict
 from datetime import timedelta
 
@@ -21,6 +21,16 @@ def error_text(e):
     if isinstance(e, OSError) and e.strerror:
         return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
     return str(e)
+
+def memory_error(e, lower):
+    """An allocation failure (torch's CPU allocator, CUDA out of memory, numpy's MemoryError) as the one line after
+    "error: ", naming the options to lower; any other error is raised again, its traceback kept (a bug)."""
+    text = str(e)
+    if not (isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text):
+        raise e
+    asked = re.search(r"allocate (\d+) bytes|allocate ([\d.]+ \w+)", text)  # torch's CPU message counts bytes
+    size = "" if not asked else f" (tried to allocate {asked[2] or f'{int(asked[1]) / 2**30:.2f} GiB'})"
+    return f"out of memory{size}: lower {lower}"
 
 def import_wandb():
     try:

@@ -14,6 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import eval_copy
+import eval_long
 import eval_rows
 from conftest import one_line_error
 from lib import vocab
@@ -203,6 +205,26 @@ def test_bad_input_is_one_error_line(ckpts, data_dir, tmp_path):
     assert f"--data {missing!r} does not exist" in one_line_error(eval_rows.main, ["--ckpt", ckpts["softmax"], "--data",
                                                                                    missing, "--out_dir", out])
     assert not os.path.exists(out)  # nothing written by a failed evaluation
+
+
+@pytest.mark.parametrize("script", ["eval_rows", "eval_long", "eval_copy"])  # test_eval_long.py is at 300 lines
+def test_out_of_memory_is_one_error_line_naming_what_to_lower(script, ckpts, data_dir, tmp_path, monkeypatch):
+    main, lower, argv = {"eval_rows": (eval_rows.main, "--length or --batch_size", ["--ckpt", ckpts["softmax"]]),
+                         "eval_long": (eval_long.main, "--length or --batch_size", [ckpts["softmax"]]),
+                         "eval_copy": (eval_copy.main, "--distances or --batch_size",
+                                       [ckpts["softmax"], "--span", "4", "--distances", "1"])}[script]
+    argv += ["--data", data_dir, "--num_seqs", "2", "--out_dir", str(tmp_path / "out")]
+    def forward(self, *a, **k):
+        raise RuntimeError(message)
+    monkeypatch.setattr(GPT, "forward", forward)
+    message = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
+               "to allocate 3293642752 bytes. Error code 12 (Cannot allocate memory)")  # torch's, on the CPU
+    # was a traceback: the mains caught ValueError and OSError only
+    assert one_line_error(main, argv) == f"error: out of memory (tried to allocate 3.07 GiB): lower {lower}"
+    assert not os.path.exists(tmp_path / "out")  # nothing partial
+    message = "mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)"
+    with pytest.raises(RuntimeError, match="mat1"):  # any other error: a bug, its traceback kept
+        main(argv)
 
 
 def test_a_truncated_context_bin_is_reported_only_where_it_is_defined_at_every_position():

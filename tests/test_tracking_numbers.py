@@ -236,6 +236,17 @@ def test_an_oserror_is_its_path_and_reason_in_one_line():
     assert tracking.error_text(tracking.TrackingError("no log.jsonl")) == "no log.jsonl"
 
 
+def test_an_allocation_failure_is_one_line_naming_what_to_lower_and_any_other_error_is_raised_again():
+    cuda = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB")
+    assert tracking.memory_error(cuda, "--length") == "out of memory (tried to allocate 2.00 GiB): lower --length"
+    numpy = MemoryError("Unable to allocate 3.07 GiB for an array with shape (16, 1024, 50304) and data type float32")
+    assert tracking.memory_error(numpy, "--batch_size") == "out of memory (tried to allocate 3.07 GiB): lower " \
+        "--batch_size"
+    assert tracking.memory_error(MemoryError(), "--batch_size") == "out of memory: lower --batch_size"
+    with pytest.raises(RuntimeError, match="shapes"):  # not every RuntimeError: a bug keeps its traceback
+        tracking.memory_error(RuntimeError("mat1 and mat2 shapes cannot be multiplied"), "--length")
+
+
 def test_an_eval_saves_best_pt_only_when_best_and_logs_its_record_without_the_flag(tmp_path, capsys, monkeypatch):
     made = drawn(monkeypatch)
     cfg = cfg_of(tmp_path, scorer="ssmax", task="", sft_data="", dataset="rand", max_iters=2)
