@@ -36,7 +36,7 @@ STATS = ("entropy", "entropy_norm", "sink", "local", "mass")  # per layer; "loca
 # ----------------------------------------------------------------------------------------------------------------
 # Row statistics
 
-ROW_ELEMENTS = 2**24  # attention weights held at once: ~30 bytes each with row_stats' float64 copies, ~0.5 GB
+ROW_ELEMENTS = 2**26  # attention weights held at once: ~30 bytes each with row_stats' float64 copies, ~2 GB
 
 def local_mask(rows, L, k):
     """(R, L) bool: row r (position r+1) keeps keys max(1, r-k+1)..r, its last k keys without the first token."""
