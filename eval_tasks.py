@@ -128,10 +128,14 @@ PROMPT_COLUMNS = ("run", "checkpoint", "iter", "task", "setting", "seed", "lengt
 OUTPUTS = ("settings.json", "accuracy.csv", "attention.csv", "per_prompt.csv")
 
 
-def check(runs, lengths, n, diag_n):
-    """Every checkpoint a task run, every length one its task has, the longest within this machine's memory."""
+def check(runs, lengths, n, diag_n, ropes=("plain",)):
+    """Every checkpoint a task run, every length one its task has, the longest within this machine's memory, a
+    diagnosis at the trained RoPE."""
     batch = max(min(BATCH, n), diag_n)  # score's batch, or diagnose's
     for path, model, ckpt in runs:
+        if diag_n and "plain" not in ropes and model.config.pos != "nope":  # attention.csv names no RoPE evaluation
+            raise ValueError(f"--diagnose {diag_n}: the attention is diagnosed at the trained RoPE θ (--rope plain), "
+                             f"which --rope {' '.join(ropes)} leaves out ({path}); add plain")
         dev = model.lm_head.weight.device
         free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else tracking.memory_available()
         c = SimpleNamespace(**ckpt["config"])
@@ -155,7 +159,7 @@ def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0, logit_scale
     one (main writes them to a folder that becomes --out_dir when all are done); lengths sorted. logit_scale: a
     training-free rescaling of softmax's logits (lib/rescale.py), its name appended to the setting; device: load's."""
     runs = [(p, *load(p, device)) for p in paths]  # check every input before the first evaluation
-    check(runs, lengths, n, diag_n)
+    check(runs, lengths, n, diag_n, ropes)
     rescale.check([model.config.scorer for _, model, _ in runs], logit_scale, floor=floor,
                   scalings=[model.config.rope_scaling for _, model, _ in runs])
     os.makedirs(out_dir, exist_ok=True)

@@ -167,3 +167,13 @@ def test_too_few_prompts_and_a_diagnosis_beyond_memory_are_one_error_line(runs, 
     eval_tasks.main([*argv, "--n", "4", "--diagnose", "10"])
     msg = one_line_error(eval_tasks.main, [*argv[:-1], str(tmp_path / "ev2"), "--n", "4", "--diagnose", "11"])
     assert "--lengths 8: 11 sequences of 8 tokens need about" in msg and not (tmp_path / "ev2").exists()
+
+
+def test_a_diagnosis_without_rope_plain_is_one_error_line_and_a_nope_run_is_diagnosed_whatever_rope(runs, tmp_path):
+    # attention.csv has no rope column and is written at the trained θ only: --rope theta had written none, silently
+    msg = one_line_error(eval_tasks.main, [runs["flip"], "--lengths", "8", "--n", "2", "--diagnose", "2", "--rope",
+                                           "theta", "--out_dir", str(tmp_path / "ev")])
+    assert "--diagnose 2" in msg and "add plain" in msg and not (tmp_path / "ev").exists()
+    eval_tasks.main([runs["lin"], "--lengths", "10", "--n", "2", "--diagnose", "2", "--rope", "theta",
+                     "--out_dir", str(tmp_path / "nope")])  # NoPE: no RoPE to extend, its attention is the trained one
+    assert {r["length"] for r in rows(tmp_path / "nope", "attention.csv")} == {"10"}
