@@ -225,7 +225,8 @@ def main(argv=None):
     try:
         with folders.results_dir(a.out_dir, OUTPUTS) as out:
             folders.write_json(os.path.join(out, "settings.json"), dict(args=vars(a), run_info=run_info()), indent=1)
-            acc, _ = evaluate(a.ckpt, sorted(set(a.lengths)), a.n, out, a.rope, a.diagnose, a.logit_scale,
+            ropes = list(dict.fromkeys(a.rope))  # each once, as the lengths: a repeat wrote every row twice
+            acc, _ = evaluate(a.ckpt, sorted(set(a.lengths)), a.n, out, ropes, a.diagnose, a.logit_scale,
                               a.llama4_floor, a.device)
         if a.wandb:
             tracking.log_table(a.wandb_project, f"tasks {os.path.basename(os.path.abspath(a.out_dir))}", acc, a.out_dir)

@@ -177,3 +177,10 @@ def test_a_diagnosis_without_rope_plain_is_one_error_line_and_a_nope_run_is_diag
     eval_tasks.main([runs["lin"], "--lengths", "10", "--n", "2", "--diagnose", "2", "--rope", "theta",
                      "--out_dir", str(tmp_path / "nope")])  # NoPE: no RoPE to extend, its attention is the trained one
     assert {r["length"] for r in rows(tmp_path / "nope", "attention.csv")} == {"10"}
+
+
+def test_a_rope_given_twice_is_evaluated_once(runs, tmp_path):  # as a length given twice: no row written twice
+    eval_tasks.main([runs["flip"], "--lengths", "8", "8", "--n", "2", "--rope", "plain", "theta", "plain",
+                     "--out_dir", str(tmp_path / "ev")])
+    keys = [(r["length"], r["condition"], r["rope"]) for r in rows(tmp_path / "ev", "accuracy.csv")]
+    assert len(keys) == len(set(keys)) == 6 and [k[2] for k in keys[::3]] == ["plain", "theta"]
