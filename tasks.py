@@ -23,7 +23,7 @@ Reals enter through a linear embedding x W (features: the value, and for linear 
 a scalar head (lib/checkpoint.py's RealGPT). A batch is a pure function of (seed, stream, sample index), so resume and
 DDP stay exact.
 """
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
@@ -134,6 +134,15 @@ class Task:
     n_in: int = 0  # real features per position
     conditions: tuple = (("", {}),)  # test conditions: (name, TaskConfig overrides)
     reads: tuple = ()  # the task_* options it reads: another one set is refused (check_config), never ignored
+
+    def __post_init__(self):  # a task registered wrongly fails at import, not as numbers under a wrong name
+        name, base = self.sample.__name__, TaskConfig()
+        for cond, over in self.conditions:
+            if set(over) - set(self.reads):  # eval_tasks would run the trained setting under this condition's name
+                raise ValueError(f"task {name!r}: test condition {cond!r} sets {', '.join(sorted(set(over)))}, not "
+                                 f"all read by the task (reads: {', '.join(self.reads) or 'none'})")
+            if self.vocab(replace(base, **over)) != self.vocab(base):  # the trained model reads only its own ids
+                raise ValueError(f"task {name!r}: test condition {cond!r} changes the vocabulary")
 
 
 SIGMAS = tuple((f"sigma={s}", {"task_sigma": float(s)}) for s in (1, 3, 10))

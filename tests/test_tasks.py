@@ -195,3 +195,12 @@ def test_target_positions_are_where_the_answer_is_read_from():
         for row, t in zip(x[..., 0].tolist(), tasks.target_positions(cfg(task), x).tolist()):  # the witness
             hits = [i for i, v in enumerate(row) if bad(v)]
             assert t == (hits[0] if hits else -1)
+
+
+def test_a_test_condition_setting_an_option_the_task_does_not_read_or_its_vocabulary_is_refused_at_definition():
+    # eval_tasks merges a condition's overrides unchecked: an unread one ran the trained setting under its name
+    with pytest.raises(ValueError, match="test condition 'sigma=3' sets task_sigma, not all read by the task"):
+        tasks.Task(tasks.first, lambda c: 3, conditions=(("sigma=3", {"task_sigma": 3.0}),))
+    with pytest.raises(ValueError, match="test condition 'keys=32' changes the vocabulary"):
+        tasks.Task(tasks.mqar, lambda c: tasks.FILL + 2 * c.task_keys, conditions=(("keys=32", {"task_keys": 32}),),
+                   reads=("task_pairs", "task_keys"))
