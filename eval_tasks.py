@@ -75,13 +75,16 @@ def score(model, c, L, n, stream, batch=BATCH):
     task, out, dev = TASKS[c.task], [], model.lm_head.weight.device
     for i in range(0, n, batch):
         x, y = (t.to(dev) for t in get_batch(c, stream, torch.arange(i, min(n, i + batch)), L, test=True))
+        scored = torch.isnan(y).logical_not() if task.n_in else y != -1
+        if not scored.any(1).all():  # nothing to grade: the final answer's position would be read as 0
+            empty = i + int(scored.any(1).int().argmin())
+            raise ValueError(f"task {c.task!r} at length {L}: test sequence {empty} has no scored position; "
+                             f"tasks.min_length (here {min_length(c)}) must exclude this length")
         logits, _ = model(x, y)
         if task.loss == "mse":
-            scored = ~torch.isnan(y)
             out += (((logits.squeeze(-1) - y.nan_to_num()) ** 2 * scored).sum(1) / scored.sum(1)).tolist()
             continue
-        # the final answer's position
-        last = (((y != -1) & ~torch.isnan(y.float())) * torch.arange(L, device=dev)).argmax(1)
+        last = (scored * torch.arange(L, device=dev)).argmax(1)  # the final answer's position
         at, want = logits[torch.arange(len(x)), last].float(), y[torch.arange(len(x)), last]
         pred = (at.squeeze(-1) > 0).float() if task.loss == "bce" else at.argmax(-1)
         nll = (F.binary_cross_entropy_with_logits(at.squeeze(-1), want, reduction="none") if task.loss == "bce"

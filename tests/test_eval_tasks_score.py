@@ -184,3 +184,16 @@ def test_a_rope_given_twice_is_evaluated_once(runs, tmp_path):  # as a length gi
                      "--out_dir", str(tmp_path / "ev")])
     keys = [(r["length"], r["condition"], r["rope"]) for r in rows(tmp_path / "ev", "accuracy.csv")]
     assert len(keys) == len(set(keys)) == 6 and [k[2] for k in keys[::3]] == ["plain", "theta"]
+
+
+@pytest.mark.parametrize("n_in,loss", [(0, "ce"), (1, "bce"), (1, "mse")])
+def test_a_test_sequence_with_no_scored_position_is_an_error_naming_the_task_and_length(n_in, loss, monkeypatch):
+    # it had been graded at position 0: a traceback for tokens (target -1), a wrong answer or a NaN MSE for reals
+    def late(L, rng, c, test):  # answers only from position 4 on, and no min_length registered
+        y = np.where(np.arange(L) >= 4, 1, -1 if n_in == 0 else np.nan)
+        return (np.ones((L, n_in), np.float32) if n_in else np.ones(L, np.int64)), y
+    monkeypatch.setitem(tasks.TASKS, "late", tasks.Task(late, lambda c: 1 if n_in else 3, loss, n_in))
+    model = Known(lambda x: torch.zeros(*x.shape[:2], 1 if n_in else 3))
+    assert len(eval_tasks.score(model, cfg("late"), 5, 2, stream=2)) == 2
+    with pytest.raises(ValueError, match="task 'late' at length 3: test sequence 0 has no scored position"):
+        eval_tasks.score(model, cfg("late"), 3, 2, stream=2)
