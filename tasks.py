@@ -137,6 +137,9 @@ class Task:
 
     def __post_init__(self):  # a task registered wrongly fails at import, not as numbers under a wrong name
         name, base = self.sample.__name__, TaskConfig()
+        if self.loss not in ("ce", "bce", "mse") or (self.loss == "ce") != (self.n_in == 0):  # build_model: RealGPT
+            raise ValueError(f"task {name!r}: loss={self.loss!r} with n_in={self.n_in}; ce reads tokens (n_in=0), bce "
+                             "and mse read real features (n_in >= 1)")
         for cond, over in self.conditions:
             if set(over) - set(self.reads):  # eval_tasks would run the trained setting under this condition's name
                 raise ValueError(f"task {name!r}: test condition {cond!r} sets {', '.join(sorted(set(over)))}, not "

@@ -204,3 +204,10 @@ def test_a_test_condition_setting_an_option_the_task_does_not_read_or_its_vocabu
     with pytest.raises(ValueError, match="test condition 'keys=32' changes the vocabulary"):
         tasks.Task(tasks.mqar, lambda c: tasks.FILL + 2 * c.task_keys, conditions=(("keys=32", {"task_keys": 32}),),
                    reads=("task_pairs", "task_keys"))
+
+
+def test_a_task_whose_loss_and_inputs_disagree_is_refused_at_definition():
+    # n_in=1 with "ce" trained BCE (RealGPT) and its eval failed; "bce" on tokens trained cross-entropy (GPT)
+    for loss, n_in in (("ce", 1), ("bce", 0), ("mse", 0), ("l1", 1)):
+        with pytest.raises(ValueError, match=f"task 'first': loss='{loss}' with n_in={n_in}"):
+            tasks.Task(tasks.first, lambda c: 3, loss, n_in)
