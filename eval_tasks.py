@@ -28,7 +28,7 @@ from lib import folders, rescale, tracking
 from lib.checkpoint import build_model, pick_device, read_checkpoint, run_info
 from lib.compare import unique_labels, wilson, write_csv
 from model import SCORERS, GPTConfig, auto_backend
-from tasks import TASKS, get_batch, min_length, target_positions
+from tasks import TARGETS, TASKS, get_batch, min_length, target_positions
 
 # ----------------------------------------------------------------------------------------------------------------
 # Loading and scoring: accuracy (or MSE) vs length
@@ -103,7 +103,7 @@ def diagnose(model, c, L, n, stream):
     1/n for comparison (the SSMax paper's Figs. 1, 7, 8, without an LM's floor effect)."""
     x, _ = get_batch(c, stream, torch.arange(n), L, test=True)
     P = model.attention_rows(x.to(model.lm_head.weight.device), rows=(-1,))[:, :, :, 0].cpu()  # (layer, B, nh, L)
-    tgt = target_positions(c, x)
+    tgt = target_positions(c, x) if c.task in TARGETS else torch.full((len(x),), -1)  # evaluate says so
     ok = tgt >= 0
     mass = P[:, ok, :, :].gather(-1, tgt[ok].view(1, -1, 1, 1).expand(P.size(0), -1, P.size(2), 1))[..., 0]
     row = P.sum(-1)  # (n_layer, B, nh): 1, or sigmoid's, softpick's, stick-breaking's own mass
@@ -173,6 +173,9 @@ def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0, logit_scale
         N, task = c.block_size, TASKS[c.task]
         which = dict(checkpoint=os.path.abspath(path), iter=ckpt.get("iter_num"))  # every row names its model
         name = setting(ckpt["config"]) + (f"-{logit_scale}" if logit_scale else "")
+        if diag_n and c.task not in TARGETS:
+            print(f"{label}: task {c.task!r} has no target position (tasks.target_positions knows "
+                  f"{', '.join(TARGETS)}): attention.csv's target_mass is NaN, its other columns hold")
         for rope in (["nope"] if c.pos == "nope" else ropes):
             for L in lengths:
                 rescale.apply(model, logit_scale, L, floor)

@@ -203,6 +203,9 @@ def get_batch(c, stream, ix, L, test=False):
             torch.from_numpy(y.astype(np.float32)) if task.n_in else torch.from_numpy(y.astype(np.int64)))
 
 
+TARGETS = ("first", "recall", "every", "some")  # the tasks target_positions knows
+
+
 def target_positions(c, x):
     """Where the final answer is read from, for the attention diagnostics (-1: nowhere, e.g. no witness)."""
     if c.task == "first":
@@ -214,6 +217,6 @@ def target_positions(c, x):
     elif c.task in ("every", "some"):
         v = x[..., 0]
         hit = v < 0 if c.task == "every" else v > 0
-    else:
-        return torch.full((len(x),), -1)
+    else:  # all -1 had been read as "no witness" in every sequence: target_mass NaN, unexplained
+        raise ValueError(f"task {c.task!r}: no target position known; target_positions knows {', '.join(TARGETS)}")
     return torch.where(hit.any(1), hit.float().argmax(1), -1)

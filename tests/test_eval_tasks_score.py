@@ -197,3 +197,12 @@ def test_a_test_sequence_with_no_scored_position_is_an_error_naming_the_task_and
     assert len(eval_tasks.score(model, cfg("late"), 5, 2, stream=2)) == 2
     with pytest.raises(ValueError, match="task 'late' at length 3: test sequence 0 has no scored position"):
         eval_tasks.score(model, cfg("late"), 3, 2, stream=2)
+
+
+def test_a_diagnosis_of_a_task_with_no_known_target_says_its_target_mass_is_nan(runs, tmp_path, capsys):
+    # target_positions had answered -1 (no witness) for every sequence of a task it did not know, silently
+    eval_tasks.main([runs["flip"], "--lengths", "8", "--n", "2", "--diagnose", "2", "--out_dir", str(tmp_path / "ev")])
+    assert "task 'flipflop' has no target position" in capsys.readouterr().out
+    assert all(math.isnan(float(r["target_mass"])) for r in rows(tmp_path / "ev", "attention.csv"))
+    with pytest.raises(ValueError, match="task 'flipflop': no target position known"):
+        tasks.target_positions(cfg("flipflop"), torch.zeros(2, 8, dtype=torch.long))
