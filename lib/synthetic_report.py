@@ -41,6 +41,9 @@ PRIMARY = {"first": [("", "nope", None)], "recall": [("", "nope", None)], "recal
            "linear": [("sigma=4", "plain", 1)]}
 
 
+NO_PRIMARY = "no primary contrast registered for task {} (synthetic_report.PRIMARY): no verdict"
+
+
 def primary(task):
     """A task's verdict endpoints; a learning-rate sweep's entry (<task>-lr<rate>), its tuned run (<task>-tuned, each
     setting at its chosen rate) and the GPU scale's (<task>-gpu, and recall's budget rungs <task>-gpu-b<B>-i<I>)
@@ -212,7 +215,8 @@ def report(runs, results, todo, setup):
     synthetic_figures.draw(summary, att, results, {task: primary(task) for task in summary}, BELOW_N)
     write(results, summary, {**setup, "run_info": run_info()})
     for task, t in summary.items():
-        print(f"{task}: gate {'passed' if t['gate']['passed'] else 'FAILED: ' + ', '.join(t['gate']['failed'])}")
+        print(f"{task}: gate {'passed' if t['gate']['passed'] else 'FAILED: ' + ', '.join(t['gate']['failed'])}"
+              + ("" if primary(task) else f"; {NO_PRIMARY.format(task)}"))
 
 
 def write(results, summary, head):
@@ -249,6 +253,8 @@ def tables(summary):
         g = t["gate"]
         out.append(f"\n## {task}: gate {'passed' if g['passed'] else 'missed by ' + ', '.join(g['failed'])}\n")
         rows = [v for vs in t["verdicts"] for v in vs]
+        if not primary(task):  # an added task has no verdict until PRIMARY names its endpoint: never silently
+            out.append(f"{NO_PRIMARY.format(task)}\n")
         if rows:
             out += ["| claim | at | mean − softmax [95% t CI] | sign-flip p | Holm p | seeds | verdict |",
                     "|---" * 7 + "|"]

@@ -124,3 +124,14 @@ def test_an_mse_claim_is_reproduced_when_the_mse_is_lower_on_every_seed():
     (v,) = synthetic_report.summarize(acc)["linear"]["verdicts"][0]
     assert v["metric"] == "mse" and v["mean_diff"] == pytest.approx(-0.3)
     assert v["verdict"] == "reproduced", v  # lower is better for MSE
+
+
+def test_a_suite_task_with_no_primary_entry_says_so_in_tables_md_and_the_printed_report(tmp_path, monkeypatch, capsys):
+    # it had got no verdict table and no line saying why: as if nothing had been claimed for it
+    acc = [r for seed in range(2) for s in ("softmax", "ssmax") for r in _rows(s, seed, (1.0, 0.9, 0.5), "induction")]
+    monkeypatch.setattr(synthetic_report, "gather", lambda runs, todo: (acc, [], [dict(prompt=0)]))
+    monkeypatch.setattr(synthetic_report.synthetic_figures, "draw", lambda *a: None)
+    synthetic_report.report("runs", str(tmp_path), [], {"command": "x"})
+    said = "no primary contrast registered for task induction"
+    assert said in (tmp_path / "tables.md").read_text() and said in capsys.readouterr().out
+    assert said not in synthetic_report.tables(synthetic_report.summarize(_rows("softmax", 0, (1.0, 0.9, 0.5))))
