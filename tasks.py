@@ -31,7 +31,7 @@ import torch
 
 
 @dataclass
-class TaskConfig:  # train.py's TrainConfig includes these fields
+class TaskConfig:  # train.py's TrainConfig includes these fields; an int one is a count: >= 1 (check_config)
     task: str = ""  # a task below instead of language modelling on `dataset`
     task_pairs: int = 4  # mqar, recall: key-value pairs D per sequence
     task_keys: int = 16  # mqar, recall: distinct keys (>= task_pairs) and values
@@ -178,11 +178,12 @@ def check_config(c):
         raise ValueError(f"{', '.join(f'{k}={getattr(c, k)!r}' for k in unread)}: "
                          + (f"task {c.task!r} does not read it (it reads: {', '.join(TASKS[c.task].reads) or 'none'})"
                             if c.task else "a task option, and this run is language modelling (no task=)"))
-    if c.task in ("mqar", "recall") and c.task_pairs < 1:
-        raise ValueError(f"task_pairs={c.task_pairs} must be >= 1")
     if c.task in ("mqar", "recall") and c.task_keys <= c.task_pairs:
         raise ValueError(f"task_keys={c.task_keys} must be more than task_pairs={c.task_pairs}: the queried keys are "
                          "distinct, and recall's filler pairs use the others")
+    for f in fields(TaskConfig):  # any task's, a new one's too: a count of 0 had failed deep in its sampler
+        if f.type is int and getattr(c, f.name) < 1:
+            raise ValueError(f"{f.name}={getattr(c, f.name)} must be >= 1 (a count)")
     if c.task_filler not in ("pairs", "noise"):
         raise ValueError(f"task_filler={c.task_filler!r}; allowed: pairs, noise")
     if not (0 <= c.task_p_ignore < 1 and c.task_sigma > 0):

@@ -211,3 +211,13 @@ def test_a_task_whose_loss_and_inputs_disagree_is_refused_at_definition():
     for loss, n_in in (("ce", 1), ("bce", 0), ("mse", 0), ("l1", 1)):
         with pytest.raises(ValueError, match=f"task 'first': loss='{loss}' with n_in={n_in}"):
             tasks.Task(tasks.first, lambda c: 3, loss, n_in)
+
+
+def test_a_count_option_below_1_is_one_clear_message_for_any_task_that_reads_it(monkeypatch):
+    # only mqar and recall had their task_pairs checked: a task added later met 0 deep in its sampler
+    def pairs(L, rng, c, test):  # task_pairs=0: a ZeroDivisionError mid-run
+        return np.zeros(L, np.int64), np.full(L, L // c.task_pairs)
+    monkeypatch.setitem(tasks.TASKS, "induction", tasks.Task(pairs, lambda c: 3, reads=("task_pairs",)))
+    tasks.check_config(cfg("induction", task_pairs=2))
+    with pytest.raises(ValueError, match=r"task_pairs=0 must be >= 1 \(a count\)"):
+        tasks.check_config(cfg("induction", task_pairs=0))
