@@ -28,6 +28,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 import torch
 
+from lib.corpora import DataError
 
 
 @dataclass
@@ -38,6 +39,10 @@ class TaskConfig:  # train.py's TrainConfig includes these fields; an int one is
     task_filler: str = "pairs"  # recall: "pairs" of unqueried keys (values compete), or "noise"
     task_p_ignore: float = 0.8  # flipflop: P(ignore); write, read: (1 - p) / 2 each
     task_sigma: float = 1.0  # every, some: sd of the numbers; linear: sd of a and b
+
+
+class TaskError(DataError, ValueError):  # a sample no model can read: train.py's error line and eval_tasks.py's
+    pass
 
 
 FILL = 16  # filler tokens, random: none is free to ignore
@@ -200,6 +205,9 @@ def get_batch(c, stream, ix, L, test=False):
     task = TASKS[c.task]
     xs, ys = zip(*(task.sample(L, np.random.default_rng([c.seed, stream, int(i)]), c, test) for i in ix.tolist()))
     x, y = np.stack(xs), np.stack(ys)
+    if not task.n_in and (x.min() < 0 or max(x.max(), y.max()) >= task.vocab(c)):  # else an IndexError in torch
+        raise TaskError(f"task {c.task!r} drew token ids {x.min()}..{max(x.max(), y.max())} at length {L}; its "
+                        f"vocabulary holds 0..{task.vocab(c) - 1} (Task.vocab)")
     return (torch.from_numpy(x.astype(np.float32)) if task.n_in else torch.from_numpy(x.astype(np.int64)),
             torch.from_numpy(y.astype(np.float32)) if task.n_in else torch.from_numpy(y.astype(np.int64)))
 

@@ -193,3 +193,12 @@ def test_bytes_per_token_counts_heads_of_their_own_width():
     assert plain == 3136  # unchanged where heads split n_embd
     assert wide - plain >= 4 * (4 * 512 - 4 * 64)  # q, k, v, y: 512 floats each where 64 were counted
     assert bytes_per_token(GPTConfig(**base, head_dim=8)) == plain  # narrower heads: n_embd's count still bounds it
+
+
+def test_a_task_drawing_a_token_past_its_vocabulary_stops_train_py_with_one_error_line(tmp_path, monkeypatch):
+    # tasks.get_batch's TaskError is a DataError, which train.py reports in a line (an IndexError in torch had not been)
+    monkeypatch.setitem(tasks.TASKS, "induction", tasks.Task(lambda L, rng, c, test: (np.arange(L), np.arange(L)),
+                                                             lambda c: 4))
+    with pytest.raises(SystemExit) as e:
+        train.main([*TINY, f"out_dir={tmp_path / 'x'}", "max_iters=1", "task=induction", "block_size=6"])
+    assert str(e.value.code).startswith("error: task 'induction' drew token ids 0..5 at length 6"), e.value.code

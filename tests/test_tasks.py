@@ -221,3 +221,14 @@ def test_a_count_option_below_1_is_one_clear_message_for_any_task_that_reads_it(
     tasks.check_config(cfg("induction", task_pairs=2))
     with pytest.raises(ValueError, match=r"task_pairs=0 must be >= 1 \(a count\)"):
         tasks.check_config(cfg("induction", task_pairs=0))
+
+
+def test_a_token_id_past_the_tasks_vocabulary_is_one_clear_error(monkeypatch):
+    # the batch had gone to the embedding unchecked: an IndexError deep in torch, naming no task
+    def off_by_one(L, rng, c, test):
+        return np.arange(L), np.full(L, -1)
+    monkeypatch.setitem(tasks.TASKS, "induction", tasks.Task(off_by_one, lambda c: 4))
+    tasks.get_batch(cfg("induction"), 0, torch.arange(2), 4)
+    with pytest.raises(ValueError, match=r"task 'induction' drew token ids 0\.\.4 at length 5; its vocabulary holds "
+                                         r"0\.\.3"):
+        tasks.get_batch(cfg("induction"), 0, torch.arange(2), 5)
