@@ -22,6 +22,21 @@ Tasks (each with its own small vocabulary; targets are -1, or NaN for real-value
 Reals enter through a linear embedding x W (features: the value, and for linear which slot it is) and leave through
 a scalar head (lib/checkpoint.py's RealGPT). A batch is a pure function of (seed, stream, sample index), so resume and
 DDP stay exact.
+
+Adding a task (what can be checked is checked at import or before a run starts):
+1. Its sampler `name(L, rng, c, test) -> (x, y)`, drawing from rng alone; a new option: a TaskConfig field (an int
+   is a count, >= 1), with a range check in check_config if it needs more.
+2. Its Task in TASKS: `vocab` (1: reals; every id drawn must be below it), `loss` and `n_in` that agree (ce: tokens,
+   n_in 0; bce, mse: n_in real features), `reads` (every task_* option it reads: another one set is refused), and
+   `conditions` that set only options it reads and keep its vocabulary.
+3. min_length: the shortest length whose test sequences all hold a scored position (default 1; eval_tasks.py refuses
+   a sequence with none). target_positions and TARGETS: where the answer is read from, for eval_tasks.py --diagnose
+   (without them its target_mass is NaN, said once).
+4. configs/tasks/<name>.py: its recipe, commented with its arithmetic.
+5. In the synthetic suite: an Entry in lib/synthetic_suite.SUITE, and its verdict endpoint in
+   lib/synthetic_report.PRIMARY (without one, tables.md says "no primary contrast registered for task <name>").
+6. Tests: a brute-force checker in tests/test_tasks.py's CHECKERS, recomputing each label from the inputs alone
+   (test_every_task_has_a_checker fails without it).
 """
 from dataclasses import dataclass, fields, replace
 

@@ -232,3 +232,12 @@ def test_a_token_id_past_the_tasks_vocabulary_is_one_clear_error(monkeypatch):
     with pytest.raises(ValueError, match=r"task 'induction' drew token ids 0\.\.4 at length 5; its vocabulary holds "
                                          r"0\.\.3"):
         tasks.get_batch(cfg("induction"), 0, torch.arange(2), 5)
+
+
+def test_the_module_docstring_says_where_a_new_task_is_registered():
+    doc = tasks.__doc__.split("Adding a task")[-1]  # every place, each one that exists today
+    from lib import synthetic_report, synthetic_suite
+    for owner, names in ((tasks, ("TaskConfig", "check_config", "TASKS", "min_length", "target_positions", "TARGETS")),
+                         (synthetic_suite, ("SUITE",)), (synthetic_report, ("PRIMARY",))):
+        assert all(name in doc and hasattr(owner, name) for name in names), names
+    assert "configs/tasks/<name>.py" in doc and "CHECKERS" in doc and CHECKERS
