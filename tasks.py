@@ -43,8 +43,6 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 import torch
 
-from lib.corpora import DataError
-
 
 @dataclass
 class TaskConfig:  # train.py's TrainConfig includes these fields; an int one is a count: >= 1 (check_config)
@@ -56,7 +54,7 @@ class TaskConfig:  # train.py's TrainConfig includes these fields; an int one is
     task_sigma: float = 1.0  # every, some: sd of the numbers; linear: sd of a and b
 
 
-class TaskError(DataError, ValueError):  # a sample no model can read: train.py's error line and eval_tasks.py's
+class TaskError(ValueError):  # a sample no model can read: one error line in train.py and eval_tasks.py
     pass
 
 

@@ -338,9 +338,10 @@ def main(argv=None):
                        active=int(os.environ.get("RANK", 0)) == 0):
             train(explicit)
         tracking.finish()  # an in-process caller's next run is a new wandb run
-    except (TrainError, dataset.DataError, tracking.TrackingError, folders.FolderError, OSError) as e:  # OSError:
+    except (TrainError, dataset.DataError, tasks.TaskError, tracking.TrackingError, folders.FolderError,
+            OSError) as e:  # OSError: a full disk or an unwritable folder
         every_rank = isinstance(e, TrainError) and int(os.environ.get("RANK", 0)) > 0  # the same line: rank 0 says it
-        sys.exit(1 if every_rank else f"error: {tracking.error_text(e)}")  # a full disk or an unwritable folder
+        sys.exit(1 if every_rank else f"error: {tracking.error_text(e)}")
     finally:  # on error, an open wandb run ends as failed
         tracking.finish(failed=True)
 

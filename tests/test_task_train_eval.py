@@ -196,7 +196,7 @@ def test_bytes_per_token_counts_heads_of_their_own_width():
 
 
 def test_a_task_drawing_a_token_past_its_vocabulary_stops_train_py_with_one_error_line(tmp_path, monkeypatch):
-    # tasks.get_batch's TaskError is a DataError, which train.py reports in a line (an IndexError in torch had not been)
+    # tasks.get_batch's TaskError, which train.py reports in a line (an IndexError in torch had not been)
     monkeypatch.setitem(tasks.TASKS, "induction", tasks.Task(lambda L, rng, c, test: (np.arange(L), np.arange(L)),
                                                              lambda c: 4))
     with pytest.raises(SystemExit) as e:
