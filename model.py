@@ -302,18 +302,14 @@ class GPT(nn.Module):
         cfg, hs = self.config, self.config.head_size
         inv_freq, mscale = rope_extension(method, hs, cfg.rope_theta, scale, cfg.block_size, L, cfg.rope_scaling)
         self.set_rope(cfg.rope_theta * scale if method == "theta" else cfg.rope_theta, inv_freq, L, mscale)
-        # θ_eff: the base giving these frequencies under the model's rope_scaling (None: pi, yarn); from a ratio, as
-        # linear scaling divides inv[0] too and llama3 keeps the fastest two
-        theta_eff = float(inv_freq[1] / inv_freq[0]) ** (-hs / 2) if hs > 2 else None
-        plain = theta_eff is not None and torch.allclose(rope_inv_freq(hs, theta_eff, cfg.rope_scaling),
-                                                         inv_freq.double(), rtol=1e-9)
         if cfg.pos == "nope":
             return dict(rope_theta=None, rope_theta_effective=None, mscale=1.0)
-        return dict(rope_theta=self.rope_theta, rope_theta_effective=theta_eff if plain else None, mscale=mscale)
+        theta_eff = rope.effective_theta(inv_freq, hs, cfg.rope_scaling)  # None: pi, yarn (no θ gives them)
+        return dict(rope_theta=self.rope_theta, rope_theta_effective=theta_eff, mscale=mscale)
 
     def forward(self, idx, targets=None, cache=None, capture=None, reduction="mean"):
         """idx (B, T). With targets: logits for every position and the loss (ignore_index -1; reduction
-        "mean", "sum" or "none" for per-token losses (B, T)). Without: logits of the last position only.
+        "mean", "sum", or "none": None and per-token losses (B, T)). Without: logits of the last position only.
         cache: a list of n_layer dicts (KV cache). capture: {"rows": [...], "weights": []} (attention_rows)."""
         B, T = idx.shape[:2]  # or (B, T, n_in) reals (RealGPT)
         offset = 0 if cache is None or "k" not in cache[0] else cache[0]["k"].size(2)
@@ -325,6 +321,10 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None
+        if reduction == "none":  # ~1,024 tokens' logits at a time, never B x T x vocab (the evaluations' long contexts)
+            n = max(1, 1024 // B)
+            return None, torch.cat([self.loss(self.lm_head(x[:, i:i + n]), targets[:, i:i + n], "none")
+                                    for i in range(0, T, n)], 1)
         logits = self.lm_head(x)
         return logits, self.loss(logits, targets, reduction)
 

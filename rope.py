@@ -24,6 +24,13 @@ def check_scaling(scaling):
                          + "; ".join(f"{kind}: {', '.join(f)}" for kind, f in SCALINGS.items())
                          + " (llama3: high_freq_factor > low_freq_factor)")
 
+def effective_theta(inv_freq, head_dim, scaling=None):
+    """The base θ giving these frequencies under a model's rope_scaling, else None (pi, yarn: no θ does); from a
+    ratio, as linear scaling divides inv_freq[0] too and llama3 keeps the fastest two."""
+    theta = float(inv_freq[1] / inv_freq[0]) ** (-head_dim / 2) if head_dim > 2 else None
+    same = theta is not None and torch.allclose(rope_inv_freq(head_dim, theta, scaling), inv_freq.double(), rtol=1e-9)
+    return theta if same else None
+
 def rope_inv_freq(head_dim, theta, scaling=None):
     """θ^(-2i/d) for i < d/2. scaling linear: every frequency / factor (position interpolation); llama3: the
     frequencies that turn fewer than low_freq_factor times over the original context are / factor, those that turn

@@ -3,6 +3,7 @@ from dataclasses import asdict
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import model
 from cases import VARIANTS  # every scorer and option, from the registry
@@ -224,6 +225,14 @@ def test_per_token_losses_and_ignore_index():
     _, mean = m(idx, tgt)
     assert per_tok.shape == (2, 10) and (per_tok[:, :4] == 0).all()
     torch.testing.assert_close(per_tok.sum() / 12, mean)
+    # per-token losses take ~1,024 tokens' logits at a time (all B x T x vocab at once: 6.6 GB at 16k GPT-2 tokens)
+    idx = torch.randint(0, 64, (350, 7))  # 1024 // 350 = 2 positions a chunk: 2, 2, 2, 1
+    seen = []
+    m.lm_head.register_forward_hook(lambda mod, x, out: seen.append(tuple(out.shape[:2])))
+    _, per_tok = m(idx, idx, reduction="none")
+    assert seen == [(350, 2)] * 3 + [(350, 1)]
+    full = F.cross_entropy(m(idx, idx)[0].flatten(0, 1), idx.flatten(), reduction="none").view(350, 7)
+    torch.testing.assert_close(per_tok, full, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("tie,heads", [(False, {}), (True, {}), (False, dict(head_dim=48, qk_norm=True))])
