@@ -83,6 +83,9 @@ def rope_extension(method, head_dim, theta, scale, train_len, seq_len, scaling=N
     if method == "pi":
         return base / scale, 1.0
     if method in ("ntk", "dynamic_ntk"):
+        if d <= 2:  # the exponent d/(d-2) divides by zero
+            raise ValueError(f"--rope_method {method} scales θ by scale^(d/(d-2)), undefined at head size d = {d}: "
+                             "it needs d >= 4 (n_embd / n_head or head_dim); theta, pi or yarn extend any head size")
         factor = scale if method == "ntk" else max(1.0, scale * seq_len / train_len - (scale - 1))
         return rope_inv_freq(d, theta * factor ** (d / (d - 2)), scaling), 1.0
     if method == "yarn":

@@ -201,3 +201,9 @@ def test_yarn_ramp_runs_from_the_floor_of_the_32_turn_dim_to_the_ceil_of_the_1_t
     inv, _ = rope.rope_extension("yarn", HS, THETA, SCALE, 1024, 4096)
     base, ramp = THETA ** (-2 * np.arange(HS // 2) / HS), np.clip((np.arange(HS // 2) - 1) / 4, 0, 1)
     assert np.allclose(inv.numpy(), base / SCALE * ramp + base * (1 - ramp), rtol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["ntk", "dynamic_ntk"])
+def test_ntk_on_a_head_size_of_two_is_one_value_error_naming_the_head_size(method):
+    with pytest.raises(ValueError, match=f"--rope_method {method} .* head size d = 2: it needs d >= 4"):
+        rope.rope_extension(method, 2, 1e4, 4.0, 16, 64)  # not a ZeroDivisionError traceback
