@@ -37,17 +37,17 @@ def token_losses(model, x, batch_size):
     return torch.cat(out).numpy()
 
 
-def evaluate(model, tokens, N, args):
+def evaluate(model, tokens, N, args, rope):
     """{distance_x: (d, first, second, control)} for one model, each (num_seqs, L-1): the span's tokens 1..L-1 in the
     first copy, the second and the control span; d = k N (a k N below the span is skipped: it was measured at the
-    span's length under k's label). RoPE is set for each sequence length."""
+    span's length under k's label). RoPE (method, scale) is set for each sequence length."""
     out, L = {}, args.span
     for k in args.distances:
         d = round(k * N)
         if d < L or any(d == seen for seen, *_ in out.values()):  # overlapping copies; or a distance measured
             continue
         x, control, a, b = longrange.copy_sequences(tokens, d, L, args.num_seqs, args.seed, kind=args.kind)
-        model.extend_rope(args.rope_method, args.rope_scale, x.shape[1] - 1)  # "none": the trained θ, any length
+        model.extend_rope(*rope, x.shape[1] - 1)  # "none": the trained θ, any length
         rescale.apply(model, args.logit_scale, x.shape[1] - 1, args.llama4_floor)  # None: no rescaling
         copy, ctl = token_losses(model, x, args.batch_size), token_losses(model, control, args.batch_size)
         out[k] = (d, copy[:, a:a + L - 1], copy[:, b:b + L - 1], ctl[:, b:b + L - 1])
@@ -87,11 +87,14 @@ def run(args, folder):
         if 2 * args.span + longrange.LEAD > N:
             raise ValueError(f"--span {args.span}: two copies and the lead of {longrange.LEAD} tokens must fit in the "
                              f"training length {N} of {path!r}")
+        pos = a.get("pos", "rope")  # NoPE: no RoPE to extend, recorded as what ran (not the options given)
+        rope = (args.rope_method, args.rope_scale) if pos == "rope" else ("none", 1.0)
         model, ckpt = load_checkpoint(path, args.device, backend=args.backend)
-        losses = evaluate(model.eval(), tokens, N, args)
+        losses = evaluate(model.eval(), tokens, N, args, rope)
         del model
         which = dict(checkpoint=os.path.abspath(path), iter=ckpt.get("iter_num"))  # every row names its model
-        models.append(dict(summarize(label, N, losses, args), **which))
+        models.append(dict(summarize(label, N, losses, args), **which, pos=pos, rope_method=rope[0],
+                           rope_scale=rope[1]))
         rows += [dict(model=label, **which, distance_x=k, distance=d, seq=j, first=f[j].mean(), second=s[j].mean(),
                       control=c[j].mean()) for k, (d, f, s, c) in losses.items() for j in range(args.num_seqs)]
         print(f"{label}: " + ", ".join(f"{k} N {r['second']:.3f}/{r['control']:.3f} ({r['ratio']:.2f})"

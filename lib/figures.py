@@ -139,8 +139,10 @@ def copy_gate(path, models, args):
     bx.set(xlabel="offset inside the span", ylabel="loss (nats/token)",
            title=f"loss by offset at {longrange.GATE_DISTANCE} N (solid: 2nd copy, dotted: control)")
     bx.legend(*ax.get_legend_handles_labels(), **LEGEND)  # one colour a model in both panels
-    fig.suptitle(f"{args['num_seqs']} sequences per distance, {args['kind']} span of {span} tokens, RoPE "
-                 f"{args['rope_method']} x{args['rope_scale']:g}" + (f", logits {scale}" if scale else "")
+    nope = [m["label"] for m in models if m.get("pos") == "nope"]  # RoPE's options do not reach them
+    rope = [f"RoPE {args['rope_method']} x{args['rope_scale']:g}"] * (len(nope) < len(models))
+    fig.suptitle(f"{args['num_seqs']} sequences per distance, {args['kind']} span of {span} tokens, "
+                 + ", ".join(rope + [f"NoPE: {', '.join(nope)}"] * bool(nope)) + (f", logits {scale}" if scale else "")
                  + (f" F={args['llama4_floor']:,}" if scale == "llama4" else ""), fontsize=9)
     save(fig, path, dpi=120)
 

@@ -5,7 +5,7 @@ logit scale set for the sequence's length, a distance measured once, the gate's 
 per_sequence.csv beside summary.json, and its out-of-range numbers. Tiny untrained models, CPU only."""
 import json
 import types
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -18,6 +18,7 @@ from lib import compare, longrange, rescale
 from lib.checkpoint import run_info, save_checkpoint
 from model import GPT
 from test_eval_long import tiny_config
+from test_tracking_numbers import drawn
 
 data_dir = test_eval_long.data_dir  # its fixture: real Shakespeare in GPT-2's tokens
 N = 64  # the block_size eval_copy's model is given
@@ -123,7 +124,7 @@ def test_evaluate_reads_each_span_at_its_offsets_for_its_length_and_a_distance_o
     L, lead, model = 6, longrange.LEAD, Recorder()
     args = types.SimpleNamespace(distances=[0.5, 0.501, 2], span=L, num_seqs=2, seed=0, kind="text",
                                  rope_method="none", rope_scale=1.0, batch_size=2, logit_scale="qwen", llama4_floor=9)
-    losses = eval_copy.evaluate(model, np.arange(10_000), N, args)
+    losses = eval_copy.evaluate(model, np.arange(10_000), N, args, ("none", 1.0))
     assert list(losses) == [0.5, 2]  # 0.501 N rounds to 0.5 N's distance: measured once
     for k, (d, first, second, control) in losses.items():
         b = lead + d
@@ -162,6 +163,24 @@ def test_eval_copy_adds_the_gates_distance_and_writes_per_sequence_means_of_the_
         mine = [r for r in rows if float(r["distance_x"]) == float(k)]
         for col in ("first", "second", "control"):  # each row a sequence's mean over the same L-1 tokens
             assert np.mean([float(r[col]) for r in mine]) == pytest.approx(want[col], abs=1e-9)
+
+
+def test_eval_copy_records_rope_none_for_a_nope_model_and_titles_it_nope(ckpt, data_dir, tmp_path, monkeypatch):
+    torch.manual_seed(0)  # a NoPE model with the RoPE one: theta x8 reaches the RoPE model only
+    nope = GPT(replace(tiny_config(block_size=N), pos="nope"))
+    save_checkpoint({"model": nope.state_dict(), "model_args": asdict(nope.config), "config": {}, "iter_num": 3,
+                     "run_info": run_info(0)}, str(tmp_path / "nope.pt"))
+    made = drawn(monkeypatch)
+    span = str((N - longrange.LEAD) // 2)
+    eval_copy.main([str(ckpt), str(tmp_path / "nope.pt"), "--labels", "r", "n", "--data", data_dir, "--span", span,
+                    "--num_seqs", "1", "--rope_method", "theta", "--rope_scale", "8", "--out_dir", str(tmp_path / "a")])
+    models = json.loads((tmp_path / "a" / "summary.json").read_text())["models"]
+    assert [(m["pos"], m["rope_method"], m["rope_scale"]) for m in models] == [("rope", "theta", 8),
+                                                                                  ("nope", "none", 1)]
+    assert made[0].get_suptitle().endswith("tokens, RoPE theta x8, NoPE: n")
+    eval_copy.main([str(tmp_path / "nope.pt"), "--data", data_dir, "--span", span, "--num_seqs", "1",
+                    "--rope_method", "theta", "--rope_scale", "8", "--out_dir", str(tmp_path / "b")])
+    assert "RoPE" not in made[1].get_suptitle() and "NoPE: softmax #1" in made[1].get_suptitle()
 
 
 @pytest.mark.parametrize("flag,value", [("--span", "1"), ("--distances", "0"), ("--rope_scale", "inf")])

@@ -167,7 +167,7 @@ def test_the_copy_gate_measures_the_second_copy_against_a_control_span_at_the_ri
     tokens = np.random.default_rng(0).integers(0, V, 20_000)
     args = type("A", (), dict(distances=[0.5, 2], span=L, num_seqs=6, seed=0, rope_method="none", rope_scale=1.0,
                               kind="text", batch_size=4, logit_scale=None, llama4_floor=8192))
-    losses = eval_copy.evaluate(InductionOracle(V), tokens, N, args)
+    losses = eval_copy.evaluate(InductionOracle(V), tokens, N, args, ("none", 1.0))
     m = eval_copy.summarize("oracle", N, losses, args)
     uniform = math.log(V)
     first, second, control = (np.array(m["by_offset"][k]) for k in ("first", "second", "control"))
