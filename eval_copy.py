@@ -37,15 +37,31 @@ def token_losses(model, x, batch_size):
     return torch.cat(out).numpy()
 
 
-def evaluate(model, tokens, N, args, rope):
-    """{distance_x: (d, first, second, control)} for one model, each (num_seqs, L-1): the span's tokens 1..L-1 in the
-    first copy, the second and the control span; d = k N (a k N below the span is skipped: it was measured at the
-    span's length under k's label). RoPE (method, scale) is set for each sequence length."""
-    out, L = {}, args.span
+def distances(N, args, n_tokens):
+    """({distance_x: d} measured on a model of training length N, d = round(k N); [what is skipped and why]): a d below
+    the span (the copies would overlap) or one an earlier k rounds to. A d the split cannot hold: ValueError."""
+    measured, skipped = {}, []
     for k in args.distances:
         d = round(k * N)
-        if d < L or any(d == seen for seen, *_ in out.values()):  # overlapping copies; or a distance measured
-            continue
+        same = [f"{j:g}" for j, seen in measured.items() if seen == d]
+        why = f"d = {d} < --span {args.span}: the copies would overlap" if d < args.span else (
+            f"d = {d}, measured at {same[0]} N" if same else None)
+        if why:
+            skipped.append(dict(distance_x=k, distance=d, why=why))
+        elif longrange.LEAD + d + args.span > n_tokens:  # checked here: the message shows d in :g, not 300 digits
+            raise ValueError(f"--distances {k:g}: d = {d:g} tokens; a sequence of it does not fit in --split "
+                             f"{args.split}'s {n_tokens:,} tokens (N = {N})")
+        else:
+            measured[k] = d
+    return measured, skipped
+
+
+def evaluate(model, tokens, N, args, rope):
+    """{distance_x: (d, first, second, control)} for one model, each (num_seqs, L-1): the span's tokens 1..L-1 in the
+    first copy, the second and the control span, at each distance measured (distances). RoPE (method, scale) is set
+    for each sequence length."""
+    out, L = {}, args.span
+    for k, d in distances(N, args, len(tokens))[0].items():
         x, control, a, b = longrange.copy_sequences(tokens, d, L, args.num_seqs, args.seed, kind=args.kind)
         model.extend_rope(*rope, x.shape[1] - 1)  # "none": the trained θ, any length
         rescale.apply(model, args.logit_scale, x.shape[1] - 1, args.llama4_floor)  # None: no rescaling
@@ -90,11 +106,14 @@ def run(args, folder):
         pos = a.get("pos", "rope")  # NoPE: no RoPE to extend, recorded as what ran (not the options given)
         rope = (args.rope_method, args.rope_scale) if pos == "rope" else ("none", 1.0)
         model, ckpt = load_checkpoint(path, args.device, backend=args.backend)
+        skipped = distances(N, args, len(tokens))[1]  # in --distances, not in by_distance: said and recorded
+        if skipped:
+            print(f"note: {label}: skipped " + ", ".join(f"{s['distance_x']:g} N ({s['why']})" for s in skipped))
         losses = evaluate(model.eval(), tokens, N, args, rope)
         del model
         which = dict(checkpoint=os.path.abspath(path), iter=ckpt.get("iter_num"))  # every row names its model
         models.append(dict(summarize(label, N, losses, args), **which, pos=pos, rope_method=rope[0],
-                           rope_scale=rope[1]))
+                           rope_scale=rope[1], skipped=skipped))
         rows += [dict(model=label, **which, distance_x=k, distance=d, seq=j, first=f[j].mean(), second=s[j].mean(),
                       control=c[j].mean()) for k, (d, f, s, c) in losses.items() for j in range(args.num_seqs)]
         print(f"{label}: " + ", ".join(f"{k} N {r['second']:.3f}/{r['control']:.3f} ({r['ratio']:.2f})"

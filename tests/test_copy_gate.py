@@ -183,6 +183,22 @@ def test_eval_copy_records_rope_none_for_a_nope_model_and_titles_it_nope(ckpt, d
     assert "RoPE" not in made[1].get_suptitle() and "NoPE: softmax #1" in made[1].get_suptitle()
 
 
+def test_eval_copy_says_and_records_the_distances_it_skips_and_names_a_huge_one_in_g(ckpt, data_dir, tmp_path,
+                                                                                         capsys):
+    span = (N - longrange.LEAD) // 2  # 24: 0.25 N = 16 tokens overlaps; 0.501 N rounds to 0.5 N's 32
+    eval_copy.main([str(ckpt), "--data", data_dir, "--span", str(span), "--distances", "0.25", "0.501", "--num_seqs",
+                    "1", "--out_dir", str(tmp_path / "res")])
+    (m,) = json.loads((tmp_path / "res" / "summary.json").read_text())["models"]
+    assert list(m["by_distance"]) == ["0.5"] and m["skipped"] == [
+        dict(distance_x=0.25, distance=16, why="d = 16 < --span 24: the copies would overlap"),
+        dict(distance_x=0.501, distance=32, why="d = 32, measured at 0.5 N")]
+    assert "note: softmax #1: skipped 0.25 N (d = 16 < --span 24: the copies would overlap), 0.501 N" in (
+        capsys.readouterr().out)
+    msg = one_line_error(eval_copy.main, [str(ckpt), "--data", data_dir, "--span", str(span), "--distances", "1e300",
+                                          "--out_dir", str(tmp_path / "huge")])
+    assert "--distances 1e+300: d = 6.4e+301 tokens" in msg and len(msg) < 200  # not a 300-digit number
+
+
 @pytest.mark.parametrize("flag,value", [("--span", "1"), ("--distances", "0"), ("--rope_scale", "inf")])
 def test_out_of_range_numbers_are_one_error_line(flag, value):
     v = int(value) if flag == "--span" else float(value)
