@@ -29,6 +29,7 @@ from tqdm import tqdm
 from lib import compare, dataset, figures, folders, rescale, tracking, vocab
 from lib.checkpoint import load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
 from model import BACKENDS, ROPE_METHODS
+from rope import eval_passes
 
 WINDOW_MULTIPLES = (1, 2, 4, 8, 10, 16, 20)  # k x the training length N
 WINDOW_RULE = ("window kx: mean loss over positions (k*N - N, k*N], the last N positions up to k times the "
@@ -91,11 +92,6 @@ def evaluate(model, data, starts, args, N, method, scale, bar):
         theta.update(dict.fromkeys(mine, rope["rope_theta_effective"]))
     return curve, rope, per_seq, theta
 
-def rope_settings(args):
-    """(rope, method, scale) per pass: the requested method, then (if it extends RoPE) the trained θ; figures.ropes
-    says them in the figures."""
-    return [("extended", args.rope_method, args.rope_scale)] * (args.rope_method != "none") + [("native", "none", 1.0)]
-
 # ----------------------------------------------------------------------------------------------------------------
 
 def write_results(args, folder, curves, models, rows, starts, baseline, draw=True):
@@ -144,7 +140,8 @@ def run(args, folder):  # the results to folder; returns the wandb table
     data = dataset.load_tokens(args.data, args.split, args.length, min(a["vocab_size"] for a in model_args))
     starts = dataset.draw_starts(len(data), args.length, args.num_seqs, args.seed, args.disjoint)  # for every model
     args.smooth = min(args.smooth or max(1, args.length // 200), args.length)
-    device, settings = torch.device(args.device), rope_settings(args)
+    some_rope = any(a.get("pos", "rope") == "rope" for a in model_args)  # NoPE alone: the native pass only
+    device, settings = torch.device(args.device), eval_passes(args.rope_method, args.rope_scale, some_rope)
     models, curves, rows, table, drawn = [], {}, [], [], time.time()
     n_pass = sum(len(pass_lengths(args, a["block_size"], s[1])) for a in model_args for s in settings)
     bar = tqdm(total=math.ceil(args.num_seqs / args.batch_size) * n_pass, unit="batch", disable=None)

@@ -97,3 +97,11 @@ def rope_extension(method, head_dim, theta, scale, train_len, seq_len, scaling=N
         ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0, 1)
         return base / scale * ramp + base * (1 - ramp), 0.1 * math.log(scale) + 1.0 if scale > 1 else 1.0
     raise ValueError(f"unknown RoPE extension method {method!r}; allowed: {', '.join(ROPE_METHODS)}")
+
+# ----------------------------------------------------------------------------------------------------------------
+# An evaluation's passes past the training length (eval_long.py; lib/figures.py's ropes names them in its figures)
+
+def eval_passes(method, scale, rope=True):
+    """(pass, method, scale) per pass: the method asked, then (if it extends RoPE) the trained θ, "native". Without
+    RoPE (NoPE models alone) the native pass only: an extended one would repeat it."""
+    return [("extended", method, scale)] * (method != "none" and rope) + [("native", "none", 1.0)]

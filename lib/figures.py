@@ -95,9 +95,11 @@ def plot_differences(path, diffs, models, ropes, title):
     fig.suptitle(title, fontsize=9, wrap=True)
     save(fig, path)
 
-def ropes(args):
-    """{rope: description} of eval_long's passes (its args as a dict): the requested method, then (if it extends
-    RoPE) the trained θ."""
+def ropes(args, models=()):
+    """{rope: description} of eval_long's passes (its args as a dict; rope.eval_passes): the requested method, then
+    (if it extends RoPE) the trained θ; NoPE models alone: one pass, "NoPE"."""
+    if models and all(m.get("model_args", {}).get("pos") == "nope" for m in models):
+        return {"native": "NoPE"}
     ntk = ", per length" * (args["rope_method"] == "dynamic_ntk" and bool(args.get("ntk_per_length")))
     extended = {"extended": f"{args['rope_method']} x{args['rope_scale']:g}{ntk}"}
     return {**(extended if args["rope_method"] != "none" else {}), "native": "native θ"}
@@ -115,11 +117,12 @@ def eval_long(folder, summary, columns):
                 theta = None if nope else info["rope_theta_effective"] or info["rope_theta"]
                 label = "NoPE" if theta is None else f"θ={theta:,.0f}"
                 curves.append((f"{name} ({label})", np.asarray(columns[name]), c, "--" if native else "-"))
-    scale, passes = args.get("logit_scale"), ropes(args)  # two scales must not look alike, nor two llama4 floors
+    scale, passes = args.get("logit_scale"), ropes(args, models)  # two scales must not look alike, nor two floors
     note = f"{args['num_seqs']} sequences of {args['length']:,} tokens ({args['split']})" + (
         f", logits {scale}" if scale else "") + (f" F={args['llama4_floor']:,}" if scale == "llama4" else "")
+    rope = "NoPE" if passes == {"native": "NoPE"} else "RoPE " + "; dashed: ".join(passes.values())
     plot_per_position(os.path.join(folder, "per_position.png"), curves, [m["train_len"] for m in models],
-                      args["smooth"], args["logx"], f"{note}, RoPE " + "; dashed: ".join(passes.values()))
+                      args["smooth"], args["logx"], f"{note}, {rope}")
     if summary["differences"]:  # from the second model on
         plot_differences(os.path.join(folder, "differences.png"), summary["differences"], [m["label"] for m in models],
                          passes, f"{note}: paired difference to {summary['baseline']}, {LEVEL:.0%} bootstrap CI")

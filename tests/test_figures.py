@@ -153,6 +153,19 @@ def test_a_nope_model_is_recorded_and_drawn_without_a_rope_it_does_not_have(eval
             if r["model"] == "nope"} == {"none"}
 
 
+def test_nope_models_alone_run_one_pass_and_their_figure_claims_no_rope(evaluated, tmp_path, monkeypatch):
+    data, ckpts = evaluated  # it ran an "extended" pass equal to the native one and titled it "RoPE yarn x4"
+    made = drawn(monkeypatch)
+    eval_long.main([ckpts[2], "--data", str(data), "--length", "32", "--num_seqs", "2", "--rope_method", "yarn",
+                    "--rope_scale", "4", "--out_dir", str(tmp_path / "ev")])
+    assert open(tmp_path / "ev" / "per_position.csv").readline().strip() == "position,softmax"
+    assert {r["rope"] for r in compare.read_csv(tmp_path / "ev" / "per_sequence.csv")} == {"native"}
+    title = made[0].axes[0].get_title()
+    assert title.endswith("tokens (val), NoPE") and "RoPE" not in title
+    assert redraw_figures.redraw(str(tmp_path / "ev")) == ["per_position.png"]
+    assert made[1].axes[0].get_title() == title
+
+
 def test_a_llama4_rescaling_is_titled_with_its_floor(tmp_path, monkeypatch):
     made = drawn(monkeypatch)  # two floors must not look alike (they were both "logits llama4")
     args = dict(num_seqs=2, length=32, split="val", smooth=1, logx=False, logit_scale="llama4", llama4_floor=16,
