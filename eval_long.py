@@ -29,13 +29,12 @@ from tqdm import tqdm
 from lib import compare, dataset, figures, folders, rescale, tracking, vocab
 from lib.checkpoint import load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
 from model import BACKENDS, ROPE_METHODS
-from rope import eval_passes
+from rope import eval_passes, passes_rule, per_length
 
 WINDOW_MULTIPLES = (1, 2, 4, 8, 10, 16, 20)  # k x the training length N
 WINDOW_RULE = ("window kx: mean loss over positions (k*N - N, k*N], the last N positions up to k times the "
                "training length N; prefix_kx: over positions 1..k*N, the loss of a k*N-token sequence (LSSAR Table "
-               "4); k*N <= L. Dynamic NTK or YaRN's logit temperature, per length: both from k*N-token passes with the "
-               "factor for k*N")
+               "4); k*N <= L. ")  # then rope.passes_rule: the passes that ran
 POSITION_RULE = "position t = the loss of predicting token t+1 from tokens 1..t; trained positions are 1..N"
 OUTPUTS = ("per_position.csv", "per_position.png", "per_sequence.csv", "differences.csv", "differences.png",
            "fading.csv", "fading_zmax.csv", "fading.png", "summary.json")  # summary.json last: runs.complete
@@ -74,7 +73,7 @@ def per_position_loss(model, data, starts, L, batch_size, bounds, bar=None):
 def pass_lengths(args, N, method):
     """Sequence lengths run for one RoPE setting. Per length (Dynamic NTK's tables, YaRN's logit temperature: both
     set by the length): every window's end kN and L (the curve)."""
-    if (method == "dynamic_ntk" or args.logit_scale == "yarn") and args.ntk_per_length:
+    if per_length(method, args.logit_scale, args.ntk_per_length):
         return sorted({last for _, last in window_bounds(N, args.length).values()} | {args.length})
     return [args.length]
 
@@ -94,7 +93,7 @@ def evaluate(model, data, starts, args, N, method, scale, bar):
 
 # ----------------------------------------------------------------------------------------------------------------
 
-def write_results(args, folder, curves, models, rows, starts, baseline, draw=True):
+def write_results(args, folder, settings, curves, models, rows, starts, baseline, draw=True):
     """Rewritten in `folder` after every model (main moves it to --out_dir when all are done); the figures (0.3-1 s
     each on a CPU) where `draw`: after the last model, and a model done tracking.PLOT_EVERY_S (30 s) or more
     after the last drawing (a long evaluation's progress to look at)."""
@@ -107,7 +106,8 @@ def write_results(args, folder, curves, models, rows, starts, baseline, draw=Tru
     compare.write_csv(out("per_sequence.csv"), rows, compare.PER_SEQUENCE_COLUMNS)
     diffs = compare.paired_differences(rows, baseline, args.n_boot, args.seed)
     compare.write_csv(out("differences.csv"), diffs, compare.DIFFERENCE_COLUMNS)
-    summary = dict(models=models, baseline=baseline, differences=diffs, window_rule=WINDOW_RULE,
+    rule = WINDOW_RULE + passes_rule([m for _, m, _ in settings], args.logit_scale, args.ntk_per_length)
+    summary = dict(models=models, baseline=baseline, differences=diffs, window_rule=rule,
                    position_rule=POSITION_RULE, ci=f"{compare.LEVEL:.0%} percentile bootstrap over sequences, "
                    f"paired, {args.n_boot} resamples", sequences=dict(split=args.split, length=args.length,
                    disjoint=args.disjoint, overlapping_pairs=dataset.overlapping_pairs(starts, args.length),
@@ -174,7 +174,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
                                                    if not w.startswith("prefix")) + f", all {result['mean_loss']:.4f}")
         models[-1].update(model_args=ckpt["model_args"], train_run_info=ckpt.get("run_info"))
         draw = len(models) == len(args.ckpt) or time.time() - drawn >= tracking.PLOT_EVERY_S
-        write_results(args, folder, curves, models, rows, starts, baseline, draw)
+        write_results(args, folder, settings, curves, models, rows, starts, baseline, draw)
         drawn = time.time() if draw else drawn
         del model
         if device.type == "cuda":

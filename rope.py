@@ -105,3 +105,18 @@ def eval_passes(method, scale, rope=True):
     """(pass, method, scale) per pass: the method asked, then (if it extends RoPE) the trained θ, "native". Without
     RoPE (NoPE models alone) the native pass only: an extended one would repeat it."""
     return [("extended", method, scale)] * (method != "none" and rope) + [("native", "none", 1.0)]
+
+def per_length(method, logit_scale, ntk_per_length):
+    """Whether a pass runs window k at k*N tokens: Dynamic NTK's base and YaRN's logit temperature are set by the
+    sequence's length (LSSAR Table 4), unless --no-ntk_per_length (one L-token pass with the factors for L)."""
+    return bool(ntk_per_length) and (method == "dynamic_ntk" or logit_scale == "yarn")
+
+def passes_rule(methods, logit_scale, ntk_per_length):
+    """How the windows of the passes that ran (their methods) were read, in summary.json's words."""
+    by_length = [per_length(m, logit_scale, ntk_per_length) for m in methods]
+    if any(by_length):
+        return ("Dynamic NTK or YaRN's logit temperature, per length: both from k*N-token passes with the factor for "
+                "k*N" + "; the native pass: one L-token pass" * (not all(by_length)))
+    set_by_length = "dynamic_ntk" in methods or logit_scale == "yarn"
+    return "every window from one L-token pass" + (", Dynamic NTK or YaRN's logit temperature with the factor for L "
+                                                   "(--no-ntk_per_length)") * set_by_length

@@ -2,7 +2,7 @@
 run's --seed and --n_boot, per_sequence.csv's start and rope_scale of each row, summary.json's overlapping pairs, its
 smoothing and each model's training run; a length that is no window's end under Dynamic NTK per length; the default
 length from the first checkpoint and the length check against the longest N; a logit rescaling for each pass's
-length. CPU only."""
+length; the window rule naming the passes that ran. CPU only."""
 import json
 from dataclasses import asdict
 
@@ -120,3 +120,14 @@ def test_a_logit_rescaling_follows_each_passs_length_under_dynamic_ntk_per_lengt
             _, want = model(xy[:, :-1], xy[:, 1:])
         assert summary["models"][0]["native"]["windows"][f"prefix_{k}x"]["mean_loss"] == pytest.approx(want.item(),
                                                                                                        abs=1e-4)
+
+
+@pytest.mark.parametrize("flag,passes", [("--ntk_per_length", "from k*N-token passes with the factor for k*N; "
+                                          "the native pass: one L-token pass"),
+                                         ("--no-ntk_per_length", "every window from one L-token pass, Dynamic NTK "
+                                          "or YaRN's logit temperature with the factor for L (--no-ntk_per_length)")])
+def test_the_window_rule_says_the_passes_dynamic_ntk_ran(ckpts, data_dir, tmp_path, flag, passes):
+    eval_long.main([ckpts["plain"], "--data", data_dir, "--rope_method", "dynamic_ntk", flag, "--length", str(2 * N),
+                    "--num_seqs", "1", "--out_dir", str(tmp_path / "res")])
+    rule = json.loads((tmp_path / "res" / "summary.json").read_text())["window_rule"]
+    assert rule.endswith(passes)  # one L-token pass was said to be k*N-token passes
