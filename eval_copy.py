@@ -21,6 +21,7 @@ import torch
 from lib import compare, dataset, figures, folders, longrange, rescale, tracking, vocab
 from lib.checkpoint import CheckpointError, load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
 from model import BACKENDS, ROPE_METHODS
+from rope import unread_options
 
 OUTPUTS = ("per_sequence.csv", "copy.png", "summary.json")  # summary.json last: it marks the results whole
 COLUMNS = ("model", "checkpoint", "iter", "distance_x", "distance", "seq", "first", "second", "control")
@@ -146,7 +147,7 @@ def main(argv=None):
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rope_method", choices=ROPE_METHODS, default="none", help="none: the trained θ at any length")
-    p.add_argument("--rope_scale", type=float, default=1.0)
+    p.add_argument("--rope_scale", type=float, help="default 1")
     p.add_argument("--logit_scale", type=rescale.kind, metavar="KIND",
                   help=f"rescale softmax's logits, training-free: {', '.join(rescale.KINDS)} or a factor c")
     p.add_argument("--llama4_floor", type=int, default=rescale.LLAMA4_FLOOR, help="llama4's floor scale F")
@@ -158,10 +159,14 @@ def main(argv=None):
     bad = [f"--{k} {getattr(args, k)}" for k in ("num_seqs", "batch_size", "llama4_floor") if getattr(args, k) < 1]
     bad += [f"--span {args.span}"] * (args.span < 2) + [f"--seed {args.seed}"] * (not 0 <= args.seed < 2**64)
     bad += [f"--distances {k:g}" for k in args.distances if not 0 < k < math.inf]
-    bad += [f"--rope_scale {args.rope_scale}"] * (not 0 < args.rope_scale < math.inf)
+    bad += [f"--rope_scale {args.rope_scale}"] * (args.rope_scale is not None and not 0 < args.rope_scale < math.inf)
     if bad:
         p.error(f"{', '.join(bad)}: counts >= 1, --span >= 2, distances and --rope_scale > 0 and finite, --seed in "
                 "0..2**64-1")
+    unread = unread_options(args.rope_method, args.rope_scale)
+    if unread:  # given, not read: refused, never recorded as applied
+        p.error("; ".join(unread))
+    args.rope_scale = 1.0 if args.rope_scale is None else args.rope_scale  # the default, after the refusal
     if args.labels and len(args.labels) != len(args.ckpt):
         p.error(f"--labels has {len(args.labels)} names for {len(args.ckpt)} checkpoints")
     try:

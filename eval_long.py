@@ -29,7 +29,7 @@ from tqdm import tqdm
 from lib import compare, dataset, figures, folders, rescale, tracking, vocab
 from lib.checkpoint import load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
 from model import BACKENDS, ROPE_METHODS
-from rope import eval_passes, passes_rule, per_length
+from rope import eval_passes, passes_rule, per_length, unread_options
 
 WINDOW_MULTIPLES = (1, 2, 4, 8, 10, 16, 20)  # k x the training length N
 WINDOW_RULE = ("window kx: mean loss over positions (k*N - N, k*N], the last N positions up to k times the "
@@ -191,10 +191,10 @@ def main(argv=None):
     p.add_argument("--split", default="val", choices=dataset.SPLITS)
     p.add_argument("--length", type=int, help="tokens per sequence L (default: 10 x the first block_size)")
     p.add_argument("--rope_method", choices=ROPE_METHODS, default="theta")
-    p.add_argument("--rope_scale", type=float, default=50.0, help="the SSMax paper: θ x 50 = 500,000")
-    p.add_argument("--ntk_per_length", action=argparse.BooleanOptionalAction, default=True,
-                   help="dynamic_ntk, --logit_scale yarn: window k from kN-token sequences with the factor for kN "
-                   "(LSSAR Table 4)")
+    p.add_argument("--rope_scale", type=float, help="default 50, the SSMax paper: θ x 50 = 500,000")
+    p.add_argument("--ntk_per_length", action=argparse.BooleanOptionalAction,
+                   help="on by default; dynamic_ntk, --logit_scale yarn: window k from kN-token sequences with the "
+                   "factor for kN (LSSAR Table 4)")
     p.add_argument("--baseline", help="label of the model the others are compared to (default: the first model)")
     p.add_argument("--n_boot", type=int, default=2000, help="bootstrap resamples of the paired 95%% CIs")
     p.add_argument("--num_seqs", type=int, default=64, help="sequences averaged (the SSMax paper: 100,000)")
@@ -220,10 +220,15 @@ def main(argv=None):
         p.error("--logit_scale and --llama4_floor rescale the checkpoints' logits: give one (--fading draws no model)")
     bad = [f"--{k} {getattr(args, k)}" for k in ("num_seqs", "batch_size", "length", "smooth", "n_boot", "llama4_floor")
            if getattr(args, k) is not None and getattr(args, k) < 1]
-    bad += [f"--rope_scale {args.rope_scale}"] * (not 0 < args.rope_scale < math.inf)  # `not <` refuses nan too
+    bad += [f"--rope_scale {args.rope_scale}"] * (args.rope_scale is not None and not 0 < args.rope_scale < math.inf)
     bad += [f"--seed {args.seed}"] * (not 0 <= args.seed < 2**64)
     if bad:
         p.error(f"{', '.join(bad)}: counts and sizes must be >= 1, --rope_scale > 0 and finite, --seed in 0..2**64-1")
+    unread = unread_options(args.rope_method, args.rope_scale, args.ntk_per_length, args.logit_scale)
+    if unread:  # given, not read: refused, never recorded as applied
+        p.error("; ".join(unread))
+    args.rope_scale = 50.0 if args.rope_scale is None else args.rope_scale  # the defaults, after the refusal
+    args.ntk_per_length = args.ntk_per_length is not False
     if args.labels and len(args.labels) != len(args.ckpt):
         p.error(f"--labels has {len(args.labels)} names for {len(args.ckpt)} checkpoints")
     try:

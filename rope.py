@@ -106,6 +106,17 @@ def eval_passes(method, scale, rope=True):
     RoPE (NoPE models alone) the native pass only: an extended one would repeat it."""
     return [("extended", method, scale)] * (method != "none" and rope) + [("native", "none", 1.0)]
 
+def unread_options(method, scale, ntk_per_length=None, logit_scale=None):
+    """The extension options given (None: not given) that a run would not read, each in words for one error line."""
+    unread = []
+    if method == "none" and scale is not None:
+        unread.append(f"--rope_scale {scale:g} is not read: --rope_method none keeps the trained θ (give one of "
+                      f"{', '.join(ROPE_METHODS[1:])})")
+    if ntk_per_length is not None and method != "dynamic_ntk" and logit_scale != "yarn":
+        unread.append(f"--{'' if ntk_per_length else 'no-'}ntk_per_length is not read: only --rope_method dynamic_ntk "
+                      "and --logit_scale yarn are set by the length")
+    return unread
+
 def per_length(method, logit_scale, ntk_per_length):
     """Whether a pass runs window k at k*N tokens: Dynamic NTK's base and YaRN's logit temperature are set by the
     sequence's length (LSSAR Table 4), unless --no-ntk_per_length (one L-token pass with the factors for L)."""

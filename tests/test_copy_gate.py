@@ -199,6 +199,12 @@ def test_eval_copy_says_and_records_the_distances_it_skips_and_names_a_huge_one_
     assert "--distances 1e+300: d = 6.4e+301 tokens" in msg and len(msg) < 200  # not a 300-digit number
 
 
+def test_a_rope_scale_given_with_rope_method_none_is_refused_and_the_default_is_not(tmp_path):
+    msg = one_line_error(eval_copy.main, ["ckpt.pt", "--rope_scale", "4"])  # it was recorded, never applied
+    assert "--rope_scale 4 is not read: --rope_method none keeps the trained θ" in msg
+    assert "not read" not in one_line_error(eval_copy.main, [str(tmp_path / "missing.pt"), "--out_dir", str(tmp_path)])
+
+
 @pytest.mark.parametrize("flag,value", [("--span", "1"), ("--distances", "0"), ("--rope_scale", "inf")])
 def test_out_of_range_numbers_are_one_error_line(flag, value):
     v = int(value) if flag == "--span" else float(value)

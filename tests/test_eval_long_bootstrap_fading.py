@@ -1,6 +1,7 @@
 """eval_long.py without a model: the bootstrap CI on hand cases (no spread, 1/√n shrinkage, chunked resamples, paired
 differences) and the SSMax paper's Fig. 1 (attention fading: softmax's max decays, SSMax's stays near 1, each point
-equal to softmax of the actual vector), and out-of-range numbers refused before any file is read. CPU only."""
+equal to softmax of the actual vector), and out-of-range numbers and RoPE options a run would not read refused
+before any file is read. CPU only."""
 import math
 
 import numpy as np
@@ -80,3 +81,15 @@ def test_fading_alone_refuses_a_rescaling_it_would_ignore(tmp_path):
         with pytest.raises(SystemExit, match="rescale the checkpoints' logits: give one"):
             eval_long.main(["--fading", *extra, "--out_dir", str(tmp_path / "f")])
     assert not (tmp_path / "f").exists()
+
+
+@pytest.mark.parametrize("argv,unread", [(["--rope_method", "none", "--rope_scale", "4"],
+                                          "--rope_scale 4 is not read"),
+                                         (["--no-ntk_per_length"], "--no-ntk_per_length is not read"),
+                                         (["--rope_method", "yarn", "--ntk_per_length"],
+                                          "--ntk_per_length is not read")])
+def test_rope_options_a_run_would_not_read_are_refused_only_when_given(argv, unread, tmp_path):
+    assert unread in one_line_error(["ckpt.pt", *argv])  # they were recorded in summary.json as if applied
+    for read in (["--rope_method", "none"], ["--rope_method", "dynamic_ntk", "--no-ntk_per_length"],
+                 ["--rope_method", "none", "--logit_scale", "yarn", "--no-ntk_per_length"]):  # defaults: never refused
+        assert "not read" not in one_line_error([str(tmp_path / "missing.pt"), *read, "--out_dir", str(tmp_path)])
