@@ -173,10 +173,9 @@ def main(argv=None):
         args.device = str(pick_device(args.device))
         with folders.results_dir(args.out_dir, OUTPUTS) as folder:
             run(args, folder)
-    except (ValueError, OSError, CheckpointError, dataset.DataError, tracking.TrackingError, folders.FolderError) as e:
-        sys.exit(f"error: {tracking.error_text(e)}")  # OSError: a full disk, an unwritable folder
-    except (RuntimeError, MemoryError) as e:  # out of memory only: any other is raised again
-        sys.exit(f"error: {tracking.memory_error(e, '--distances or --batch_size')}")
+    except (ValueError, OSError, CheckpointError, dataset.DataError, tracking.TrackingError, folders.FolderError,
+            RuntimeError, MemoryError) as e:  # OSError: a full disk, an unwritable folder; out of memory
+        sys.exit(f"error: {tracking.error_text(e, '--distances or --batch_size')}")
     print(f"done: {args.out_dir}/summary.json")
 
 

@@ -192,9 +192,8 @@ def main(argv=None):
     p.add_argument("--length", type=int, help="tokens per sequence L (default: 10 x the first block_size)")
     p.add_argument("--rope_method", choices=ROPE_METHODS, default="theta")
     p.add_argument("--rope_scale", type=float, help="default 50, the SSMax paper: θ x 50 = 500,000")
-    p.add_argument("--ntk_per_length", action=argparse.BooleanOptionalAction,
-                   help="on by default; dynamic_ntk, --logit_scale yarn: window k from kN-token sequences with the "
-                   "factor for kN (LSSAR Table 4)")
+    p.add_argument("--ntk_per_length", action=argparse.BooleanOptionalAction, help="on by default; dynamic_ntk, "
+                   "--logit_scale yarn: window k from kN-token sequences with the factor for kN (LSSAR Table 4)")
     p.add_argument("--baseline", help="label of the model the others are compared to (default: the first model)")
     p.add_argument("--n_boot", type=int, default=2000, help="bootstrap resamples of the paired 95%% CIs")
     p.add_argument("--num_seqs", type=int, default=64, help="sequences averaged (the SSMax paper: 100,000)")
@@ -243,10 +242,9 @@ def main(argv=None):
         if args.wandb and table:  # into --out_dir, beside the results
             tracking.log_table(args.wandb_project, f"eval_long {args.rope_method} x{args.rope_scale:g}", table,
                                args.out_dir)
-    except (ValueError, OSError, dataset.DataError, tracking.TrackingError, folders.FolderError) as e:  # OSError:
-        sys.exit(f"error: {tracking.error_text(e)}")  # a missing file, a full disk, an unwritable folder
-    except (RuntimeError, MemoryError) as e:  # out of memory only: any other is raised again
-        sys.exit(f"error: {tracking.memory_error(e, '--length or --batch_size')}")
+    except (ValueError, OSError, dataset.DataError, tracking.TrackingError, folders.FolderError, RuntimeError,
+            MemoryError) as e:  # OSError: a missing file, a full disk, an unwritable folder; out of memory
+        sys.exit(f"error: {tracking.error_text(e, '--length or --batch_size')}")
 
 if __name__ == "__main__":
     main()

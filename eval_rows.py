@@ -230,10 +230,8 @@ def main(argv=None):
         args.device = str(pick_device(args.device))
         with folders.results_dir(args.out_dir, OUTPUTS) as folder:
             run(args, folder)
-    except (ValueError, OSError, dataset.DataError, folders.FolderError) as e:  # OSError: a full disk...
-        sys.exit(f"error: {tracking.error_text(e)}")
-    except (RuntimeError, MemoryError) as e:  # out of memory only: any other is raised again
-        sys.exit(f"error: {tracking.memory_error(e, '--length or --batch_size')}")
+    except (ValueError, OSError, dataset.DataError, folders.FolderError, RuntimeError, MemoryError) as e:  # OSError:
+        sys.exit(f"error: {tracking.error_text(e, '--length or --batch_size')}")  # a full disk...; out of memory
 
 if __name__ == "__main__":
     main()

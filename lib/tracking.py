@@ -16,8 +16,11 @@ from lib import folders
 class TrackingError(Exception):
     """Bad input to tracking (no wandb package, a folder without log.jsonl): train.main prints it as one line."""
 
-def error_text(e):
-    """An exception as the one line after "error: "; an OSError (a full disk, an unwritable folder) with its path."""
+def error_text(e, lower=None):
+    """An exception as the one line after "error: "; an OSError (a full disk, an unwritable folder) with its path;
+    given `lower`, a RuntimeError or MemoryError is an allocation failure (memory_error: any other is raised again)."""
+    if lower and isinstance(e, (RuntimeError, MemoryError)):
+        return memory_error(e, lower)
     if isinstance(e, OSError) and e.strerror:
         return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
     return str(e)

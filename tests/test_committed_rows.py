@@ -51,7 +51,7 @@ def test_eval_longs_window_means_and_paired_differences_are_its_per_sequence_row
     for r in got:
         loss[r["model"], r["rope"], r["window"]].append(float(r["loss"]))
     for m in s["models"]:
-        first = "extended" if s["args"]["rope_method"] != "none" else "native"  # eval_long.rope_settings' first pass
+        first = "extended" if s["args"]["rope_method"] != "none" else "native"  # rope.eval_passes' first pass
         for rope, windows in ((first, m["windows"]), ("native", m.get("native", {}).get("windows", {}))):
             for w, v in windows.items():
                 assert v["mean_loss"] == pytest.approx(np.mean(loss[m["label"], rope, w]), rel=1e-12), (m["label"], w)
