@@ -300,10 +300,10 @@ class GPT(nn.Module):
         """Rotary tables for L tokens by rope_extension(method), weights untouched; returns θ, effective θ, mscale
         (NoPE: None, None, 1: no table is read, nothing extended)."""
         cfg, hs = self.config, self.config.head_size
+        if cfg.pos == "nope":  # its tables are never read: a method it could not take (ntk at head size 2) is moot
+            return dict(rope_theta=None, rope_theta_effective=None, mscale=1.0)
         inv_freq, mscale = rope_extension(method, hs, cfg.rope_theta, scale, cfg.block_size, L, cfg.rope_scaling)
         self.set_rope(cfg.rope_theta * scale if method == "theta" else cfg.rope_theta, inv_freq, L, mscale)
-        if cfg.pos == "nope":
-            return dict(rope_theta=None, rope_theta_effective=None, mscale=1.0)
         theta_eff = rope.effective_theta(inv_freq, hs, cfg.rope_scaling)  # None: pi, yarn (no θ gives them)
         return dict(rope_theta=self.rope_theta, rope_theta_effective=theta_eff, mscale=mscale)
 

@@ -1,8 +1,8 @@
 """
 Comparing models scored on the same sequences: per-sequence losses (eval_long.py's per_sequence.csv), each model's
 paired difference to a baseline model with a percentile bootstrap CI over sequences (Efron & Tibshirani 1993,
-ch. 13), and seed-level statistics (exact t intervals, sign-flip p, Holm's step-down correction, ceilings). Their figures are
-lib/figures.py's.
+ch. 13), and seed-level statistics (exact t intervals, sign-flip p, Holm's step-down correction, ceilings). Their
+figures are lib/figures.py's.
 
 Paired: the difference is taken sequence by sequence, so text that is hard for every model cancels out.
 """

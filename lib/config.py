@@ -197,7 +197,7 @@ def resolve(cfg, explicit, ckpt, resuming, world):
                              "out_dir": cfg.out_dir})
     elif ckpt is not None:  # block_size too
         cfg = replace(cfg, **{k: v for k, v in ckpt["model_args"].items() if k in MODEL_FIELDS and k not in explicit})
-    if cfg.sft_data and not resuming:  # it trains on sft_data: it records its model's dataset (the evals' --data), if any
+    if cfg.sft_data and not resuming:  # it trains on sft_data: it records its model's dataset (the evals' --data)
         held = (ckpt or {}).get("config") or {}
         cfg = replace(cfg, dataset=held.get("dataset", ""), data_dir=held.get("data_dir", _TrainFields.data_dir))
     unread(cfg, explicit)

@@ -113,7 +113,7 @@ def eval_long(folder, summary, columns):
         for c, m in enumerate(models):
             name, info = (f"{m['label']} [native]", m.get("native")) if native else (m["label"], m)
             if name in columns and info:
-                nope = m.get("model_args", {}).get("pos") == "nope"  # no θ (before 2026-11-29 its unread one was shown)
+                nope = m.get("model_args", {}).get("pos") == "nope"  # no θ (before 2026-11-29, its unread one shown)
                 theta = None if nope else info["rope_theta_effective"] or info["rope_theta"]
                 label = "NoPE" if theta is None else f"θ={theta:,.0f}"
                 curves.append((f"{name} ({label})", np.asarray(columns[name]), c, "--" if native else "-"))

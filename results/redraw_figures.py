@@ -79,7 +79,8 @@ def folders_under(paths):
     train_loss.png it drew."""
     for top in paths:
         for folder, _, files in sorted(os.walk(top)):
-            if "summary.json" in files and {"per_position.png", "copy.png", "horizons.png", "train_loss.png"} & set(files):
+            drawn = {"per_position.png", "copy.png", "horizons.png", "train_loss.png"} & set(files)
+            if "summary.json" in files and drawn:
                 yield folder
 
 

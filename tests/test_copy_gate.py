@@ -151,7 +151,7 @@ def ckpt(tmp_path_factory):
 def test_eval_copy_adds_the_gates_distance_and_writes_per_sequence_means_of_the_summarys(ckpt, data_dir, tmp_path,
                                                                                        monkeypatch):
     monkeypatch.chdir(ckpt.parent)  # a relative path: every row names the file whatever the folder
-    monkeypatch.setattr(eval_copy.figures, "copy_gate", lambda *a: None)  # the numbers only: copy.png is test_longrange.py's
+    monkeypatch.setattr(eval_copy.figures, "copy_gate", lambda *a: None)  # numbers only: test_longrange draws copy.png
     span = (N - longrange.LEAD) // 2  # two copies and the lead fill the training length exactly
     eval_copy.main(["ckpt.pt", "--data", data_dir, "--span", str(span), "--distances", "1", "--num_seqs", "2",
                     "--out_dir", str(tmp_path / "res")])

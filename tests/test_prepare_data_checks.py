@@ -129,7 +129,7 @@ def test_options_a_source_reads_are_taken_and_the_defaults_record_as_before(tmp_
     (tmp_path / "b.txt").write_text("Another play. " * 200)
     out = str(tmp_path / "out")
     prepare_data.main([str(tmp_path / "c.jsonl"), "--text_field", "content", "--seed", "3", "--out_dir", out])
-    prepare_data.main([str(tmp_path / "*.txt"), "--seed", "3", "--name", "two", "--out_dir", out])  # documents: shuffled
+    prepare_data.main([str(tmp_path / "*.txt"), "--seed", "3", "--name", "two", "--out_dir", out])  # shuffled documents
     prepare_data.main([str(tmp_path / "a.txt"), "--out_dir", out])
     assert read_all(os.path.join(out, "a"))[0]["args"]["seed"] == 1337  # as before: older datasets stay up to date
     assert read_all(os.path.join(out, "a"))[0]["args"]["hf_split"] == "train"
