@@ -244,7 +244,7 @@ def train(explicit):
 
     losses, drawn = None, {}  # drawn: when this run last drew loss.png (finish_eval's)
     if master:
-        clear_out_dir(cfg.out_dir, resuming)
+        clear_out_dir(cfg.out_dir, resuming, iter_num)
         done = resuming and not switch and tracking.eval_logged(  # this very eval: not the old scorer's at iter_num
             cfg.out_dir, iter_num, (pending_eval or {}).get("eval"))
         if resuming and not done and pending_eval is not None:

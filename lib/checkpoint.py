@@ -99,15 +99,16 @@ def check_out_dir(out_dir, resuming, resume, overwrite):
         raise CheckpointError(f"out_dir={out_dir!r} already holds a run ({', '.join(old)}): continue it with "
                               f"resume=True, choose another out_dir=..., or replace it with overwrite=True")
 
-def clear_out_dir(out_dir, resuming):
+def clear_out_dir(out_dir, resuming, start=None):
     """Before a run writes: a killed write's temp files (no other writer: the folder is locked), a resumed log's cut
-    last line (a kill or a full disk mid-write) and, unless it resumes, the replaced run's files."""
+    last line (a kill or a full disk mid-write) and its steps past the checkpoint's iter `start` (run again), and,
+    unless it resumes, the replaced run's files."""
     os.makedirs(out_dir, exist_ok=True)
     for f in os.listdir(out_dir):
         if re.search(r"\.tmp(-\d+)?$", f) or (not resuming and f in RUN_FILES):
             os.remove(os.path.join(out_dir, f))
     if resuming:
-        tracking.repair_log(os.path.join(out_dir, "log.jsonl"))
+        tracking.repair_log(os.path.join(out_dir, "log.jsonl"), start)
 
 def read_checkpoint(path, device="cpu", mmap=False, need=()):
     """The dict train.py saved, read with weights_only=True (tensors and plain containers: a file that carries code

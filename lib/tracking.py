@@ -98,19 +98,28 @@ def read_run(out_dir):
     return (label, {r["iter"]: r["loss"] for r in rows if "loss" in r},
             {r["iter"]: r["val_loss"] for r in rows if "val_loss" in r})
 
-def repair_log(path):
-    """Before a resume appends: log.jsonl without its cut or junk lines (a cut last line would swallow the next
-    record), rewritten whole; each line dropped is named once."""
+def repair_log(path, start=None):
+    """Before a resume from iter `start` appends: log.jsonl without its cut or junk lines (a cut last line would
+    swallow the next record) and without the steps logged after the checkpoint (start and on: run again, else listed
+    twice), rewritten whole; each line dropped is named once."""
     if not os.path.isfile(path):
         return
     records = _records(path)
     bad = [i for i, r in records if r is None]
+    redone = [i for i, r in records if start is not None and r and "loss" in r and r.get("iter", -1) >= start]
     with open(path, "rb") as f:
         ends_clean = f.seek(0, 2) == 0 or (f.seek(-1, 2), f.read(1))[1] == b"\n"
-    if not bad and ends_clean:
+    if not bad and not redone and ends_clean:
         return
-    print(f"warning: {path}: dropped line(s) {', '.join(map(str, bad))}, not JSON records (cut by a kill or a full "
-          f"disk?)" if bad else f"warning: {path}: its last line ended without a newline; one added")
+    if redone:
+        print(f"{path}: the {len(redone)} step(s) logged after the checkpoint's iter {start} are run again: their "
+              f"lines are replaced")
+    if bad:
+        print(f"warning: {path}: dropped line(s) {', '.join(map(str, bad))}, not JSON records (cut by a kill or a "
+              f"full disk?)")
+    elif not ends_clean:
+        print(f"warning: {path}: its last line ended without a newline; one added")
+    records = [(i, r) for i, r in records if i not in redone]
     with open(path + ".tmp", "w") as f:
         f.writelines(json.dumps(r) + "\n" for _, r in records if r is not None)
     folders.replace_synced([path + ".tmp"], [path])  # the run's whole log: never a name over unwritten data

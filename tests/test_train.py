@@ -42,7 +42,8 @@ def read_log(out_dir):
 
 
 def step_losses(out_dir, since_last_start=False):
-    """{iter: training loss} from log.jsonl; a later line of an iter wins (a resumed run re-logs it)."""
+    """{iter: training loss} from log.jsonl; a later line of an iter wins (logs from before 2026-11-29 list the steps
+    a resumed run ran again twice)."""
     rows = read_log(out_dir)
     if since_last_start:
         rows = rows[max(i for i, r in enumerate(rows) if "start_iter" in r):]

@@ -74,8 +74,24 @@ def test_a_killed_run_resumed_in_a_new_process_continues_with_the_uninterrupted_
     assert list(resumed) == list(range(k, n))
     assert resumed == {i: want[i] for i in range(k, n)}  # exactly
     assert all(want[i] == loss for i, loss in before_kill.items() if i < n)
+    assert [r["iter"] for r in read_log(out) if "loss" in r] == list(range(n))  # each step once
     a, b = (torch.load(d / "ckpt.pt", map_location="cpu", weights_only=True)["model"] for d in (out, ref))
     assert all(torch.equal(v, b[key]) for key, v in a.items())
+
+
+def test_steps_logged_after_the_checkpoint_are_listed_once_after_a_resume_runs_them_again(data_dir, tmp_path, capsys):
+    # a kill between checkpoints left their lines, and the resume appended its own: log.jsonl (and reproduce.py's
+    # train_log.csv.gz) listed those steps twice
+    out, ref = tmp_path / "out", tmp_path / "ref"
+    train.main(tiny_args(data_dir, out, "max_iters=4", "eval_interval=4", "eval_iters=1"))
+    with open(out / "log.jsonl", "a") as f:  # what the killed run had logged past its checkpoint at iter 4
+        f.writelines(json.dumps({"iter": i, "loss": 99.0, "lr": 0.0}) + "\n" for i in (4, 5))
+    capsys.readouterr()
+    train.main(tiny_args(data_dir, out, "init_from=resume", "max_iters=6", "eval_interval=4", "eval_iters=1"))
+    assert "the 2 step(s) logged after the checkpoint's iter 4 are run again" in capsys.readouterr().out
+    train.main(tiny_args(data_dir, ref, "max_iters=6", "eval_interval=4", "eval_iters=1"))
+    assert [r["iter"] for r in read_log(out) if "loss" in r] == list(range(6))
+    assert step_losses(out) == step_losses(ref)
 
 
 def test_resume_refuses_to_change_the_architecture_or_the_options_of_a_kept_scorer(data_dir, tmp_path):
