@@ -63,10 +63,12 @@ TrainConfig = make_dataclass("TrainConfig", [(f.name, f.type, field(default=f.de
                                              for f in fields(GPTConfig) + fields(tasks.TaskConfig)],
                              bases=(_TrainFields,))
 MODEL_FIELDS = [f.name for f in fields(GPTConfig)]
-ARCH_FIELDS = ("vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "norm_eps", "tie_embeddings",
-               "qkv_bias", "head_dim", "qk_norm")  # a checkpoint's architecture cannot change (a switch drops weights)
 SCORER_OPTIONS = list(dict.fromkeys(f for e in SCORERS.values() for prm in e.params for f in prm.fields()))
 OWN_OPTIONS = (*SCORER_OPTIONS, "fgate_bias_init")  # a scorer's own: a switch resets them, a resume keeps them
+# what a resume or init_from may change; every other model field is the checkpoint's architecture, which cannot (a
+# field added to GPTConfig is one unless listed here: never changed under a checkpoint without a word)
+CHANGEABLE = ("block_size", "dropout", "rope_theta", "backend", "scorer", *OWN_OPTIONS)
+ARCH_FIELDS = tuple(f for f in MODEL_FIELDS if f not in CHANGEABLE)
 LR_SCHEDULES = ("constant", "cosine")
 # checked in coerce(): a bad value is one error line
 RANGES = {**dict.fromkeys(("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval",
@@ -259,6 +261,8 @@ def model_config(cfg, explicit, ckpt, resuming):
         GPTConfig(**model_args)
     except ValueError as e:
         raise TrainError(str(e))
+    except TypeError as e:  # a field this model.py lacks (a checkpoint of another version or branch)
+        raise TrainError(f"the checkpoint's model does not fit this model.py: {e}")
     return model_args, switch
 
 

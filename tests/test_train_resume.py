@@ -15,7 +15,7 @@ import torch
 
 import train
 import test_train
-from lib import cost
+from lib import config as config_lib, cost
 from lib.checkpoint import read_checkpoint
 from lib.config import TrainConfig, TrainError, model_config
 from test_train import ENV, REPO, TRAIN, error_of, read_log, run_script, step_losses, tiny_args
@@ -108,10 +108,20 @@ def test_resume_refuses_to_change_the_architecture_or_the_options_of_a_kept_scor
     # each of these loads the same weights (or adds one) and would train another model unnoticed
     ckpt = read_checkpoint(str(out / "ckpt.pt"))
     for field, value, was in (("n_head", 4, 2), ("n_kv_head", 1, None), ("norm_eps", 1e-3, 1e-6),
-                              ("qk_norm", True, False), ("ssmax_learn_s", False, True), ("ssmax_bias", True, False)):
+                              ("qk_norm", True, False), ("ssmax_learn_s", False, True), ("ssmax_bias", True, False),
+                              ("pos", "nope", "rope"), ("rope_scaling", {"rope_type": "linear", "factor": 2.0}, None)):
         with pytest.raises(TrainError, match=f"{field}={value!r} differs from the checkpoint's {was!r}: it cannot "
                                              f"change when resuming"):
             model_config(TrainConfig(**{**ckpt["model_args"], field: value}), {field: value}, ckpt, resuming=True)
+    # pos and rope_scaling had been changed without a word (a model without RoPE, mid-run), on init_from too; so
+    # would any field added to GPTConfig: every field is the architecture but what config.CHANGEABLE lists
+    assert set(config_lib.CHANGEABLE) | set(config_lib.ARCH_FIELDS) == set(config_lib.MODEL_FIELDS)
+    msg = error_of(tiny_args(data_dir, tmp_path / "new", f"init_from={out / 'ckpt.pt'}", "pos=nope"))
+    assert "pos='nope' differs from the checkpoint's 'rope': it cannot change (a different architecture)" in msg
+    ckpt["model_args"]["qk_clip"] = 30.0  # a checkpoint of another version or branch: one line, not a traceback
+    torch.save(ckpt, out / "ckpt.pt")
+    msg = error_of(tiny_args(data_dir, out, "init_from=resume", "max_iters=2"))
+    assert "the checkpoint's model does not fit this model.py" in msg and "qk_clip" in msg
 
 
 def test_a_resume_near_the_end_of_a_long_run_is_costed_on_the_iterations_left(data_dir, tmp_path, monkeypatch):
