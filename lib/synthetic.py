@@ -13,7 +13,6 @@ import contextlib, ctypes, json, multiprocessing, os, runpy, signal, sys, time
 from concurrent.futures import ProcessPoolExecutor
 
 from lib import plans
-from lib.checkpoint import ADDED_FIELDS
 from lib.folders import held, write_json
 from lib.runs import StepError, judge, own_folders, plain, remove
 from lib.synthetic_suite import (  # noqa: F401 (the suite's definitions, for a reader and the tests)
@@ -76,19 +75,22 @@ def _run(script, argv, log):
 def reuse(path, want, what, redo, clear, whole=True, trained=None):
     """runs.judge() of the record at `path` (a run's done marker, an evaluation's settings; empty or absent: written
     before settings were recorded, taken as it is where whole, else other settings). A record from before the config's
-    values were recorded is judged by the values the trained run's log says it ran with."""
+    values were recorded is judged by the values the trained run's log says it ran with; a field added since, which
+    no earlier run could set, is taken at the value asked now (a new option's default keeps the old behaviour; a run
+    may not read it at all, as a task run does not read sft_val_frac, ADDED_FIELDS' one field)."""
     old = json.loads(open(path).read() or "null") if os.path.isfile(path) else None
-    rec = old.get("train", old) if isinstance(old, dict) else None  # a marker, or an evaluation's record's training
+    rec, values = old.get("train", old) if isinstance(old, dict) else None, want.get("train", want)["values"]
     if isinstance(rec, dict) and "values" not in rec and trained and os.path.isfile(os.path.join(trained, "log.jsonl")):
-        rec["values"] = logged(trained, want.get("train", want)["values"])
+        rec["values"] = logged(trained)  # a marker, or an evaluation's record's training
+    if isinstance(rec, dict) and isinstance(rec.get("values"), dict):
+        rec["values"] = {k: rec["values"].get(k, v) for k, v in values.items()}
     return judge(old, want, what, redo, [clear], whole)
 
 
-def logged(trained, want):
-    """The values a run's log.jsonl says it started with (fields added since: their values then)."""
+def logged(trained):
+    """The config a run's log.jsonl says it started with."""
     with open(os.path.join(trained, "log.jsonl")) as f:
-        ran = {**ADDED_FIELDS, **json.loads(f.readline())["config"]}
-    return plain({k: ran.get(k) for k in want})
+        return plain(json.loads(f.readline())["config"])
 
 
 def record(path, settings):

@@ -157,6 +157,16 @@ def test_a_config_file_edited_since_a_run_trained_refuses_its_reuse_old_records_
     (run / "eval_settings.json").write_text(json.dumps({**settings, "train": legacy}))
     suite()  # the same values: reused, evaluation included
     assert json.loads((run / "done").read_text()) == legacy
+    # fields added since a run trained (none of them set by it): reused, whether its record holds values or not
+    gone = ("wandb_run_name", "sft_val_frac", "qk_norm", "qkv_bias")
+    (run / "done").write_text(json.dumps({**done, "values": {k: v for k, v in done["values"].items() if k not in gone}}))
+    suite()
+    lines = (run / "log.jsonl").read_text().splitlines()
+    head = json.loads(lines[0])
+    head["config"] = {k: v for k, v in head["config"].items() if k not in gone}  # a log from before the fields
+    (run / "log.jsonl").write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    (run / "done").write_text(json.dumps(legacy))
+    suite()
     with open(configs / "first.py", "a") as f:
         f.write("\nn_layer = 1\n")
     with pytest.raises(runs.StepError, match=r"the run .*first-softmax-s0 .*values.n_layer 2 -> 1.*--redo"):
