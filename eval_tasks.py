@@ -228,12 +228,12 @@ def main(argv=None):
     if a.n < 2 or a.diagnose < 0 or min(a.lengths) < 1 or a.llama4_floor < 1:
         sys.exit(f"error: need --n >= 2, --diagnose >= 0, lengths >= 1 and --llama4_floor >= 1; got {a.n}, "
                  f"{a.diagnose}, {a.lengths}, {a.llama4_floor}")
-    try:
+    a.rope, a.lengths = list(dict.fromkeys(a.rope)), sorted(set(a.lengths))  # each once (a repeat wrote its rows
+    try:  # twice), and settings.json says what ran
         with folders.results_dir(a.out_dir, OUTPUTS) as out:
             folders.write_json(os.path.join(out, "settings.json"), dict(args=vars(a), run_info=run_info()), indent=1)
-            ropes = list(dict.fromkeys(a.rope))  # each once, as the lengths: a repeat wrote every row twice
-            acc, _ = evaluate(a.ckpt, sorted(set(a.lengths)), a.n, out, ropes, a.diagnose, a.logit_scale,
-                              a.llama4_floor, a.device)
+            acc, _ = evaluate(a.ckpt, a.lengths, a.n, out, a.rope, a.diagnose, a.logit_scale, a.llama4_floor,
+                              a.device)
         if a.wandb:
             tracking.log_table(a.wandb_project, f"tasks {os.path.basename(os.path.abspath(a.out_dir))}", acc, a.out_dir)
     except (ValueError, OSError, tracking.TrackingError, folders.FolderError) as e:  # CheckpointError is a ValueError

@@ -184,6 +184,8 @@ def test_a_rope_given_twice_is_evaluated_once(runs, tmp_path):  # as a length gi
                      "--out_dir", str(tmp_path / "ev")])
     keys = [(r["length"], r["condition"], r["rope"]) for r in rows(tmp_path / "ev", "accuracy.csv")]
     assert len(keys) == len(set(keys)) == 6 and [k[2] for k in keys[::3]] == ["plain", "theta"]
+    args = json.loads((tmp_path / "ev" / "settings.json").read_text())["args"]
+    assert (args["rope"], args["lengths"]) == (["plain", "theta"], [8])  # what ran, each once
 
 
 @pytest.mark.parametrize("n_in,loss", [(0, "ce"), (1, "bce"), (1, "mse")])
