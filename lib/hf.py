@@ -21,6 +21,12 @@ FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 LAYER = {"attn.c_proj": "self_attn.o_proj", "mlp.w_gate": "mlp.gate_proj", "mlp.w_up": "mlp.up_proj",
          "mlp.c_proj": "mlp.down_proj", "ln_1": "input_layernorm", "ln_2": "post_attention_layernorm"}
 QK_NORM = {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}  # Qwen3's, per head dimension
+# the model fields an export writes (config.json, the scorer's block and weights) or refuses (refusals), or that only
+# training or this code's kernels read; another one away from its default (a field added to GPTConfig) is refused
+EXPORTED = {"block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden", "dropout",
+            "rope_theta", "rope_scaling", "norm_eps", "tie_embeddings", "qkv_bias", "head_dim", "qk_norm", "pos",
+            "scorer", "reweight_p", "fgate_bias_init", "backend",
+            *(f for e in SCORERS.values() for p in e.params for f in p.fields())}
 
 
 class ConvertError(Exception):
@@ -276,10 +282,12 @@ def import_hf(name, out):
 
 def refusals(a, codec, task=""):
     """Why a checkpoint cannot be a LlamaForCausalLM that transformers runs (a scorer: hf_scorers.py); [] if it can."""
+    why = [f"{k}={v!r} (not in config.json: transformers would run the model without it)" for k, v in a.items()
+           if k not in EXPORTED and v != getattr(GPTConfig, k, None)]
     entry = SCORERS.get(a["scorer"])
     if entry is None:
-        return [f"scorer {a['scorer']!r} (unknown to this code)"]
-    why = ["pos 'nope' (LlamaAttention always rotates q and k)"] * (a.get("pos", "rope") != "rope")
+        return [*why, f"scorer {a['scorer']!r} (unknown to this code)"]
+    why += ["pos 'nope' (LlamaAttention always rotates q and k)"] * (a.get("pos", "rope") != "rope")
     why += ["scorer 'fox' (its forget gate, a Linear per layer, has no place in LlamaAttention)"] * entry.forget
     why += [f"scorer {a['scorer']!r} (no row template: hf_scorers.py does not run it)"] * (entry.logit is None)
     p = entry.p if a.get("reweight_p") is None else a["reweight_p"]

@@ -3,6 +3,7 @@ transformers through hf_scorers.py (per-head parameters, left padding, dynamic a
 it, and imports back with its scorer, options and parameters (an older export without options too); the exports and
 imports refused in one line, GPT-2's tokenizer files, and eval_harness.py on a local lm-eval task. Skipped without
 requirements-hf.txt."""
+import dataclasses
 import json
 import os
 
@@ -102,6 +103,15 @@ def test_models_transformers_cannot_run_refuse_export_in_one_line(tmp_path):
         msg = one_line_error(convert_hf.main, ["export", path, "--out", str(tmp_path / f"hf{i}")])
         assert msg.startswith(f"error: {path} cannot be exported: {why}"), msg
         assert not os.path.exists(tmp_path / f"hf{i}")
+    # a model field the export does not write (one added to GPTConfig, or a checkpoint of another version) set away
+    # from its default: refused, never dropped (transformers would run another model); at its default: exported
+    from lib import hf as lib_hf
+    assert set(lib_hf.EXPORTED) == {f.name for f in dataclasses.fields(GPTConfig)}  # each field decided
+    _, path = nanoscorer_ckpt(tmp_path / "new.pt")
+    ckpt = torch.load(path, weights_only=True)
+    torch.save({**ckpt, "model_args": {**ckpt["model_args"], "qk_clip": 30.0}}, path)
+    msg = one_line_error(convert_hf.main, ["export", path, "--out", str(tmp_path / "hfnew")])
+    assert "cannot be exported: qk_clip=30.0 (not in config.json" in msg
     _, path = nanoscorer_ckpt(tmp_path / "ok.pt")
     convert_hf.main(["export", path, "--out", str(tmp_path / "hf")])
     assert "already holds model.safetensors, config.json" in one_line_error(
