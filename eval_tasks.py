@@ -25,9 +25,9 @@ import torch.nn.functional as F
 
 from kernels_cpu import CHUNK
 from lib import folders, rescale, tracking
-from lib.checkpoint import build_model, pick_device, read_checkpoint, run_info
+from lib.checkpoint import model_of, pick_device, read_checkpoint, run_info
 from lib.compare import unique_labels, wilson, write_csv
-from model import SCORERS, GPTConfig, auto_backend
+from model import SCORERS, auto_backend
 from tasks import TARGETS, TASKS, get_batch, min_length, target_positions
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -41,9 +41,7 @@ def load(path, device="cpu", **overrides):
         device = pick_device(device or ckpt["config"].get("device", "cpu"))
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
-    model = build_model(GPTConfig(**{**ckpt["model_args"], **overrides}), ckpt["config"].get("task", ""))
-    model.load_state_dict(ckpt["model"])
-    return model.to(device).eval(), ckpt
+    return model_of(ckpt, path, **overrides).to(device).eval(), ckpt
 
 
 def setting(c):

@@ -150,13 +150,19 @@ def load_checkpoint(path, device="cpu", **overrides):
             "TRITON_INTERPRET") == "1":  # else kernels.py's RuntimeError at the first forward, a traceback
         raise CheckpointError("--backend triton: the fused Triton kernels need a CUDA GPU; use --backend auto or torch")
     ckpt = read_checkpoint(path, device)
+    return model_of(ckpt, path, **overrides).to(device), ckpt
+
+def model_of(ckpt, path, **overrides):
+    """The model a checkpoint holds (its task's: RealGPT for reals), its weights loaded; CheckpointError, one line,
+    for args or weights this model.py does not take (a checkpoint of another version or branch)."""
     try:
-        model = GPT(GPTConfig(**{**ckpt["model_args"], **overrides}))
+        task = (ckpt.get("config") or {}).get("task", "")
+        model = build_model(GPTConfig(**{**ckpt["model_args"], **overrides}), task)
         model.load_state_dict(ckpt["model"])
-    except (TypeError, ValueError, RuntimeError) as e:  # args or weights this model.py doesn't take
+    except (TypeError, ValueError, RuntimeError) as e:
         why = " ".join(l.strip() for l in str(e).splitlines())[:300]  # load_state_dict's message spans lines
         raise CheckpointError(f"{path!r} does not fit this model: {type(e).__name__}: {why}") from None
-    return model.to(device), ckpt
+    return model
 
 class RealGPT(GPT):
     """The GPT with the SSA paper's linear input embedding x W and a scalar head; its loss is MSE or a logistic loss

@@ -94,6 +94,11 @@ def test_real_valued_task_trains_and_bad_task_input_is_one_error_line(tmp_path):
         with pytest.raises(SystemExit) as e:
             train.main([*TINY, f"out_dir={tmp_path / 'x'}", "max_iters=1", *argv])
         assert str(e.value.code).startswith("error: ") and words in str(e.value.code), e.value.code
+    ck["model_args"]["qk_clip"] = 30.0  # a checkpoint of another version or branch: one line, not a TypeError
+    torch.save(ck, tmp_path / "other.pt")
+    with pytest.raises(SystemExit) as e:
+        eval_tasks.main([str(tmp_path / "other.pt"), "--lengths", "10", "--out_dir", str(tmp_path / "ev")])
+    assert "other.pt' does not fit this model: TypeError" in str(e.value.code) and "qk_clip" in str(e.value.code)
 
 
 def test_eval_writes_accuracy_with_wilson_intervals_and_attention_diagnostics(tmp_path, capsys):
