@@ -108,8 +108,8 @@ def load_data(cfg, run, explicit, ckpt):
         data.sft = sft.split_sft(sft.load_sft(cfg.sft_data, T, enc), cfg.sft_val_frac, cfg.seed)
         data.codec, data.size = vocab.record(enc) if enc else None, dict(zip(dataset.SPLITS, map(len, data.sft)))
         cfg = sft.sft_schedule(cfg, data.size["train"])  # (train, val) examples
-    else:  # checked against meta.json: never train on a truncated split
-        data.dir = dataset.fetch(cfg.dataset, cfg.data_dir, make=run.master)  # embedded or hub: made on first use
+    else:  # checked against meta.json: never train on a truncated split; an embedded one is made (up to date) in setup
+        data.dir = dataset.fetch(cfg.dataset, cfg.data_dir, make=run.master and cfg.dataset not in EMBEDDED)
         if run.ddp:  # the other ranks wait for it
             dist.barrier()
         cfg = vocab.data_vocab(cfg, explicit, ckpt, data.dir)  # made now, if setup could not

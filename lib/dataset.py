@@ -7,7 +7,8 @@ import contextlib, glob, hashlib, itertools, json, os, random, shlex, sys, time
 
 import numpy as np
 
-from lib.corpora import CHAR, EMBEDDED, FILE_BUILDERS, NAMED, SOURCES_HELP, DataError, default_name, stream_docs
+from lib.corpora import (CHAR, EMBEDDED, FILE_BUILDERS, NAMED, SOURCES_HELP, DataError, default_name, stream_docs,
+                         text_sha256)
 from lib.folders import held, replace_synced, sync
 from lib.vocab import (EOT_TEXT, TOKENIZERS, CharCodec, HFCodec, data_record, get_tokenizer, hf_codec, read_meta,
                        record)
@@ -152,6 +153,7 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
     args = dict(source=source, text_field=text_field, hf_split=hf_split, val_frac=val_frac, seed=seed,
                 max_tokens=max_tokens, files=[[os.path.abspath(f), os.path.getsize(f), os.path.getmtime(f)]
                                               for f in files or []],
+                **({"text_sha256": text_sha256(source)} if source in EMBEDDED else {}),  # an edited corpus: made again
                 **({"tokenizer": "char"} if tokenizer == "char" else {}),  # absent for gpt2: older datasets stay valid
                 **({"tokenizer": "hf", "tokenizer_sha256": record(hf)["sha256"]} if hf else {}))
     with held(data_dir, "a dataset", wait=True):  # a second process waits, then finds it up to date
@@ -271,14 +273,14 @@ def fetch(name, out_dir="data", make=True):
     never trained on silently). One of EMBEDDED or NAMED is prepared on first use, and again when broken (a killed
     fetch starts over), where make is set (DDP: rank 0 makes it, the others wait for it)."""
     data_dir = os.path.join(out_dir, name)
+    if make and name in EMBEDDED:  # up to date with its text, not only whole (nor a folder of another source's)
+        return prepare(name, out_dir=out_dir)
     try:
         check_prepared(data_dir)
     except DataError:
         if name in NAMED or name in EMBEDDED:
-            if make:
-                if name in NAMED:
-                    print(f"{name}: first use, streaming {NAMED[name][1]:,} tokens of {NAMED[name][0]} into "
-                          f"{out_dir}/{name}")
+            if make:  # NAMED: an EMBEDDED one was made above
+                print(f"{name}: first use, streaming {NAMED[name][1]:,} tokens of {NAMED[name][0]} into {data_dir}")
                 prepare(name, out_dir=out_dir)
         elif not os.path.isdir(data_dir):
             raise DataError(f"dataset {data_dir!r} not found: prepare it with `python prepare_data.py SOURCE --name "

@@ -66,3 +66,24 @@ def test_a_bin_longer_than_meta_json_says_is_refused_and_one_edited_in_place_is_
     capsys.readouterr()
     pdata.prepare(tiny, out_dir=str(tmp_path))
     assert "up to date" not in capsys.readouterr().out and open(path, "rb").read() == original
+
+
+def test_an_embedded_corpus_edited_or_a_folder_of_another_source_under_its_name_is_made_again(tmp_path, monkeypatch,
+                                                                                               capsys):
+    # meta.json's args named the corpus alone: an edited text (or another package version) kept its old dataset, and
+    # train.py's fetch of an embedded name took whatever folder bore it
+    text = tmp_path / "tales.txt"
+    text.write_text("Once upon a time. " * 50 + "\n\n\n" + "The end came soon. " * 50)
+    monkeypatch.setitem(corpora.EMBEDDED, "tales", lambda: text.read_text().split("\n\n\n"))
+    out = str(tmp_path / "data")
+    first = read_all(pdata.prepare("tales", out_dir=out))
+    assert pdata.fetch("tales", out) == os.path.join(out, "tales") and "is up to date" in capsys.readouterr().out
+    text.write_text(text.read_text().upper())
+    pdata.fetch("tales", out)  # what train.py asks: made again from the text as it is now
+    assert "made again" in capsys.readouterr().out and read_all(os.path.join(out, "tales"))[1]["train"].tolist() != \
+        first[1]["train"].tolist()
+    (tmp_path / "other.txt").write_text("Another corpus altogether. " * 80)
+    pdata.prepare(str(tmp_path / "other.txt"), name="tales", out_dir=out)  # a folder named like the corpus
+    pdata.fetch("tales", out)
+    assert "made again" in capsys.readouterr().out
+    assert read_all(os.path.join(out, "tales"))[0]["args"]["source"] == "tales"
