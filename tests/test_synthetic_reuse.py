@@ -159,7 +159,8 @@ def test_a_config_file_edited_since_a_run_trained_refuses_its_reuse_old_records_
     assert json.loads((run / "done").read_text()) == legacy
     # fields added since a run trained (none of them set by it): reused, whether its record holds values or not
     gone = ("wandb_run_name", "sft_val_frac", "qk_norm", "qkv_bias")
-    (run / "done").write_text(json.dumps({**done, "values": {k: v for k, v in done["values"].items() if k not in gone}}))
+    older = {k: v for k, v in done["values"].items() if k not in gone}
+    (run / "done").write_text(json.dumps({**done, "values": older}))
     suite()
     lines = (run / "log.jsonl").read_text().splitlines()
     head = json.loads(lines[0])
