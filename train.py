@@ -29,8 +29,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import kernels_cpu
 import tasks
 from lib import cost, dataset, figures, folders, longrange, sft, tracking, vocab
-from lib.checkpoint import (CheckpointError, build_model, check_out_dir, clear_out_dir, read_checkpoint, rng_state,
-                            run_info, save_checkpoint, set_rng_state)
+from lib.checkpoint import (CheckpointError, build_model, check_out_dir, clear_out_dir, data_identity, read_checkpoint,
+                            rng_state, run_info, save_checkpoint, set_rng_state)
 from lib.config import TrainConfig, TrainError, model_config, parse_args, resolve, usage
 from lib.corpora import EMBEDDED
 from model import GPTConfig, convert_scorer
@@ -86,8 +86,7 @@ def setup(explicit):
         if run.master and cfg.dataset in EMBEDDED:
             dataset.fetch(cfg.dataset, cfg.data_dir)
         cfg = vocab.data_vocab(cfg, explicit, ckpt, os.path.join(cfg.data_dir, cfg.dataset))
-    if cfg.sft_data:  # its size sets max_iters: missing, the cost check below counted 200,000 ("356 hours")
-        sft.check_sft_path(cfg.sft_data)
+    sft.check_sft_path(cfg.sft_data)  # its size sets max_iters: missing, the cost check counted 200,000 ("356 hours")
     cost.cpu_cost_check(cfg, device_type, ckpt["iter_num"] if run.resuming else 0)  # before any download or model
     torch.manual_seed(cfg.seed)  # same on every rank: one saved RNG state fits all
     return cfg, ckpt, run
@@ -99,7 +98,7 @@ def setup(explicit):
 def load_data(cfg, run, explicit, ckpt):
     """-> cfg (SFT in epochs sets its schedule; a dataset's vocabulary), data: what get_batch reads and the generator
     whose state is the data position."""
-    T, data = cfg.block_size, types.SimpleNamespace(sft=None, dir=None, unigram=None, codec=None)
+    T, data = cfg.block_size, types.SimpleNamespace(sft=None, dir=None, unigram=None, codec=None, sha256=None)
     data.g = torch.Generator().manual_seed(cfg.seed)  # same on every rank: each slices one global batch
     if cfg.task:  # endless seeded streams: offsets are sample indices
         data.size = {"train": 2 ** 62, "val": 2 ** 62}
@@ -114,6 +113,7 @@ def load_data(cfg, run, explicit, ckpt):
             dist.barrier()
         cfg = vocab.data_vocab(cfg, explicit, ckpt, data.dir)  # made now, if setup could not
         data.codec = vocab.data_record(data.dir)
+        data.sha256 = data_identity(data.dir, ckpt if run.resuming else None)  # a resume: the splits it trained on
         if ckpt is not None:  # the same symbols, not only as many
             vocab.language_model(run.source, ckpt, data.dir)
         data.size = {s: len(dataset.load_split(data.dir, s)) - T for s in dataset.SPLITS}
@@ -269,8 +269,8 @@ def train(explicit):
                 is_best, best_val_loss = losses["val"] < best_val_loss, min(best_val_loss, losses["val"])
                 state = {"model": raw_model.state_dict(), "model_args": asdict(raw_model.config), "config": asdict(cfg),
                          "optimizer": optimizer.state_dict(), "iter_num": iter_num, "best_val_loss": best_val_loss,
-                         "rng": rng_state(run.device_type), "data_state": {"generator": data.g.get_state()},
-                         "run_info": info, "codec": data.codec, "hf": hf,
+                         "rng": rng_state(run.device_type), "run_info": info, "codec": data.codec, "hf": hf,
+                         "data_state": {"generator": data.g.get_state(), "sha256": data.sha256},  # its splits' too
                          "eval": {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
                                   "elapsed": time.time() - t_start, "is_best": is_best}}
                 save(run.ckpt_path, state)

@@ -5,7 +5,7 @@ builds (load_checkpoint, build_model; RealGPT for the real-valued tasks), the co
 (saved_config) and which runs it may start (check_task, loaded_inits), and what a run's out_dir may hold before a
 run writes there (check_out_dir).
 """
-import dataclasses, hashlib, importlib.metadata, importlib.util, os, re, subprocess, zipfile
+import dataclasses, hashlib, importlib.metadata, importlib.util, json, os, re, subprocess, zipfile
 
 import torch
 import torch.nn as nn
@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import tasks
 from lib import folders, tracking
+from lib.corpora import DataError
 from model import GPT, GPTConfig, param_name
 from scorers import SCORERS
 
@@ -182,6 +183,21 @@ class RealGPT(GPT):
         if reduction == "none":
             return per
         return per.sum() / (scored.sum() if reduction == "mean" else 1)
+
+def data_identity(data_dir, ckpt=None):
+    """meta.json's sha256 of the prepared splits a run trains on (None: no meta.json), kept in its checkpoints'
+    data_state; given the checkpoint a resume continues, DataError where they differ: the dataset was prepared again
+    since (another seed, val_frac or text), and going on would train on documents its val loss had held out."""
+    meta, sha = os.path.join(data_dir, "meta.json"), None  # read whole already (vocab.data_record)
+    if os.path.isfile(meta):
+        with open(meta, encoding="utf-8") as f:
+            sha = json.load(f).get("sha256")
+    had = ((ckpt or {}).get("data_state") or {}).get("sha256")
+    if had and sha and had != sha:
+        raise DataError(f"{data_dir} was prepared again since this run trained on it (its splits' sha256 differ from "
+                        f"the checkpoint's): resuming would mix two datasets and train on val documents; prepare it as "
+                        f"it was (meta.json's args) or start a new run from the checkpoint (init_from=<its ckpt.pt>)")
+    return sha
 
 def build_model(config, task=""):
     """The model a run of `task` trains: GPT for tokens, RealGPT for reals."""

@@ -13,8 +13,8 @@ from lib import vocab
 from lib.dataset import DataError  # bad input, shown in one line
 
 
-def check_sft_path(path):  # train.py asks first: its CPU cost check would count the default max_iters
-    if not os.path.isfile(path):
+def check_sft_path(path):  # train.py asks first: its CPU cost check would count the default max_iters; "": no SFT
+    if path and not os.path.isfile(path):
         raise DataError(f"sft_data {path!r} " + ("is a directory, expected a .jsonl file" if os.path.isdir(path) else
                         "does not exist") + " (`python needle.py sft_data` writes one)")
 

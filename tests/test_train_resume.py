@@ -186,3 +186,23 @@ def test_a_kill_during_an_eval_is_finished_by_the_resume(data_dir, tmp_path, mon
     log = read_log(out)
     train.main(tiny_args(data_dir, out, *args))  # relaunching a finished run says so and changes nothing
     assert "already done" in capsys.readouterr().out and read_log(out) == log
+
+
+def test_a_resume_on_a_dataset_prepared_again_since_is_refused_in_one_line(tmp_path):
+    # a checkpoint recorded the codec alone: a dataset made again with another seed resumed silently, training on
+    # documents its val loss had held out and comparing best.pt across two val sets
+    from lib import dataset
+    with open(tmp_path / "c.jsonl", "w") as f:
+        f.writelines(json.dumps({"text": f"Document {i}: " + "some words " * (i % 5 + 8)}) + "\n" for i in range(60))
+    data = tmp_path / "data"
+    dataset.prepare(str(tmp_path / "c.jsonl"), name="docs", out_dir=str(data), tokenizer="char", val_frac=0.2, seed=1)
+    args = ["device=cpu", "n_layer=1", "n_head=2", "n_embd=32", "ffn_hidden=64", "block_size=16", "batch_size=2",
+            "gradient_accumulation_steps=1", "eval_iters=1", "eval_interval=2", f"data_dir={data}", "dataset=docs",
+            f"out_dir={tmp_path / 'out'}"]
+    train.main(args + ["max_iters=2"])
+    sha = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["data_state"]["sha256"]
+    assert sha == json.loads((data / "docs" / "meta.json").read_text())["sha256"]
+    train.main(args + ["max_iters=4", "resume=True"])  # the same splits: it goes on
+    dataset.prepare(str(tmp_path / "c.jsonl"), name="docs", out_dir=str(data), tokenizer="char", val_frac=0.2, seed=2)
+    msg = error_of(args + ["max_iters=6", "resume=True"])
+    assert "was prepared again since this run trained on it" in msg and "init_from=<its ckpt.pt>" in msg
