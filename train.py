@@ -113,9 +113,9 @@ def load_data(cfg, run, explicit, ckpt):
             dist.barrier()
         cfg = vocab.data_vocab(cfg, explicit, ckpt, data.dir)  # made now, if setup could not
         data.codec = vocab.data_record(data.dir)
-        data.sha256 = data_identity(data.dir, ckpt if run.resuming else None)  # a resume: the splits it trained on
         if ckpt is not None:  # the same symbols, not only as many
             vocab.language_model(run.source, ckpt, data.dir)
+        data.sha256 = data_identity(data.dir, ckpt if run.resuming else None)  # a resume: the splits it trained on
         data.size = {s: len(dataset.load_split(data.dir, s)) - T for s in dataset.SPLITS}
         data.inode = {s: os.stat(os.path.join(data.dir, f"{s}.bin")).st_ino for s in dataset.SPLITS}  # get_batch's
         if min(data.size.values()) < 1:
