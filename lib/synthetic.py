@@ -125,7 +125,7 @@ def run_one(task, setting, seed, runs, n_eval, e, over, redo=False, evaluate=Tru
     t1 = time.time()
     if not evaluate:
         return dict(task=task, setting="softmax", seed=seed, train_s=round(t1 - t0, 1), eval_s=0.0, ran=ran)
-    N = _block_size(trained)
+    N = logged(trained)["block_size"]
     args = ["--lengths", *[str(m * N) for m in e.multiples], "--n", str(e.n_eval or n_eval), "--rope", *e.ropes,
             "--diagnose", str(32 if e.diagnose else 0), *(x.format(N=N) for x in RESCALED.get(setting, []))]
     settings, evaluated = os.path.join(out, "eval_settings.json"), os.path.join(out, "eval", "per_prompt.csv")
@@ -138,11 +138,6 @@ def run_one(task, setting, seed, runs, n_eval, e, over, redo=False, evaluate=Tru
         _run("eval_tasks.py", [os.path.join(trained, "ckpt.pt"), *args, "--out_dir", os.path.join(out, "eval")], log)
     return dict(task=task, setting=setting, seed=seed, train_s=round(t1 - t0, 1), eval_s=round(time.time() - t1, 1),
                 ran=ran)
-
-
-def _block_size(out):
-    with open(os.path.join(out, "log.jsonl")) as f:
-        return json.loads(f.readline())["config"]["block_size"]
 
 
 def recorded(runs, todo):
