@@ -66,8 +66,9 @@ def main(argv=None):
     if args.seed is not None and args.seed < 0:  # random.Random(-s) is Random(s): meta.json would record -1
         p.error(f"--seed {args.seed} must be >= 0: the split's random.Random reads -{-args.seed} as {-args.seed}")
     source = args.source_opt or args.source or "shakespeare"
-    if unread(source, args):
-        p.error("; ".join(unread(source, args)))
+    refused = unread(source, args)  # one glob of the source
+    if refused:
+        p.error("; ".join(refused))
     try:  # the defaults as meta.json has always recorded them: datasets made before stay up to date
         prepare(source, args.name, args.out_dir, args.text_field, args.hf_split or "train", args.val_frac,
                 1337 if args.seed is None else args.seed,
