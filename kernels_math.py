@@ -108,8 +108,8 @@ def _keys(KS, cols, Tk, ROW: tl.constexpr):
 def _logit(qk, c, ks, n_i, sm_scale, b_h, n_h, LOGIT: tl.constexpr, DT: tl.constexpr):
     """Stage-1 score: a base-2 logit x (ONLINE_MAX: P = exp2(x - M)), or the weight itself (lssa's A: P = A
     exp2(-M); sigmoid's w: P = w)."""
-    if LOGIT == "ssa":  # log domain: no pow of negatives; sgn(0) moot (log 1 = 0)
-        x = tl.where(qk < 0, -n_h, n_h) * _log2(1.0 + (b_h * sm_scale) * tl.abs(qk))
+    if LOGIT == "ssa":  # log domain: no pow of negatives; sgn(0) moot (log 1 = 0); log1p: an fp32 1 + b|z| loses
+        x = tl.where(qk < 0, -n_h, n_h) * _log2_1p((b_h * sm_scale) * tl.abs(qk))  # eps / (b|z|) of dn at small b
     elif LOGIT == "softplus":
         x = _softplus2(qk * c[:, None] * ks[None, :])
     elif LOGIT == "sigmoid":

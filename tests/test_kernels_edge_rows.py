@@ -148,14 +148,16 @@ def test_cpu_path_softpick_decode_row_with_every_logit_below_exps_range_gives_ze
 
 
 @pytest.mark.parametrize("b", [1e-6, 1e-4, 1e-2, 1.0])
-def test_ssa_db_holds_at_tiny_b(b):
+def test_ssa_db_and_learnable_dn_hold_at_tiny_b(b):
     # b db = sum dl (W qk - P / (b s)) cancelled |z| ~ 1e4 but lost eps / (b|z|) at small b (66 % off at 1e-6): each
-    # row now takes the form its b z_max asks for
+    # row now takes the form its b z_max asks for. dn's log(1 + b|z|) lost the same eps / (b|z|) to 1 + b|z| in fp32
     q, k, v, do = _inputs(40, 0, 16, B=1)
     grads = {}
     for name, dtype in (("ref", torch.float64), ("triton", torch.float32)):
         bb = torch.full((q.shape[1],), b, dtype=dtype, requires_grad=True)
+        nh = torch.tensor([1.2, 2.0], dtype=dtype, requires_grad=True)
         fn = functools.partial(model.attention, backend="torch") if name == "ref" else triton_attention
-        out = fn(*(t.to(dtype) * 3 for t in (q, k)), v.to(dtype), "ssa", b=bb, n=torch.full_like(bb, 1.5).detach())
-        grads[name] = torch.autograd.grad(out, bb, do.to(dtype))[0].double()
-    torch.testing.assert_close(grads["triton"], grads["ref"], rtol=1e-4, atol=0)  # large b: test_huge_logits
+        out = fn(*(t.to(dtype) * 3 for t in (q, k)), v.to(dtype), "ssa", b=bb, n=nh)
+        grads[name] = [g.double() for g in torch.autograd.grad(out, (bb, nh), do.to(dtype))]
+    for name, f, r in zip(("db", "dn"), grads["triton"], grads["ref"]):  # large b: test_huge_logits
+        torch.testing.assert_close(f, r, rtol=1e-4, atol=0, msg=lambda m: f"{name}: {m}")
