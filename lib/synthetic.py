@@ -12,7 +12,7 @@ resumes; other settings refuse in one line unless redo=True (the run is made aga
 import contextlib, ctypes, json, multiprocessing, os, runpy, signal, sys, time
 from concurrent.futures import ProcessPoolExecutor
 
-from lib import plans
+from lib import plans, tracking
 from lib.folders import held, write_json
 from lib.runs import StepError, judge, own_folders, plain, remove
 from lib.synthetic_suite import (  # noqa: F401 (the suite's definitions, for a reader and the tests)
@@ -49,8 +49,7 @@ def _one_core():  # one core per worker, `jobs` workers at once
     _die_with_parent()
     import torch
     torch.set_num_threads(1)
-    # what train.py and eval_tasks.py import, and CUDA, start here, not in a worker's first run: train_s compares
-    # rungs (select_budget)
+    # what train.py and eval_tasks.py import, and CUDA, start here, not in a worker's first run's time
     import kernels_cpu, model, tasks  # noqa: F401
     from lib import checkpoint, config, dataset, retrieval, rescale, tracking, vocab  # noqa: F401
     if torch.cuda.is_available():
@@ -93,6 +92,17 @@ def logged(trained):
         return plain(json.loads(f.readline())["config"])
 
 
+def trained_s(trained):
+    """A run's whole training in seconds, from its log.jsonl: each train.py call's last elapsed, summed. A resumed
+    call counts from 0 again; the steps a kill cut off after the checkpoint left the log (run again)."""
+    total = last = 0.0
+    for r in tracking.read_log(os.path.join(trained, "log.jsonl")):
+        if "config" in r:  # a call's first line
+            total, last = total + last, 0.0
+        last = max(last, r.get("elapsed", 0.0))
+    return round(total + last, 1)
+
+
 def record(path, settings):
     write_json(path, plain(settings))
 
@@ -101,11 +111,12 @@ def run_one(task, setting, seed, runs, n_eval, e, over, redo=False, evaluate=Tru
     """Train (resumable) and evaluate one run in this worker process; e: its SUITE entry, over: its train.py
     overrides. A RESCALED setting evaluates the seed's softmax run (trained before, main's second round). Each step
     is reused only when made with these settings (redo: made again); each records them before it starts, so an
-    output cut short between the two is judged too. evaluate=False: train only. Returns its wall times."""
+    output cut short between the two is judged too. evaluate=False: train only. Returns its times: train_s the whole
+    training's (the budget pilot's, select_budget), not this call's, which saw only the end of a resumed run."""
     out = os.path.join(runs, f"{task}-{setting}-s{seed}")
     trained = os.path.join(runs, f"{task}-softmax-s{seed}") if setting in RESCALED else out
     log = os.path.join(runs, f"{os.path.basename(out)}.train.log")
-    t0, ran = time.time(), False
+    ran = False
     train = dict(config=e.config, overrides=[*over, f"seed={seed}"])  # what decides the trained model
     train["values"] = plain(values(e.config, train["overrides"]))
     marker, started = os.path.join(trained, "done"), os.path.join(trained, "train_settings.json")
@@ -122,9 +133,9 @@ def run_one(task, setting, seed, runs, n_eval, e, over, redo=False, evaluate=Tru
         _run("train.py", [config_file(e.config), *train["overrides"],
                            f"out_dir={trained}", "resume=True"], log)
         record(marker, train)
-    t1 = time.time()
+    t1, train_s = time.time(), 0.0 if setting in RESCALED else trained_s(trained)  # a rescaling trains nothing
     if not evaluate:
-        return dict(task=task, setting="softmax", seed=seed, train_s=round(t1 - t0, 1), eval_s=0.0, ran=ran)
+        return dict(task=task, setting="softmax", seed=seed, train_s=train_s, eval_s=0.0, ran=ran)
     N = logged(trained)["block_size"]
     args = ["--lengths", *[str(m * N) for m in e.multiples], "--n", str(e.n_eval or n_eval), "--rope", *e.ropes,
             "--diagnose", str(32 if e.diagnose else 0), *(x.format(N=N) for x in RESCALED.get(setting, []))]
@@ -136,8 +147,7 @@ def run_one(task, setting, seed, runs, n_eval, e, over, redo=False, evaluate=Tru
         os.makedirs(out, exist_ok=True)
         record(settings, dict(train=train, eval=args))  # before: an evaluation cut short is judged by it
         _run("eval_tasks.py", [os.path.join(trained, "ckpt.pt"), *args, "--out_dir", os.path.join(out, "eval")], log)
-    return dict(task=task, setting=setting, seed=seed, train_s=round(t1 - t0, 1), eval_s=round(time.time() - t1, 1),
-                ran=ran)
+    return dict(task=task, setting=setting, seed=seed, train_s=train_s, eval_s=round(time.time() - t1, 1), ran=ran)
 
 
 def recorded(runs, todo):

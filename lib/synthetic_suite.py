@@ -194,7 +194,7 @@ def select_budget(rows, steps):
     at_n = {(t, s): v for (t, s, m), v in accuracy_cells(rows).items() if t in RUNGS and m == 1}
     ok = [t for t in RUNGS if any(k[0] == t for k in at_n)
           and all(sum(v) / len(v) >= 0.95 for k, v in at_n.items() if k[0] == t)]
-    runs = {}  # a run's training time: its longest record (a resumed call records a reused run's ~0 s again)
+    runs = {}  # a run's training time: its longest record (before log.jsonl gave it, a reused run's was ~0 s)
     for x in steps:
         key = x["task"], x["setting"], x["seed"]
         runs[key] = max(runs.get(key, 0), x["train_s"])

@@ -178,3 +178,28 @@ def test_a_config_file_edited_since_a_run_trained_refuses_its_reuse_old_records_
     suite(redo=True)  # trained again with what the file says now, and evaluated again
     heads = [json.loads(line)["config"]["n_layer"] for line in open(run / "log.jsonl") if '"config"' in line]
     assert heads == [1] and json.loads((run / "eval_settings.json").read_text())["train"]["values"]["n_layer"] == 1
+
+
+def test_a_run_killed_and_resumed_records_the_whole_trainings_time(tmp_path, monkeypatch):
+    # select_budget sums the runs' train_s: a resumed run recorded only its last call's, half of it here
+    import time
+
+    from lib import tracking
+    clock, real, step, killed = [0.0], time.time, tracking.progress, []
+
+    class Killed(Exception):
+        pass
+
+    def progress(record, *a):  # each step takes a minute; the first call dies at iter 3, its checkpoint at 2
+        clock[0] += 60
+        if record["iter"] == 3 and not killed:
+            killed.append(True)
+            raise Killed
+        step(record, *a)
+    monkeypatch.setattr(time, "time", lambda: real() + clock[0])
+    monkeypatch.setattr(tracking, "progress", progress)
+    over = ["max_iters=4", "eval_interval=2", *TINY[2:]]
+    with pytest.raises(Killed):
+        synthetic.run_one("first", "softmax", 0, str(tmp_path), 4, synthetic.SUITE["first"], over, evaluate=False)
+    r = synthetic.run_one("first", "softmax", 0, str(tmp_path), 4, synthetic.SUITE["first"], over, evaluate=False)
+    assert r["ran"] and 4 * 60 <= r["train_s"] < 5 * 60  # iters 0-3, not the resumed 2-3 alone (nor 2-3 twice)
