@@ -83,21 +83,11 @@ def save(args, folder, name, rows=None, fields=FIELDS, fig=None, **results):
     if fig is not None:
         fig.savefig(os.path.join(folder, f"{name}.png"), dpi=120)
 
-def figure(n=1, ncols=None, size=(5, 4)):
-    """n panels, ncols (default: all) to a row, each about size inches: any number of models stays legible."""
-    from matplotlib.figure import Figure  # no pyplot: no global state, no display
-    ncols = ncols or n
-    fig = Figure(figsize=(size[0] * ncols + 1, size[1] * math.ceil(n / ncols)), layout="constrained")
-    axes = fig.subplots(math.ceil(n / ncols), ncols, squeeze=False).flatten()
-    for ax in axes[n:]:  # the last row of a grid may have empty cells
-        ax.set_axis_off()
-    return fig, axes[:n]
-
 def report(args, folder, rows, models, labels):
     palette = figures.colors(len(models))
     if args.mode == "needle":  # Fig. 6: depth x context, a panel per model
         acc = cells(rows, ["model", "context", "depth"])
-        fig, axes = figure(len(models), math.ceil(math.sqrt(len(models))), size=(4.5, 3.5))
+        fig, axes = figures.panels(len(models), math.ceil(math.sqrt(len(models))), size=(4.5, 3.5))
         a = {(c["model"], c["context"], c["depth"]): (c["accuracy"], c["actual_depth"]) for c in acc}
         for ax, m, label in zip(axes, models, labels):
             grid = np.array([[a[m, L, d] for L in args.context_sizes] for d in args.depths])  # (depth, context, 2)
@@ -109,7 +99,7 @@ def report(args, folder, rows, models, labels):
         fig.colorbar(im, ax=list(axes), label="fraction of answers exactly right")
         return save(args, folder, "needle", rows, FIELDS, fig, cells=acc)
     if args.mode == "passkey":  # LSSAR Fig. 3: accuracy vs length
-        acc, (fig, (ax,)) = cells(rows, ["model", "context"]), figure()
+        acc, (fig, (ax,)) = cells(rows, ["model", "context"]), figures.panels()
         for m, label, color in zip(models, labels, palette):
             ax.plot(args.context_sizes, [c["accuracy"] for c in acc if c["model"] == m], "o-", color=color, label=label)
         ax.set(xlabel="context length (tokens)", ylabel="passkey accuracy", ylim=(-0.05, 1.05))
@@ -122,7 +112,7 @@ def report(args, folder, rows, models, labels):
                for m, rs in trials_of.items()]  # per model: the means over its trials
     n_heads = max(r["heads"].numel() for r in fig7)  # n_layer x n_head
     shown = min(n_heads, 25)  # Fig. 7: the strongest heads, at most 25 of them
-    (f7, (ax7,)), (f8, (ax8, ax)) = figure(), figure(2, size=(max(5, 0.7 * len(models)), 4))
+    (f7, (ax7,)), (f8, (ax8, ax)) = figures.panels(), figures.panels(2, size=(max(5, 0.7 * len(models)), 4))
     for m, label, color in zip(models, labels, palette):
         top = [h["score"] for h in heads if h["model"] == m][:shown]
         ax7.plot(range(1, len(top) + 1), top, "o-", color=color, label=label)

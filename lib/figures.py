@@ -23,6 +23,16 @@ def figure(n=1, rows=1, sharey=False):
     fig = Figure(figsize=(5.5 * n + 1, 4.2 * rows), layout="tight")
     return fig, fig.subplots(rows, n, squeeze=False, sharey=sharey).ravel()
 
+def panels(n=1, ncols=None, size=(5, 4)):
+    """n panels, ncols (default: all) to a row, each about size inches: any number of models stays legible."""
+    from matplotlib.figure import Figure
+    ncols = ncols or n
+    fig = Figure(figsize=(size[0] * ncols + 1, size[1] * math.ceil(n / ncols)), layout="constrained")
+    axes = fig.subplots(math.ceil(n / ncols), ncols, squeeze=False).flatten()
+    for ax in axes[n:]:  # the last row of a grid may have empty cells
+        ax.set_axis_off()
+    return fig, axes[:n]
+
 def colors(n):
     """n distinct colours: tab20's 10 strong shades, then its 10 light ones; past 20, turbo's."""
     from matplotlib import colormaps
