@@ -29,7 +29,7 @@ from tqdm import tqdm
 from lib import compare, dataset, figures, folders, rescale, tracking, vocab
 from lib.checkpoint import load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
 from model import BACKENDS, ROPE_METHODS
-from rope import eval_passes, passes_rule, per_length, unread_options
+from rope import eval_passes, pass_lengths, passes_rule, unread_options
 
 WINDOW_MULTIPLES = (1, 2, 4, 8, 10, 16, 20)  # k x the training length N
 WINDOW_RULE = ("window kx: mean loss over positions (k*N - N, k*N], the last N positions up to k times the "
@@ -70,18 +70,11 @@ def per_position_loss(model, data, starts, L, batch_size, bounds, bar=None):
             bar.update(1)
     return (total / len(starts)).cpu().numpy(), {w: torch.cat(v).numpy() for w, v in per_seq.items()}
 
-def pass_lengths(args, N, method):
-    """Sequence lengths run for one RoPE setting. Per length (Dynamic NTK's tables, YaRN's logit temperature: both
-    set by the length): every window's end kN and L (the curve)."""
-    if per_length(method, args.logit_scale, args.ntk_per_length):
-        return sorted({last for _, last in window_bounds(N, args.length).values()} | {args.length})
-    return [args.length]
-
 def evaluate(model, data, starts, args, N, method, scale, bar):
     """One RoPE setting on every sequence: the L-position curve, its RoPE info, each window's per-sequence losses and
     the effective θ each window ran with (None for pi and yarn)."""
     bounds, per_seq, theta = window_bounds(N, args.length), {}, {}
-    lengths = pass_lengths(args, N, method)
+    lengths = pass_lengths(bounds, args.length, method, args.logit_scale, args.ntk_per_length)
     for n in lengths:  # the last, L, gives the curve and RoPE info
         rope = model.extend_rope(method, scale, n)
         rescale.apply(model, args.logit_scale, n, args.llama4_floor)  # None: no rescaling
@@ -143,7 +136,8 @@ def run(args, folder):  # the results to folder; returns the wandb table
     some_rope = any(a.get("pos", "rope") == "rope" for a in model_args)  # NoPE alone: the native pass only
     device, settings = torch.device(args.device), eval_passes(args.rope_method, args.rope_scale, some_rope)
     models, curves, rows, table, drawn = [], {}, [], [], time.time()
-    n_pass = sum(len(pass_lengths(args, a["block_size"], s[1])) for a in model_args for s in settings)
+    n_pass = sum(len(pass_lengths(window_bounds(a["block_size"], args.length), args.length, method, args.logit_scale,
+                                  args.ntk_per_length)) for a in model_args for _, method, _ in settings)
     bar = tqdm(total=math.ceil(args.num_seqs / args.batch_size) * n_pass, unit="batch", disable=None)
     for label, path in zip(labels, args.ckpt):
         model, ckpt = load_checkpoint(path, device, backend=args.backend)

@@ -122,6 +122,13 @@ def per_length(method, logit_scale, ntk_per_length):
     sequence's length (LSSAR Table 4), unless --no-ntk_per_length (one L-token pass with the factors for L)."""
     return bool(ntk_per_length) and (method == "dynamic_ntk" or logit_scale == "yarn")
 
+def pass_lengths(bounds, L, method, logit_scale, ntk_per_length):
+    """The sequence lengths one pass runs: per length (per_length) each window's end (bounds: {window: (first,
+    last)}) and L, the curve's; else one pass of L."""
+    if per_length(method, logit_scale, ntk_per_length):
+        return sorted({last for _, last in bounds.values()} | {L})
+    return [L]
+
 def passes_rule(methods, logit_scale, ntk_per_length):
     """How the windows of the passes that ran (their methods) were read, in summary.json's words."""
     by_length = [per_length(m, logit_scale, ntk_per_length) for m in methods]
