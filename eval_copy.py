@@ -19,7 +19,8 @@ import argparse, json, math, os, sys
 import torch
 
 from lib import compare, dataset, figures, folders, longrange, rescale, tracking, vocab
-from lib.checkpoint import CheckpointError, load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
+from lib.checkpoint import (CheckpointError, data_provenance, load_checkpoint, pick_device, read_checkpoint, run_info,
+                            trained_on)
 from model import BACKENDS, ROPE_METHODS
 from rope import unread_options
 
@@ -85,7 +86,9 @@ def summarize(label, N, losses, args):
 def run(args, folder):
     # every checkpoint must read the data's vocabulary (by content), checked before any model runs
     args.data = vocab.data_folder(args.data) or trained_on(args.ckpt, "data/english_char")  # a given one must exist
-    model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)["model_args"] for p in args.ckpt]
+    ckpts = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data) for p in args.ckpt]
+    model_args = [c["model_args"] for c in ckpts]
+    seen = [data_provenance(p, c, args.data) for p, c in zip(args.ckpt, ckpts)]  # warns: its dataset made again
     rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale, args.rope_method,
                   args.llama4_floor, [a.get("rope_scaling") for a in model_args])
     tokens = dataset.load_split(args.data, args.split)
@@ -99,7 +102,7 @@ def run(args, folder):
     models, rows = [], []
     labels = compare.unique_labels(args.labels or [f"{a.get('scorer', 'softmax')} #{i + 1}"
                                                    for i, a in enumerate(model_args)], args.ckpt)
-    for path, a, label in zip(args.ckpt, model_args, labels):
+    for path, a, label, data_seen in zip(args.ckpt, model_args, labels, seen):
         N = a["block_size"]
         if 2 * args.span + longrange.LEAD > N:
             raise ValueError(f"--span {args.span}: two copies and the lead of {longrange.LEAD} tokens must fit in the "
@@ -114,7 +117,7 @@ def run(args, folder):
         del model
         which = dict(checkpoint=os.path.abspath(path), iter=ckpt.get("iter_num"))  # every row names its model
         models.append(dict(summarize(label, N, losses, args), **which, pos=pos, rope_method=rope[0],
-                           rope_scale=rope[1], skipped=skipped))
+                           rope_scale=rope[1], skipped=skipped, **data_seen))
         rows += [dict(model=label, **which, distance_x=k, distance=d, seq=j, first=f[j].mean(), second=s[j].mean(),
                       control=c[j].mean()) for k, (d, f, s, c) in losses.items() for j in range(args.num_seqs)]
         print(f"{label}: " + ", ".join(f"{k} N {r['second']:.3f}/{r['control']:.3f} ({r['ratio']:.2f})"

@@ -27,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from lib import compare, dataset, figures, folders, rescale, tracking, vocab
-from lib.checkpoint import load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
+from lib.checkpoint import data_provenance, load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
 from model import BACKENDS, ROPE_METHODS
 from rope import eval_passes, pass_lengths, passes_rule, unread_options
 
@@ -118,7 +118,9 @@ def run(args, folder):  # the results to folder; returns the wandb table
         return []
     # check all checkpoints (mmap'd, each against the data's vocabulary, by content) before any model runs
     args.data = vocab.data_folder(args.data) or trained_on(args.ckpt, "data/shakespeare")  # a given one must exist
-    model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)["model_args"] for p in args.ckpt]
+    ckpts = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data) for p in args.ckpt]
+    model_args = [c["model_args"] for c in ckpts]
+    seen = [data_provenance(p, c, args.data) for p, c in zip(args.ckpt, ckpts)]  # warns: its dataset made again
     rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale, args.rope_method,
                   args.llama4_floor, [a.get("rope_scaling") for a in model_args])  # every model before the first
     args.length = args.length or 10 * model_args[0]["block_size"]  # the first checkpoint fixes L
@@ -139,7 +141,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
     n_pass = sum(len(pass_lengths(window_bounds(a["block_size"], args.length), args.length, method, args.logit_scale,
                                   args.ntk_per_length)) for a in model_args for _, method, _ in settings)
     bar = tqdm(total=math.ceil(args.num_seqs / args.batch_size) * n_pass, unit="batch", disable=None)
-    for label, path in zip(labels, args.ckpt):
+    for label, path, data_seen in zip(labels, args.ckpt, seen):
         model, ckpt = load_checkpoint(path, device, backend=args.backend)
         model.eval()
         cfg, ckpt_path = model.config, os.path.abspath(path)
@@ -166,7 +168,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
                       for w, v in windows.items()]
             print(f"{label} [{rope}]: " + ", ".join(f"{w} {v['mean_loss']:.4f}" for w, v in windows.items()
                                                    if not w.startswith("prefix")) + f", all {result['mean_loss']:.4f}")
-        models[-1].update(model_args=ckpt["model_args"], train_run_info=ckpt.get("run_info"))
+        models[-1].update(model_args=ckpt["model_args"], train_run_info=ckpt.get("run_info"), **data_seen)
         draw = len(models) == len(args.ckpt) or time.time() - drawn >= tracking.PLOT_EVERY_S
         write_results(args, folder, settings, curves, models, rows, starts, baseline, draw)
         drawn = time.time() if draw else drawn

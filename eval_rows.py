@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from lib import compare, dataset, figures, folders, tracking, vocab
-from lib.checkpoint import load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
+from lib.checkpoint import data_provenance, load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
 from model import BACKENDS
 
 OUTPUTS = ("per_position.csv", "per_sequence.csv", "rows.png", "summary.json")  # summary.json last: results whole
@@ -177,7 +177,9 @@ def plot(path, results, args, L):
 def run(args, folder):
     # every checkpoint must read the data's vocabulary (by content), checked before any model runs
     args.data = vocab.data_folder(args.data) or trained_on(args.ckpt, "data/shakespeare")  # a given one must exist
-    model_args = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)["model_args"] for p in args.ckpt]
+    ckpts = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data) for p in args.ckpt]
+    model_args = [c["model_args"] for c in ckpts]
+    seen = [data_provenance(p, c, args.data) for p, c in zip(args.ckpt, ckpts)]  # warns: its dataset made again
     L = args.length or model_args[0]["block_size"]
     if any(c >= L for c in args.context):
         raise ValueError(f"--context {max(args.context)} must be shorter than the length {L}")
@@ -188,12 +190,12 @@ def run(args, folder):
     data = dataset.load_tokens(args.data, args.split, L, min(a["vocab_size"] for a in model_args))
     starts = dataset.draw_starts(len(data), L, args.num_seqs, args.seed, args.disjoint)  # the same for every model
     results, per_seq, models = {}, {}, []
-    for label, path in zip(labels, args.ckpt):
+    for label, path, data_seen in zip(labels, args.ckpt, seen):
         model, ckpt = load_checkpoint(path, args.device, backend=args.backend)
         model.eval()
         results[label], per_seq[label] = evaluate(model, data, starts, L, args)
         models.append(dict(label=label, checkpoint=path, scorer=model.config.scorer,
-                           block_size=model.config.block_size, iter_num=ckpt.get("iter_num")))
+                           block_size=model.config.block_size, iter_num=ckpt.get("iter_num"), **data_seen))
         b = bin_means(results[label], L)
         print(f"{label}: loss by positions " + ", ".join(f"{k} {v['loss']:.3f}" for k, v in b.items()))
     write_results(args, folder, results, per_seq, models, starts, L)

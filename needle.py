@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from lib import compare, figures, folders, tracking, vocab
-from lib.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, run_info, trained_on
+from lib.checkpoint import CheckpointError, data_provenance, load_checkpoint, read_checkpoint, run_info, trained_on
 from lib.dataset import DataError  # bad input, printed by main as one line
 from lib.retrieval import cells, load_hay, ranked_heads, score_answer, score_trials, sft_examples, trials, with_lead
 from lib.vocab import EOT
@@ -83,7 +83,7 @@ def save(args, folder, name, rows=None, fields=FIELDS, fig=None, **results):
     if fig is not None:
         fig.savefig(os.path.join(folder, f"{name}.png"), dpi=120)
 
-def report(args, folder, rows, models, labels):
+def report(args, folder, rows, models, labels, seen):
     palette = figures.colors(len(models))
     if args.mode == "needle":  # Fig. 6: depth x context, a panel per model
         acc = cells(rows, ["model", "context", "depth"])
@@ -97,14 +97,14 @@ def report(args, folder, rows, models, labels):
             for (i, j), v in np.ndenumerate(grid[..., 0]):  # under the accuracy: where the needles went, on average
                 ax.text(j, i, f"{v:.2f}\nat {grid[i, j, 1]:.0f}%", ha="center", va="center", fontsize=7)
         fig.colorbar(im, ax=list(axes), label="fraction of answers exactly right")
-        return save(args, folder, "needle", rows, FIELDS, fig, cells=acc)
+        return save(args, folder, "needle", rows, FIELDS, fig, cells=acc, models=seen)
     if args.mode == "passkey":  # LSSAR Fig. 3: accuracy vs length
         acc, (fig, (ax,)) = cells(rows, ["model", "context"]), figures.panels()
         for m, label, color in zip(models, labels, palette):
             ax.plot(args.context_sizes, [c["accuracy"] for c in acc if c["model"] == m], "o-", color=color, label=label)
         ax.set(xlabel="context length (tokens)", ylabel="passkey accuracy", ylim=(-0.05, 1.05))
         ax.legend(**figures.LEGEND)
-        return save(args, folder, "passkey", rows, FIELDS, fig, cells=acc)
+        return save(args, folder, "passkey", rows, FIELDS, fig, cells=acc, models=seen)
     fig7, fig8 = [r for r in rows if r["trial"] == 0], [r for r in rows if r["trial"] > 0]
     heads = ranked_heads(fig7)
     trials_of = {m: [r for r in fig8 if r["model"] == m] for m in models}
@@ -137,8 +137,9 @@ def report(args, folder, rows, models, labels):
     print(f"{labels[-1]}: needle score {s['top_score']:.3f} best head, {s['mean_score']:.4f} mean head; "
           f"control span {s['control_top_score']:.3f}, {s['control_mean_score']:.4f}; uniform {s['uniform']:.4f}")
     save(args, folder, "needle_score_heads", heads, ["model", "rank", "layer", "head", "score"], f7,
-         fig7=[{k: r[k] for k in FIELDS} for r in fig7])
-    save(args, folder, "needle_score_trials", fig8, FIELDS, f8, cells=cells(fig8, ["model"]), scores=summary)
+         fig7=[{k: r[k] for k in FIELDS} for r in fig7], models=seen)
+    save(args, folder, "needle_score_trials", fig8, FIELDS, f8, cells=cells(fig8, ["model"]), scores=summary,
+         models=seen)
 
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -159,8 +160,9 @@ def run(args, folder):  # the results to folder; returns the wandb table
         return print(f"{os.path.join(args.out_dir, name)}.jsonl: {len(examples):,} examples")
     if not args.ckpt:
         raise DataError(f"mode {args.mode} needs --ckpt")
-    vocabs = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)["model_args"]["vocab_size"]
-              for p in args.ckpt]  # every checkpoint checked (mmap'd) before any model runs
+    ckpts = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)
+             for p in args.ckpt]  # every checkpoint checked (mmap'd) before any model runs
+    vocabs = [c["model_args"]["vocab_size"] for c in ckpts]
     hay = None if args.mode == "passkey" else load_hay(args.data, "val", min(vocabs))
     contexts = [args.context] if args.mode == "score" else args.context_sizes
     prompts = lambda L: trials(args, enc, hay, L, np.random.default_rng([args.seed, L]))  # the same for every model
@@ -171,13 +173,15 @@ def run(args, folder):  # the results to folder; returns the wandb table
                                        for c in args.ckpt]
     labels = [os.path.basename(m.rstrip("/\\")) or m for m in models]  # titles and legends: the run folder's name
     labels = labels if len(set(labels)) == len(labels) else models  # unless two share it
+    seen = [dict(model=m, checkpoint=p, **data_provenance(p, c, args.data))  # warns: its dataset made again
+            for m, p, c in zip(models, args.ckpt, ckpts)]
     for k, (path, label) in enumerate(zip(args.ckpt, models)):
         model = load_checkpoint(path, args.device, backend=args.backend)[0].eval()
         with tqdm(total=n * len(contexts), desc=label, unit="prompt") as bar:
             for L in contexts:
                 model.extend_rope(args.rope_method, args.rope_scale, L)
                 rows += evaluate(model, label, prompts(L), args, enc, bar)
-        report(args, folder, rows, models[:k + 1], labels[:k + 1])  # after every model: progress to look at
+        report(args, folder, rows, models[:k + 1], labels[:k + 1], seen[:k + 1])  # after every model: progress
     print(f"results in {args.out_dir}")
     return [{k: r[k] for k in FIELDS if k in r} for r in rows]  # the CSV's columns: a per-head tensor is no cell
 

@@ -2,10 +2,11 @@
 Checkpoints and their provenance: what every checkpoint and result file records (run_info), the atomic save, the
 safe read (weights_only=True: a file that carries code is refused, never run), the model a checkpoint or a task run
 builds (load_checkpoint, build_model; RealGPT for the real-valued tasks), the config a resume continues
-(saved_config) and which runs it may start (check_task, loaded_inits), and what a run's out_dir may hold before a
-run writes there (check_out_dir).
+(saved_config) and which runs it may start (check_task, loaded_inits), what a run's out_dir may hold before a run
+writes there (check_out_dir), and the prepared splits a run trained on against those it resumes or is evaluated on
+(data_identity, data_provenance).
 """
-import dataclasses, hashlib, importlib.metadata, importlib.util, json, os, re, subprocess, zipfile
+import dataclasses, hashlib, importlib.metadata, importlib.util, json, os, re, subprocess, sys, zipfile
 
 import torch
 import torch.nn as nn
@@ -198,6 +199,22 @@ def data_identity(data_dir, ckpt=None):
                         f"the checkpoint's): resuming would mix two datasets and train on val documents; prepare it as "
                         f"it was (meta.json's args) or start a new run from the checkpoint (init_from=<its ckpt.pt>)")
     return sha
+
+def data_provenance(path, ckpt, data_dir):
+    """What an evaluation records of the data it reads a checkpoint on (each model's data_sha256, trained_sha256:
+    None where unknown; data_prepared_again), and one warning line where data_dir is the folder the run trained on
+    (its config's data_dir/dataset) prepared again since: its val documents may have been trained on. Another folder
+    is no warning (another corpus is a choice); neither is an older checkpoint that kept no sha256."""
+    cfg, trained = ckpt.get("config") or {}, (ckpt.get("data_state") or {}).get("sha256")
+    sha = data_identity(data_dir)
+    folder = os.path.join(cfg.get("data_dir", "data"), cfg.get("dataset") or "")  # trained_on's rule
+    own = bool(cfg.get("dataset")) and os.path.realpath(folder) == os.path.realpath(data_dir)
+    again = bool(own and trained and sha and trained != sha)
+    if again:
+        print(f"warning: {path} trained on {data_dir} before it was prepared again (its splits' sha256 differ from "
+              f"the checkpoint's): its val documents may have been trained on; prepare it as it was then (meta.json's "
+              f"args say how it is now), or evaluate on another dataset", file=sys.stderr)
+    return dict(data_sha256=sha, trained_sha256=trained, data_prepared_again=again)
 
 def build_model(config, task=""):
     """The model a run of `task` trains: GPT for tokens, RealGPT for reals."""

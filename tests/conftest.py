@@ -133,3 +133,30 @@ def code_carrying_copy(src, dst, target):
     import torch
     torch.save({**torch.load(src, weights_only=True), "run_info": WritesAFile(str(target))}, dst)
     return str(dst)
+
+
+PREPARED_AGAIN = {"train": "0" * 64, "val": "1" * 64}  # a meta.json's sha256 after the dataset was made again
+
+
+def trained_on_copy(data_dir, tmp_path, ckpt_path, sha256=None):
+    """data_dir copied to tmp_path/data/docs with a meta.json of its splits' sha256 (sha256 where given: the copy
+    prepared again since), and ckpt_path's model saved as a run that trained on the copy as first prepared (its
+    config's data_dir/dataset, data_state and codec, as train.py keeps them): (the copy, that checkpoint)."""
+    import json, shutil
+    from lib import dataset, vocab
+    from lib.checkpoint import read_checkpoint, save_checkpoint
+    copy = tmp_path / "data" / "docs"
+    shutil.copytree(data_dir, copy)
+    trained = {s: dataset.sha256(str(copy / f"{s}.bin")) for s in ("train", "val")}
+    (copy / "meta.json").write_text(json.dumps({"sha256": sha256 or trained}))
+    ckpt, path = read_checkpoint(str(ckpt_path)), tmp_path / "run" / "ckpt.pt"
+    path.parent.mkdir()
+    save_checkpoint({**ckpt, "config": {**(ckpt.get("config") or {}), "data_dir": str(tmp_path / "data"),
+                                        "dataset": "docs"}, "data_state": {"sha256": trained},
+                     "codec": ckpt.get("codec") or vocab.data_record(str(copy))}, str(path))
+    return str(copy), str(path)
+
+
+def warnings_of(err):
+    """The warnings of a dataset prepared again (an older checkpoint's vocabulary warning aside)."""
+    return [line for line in err.splitlines() if line.startswith("warning:") and "prepared again" in line]

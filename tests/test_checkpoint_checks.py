@@ -1,6 +1,7 @@
 """lib/checkpoint.py's checks, called directly: --device's choice and its errors, what out_dir may hold before a run
 writes there (a file, results, overwrite), what a run's results are in words, the temp files a resume clears, a
-file that is no checkpoint, the config a resume continues and the start values a checkpoint's weights load over."""
+file that is no checkpoint, the config a resume continues, the start values a checkpoint's weights load over and
+when an evaluation's data is the run's own dataset prepared again since."""
 import json
 from dataclasses import asdict
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from lib import checkpoint
-from lib.checkpoint import CheckpointError, check_out_dir, finished_part
+from lib.checkpoint import CheckpointError, check_out_dir, data_provenance, finished_part
 from model import GPT, GPTConfig
 
 
@@ -98,3 +99,21 @@ def test_run_info_names_the_gpu_a_run_had(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     assert checkpoint.run_info(5)["device"] == "NVIDIA H200" and checkpoint.run_info(5)["seed"] == 5
+
+
+def test_data_provenance_warns_only_where_a_runs_own_folder_was_prepared_again(tmp_path, monkeypatch, capsys):
+    for name, sha in (("docs", "new"), ("other", "new"), ("plain", None)):  # plain: another tool's files, no meta
+        (tmp_path / "data" / name).mkdir(parents=True)
+        if sha:
+            (tmp_path / "data" / name / "meta.json").write_text(json.dumps({"sha256": {"val": sha}}))
+    run = {"config": {"data_dir": "data", "dataset": "docs"}, "data_state": {"sha256": {"val": "old"}}}
+    monkeypatch.chdir(tmp_path)  # the run's data_dir is relative, the evaluation's folder absolute: the same folder
+    assert data_provenance("a.pt", run, str(tmp_path / "data" / "docs")) == dict(
+        data_sha256={"val": "new"}, trained_sha256={"val": "old"}, data_prepared_again=True)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"warning: a.pt trained on {tmp_path / 'data' / 'docs'} before it was prepared again")
+    same = {**run, "data_state": {"sha256": {"val": "new"}}}
+    older = {"config": run["config"]}  # before checkpoints kept the splits' sha256
+    for ckpt, folder in ((run, "data/other"), (run, "data/plain"), (same, "data/docs"), (older, "data/docs")):
+        assert data_provenance("a.pt", ckpt, folder)["data_prepared_again"] is False
+    assert capsys.readouterr().err == ""

@@ -13,7 +13,7 @@ import torch
 
 import eval_copy
 import test_eval_long
-from conftest import one_line_error
+from conftest import PREPARED_AGAIN, one_line_error, trained_on_copy, warnings_of
 from lib import compare, longrange, rescale
 from lib.checkpoint import run_info, save_checkpoint
 from model import GPT
@@ -209,3 +209,15 @@ def test_a_rope_scale_given_with_rope_method_none_is_refused_and_the_default_is_
 def test_out_of_range_numbers_are_one_error_line(flag, value):
     v = int(value) if flag == "--span" else float(value)
     assert f"{flag} {v:g}" in one_line_error(eval_copy.main, ["ckpt.pt", flag, value])  # before any file is read
+
+
+def test_eval_copy_warns_and_records_a_dataset_prepared_again_since_the_checkpoint_trained(ckpt, data_dir, tmp_path,
+                                                                                          monkeypatch, capsys):
+    monkeypatch.setattr(eval_copy.figures, "copy_gate", lambda *a: None)  # the record only
+    folder, path = trained_on_copy(data_dir, tmp_path, ckpt, sha256=PREPARED_AGAIN)
+    eval_copy.main([path, "--data", folder, "--span", str((N - longrange.LEAD) // 2), "--distances", "0.5",
+                    "--num_seqs", "2", "--out_dir", str(tmp_path / "res")])
+    (line,) = warnings_of(capsys.readouterr().err)
+    assert path in line and folder in line and "val documents may have been trained on" in line
+    (m,) = json.loads((tmp_path / "res" / "summary.json").read_text())["models"]
+    assert m["data_prepared_again"] is True and m["data_sha256"] == PREPARED_AGAIN != m["trained_sha256"]

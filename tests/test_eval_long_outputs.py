@@ -2,7 +2,8 @@
 run's --seed and --n_boot, per_sequence.csv's start and rope_scale of each row, summary.json's overlapping pairs, its
 smoothing and each model's training run; a length that is no window's end under Dynamic NTK per length; the default
 length from the first checkpoint and the length check against the longest N; a logit rescaling for each pass's
-length; the window rule naming the passes that ran. CPU only."""
+length; the window rule naming the passes that ran; the warning and record of a dataset prepared again since the
+checkpoint trained on it. CPU only."""
 import json
 from dataclasses import asdict
 
@@ -15,6 +16,7 @@ import test_eval_long
 from lib import compare, dataset, rescale
 from lib.checkpoint import load_checkpoint, run_info, save_checkpoint
 from model import GPT
+from conftest import PREPARED_AGAIN, trained_on_copy, warnings_of
 from test_eval_long import N, one_line_error, read_csv, tiny_config
 
 data_dir = test_eval_long.data_dir  # its fixture: real Shakespeare, written directly
@@ -131,3 +133,16 @@ def test_the_window_rule_says_the_passes_dynamic_ntk_ran(ckpts, data_dir, tmp_pa
                     "--num_seqs", "1", "--out_dir", str(tmp_path / "res")])
     rule = json.loads((tmp_path / "res" / "summary.json").read_text())["window_rule"]
     assert rule.endswith(passes)  # one L-token pass was said to be k*N-token passes
+
+
+def test_eval_long_warns_and_records_a_dataset_prepared_again_since_the_checkpoint_trained(ckpts, data_dir, tmp_path,
+                                                                                          capsys):
+    # the checkpoint's own dataset made again (another seed): its val split may hold documents the run trained on
+    folder, path = trained_on_copy(data_dir, tmp_path, ckpts["plain"], sha256=PREPARED_AGAIN)
+    eval_long.main([path, ckpts["plain"], "--data", folder, "--length", str(2 * N), "--num_seqs", "2", "--n_boot",
+                    "10", "--out_dir", str(tmp_path / "res")])
+    (line,) = warnings_of(capsys.readouterr().err)  # the untracked fixture's checkpoint: no warning
+    assert path in line and folder in line and "val documents may have been trained on" in line
+    again, older = json.loads((tmp_path / "res" / "summary.json").read_text())["models"]
+    assert again["data_prepared_again"] is True and again["data_sha256"] == PREPARED_AGAIN != again["trained_sha256"]
+    assert older["data_prepared_again"] is False and older["trained_sha256"] is None

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 from dataclasses import asdict
 
 import numpy as np
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 import eval_copy
 import eval_long
 import eval_rows
-from conftest import one_line_error
+from conftest import PREPARED_AGAIN, one_line_error, trained_on_copy, warnings_of
 from lib import vocab
 from lib.checkpoint import run_info, save_checkpoint, trained_on
 from model import GPT, GPTConfig
@@ -267,3 +268,29 @@ def test_without_data_the_evals_read_the_dataset_the_first_checkpoint_trained_on
     assert json.load(open(tmp_path / "rows" / "summary.json"))["args"]["data"] == data_dir
     assert trained_on([str(tmp_path / "task.pt")], "d") == "d" and trained_on([str(tmp_path / "gone.pt")], "d") == "d"
     assert trained_on([], "d") == "d"  # needle.py's sft_data: no checkpoint
+
+
+def test_eval_rows_warns_and_records_a_dataset_prepared_again_since_the_checkpoint_trained(ckpts, data_dir, tmp_path,
+                                                                                          capsys):
+    # an evaluation read its checkpoint's dataset made again (another seed) silently: val may hold trained documents
+    folder, path = trained_on_copy(data_dir, tmp_path, ckpts["softmax"], sha256=PREPARED_AGAIN)
+    eval_rows.main(["--ckpt", path, "--num_seqs", "2", "--out_dir", str(tmp_path / "rows")])  # --data: its own
+    (line,) = warnings_of(capsys.readouterr().err)
+    assert path in line and folder in line and "val documents may have been trained on" in line
+    (m,) = json.load(open(tmp_path / "rows" / "summary.json"))["models"]
+    assert m["data_prepared_again"] is True and m["data_sha256"] == PREPARED_AGAIN != m["trained_sha256"]
+
+
+def test_eval_rows_on_the_data_a_checkpoint_trained_on_or_another_dataset_warns_of_nothing(ckpts, data_dir, tmp_path,
+                                                                                            capsys):
+    folder, path = trained_on_copy(data_dir, tmp_path, ckpts["softmax"])  # as it was when the run trained
+    other = tmp_path / "other"  # another corpus is a choice: no warning, its sha256 recorded beside the run's
+    shutil.copytree(folder, other)
+    (other / "meta.json").write_text(json.dumps({"sha256": PREPARED_AGAIN}))
+    for data in (folder, str(other)):
+        out = tmp_path / f"rows-{os.path.basename(data)}"
+        eval_rows.main(["--ckpt", path, "--data", data, "--num_seqs", "2", "--out_dir", str(out)])
+        (m,) = json.load(open(out / "summary.json"))["models"]
+        assert m["data_prepared_again"] is False and m["data_sha256"] == (
+            m["trained_sha256"] if data == folder else PREPARED_AGAIN)
+    assert not warnings_of(capsys.readouterr().err)

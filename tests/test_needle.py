@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import conftest
+from conftest import PREPARED_AGAIN, trained_on_copy, warnings_of
 import needle
 from lib import vocab
 from lib import retrieval
@@ -224,3 +225,16 @@ def test_squad_loader_keeps_only_complete_examples(tmp_path):
     lines = [json.loads(l) for l in open(tmp_path / "out" / "sft_squad.jsonl")]
     assert lines == [{"prompt": "Denver is in Colorado.\nWhere is Denver?\nAnswer:", "answer": " Colorado"},
                      {"prompt": "Paris is big.\nWhat is big?\nAnswer:", "answer": " Paris"}]
+
+
+def test_needle_warns_and_records_a_dataset_prepared_again_since_the_checkpoint_trained(ckpts, data_dir, tmp_path,
+                                                                                        capsys):
+    folder, path = trained_on_copy(data_dir, tmp_path, ckpts[0], sha256=PREPARED_AGAIN)
+    needle.main(["passkey", "--ckpt", path, ckpts[1], "--context_sizes", "64", "--samples", "1", "--out_dir",
+                 str(tmp_path / "out")])  # --data: the first checkpoint's own
+    (line,) = warnings_of(capsys.readouterr().err)
+    assert path in line and folder in line and "val documents may have been trained on" in line
+    again, older = json.loads((tmp_path / "out" / "passkey.json").read_text())["models"]
+    assert (again["model"], again["data_prepared_again"], again["data_sha256"]) == (
+        os.path.dirname(path), True, PREPARED_AGAIN) and again["trained_sha256"] != PREPARED_AGAIN
+    assert older["data_prepared_again"] is False and older["trained_sha256"] is None

@@ -138,7 +138,7 @@ def test_two_runs_whose_folders_share_a_name_are_titled_by_their_paths(ckpts, da
     for src, dst in zip(ckpts, paths):
         dst.parent.mkdir(parents=True)
         shutil.copy(src, dst)
-    monkeypatch.setattr(needle, "report", lambda args, folder, rows, models, labels: titles.append(labels))
+    monkeypatch.setattr(needle, "report", lambda args, folder, rows, models, labels, seen: titles.append(labels))
     needle.main(["passkey", "--ckpt", *map(str, paths), "--data", data_dir, "--context_sizes", "64", "--samples", "1",
                  "--max_new_tokens", "1", "--out_dir", str(tmp_path / "res")])
     assert titles[-1] == [str(p.parent) for p in paths]  # not "run" twice in the legends
