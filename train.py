@@ -29,14 +29,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import kernels_cpu
 import tasks
 from lib import cost, dataset, figures, folders, longrange, sft, tracking, vocab
-from lib.checkpoint import (CheckpointError, build_model, check_out_dir, clear_out_dir, data_identity, read_checkpoint,
-                            rng_state, run_info, save_checkpoint, set_rng_state)
+from lib.checkpoint import (CheckpointError, best_of, build_model, check_out_dir, clear_out_dir, data_identity,
+                            read_checkpoint, rng_state, run_info, save_checkpoint, set_rng_state)
 from lib.config import TrainConfig, TrainError, model_config, parse_args, resolve, usage
 from lib.corpora import EMBEDDED
 from model import GPTConfig, convert_scorer
 
 # best.pt: no optimizer
-BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "eval", "run_info", "codec", "hf")
 RESUME_KEYS = ("optimizer", "rng", "data_state")  # what a resume needs beyond the weights
 
 
@@ -239,7 +238,7 @@ def train(explicit):
                                       if os.path.isfile(run.ckpt_path) else "no checkpoint was written yet")
 
     def finish_eval(state):  # best.pt first (an older state has no hf), then the eval's log line
-        best = lambda: save(run.best_path, {k: state.get(k) for k in BEST_KEYS})  # noqa: E731
+        best = lambda: save(run.best_path, best_of(state))  # noqa: E731
         return tracking.record_eval(state, cfg, info, raw_model, best, drawn)
 
     losses, drawn = None, {}  # drawn: when this run last drew loss.png (finish_eval's)

@@ -200,6 +200,14 @@ def data_identity(data_dir, ckpt=None):
                         f"it was (meta.json's args) or start a new run from the checkpoint (init_from=<its ckpt.pt>)")
     return sha
 
+BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "eval", "run_info", "codec", "hf")
+
+def best_of(state):
+    """best.pt's content: the weights and their record, not a resume's optimizer, RNG or data order (ckpt.pt
+    continues a run), but the splits' sha256 an evaluation compares (data_provenance)."""
+    sha = (state.get("data_state") or {}).get("sha256")
+    return {**{k: state.get(k) for k in BEST_KEYS}, "data_state": {"sha256": sha}}
+
 def data_provenance(path, ckpt, data_dir):
     """What an evaluation records of the data it reads a checkpoint on (each model's data_sha256, trained_sha256:
     None where unknown; data_prepared_again), and one warning line where data_dir is the folder the run trained on

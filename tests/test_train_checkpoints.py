@@ -2,9 +2,11 @@
 best.pt holds what evaluation needs and is smaller than ckpt.pt, a full disk while checkpointing is one error line and
 leaves no partial file, a diverging run (NaN loss) stops with one line and keeps the last good checkpoint, and a
 checkpoint carrying code is refused before the code runs. Tiny models on tiny random data, CPU only."""
+import json
 import math
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ import torch
 
 import train
 from conftest import code_carrying_copy
-from lib.checkpoint import load_checkpoint
+from lib.checkpoint import BEST_KEYS, load_checkpoint
 import test_train
 from test_train import VOCAB, error_of, read_log, tiny_args
 
@@ -45,10 +47,16 @@ def test_resume_true_on_an_out_dir_without_a_checkpoint_says_that_a_new_run_star
 
 
 def test_best_pt_holds_what_evaluation_needs_and_is_smaller_than_ckpt_pt(data_dir, tmp_path):
-    out = tmp_path / "out"
-    train.main(tiny_args(data_dir, out, "max_iters=0"))  # one eval: the best
+    out, data = tmp_path / "out", tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    tokens = {s: os.path.getsize(data / "rand" / f"{s}.bin") // 2 for s in ("train", "val")}  # uint16
+    sha = {"train": "0" * 64, "val": "1" * 64}  # what meta.json says of its splits
+    (data / "rand" / "meta.json").write_text(json.dumps({"tokens": tokens, "sha256": sha}))
+    train.main(tiny_args(data, out, "max_iters=0"))  # one eval: the best
     best, ckpt = (torch.load(out / f, weights_only=True) for f in ("best.pt", "ckpt.pt"))
-    assert set(best) == set(train.BEST_KEYS) and {"optimizer", "rng", "data_state"} <= set(ckpt)
+    assert set(best) == {*BEST_KEYS, "data_state"} and {"optimizer", "rng", "data_state"} <= set(ckpt)
+    # not a resume's data order, but the splits' sha256 an evaluation of best.pt compares with its data
+    assert best["data_state"] == {"sha256": sha} == {"sha256": ckpt["data_state"]["sha256"]}
     assert os.path.getsize(out / "best.pt") < os.path.getsize(out / "ckpt.pt")
     a, _ = load_checkpoint(str(out / "best.pt"))
     b, _ = load_checkpoint(str(out / "ckpt.pt"))
