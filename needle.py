@@ -24,6 +24,7 @@ from lib.dataset import DataError  # bad input, printed by main as one line
 from lib.retrieval import cells, load_hay, ranked_heads, score_answer, score_trials, sft_examples, trials, with_lead
 from lib.vocab import EOT
 from model import BACKENDS, ROPE_METHODS
+from rope import unread_options
 
 MODES = ("sft_data", "needle", "passkey", "score")
 DEFAULT_CONTEXTS = {"needle": [1024, 2048, 4096, 6144, 8192, 10240], "passkey": [1024, 1536, 2048, 4096, 8192]}
@@ -202,7 +203,7 @@ def main(argv=None):
     p.add_argument("--depth", type=int, default=50, help="score: Fig. 7's depth in %%")
     p.add_argument("--trials", type=int, default=100, help="score: Fig. 8's random trials")
     p.add_argument("--rope_method", choices=ROPE_METHODS, default="theta")
-    p.add_argument("--rope_scale", type=float, default=50.0)
+    p.add_argument("--rope_scale", type=float, help="default 50: θ x 50 = 500,000")
     p.add_argument("--max_new_tokens", type=int, default=10)
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -225,11 +226,15 @@ def main(argv=None):
     bad = [f"--{k} {getattr(args, k)}" for k in ("samples", "trials", "batch_size", "max_new_tokens", "context",
                                                   "sft_length") if getattr(args, k) < 1]
     bad += [f"--synthetic {args.synthetic}"] * (args.synthetic < 0) + [f"--seed {args.seed}"] * (args.seed < 0)
-    bad += [f"--rope_scale {args.rope_scale}"] * (not 0 < args.rope_scale < math.inf)  # `not <` refuses nan too
+    bad += [f"--rope_scale {args.rope_scale}"] * (args.rope_scale is not None and not 0 < args.rope_scale < math.inf)
     bad += [f"--context_sizes {' '.join(map(str, args.context_sizes))}"] * any(L < 1 for L in args.context_sizes)
     if bad or not all(0 <= d <= 100 for d in args.depths + [args.depth]):
         p.error(f"{' '.join(bad) or '--depths/--depth'}: counts and sizes must be >= 1, --synthetic and --seed >= 0, "
                 "--rope_scale > 0 and finite, depths in 0..100")
+    unread = unread_options(args.rope_method, args.rope_scale)  # --rope_scale with none: recorded, never applied
+    if unread:
+        p.error("; ".join(unread))
+    args.rope_scale = 50.0 if args.rope_scale is None else args.rope_scale  # the default, after the refusal
     if args.labels and (len(args.labels) != len(args.ckpt) or len(set(args.labels)) < len(args.labels)):
         p.error(f"--labels {' '.join(args.labels)}: give one distinct name per --ckpt ({len(args.ckpt)} checkpoints)")
     try:
