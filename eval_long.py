@@ -211,8 +211,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     if not args.ckpt and not args.fading:
         p.error("give one or more checkpoints, or --fading")
-    if not args.ckpt and (args.logit_scale or args.llama4_floor != rescale.LLAMA4_FLOOR):  # --fading: closed forms
-        p.error("--logit_scale and --llama4_floor rescale the checkpoints' logits: give one (--fading draws no model)")
+    given = [f"--{'no-' * (v is False)}{k}" for k, v in vars(args).items()
+             if v != p.get_default(k) and k not in ("ckpt", "fading", "out_dir")]  # a default is never refused
+    if not args.ckpt and given:  # --fading alone draws closed forms, reading none of them
+        p.error(f"{', '.join(given)}: only checkpoints are evaluated with it; give one (--fading alone draws no model)")
     bad = [f"--{k} {getattr(args, k)}" for k in ("num_seqs", "batch_size", "length", "smooth", "n_boot", "llama4_floor")
            if getattr(args, k) is not None and getattr(args, k) < 1]
     bad += [f"--rope_scale {args.rope_scale}"] * (args.rope_scale is not None and not 0 < args.rope_scale < math.inf)

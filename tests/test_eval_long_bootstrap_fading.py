@@ -76,10 +76,16 @@ def test_out_of_range_numbers_are_one_error_line(flag, value):
     assert f"{flag} {v}" in one_line_error(["ckpt.pt", flag, value])  # checked before any file is read
 
 
-def test_fading_alone_refuses_a_rescaling_it_would_ignore(tmp_path):
-    for extra in (["--logit_scale", "qwen"], ["--llama4_floor", "5"]):
-        with pytest.raises(SystemExit, match="rescale the checkpoints' logits: give one"):
-            eval_long.main(["--fading", *extra, "--out_dir", str(tmp_path / "f")])
+@pytest.mark.parametrize("extra,named", [
+    (["--logit_scale", "qwen"], "--logit_scale"),
+    (["--llama4_floor", "5"], "--llama4_floor"),
+    (["--length", "4096", "--rope_scale", "8"], "--length, --rope_scale"),
+    (["--no-ntk_per_length"], "--no-ntk_per_length"),
+    (["--rope_method", "yarn", "--num_seqs", "5", "--logx"], "--rope_method, --num_seqs, --logx"),
+])
+def test_fading_alone_refuses_every_option_only_a_checkpoint_reads(extra, named, tmp_path):
+    msg = one_line_error(["--fading", *extra, "--out_dir", str(tmp_path / "f")])  # accepted, then ignored
+    assert msg == f"error: {named}: only checkpoints are evaluated with it; give one (--fading alone draws no model)"
     assert not (tmp_path / "f").exists()
 
 
