@@ -69,9 +69,8 @@ def main(argv=None):
     refused = unread(source, args)  # one glob of the source
     if refused:
         p.error("; ".join(refused))
-    try:  # the defaults as meta.json has always recorded them: datasets made before stay up to date
-        prepare(source, args.name, args.out_dir, args.text_field, args.hf_split or "train", args.val_frac,
-                1337 if args.seed is None else args.seed,
+    try:  # the defaults as meta.json has always recorded them (seed: prepare's): datasets made before stay up to date
+        prepare(source, args.name, args.out_dir, args.text_field, args.hf_split or "train", args.val_frac, args.seed,
                 None if args.max_tokens is None else int(args.max_tokens), args.force, args.tokenizer)
     except (DataError, CheckpointError) as e:  # CheckpointError: --tokenizer names a damaged checkpoint
         p.exit(2, f"error: {e}\n")

@@ -48,7 +48,6 @@ def load_tokens(data_dir, split, L, vocab_size):
     check_ids(data_dir, split, vocab_size)
     return data
 
-
 def check_ids(data_dir, split, vocab_size, chunk=1 << 24):
     """DataError if a split holds an id >= vocab_size (a damaged .bin, another tokenizer's, an edited meta.json), which
     the model's embedding would meet deep inside, mid-run. Reads the split once, a chunk at a time."""
@@ -60,7 +59,6 @@ def check_ids(data_dir, split, vocab_size, chunk=1 << 24):
             raise DataError(f"{os.path.join(data_dir, f'{split}.bin')} holds id {int(tokens[at]):,} at token {at:,}, "
                             f"not below the model's vocabulary of {vocab_size:,}: a damaged file or another "
                             f"tokenizer's; re-prepare the dataset")
-
 
 def draw_starts(n_tokens, L, num_seqs, seed, disjoint=False):
     """Start offsets of num_seqs windows of L+1 tokens; the same for every checkpoint of a run. Drawn with
@@ -75,12 +73,10 @@ def draw_starts(n_tokens, L, num_seqs, seed, disjoint=False):
                         f"split holds {n_tokens:,} ({slots:,} windows): fewer --num_seqs or a shorter --length")
     return rng.choice(slots, num_seqs, replace=False) * (L + 1) + rng.integers(0, n_tokens - slots * (L + 1) + 1)
 
-
 def overlapping_pairs(starts, L):
     """How many pairs of the windows of L+1 tokens at `starts` share a token (a repeated start is one too)."""
     s = np.sort(np.asarray(starts))
     return int((np.searchsorted(s, s + L, side="right") - np.arange(len(s)) - 1).sum())
-
 
 def check_prepared(data_dir):
     """None if train.bin and val.bin have the sizes meta.json records, else DataError: the file, what is wrong, the
@@ -120,9 +116,10 @@ def is_up_to_date(data_dir, args):
         return False
 
 def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf_split="train",
-            val_frac=None, seed=1337, max_tokens=None, force=False, tokenizer=None):
+            val_frac=None, seed=None, max_tokens=None, force=False, tokenizer=None):
     """Build data/<name>/{train,val}.bin unless they are up to date; returns the dataset folder. tokenizer: gpt2, or
-    char (the default for an embedded NAME_char): every character of the corpus is one id, plus <|endoftext|>."""
+    char (the default for an embedded NAME_char): every character of the corpus is one id, plus <|endoftext|>.
+    seed: the documents' split (default 1337); one given for a single document, split by tokens, is DataError."""
     files = None  # local files only
     tokenizer = tokenizer or ("char" if source.endswith(CHAR) and source in EMBEDDED else "gpt2")
     if tokenizer not in TOKENIZERS and not os.path.exists(tokenizer):
@@ -150,9 +147,9 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
         raise DataError(f"--name {name!r}: a folder name (no '/'), made under --out_dir {out_dir!r}")
     data_dir = os.path.join(out_dir, name or default_name(source))
     # what decides the content; mtime catches edits
-    args = dict(source=source, text_field=text_field, hf_split=hf_split, val_frac=val_frac, seed=seed,
-                max_tokens=max_tokens, files=[[os.path.abspath(f), os.path.getsize(f), os.path.getmtime(f)]
-                                              for f in files or []],
+    args = dict(source=source, text_field=text_field, hf_split=hf_split, val_frac=val_frac,
+                seed=1337 if seed is None else seed, max_tokens=max_tokens,  # 1337: as meta.json has always recorded
+                files=[[os.path.abspath(f), os.path.getsize(f), os.path.getmtime(f)] for f in files or []],
                 **({"text_sha256": text_sha256(source)} if source in EMBEDDED else {}),  # an edited corpus: made again
                 **({"tokenizer": "char"} if tokenizer == "char" else {}),  # absent for gpt2: older datasets stay valid
                 **({"tokenizer": "hf", "tokenizer_sha256": record(hf)["sha256"]} if hf else {}))
@@ -178,7 +175,7 @@ def prepare(source="shakespeare", name=None, out_dir="data", text_field=None, hf
 def _build(data_dir, args, source, files, tokenizer, text_field, hf_split, val_frac, seed, max_tokens):
     """prepare's work, in temp files until each is whole: the documents tokenized, split, written; meta.json last."""
     from tqdm import tqdm  # lazy: .bin readers need not have it
-    t0, rng = time.time(), random.Random(seed)
+    t0, rng = time.time(), random.Random(args["seed"])
     if source in EMBEDDED:
         docs = [d for d in EMBEDDED[source]() if d.strip()]
         # whole documents to val, at least one
@@ -227,7 +224,7 @@ def _build(data_dir, args, source, files, tokenizer, text_field, hf_split, val_f
             bar.update(len(ids))
             if full:
                 break
-        if i == 1:  # one document (a .txt file): split by tokens
+        if i == 1:  # one document (a .txt file, a one-row .jsonl): split by tokens
             body = pending[1][:-1][:None if max_tokens is None else max_tokens - 2]  # two <|endoftext|>: exact
             n_val = round(val_frac * len(body))
             if 0 < n_val < len(body):
@@ -238,18 +235,21 @@ def _build(data_dir, args, source, files, tokenizer, text_field, hf_split, val_f
             write("val" if n_docs["val"] == 0 else "train" if n_docs["train"] == 0 else pending[0], pending[1])
             if source in EMBEDDED:  # what was written: a token budget keeps only the first documents
                 rule = f"seeded shuffle of documents, {n_docs['val']} of {i} to val"
-    if n_docs["train"] == 0:
+    if n_docs["train"] == 0 or (i == 1 and seed is not None):  # a seed given for one document drew nothing
         for p in paths.values():
             os.remove(p + ".tmp")
         for d in made:
             os.rmdir(d)
+        if n_docs["train"]:
+            raise DataError(f"--seed {seed}: not read ({source!r} is one document, split by tokens, its last val_frac "
+                            f"to val, not shuffled)")
         raise DataError(f"{source!r} is one document of {len(body)} tokens, too short to split by tokens into train "
                         f"and val (val_frac={val_frac})" if i else f"{source!r} gave 0 non-empty documents")
 
     vocab = dict(itos=enc.itos, stoi=enc.stoi) if tokenizer == "char" else {}
     kind = "hf" if isinstance(enc, HFCodec) else tokenizer
     meta = dict(tokenizer=kind, vocab_size=enc.n_vocab, eot_token=enc.eot_token, dtype=np.dtype(dtype).name,
-                source=source, text_field=field, split_rule=rule, seed=seed, val_frac=val_frac, tokens=tokens,
+                source=source, text_field=field, split_rule=rule, seed=args["seed"], val_frac=val_frac, tokens=tokens,
                 documents=n_docs, sha256={s: sha256(p + ".tmp") for s, p in paths.items()},
                 created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), command=" ".join(sys.argv), args=args, **vocab)
     # everything written and hashed before the first rename: a kill or a full disk leaves meta.json.tmp, which fetch

@@ -110,6 +110,8 @@ def test_a_rebuild_cut_short_keeps_the_old_dataset_or_is_refused_never_read_as_g
     (["{tmp}/short.txt", "--text_field", "body"], ["--text_field body: not read (its text is plain"]),
     (["{tmp}/c.jsonl", "--hf_split", "validation"], ["--hf_split validation: not read", "not a Hugging Face dataset"]),
     (["{tmp}/short.txt", "--seed", "2"], ["--seed 2: not read (one .txt file is split by tokens"]),
+    # a one-row .jsonl is one document too, split by tokens once read: the seed drew nothing (meta.json recorded it)
+    (["{tmp}/one.jsonl", "--seed", "2"], ["--seed 2: not read ('", "one.jsonl' is one document, split by tokens"]),
 ])
 def test_errors_are_one_line(tmp_path, capsys, args, words):
     (tmp_path / "empty.jsonl").write_text("")
@@ -117,6 +119,7 @@ def test_errors_are_one_line(tmp_path, capsys, args, words):
     (tmp_path / "short.txt").write_text("Hi.")
     (tmp_path / "short.txt.pt").write_text("Hi.")
     write_jsonl(tmp_path / "c.jsonl", n=3)
+    (tmp_path / "one.jsonl").write_text('{"text": "%s"}\n' % ("One long play. " * 100))
     with pytest.raises(SystemExit) as e:
         prepare_data.main([a.format(tmp=tmp_path) for a in args] + ["--out_dir", str(tmp_path / "out")])
     err = capsys.readouterr().err
@@ -131,6 +134,9 @@ def test_options_a_source_reads_are_taken_and_the_defaults_record_as_before(tmp_
     prepare_data.main([str(tmp_path / "c.jsonl"), "--text_field", "content", "--seed", "3", "--out_dir", out])
     prepare_data.main([str(tmp_path / "*.txt"), "--seed", "3", "--name", "two", "--out_dir", out])  # shuffled documents
     prepare_data.main([str(tmp_path / "a.txt"), "--out_dir", out])
+    (tmp_path / "one.jsonl").write_text('{"text": "%s"}\n' % ("One long play. " * 100))
+    prepare_data.main([str(tmp_path / "one.jsonl"), "--out_dir", out])  # one document, no --seed: the default, taken
+    assert read_all(os.path.join(out, "one"))[0]["args"]["seed"] == 1337
     assert read_all(os.path.join(out, "a"))[0]["args"]["seed"] == 1337  # as before: older datasets stay up to date
     assert read_all(os.path.join(out, "a"))[0]["args"]["hf_split"] == "train"
     assert read_all(os.path.join(out, "two"))[0]["args"]["seed"] == 3
