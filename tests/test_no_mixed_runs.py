@@ -260,7 +260,7 @@ def test_a_resume_from_a_checkpoint_without_optimizer_state_is_one_line(data_dir
     shutil.copytree(finished, out)
     shutil.copy(out / "best.pt", out / "ckpt.pt")  # best.pt copied over it
     msg = one_line_error(train.main, args(data_dir, out, "max_iters=3", "resume=True"))
-    assert "holds no optimizer or rng or data_state state, which a resume needs" in msg and "init_from=" in msg
+    assert "holds no optimizer or rng state, which a resume needs" in msg and "init_from=" in msg
 
 
 @pytest.mark.parametrize("arg,words", [("seed=-1", "seed must be in [0, 2**63)"),
