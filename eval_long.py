@@ -24,9 +24,8 @@ import argparse, csv, json, math, os, sys, time
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
-from lib import compare, dataset, figures, folders, rescale, tracking, vocab
+from lib import compare, dataset, figures, folders, progress, rescale, tracking, vocab
 from lib.checkpoint import data_provenance, load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
 from model import BACKENDS, ROPE_METHODS
 from rope import eval_passes, pass_lengths, passes_rule, unread_options
@@ -140,7 +139,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
     models, curves, rows, table, drawn = [], {}, [], [], time.time()
     n_pass = sum(len(pass_lengths(window_bounds(a["block_size"], args.length), args.length, method, args.logit_scale,
                                   args.ntk_per_length)) for a in model_args for _, method, _ in settings)
-    bar = tqdm(total=math.ceil(args.num_seqs / args.batch_size) * n_pass, unit="batch", disable=None)
+    bar = progress.bar(math.ceil(args.num_seqs / args.batch_size) * n_pass)  # a log: a line every 30 s
     for label, path, data_seen in zip(labels, args.ckpt, seen):
         model, ckpt = load_checkpoint(path, device, backend=args.backend)
         model.eval()

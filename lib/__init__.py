@@ -13,6 +13,7 @@ What the scripts share; nothing here is run directly.
     retrieval.py          needle and passkey prompts, answer grading, the needle score, the fine-tuning sets
     sft.py                SFT data in training (train.py's sft_data): held-out val examples, answer-only batches, epochs
     tracking.py           log.jsonl, loss.png, progress lines, MFU, wandb
+    progress.py           an evaluation's progress: tqdm's bar on a terminal, else a line every 30 s with its ETA
     folders.py            who writes where: one writer per folder (a lock), results folders, write_json, synced renames
     rescale.py            training-free rescalings of a softmax model's logits (qwen, yarn, llama4) for the evals
     compare.py            the statistics: paired bootstrap and seed-level t intervals, sign-flip p, Holm, horizons, CSVs
