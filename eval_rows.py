@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lib import compare, dataset, figures, folders, tracking, vocab
+from lib import compare, dataset, figures, folders, progress, tracking, vocab
 from lib.checkpoint import data_provenance, load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
 from model import BACKENDS
 
@@ -84,7 +84,7 @@ def truncated_loss(model, x, c, batch_size):
     return out
 
 @torch.no_grad()
-def evaluate(model, data, starts, L, args):
+def evaluate(model, data, starts, L, args, bar):
     """Means over sequences: loss (L,), each --context's loss (L,), each statistic (n_layer, L); and each
     sequence's mean losses over each bin of positions (rows of per_sequence.csv)."""
     device = model.lm_head.weight.device
@@ -107,6 +107,7 @@ def evaluate(model, data, starts, L, args):
                     for j in range(len(xy)) for lo, hi in bins(L)]
         for s, v in attention_stats(model, xy[:, :-1], args.local).items():
             add(s, v)
+        bar.update(1)
     return {name: (v / len(starts)).numpy() for name, v in sums.items()}, per_seq
 
 def bins(L):
@@ -190,14 +191,17 @@ def run(args, folder):
     data = dataset.load_tokens(args.data, args.split, L, min(a["vocab_size"] for a in model_args))
     starts = dataset.draw_starts(len(data), L, args.num_seqs, args.seed, args.disjoint)  # the same for every model
     results, per_seq, models = {}, {}, []
+    bar = progress.bar(math.ceil(args.num_seqs / args.batch_size) * len(args.ckpt))  # a log: a line every 30 s
     for label, path, data_seen in zip(labels, args.ckpt, seen):
+        bar.set_description(label)
         model, ckpt = load_checkpoint(path, args.device, backend=args.backend)
         model.eval()
-        results[label], per_seq[label] = evaluate(model, data, starts, L, args)
+        results[label], per_seq[label] = evaluate(model, data, starts, L, args, bar)
         models.append(dict(label=label, checkpoint=path, scorer=model.config.scorer,
                            block_size=model.config.block_size, iter_num=ckpt.get("iter_num"), **data_seen))
         b = bin_means(results[label], L)
         print(f"{label}: loss by positions " + ", ".join(f"{k} {v['loss']:.3f}" for k, v in b.items()))
+    bar.close()
     write_results(args, folder, results, per_seq, models, starts, L)
     print(f"wrote {args.out_dir}/per_position.csv, per_sequence.csv, rows.png, summary.json")
 

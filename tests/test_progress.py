@@ -33,7 +33,8 @@ def test_progress_lines_wait_every_s_between_two_and_name_done_total_elapsed_and
 # each script: its arguments, the description of each batch's line (checkpoint 1 of 1, 3 sequences, 2 a batch)
 @pytest.mark.parametrize("main,args,descs", [
     (eval_long.main, ["--length", str(N)], 2 * [f"softmax extended L={N}"] + 2 * [f"softmax native L={N}"]),
-], ids=["eval_long"])
+    (eval_rows.main, ["--ckpt"], 2 * ["softmax"]),
+], ids=["eval_long", "eval_rows"])
 def test_an_evaluation_off_a_terminal_prints_a_progress_line_naming_batches_done_of_total(main, args, descs, ckpt,
                                                                                          data_dir, tmp_path,
                                                                                          monkeypatch, capsys):
