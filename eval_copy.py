@@ -18,7 +18,7 @@ import argparse, json, math, os, sys
 
 import torch
 
-from lib import compare, dataset, figures, folders, longrange, rescale, tracking, vocab
+from lib import compare, dataset, figures, folders, longrange, progress, rescale, tracking, vocab
 from lib.checkpoint import (CheckpointError, data_provenance, load_checkpoint, pick_device, read_checkpoint, run_info,
                             trained_on)
 from model import BACKENDS, ROPE_METHODS
@@ -29,13 +29,15 @@ COLUMNS = ("model", "checkpoint", "iter", "distance_x", "distance", "seq", "firs
 
 
 @torch.no_grad()
-def token_losses(model, x, batch_size):
+def token_losses(model, x, batch_size, bar=None):
     """(num_seqs, len - 1) float64: column t is the loss of token t+1 given tokens 0..t."""
     device, out = model.lm_head.weight.device, []
     for i in range(0, len(x), batch_size):
         xy = torch.from_numpy(x[i:i + batch_size]).to(device)
         with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
             out.append(model(xy[:, :-1], xy[:, 1:], reduction="none")[1].double().cpu())
+        if bar is not None:
+            bar.update(1)
     return torch.cat(out).numpy()
 
 
@@ -58,7 +60,7 @@ def distances(N, args, n_tokens):
     return measured, skipped
 
 
-def evaluate(model, tokens, N, args, rope):
+def evaluate(model, tokens, N, args, rope, bar=None):
     """{distance_x: (d, first, second, control)} for one model, each (num_seqs, L-1): the span's tokens 1..L-1 in the
     first copy, the second and the control span, at each distance measured (distances). RoPE (method, scale) is set
     for each sequence length."""
@@ -67,7 +69,7 @@ def evaluate(model, tokens, N, args, rope):
         x, control, a, b = longrange.copy_sequences(tokens, d, L, args.num_seqs, args.seed, kind=args.kind)
         model.extend_rope(*rope, x.shape[1] - 1)  # "none": the trained θ, any length
         rescale.apply(model, args.logit_scale, x.shape[1] - 1, args.llama4_floor)  # None: no rescaling
-        copy, ctl = token_losses(model, x, args.batch_size), token_losses(model, control, args.batch_size)
+        copy, ctl = token_losses(model, x, args.batch_size, bar), token_losses(model, control, args.batch_size, bar)
         out[k] = (d, copy[:, a:a + L - 1], copy[:, b:b + L - 1], ctl[:, b:b + L - 1])
     return out
 
@@ -100,6 +102,8 @@ def run(args, folder):
         raise ValueError(f"--span {args.span} is longer than the copy gate's distance {longrange.GATE_DISTANCE:g} N "
                          f"of a model with N = {short[0]}: give --span <= {round(longrange.GATE_DISTANCE * short[0])}")
     models, rows = [], []
+    batches = 2 * math.ceil(args.num_seqs / args.batch_size)  # a distance's: its copies', then its controls'
+    bar = progress.bar(sum(batches * len(distances(a["block_size"], args, len(tokens))[0]) for a in model_args))
     labels = compare.unique_labels(args.labels or [f"{a.get('scorer', 'softmax')} #{i + 1}"
                                                    for i, a in enumerate(model_args)], args.ckpt)
     for path, a, label, data_seen in zip(args.ckpt, model_args, labels, seen):
@@ -113,7 +117,8 @@ def run(args, folder):
         skipped = distances(N, args, len(tokens))[1]  # in --distances, not in by_distance: said and recorded
         if skipped:
             print(f"note: {label}: skipped " + ", ".join(f"{s['distance_x']:g} N ({s['why']})" for s in skipped))
-        losses = evaluate(model.eval(), tokens, N, args, rope)
+        bar.set_description(label)
+        losses = evaluate(model.eval(), tokens, N, args, rope, bar)
         del model
         which = dict(checkpoint=os.path.abspath(path), iter=ckpt.get("iter_num"))  # every row names its model
         models.append(dict(summarize(label, N, losses, args), **which, pos=pos, rope_method=rope[0],
@@ -123,6 +128,7 @@ def run(args, folder):
         print(f"{label}: " + ", ".join(f"{k} N {r['second']:.3f}/{r['control']:.3f} ({r['ratio']:.2f})"
                                        for k, r in models[-1]["by_distance"].items())
               + f"; gate {'passed' if models[-1]['gate'] else 'failed'}", flush=True)
+    bar.close()
     compare.write_csv(f"{folder}/per_sequence.csv", rows, COLUMNS)
     figures.copy_gate(f"{folder}/copy.png", models, vars(args))
     with open(f"{folder}/summary.json", "w") as f:

@@ -116,7 +116,7 @@ class Recorder(torch.nn.Module):
 
 def test_evaluate_reads_each_span_at_its_offsets_for_its_length_and_a_distance_once(monkeypatch):
     calls, scaled = [], []
-    def fake_losses(model, x, batch_size):  # column t = t; the control's (every second call) t + 0.5
+    def fake_losses(model, x, batch_size, bar=None):  # column t = t; the control's (every second call) t + 0.5
         calls.append(x)
         return np.tile(np.arange(x.shape[1] - 1, dtype=float), (len(x), 1)) + 0.5 * (len(calls) % 2 == 0)
     monkeypatch.setattr(eval_copy, "token_losses", fake_losses)

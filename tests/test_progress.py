@@ -34,7 +34,8 @@ def test_progress_lines_wait_every_s_between_two_and_name_done_total_elapsed_and
 @pytest.mark.parametrize("main,args,descs", [
     (eval_long.main, ["--length", str(N)], 2 * [f"softmax extended L={N}"] + 2 * [f"softmax native L={N}"]),
     (eval_rows.main, ["--ckpt"], 2 * ["softmax"]),
-], ids=["eval_long", "eval_rows"])
+    (eval_copy.main, ["--distances", "1", "--span", SPAN], 8 * ["softmax #1"]),  # 1 N, 0.5 N: copies and controls
+], ids=["eval_long", "eval_rows", "eval_copy"])
 def test_an_evaluation_off_a_terminal_prints_a_progress_line_naming_batches_done_of_total(main, args, descs, ckpt,
                                                                                          data_dir, tmp_path,
                                                                                          monkeypatch, capsys):
