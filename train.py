@@ -97,14 +97,14 @@ def setup(explicit):
 def load_data(cfg, run, explicit, ckpt):
     """-> cfg (SFT in epochs sets its schedule; a dataset's vocabulary), data: what get_batch reads and the generator
     whose state is the data position."""
-    T, data = cfg.block_size, types.SimpleNamespace(sft=None, dir=None, unigram=None, codec=None, sha256=None)
+    T, data = cfg.block_size, types.SimpleNamespace(sft=None, dir=None, unigram=None, codec=None,
+                                                  state={"sha256": None})
     data.g = torch.Generator().manual_seed(cfg.seed)  # same on every rank: each slices one global batch
     if cfg.task:  # endless seeded streams: offsets are sample indices
         data.size = {"train": 2 ** 62, "val": 2 ** 62}
-    elif cfg.sft_data:
-        enc = vocab.checkpoint_codec(ckpt) if ckpt else None
-        data.sft = sft.split_sft(sft.load_sft(cfg.sft_data, T, enc), cfg.sft_val_frac, cfg.seed)
-        data.codec, data.size = vocab.record(enc) if enc else None, dict(zip(dataset.SPLITS, map(len, data.sft)))
+    elif cfg.sft_data:  # a resume: the file it trained on (data.state's sft_sha256)
+        data.sft, data.codec, data.state = sft.sft_data(cfg, ckpt, run.resuming)
+        data.size = dict(zip(dataset.SPLITS, map(len, data.sft)))
         cfg = sft.sft_schedule(cfg, data.size["train"])  # (train, val) examples
     else:  # checked against meta.json: never train on a truncated split; an embedded one is made (up to date) in setup
         data.dir = dataset.fetch(cfg.dataset, cfg.data_dir, make=run.master and cfg.dataset not in EMBEDDED)
@@ -114,7 +114,7 @@ def load_data(cfg, run, explicit, ckpt):
         data.codec = vocab.data_record(data.dir)
         if ckpt is not None:  # the same symbols, not only as many
             vocab.language_model(run.source, ckpt, data.dir)
-        data.sha256 = data_identity(data.dir, ckpt if run.resuming else None)  # a resume: the splits it trained on
+        data.state = {"sha256": data_identity(data.dir, ckpt if run.resuming else None)}  # a resume: its splits
         data.size = {s: len(dataset.load_split(data.dir, s)) - T for s in dataset.SPLITS}
         data.inode = {s: os.stat(os.path.join(data.dir, f"{s}.bin")).st_ino for s in dataset.SPLITS}  # get_batch's
         if min(data.size.values()) < 1:
@@ -269,7 +269,7 @@ def train(explicit):
                 state = {"model": raw_model.state_dict(), "model_args": asdict(raw_model.config), "config": asdict(cfg),
                          "optimizer": optimizer.state_dict(), "iter_num": iter_num, "best_val_loss": best_val_loss,
                          "rng": rng_state(run.device_type), "run_info": info, "codec": data.codec, "hf": hf,
-                         "data_state": {"generator": data.g.get_state(), "sha256": data.sha256},  # its splits' too
+                         "data_state": {"generator": data.g.get_state(), **data.state},  # its data's sha256
                          "eval": {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
                                   "elapsed": time.time() - t_start, "is_best": is_best}}
                 save(run.ckpt_path, state)

@@ -1,7 +1,7 @@
 """
 Supervised fine-tuning's data in training (train.py's sft_data): the {"prompt", "answer"} lines that needle.py sft_data
 (lib/retrieval.py) or anyone writes, read back as token ids, split into training and held-out examples, batched with
-the loss on the answer only, drawn in seeded epochs, and the schedule in epochs.
+the loss on the answer only, drawn in seeded epochs, and the schedule in epochs; the file's sha256 a resume checks.
 """
 import json, math, os, sys
 from dataclasses import replace
@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from lib import vocab
-from lib.dataset import DataError  # bad input, shown in one line
+from lib.dataset import DataError, sha256  # DataError: bad input, shown in one line
 
 
 def check_sft_path(path):  # train.py asks first: its CPU cost check would count the default max_iters; "": no SFT
@@ -45,6 +45,30 @@ def load_sft(path, block_size, enc=None):
               f"with their answer and lose up to {max(cropped):,} tokens on the left (the text the answer may come "
               f"from); write them at this length (needle.py sft_data --sft_length {block_size})", file=sys.stderr)
     return examples
+
+
+def sft_data(cfg, ckpt, resuming):
+    """train.py's SFT data: (train, val) examples in the model's codec (its checkpoint's; none: GPT-2's BPE), that
+    codec's record (None from scratch), and what data_state keeps: the file's sha256 (sft_identity) and the splits'
+    its model was pretrained on (the dataset its config records: the evals' data_provenance)."""
+    enc = vocab.checkpoint_codec(ckpt) if ckpt else None
+    examples = split_sft(load_sft(cfg.sft_data, cfg.block_size, enc), cfg.sft_val_frac, cfg.seed)
+    state = {"sha256": ((ckpt or {}).get("data_state") or {}).get("sha256"),
+             "sft_sha256": sft_identity(cfg.sft_data, ckpt if resuming else None)}
+    return examples, vocab.record(enc) if enc else None, state
+
+
+def sft_identity(path, ckpt=None):
+    """The sha256 of the SFT file a run trains on, kept in its checkpoints' data_state; given the checkpoint a resume
+    continues, DataError where they differ: the file was changed since (block_size, sft_val_frac and seed, the rest
+    of what makes its examples, are in the config), and going on would train on other examples and judge best.pt on
+    another val set."""
+    sha, had = sha256(path), ((ckpt or {}).get("data_state") or {}).get("sft_sha256")
+    if had and had != sha:
+        raise DataError(f"sft_data {path!r} changed since this run trained on it (its sha256 differs from the "
+                        f"checkpoint's): resuming would train on other examples and judge best.pt on another val set; "
+                        f"restore the file as it was or start a new run from the checkpoint (init_from=<its ckpt.pt>)")
+    return sha
 
 
 def held_out(n, frac):

@@ -184,3 +184,35 @@ def test_an_sft_run_records_its_checkpoints_dataset_and_refuses_one_named_beside
     for named in ("dataset=rand", f"data_dir={data}"):
         msg = one_line_error(train.main, tiny + [named, f"sft_data={path}", f"out_dir={tmp_path / 'x'}"])
         assert f"{named.split('=')[0]}=" in msg and "not read by this run (SFT trains on sft_data" in msg
+
+
+def test_resuming_an_sft_run_on_a_changed_file_is_refused_and_its_evals_compare_the_pretrained_splits(
+        tmp_path_factory, tmp_path, capsys):
+    # a resume read the file anew: other examples, another val set for best.pt, max_iters of its epochs
+    from conftest import PREPARED_AGAIN, one_line_error, random_ids_data, trained_on_copy, warnings_of
+    from lib.checkpoint import data_provenance
+    from lib.dataset import sha256
+    data, path = random_ids_data(tmp_path_factory, vocab.VOCAB_SIZE), write_sft(tmp_path / "sft.jsonl")
+    tiny = ["device=cpu", "n_layer=1", "n_head=2", "n_embd=32", "ffn_hidden=64", "block_size=32", "batch_size=2",
+            "gradient_accumulation_steps=1", "eval_iters=1", "max_iters=1", "warmup_iters=0"]
+    train.main(tiny + [f"data_dir={data}", "dataset=rand", f"out_dir={tmp_path / 'lm'}"])
+    docs, lm = trained_on_copy(f"{data}/rand", tmp_path, tmp_path / "lm" / "ckpt.pt")  # a meta.json's sha256
+    train.main(tiny + [f"init_from={lm}", f"sft_data={path}", f"out_dir={tmp_path / 'sft'}"])
+    ckpt = torch.load(tmp_path / "sft" / "ckpt.pt", weights_only=True)
+    splits = torch.load(lm, weights_only=True)["data_state"]["sha256"]
+    assert ckpt["data_state"]["sft_sha256"] == sha256(path) and ckpt["data_state"]["sha256"] == splits
+    resume = tiny[:-2] + ["init_from=resume", "max_iters=2", f"out_dir={tmp_path / 'sft'}"]
+    write_sft(tmp_path / "sft.jsonl", SFT_ROWS[::-1] * 2)
+    msg = one_line_error(train.main, resume)
+    assert f"sft_data {path!r} changed since this run trained on it" in msg and "init_from=" in msg
+    assert torch.load(tmp_path / "sft" / "ckpt.pt", weights_only=True)["iter_num"] == 1  # nothing trained
+    write_sft(tmp_path / "sft.jsonl")
+    train.main(resume)  # the same file again: it goes on
+    assert torch.load(tmp_path / "sft" / "ckpt.pt", weights_only=True)["iter_num"] == 2
+    # the evals read --data (the pretrained dataset), never sft_data: no warning on the splits it was trained on
+    capsys.readouterr()
+    best = torch.load(tmp_path / "sft" / "best.pt", weights_only=True)
+    seen = data_provenance("sft", best, docs)
+    assert seen["data_prepared_again"] is False and not warnings_of(capsys.readouterr().err)
+    (tmp_path / "data" / "docs" / "meta.json").write_text(json.dumps({"sha256": PREPARED_AGAIN}))
+    assert data_provenance("sft", best, docs)["data_prepared_again"]  # made again since it pretrained on it
