@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from lib import compare, figures, folders, tracking, vocab
+from lib import compare, figures, folders, sft, tracking, vocab
 from lib.checkpoint import CheckpointError, data_provenance, load_checkpoint, read_checkpoint, run_info, trained_on
 from lib.dataset import DataError  # bad input, printed by main as one line
 from lib.retrieval import cells, load_hay, ranked_heads, score_answer, score_trials, sft_examples, trials, with_lead
@@ -155,7 +155,8 @@ def run(args, folder):  # the results to folder; returns the wandb table
     if args.mode == "sft_data":
         name, examples = sft_examples(args, enc)
         examples = list(tqdm(examples, desc=name, unit="ex", total=args.synthetic or None))
-        save(args, folder, name, examples=len(examples), jsonl=os.path.join(args.out_dir, f"{name}.jsonl"))
+        save(args, folder, name, examples=len(examples), jsonl=os.path.join(args.out_dir, f"{name}.jsonl"),
+             codec=sft.sidecar_codec(enc) if args.synthetic else None)  # train.py: a model of it alone
         with open(os.path.join(folder, f"{name}.jsonl"), "w") as f:
             f.writelines(json.dumps(ex) + "\n" for ex in examples)
         return print(f"{os.path.join(args.out_dir, name)}.jsonl: {len(examples):,} examples")

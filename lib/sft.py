@@ -1,7 +1,8 @@
 """
 Supervised fine-tuning's data in training (train.py's sft_data): the {"prompt", "answer"} lines that needle.py sft_data
 (lib/retrieval.py) or anyone writes, read back as token ids, split into training and held-out examples, batched with
-the loss on the answer only, drawn in seeded epochs, and the schedule in epochs; the file's sha256 a resume checks.
+the loss on the answer only, drawn in seeded epochs, and the schedule in epochs; the file's sha256 a resume checks,
+and the codec needle.py wrote it in (its sidecar) against the model's.
 """
 import json, math, os, sys
 from dataclasses import replace
@@ -52,10 +53,36 @@ def sft_data(cfg, ckpt, resuming):
     codec's record (None from scratch), and what data_state keeps: the file's sha256 (sft_identity) and the splits'
     its model was pretrained on (the dataset its config records: the evals' data_provenance)."""
     enc = vocab.checkpoint_codec(ckpt) if ckpt else None
+    check_codec(cfg.sft_data, vocab.record(enc))  # enc None: GPT-2's
     examples = split_sft(load_sft(cfg.sft_data, cfg.block_size, enc), cfg.sft_val_frac, cfg.seed)
     state = {"sha256": ((ckpt or {}).get("data_state") or {}).get("sha256"),
              "sft_sha256": sft_identity(cfg.sft_data, ckpt if resuming else None)}
     return examples, vocab.record(enc) if enc else None, state
+
+
+def sidecar_codec(enc):
+    """What needle.py sft_data's sidecar (<stem>.json beside the .jsonl) records of the codec it wrote in: its
+    record, less the characters or tokenizer.json (the sha256 names them)."""
+    return {k: v for k, v in vocab.record(enc).items() if k not in ("itos", "json")}
+
+
+def check_codec(path, model):
+    """DataError where needle.py sft_data wrote path for a dataset of another codec than the model's (model: its
+    record): a character set's synthetic needles, their numbers spelled in its symbols, would train a model of another
+    as other tokens. The sidecar names that codec (sidecar_codec; an older one, only its --data: that folder's); a
+    file without one (one's own .jsonl) or of SQuAD's text (no codec's) is read as it is."""
+    side = os.path.splitext(path)[0] + ".json"
+    try:
+        with open(side, encoding="utf-8") as f:
+            meta = json.load(f)
+        data = meta["args"]["data"] if meta["args"]["mode"] == "sft_data" and meta["args"]["synthetic"] else None
+    except (OSError, ValueError, KeyError, TypeError):  # not needle.py's sidecar
+        return
+    data_rec = data and (meta.get("codec") or (vocab.data_record(data) if os.path.isdir(data) else None))
+    if data_rec and data_rec.get("sha256") != model["sha256"]:
+        raise DataError(f"sft_data {path!r} was written by needle.py sft_data for --data {data} (its {side}) in "
+                        f"another vocabulary than the model's: the file's is {vocab.describe(data_rec)}, the "
+                        f"model's {vocab.describe(model)}; write it again with --data <the model's dataset>")
 
 
 def sft_identity(path, ckpt=None):

