@@ -171,8 +171,8 @@ def estimate_loss(cfg, data, run, model):
 
 def build(cfg, explicit, ckpt, run):
     """The model (the checkpoint's weights; this command may change its scorer, θ, block_size, dropout...) and AdamW
-    (a resume's state) -> cfg showing the model actually trained, the model, the optimizer, the scorer switch made:
-    {field: [old, new]} of the scorer's fields, or {}."""
+    (a resume's state) -> cfg showing the model actually trained, the model, the optimizer, what this command changed
+    in the checkpoint's model: {field: [old, new]} (θ, block_size, the scorer and its options...), or {}."""
     model_args, switch = model_config(cfg, explicit, ckpt, run.resuming)
     model = old = build_model(GPTConfig(**(model_args if ckpt is None else ckpt["model_args"])), cfg.task)
     if ckpt is not None:
@@ -212,12 +212,12 @@ def train(explicit):
     cfg, ckpt, run = setup(explicit)
     cfg, data = load_data(cfg, run, explicit, ckpt)
     cfg, raw_model, optimizer, switch = build(cfg, explicit, ckpt, run)
-    iter_num, best_val_loss, resuming, master = 0, float("inf"), run.resuming, run.master
+    iter_num, best_val_loss, resuming, master, switched = 0, float("inf"), run.resuming, run.master, "scorer" in switch
     if resuming:  # a switched scorer starts its own best.pt
-        iter_num, best_val_loss = ckpt["iter_num"], float("inf") if switch else ckpt["best_val_loss"]
+        iter_num, best_val_loss = ckpt["iter_num"], float("inf") if switched else ckpt["best_val_loss"]
         set_rng_state(ckpt["rng"], run.device_type)
         data.g.set_state(ckpt["data_state"]["generator"])
-    pending_eval = ckpt if resuming and not switch and "eval" in ckpt else None  # its eval may lack its log line
+    pending_eval = ckpt if resuming and not switched and "eval" in ckpt else None  # its eval may lack its log line
     hf = ckpt and ckpt.get("hf")  # an imported model's source (config, BOS): its fine-tunes export with it
     ckpt, T, accum = None, cfg.block_size, cfg.gradient_accumulation_steps // run.world
     eval_model = model = torch.compile(raw_model) if cfg.compile else raw_model
@@ -244,7 +244,7 @@ def train(explicit):
     losses, drawn = None, {}  # drawn: when this run last drew loss.png (finish_eval's)
     if master:
         clear_out_dir(cfg.out_dir, resuming, iter_num)
-        done = resuming and not switch and tracking.eval_logged(  # this very eval: not the old scorer's at iter_num
+        done = resuming and not switched and tracking.eval_logged(  # this very eval: not the old scorer's at iter_num
             cfg.out_dir, iter_num, (pending_eval or {}).get("eval"))
         if resuming and not done and pending_eval is not None:
             losses = finish_eval(pending_eval)  # killed between ckpt.pt and the eval's log line
@@ -254,13 +254,13 @@ def train(explicit):
             return
         tracking.log({"config": asdict(cfg), "run_info": info, "unigram_entropy": data.unigram, "start_iter": iter_num,
                       **({"switch": switch} if switch else {})}, cfg, info, raw_model)  # switch: {field: [old, new]}
-        if switch:
-            print(f"scorer switch at iter {iter_num}: "
+        if switch:  # θ too: the weights were trained at the old value
+            print(f"{'scorer switch' if switched else 'changed from the checkpoint'} at iter {iter_num}: "
                   + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in switch.items()))
     t_start, dt_avg, start_iter = time.time(), None, iter_num
     while True:  # a resume's eval is done, unless the scorer switched
         due = iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters
-        if (due and (not resuming or iter_num > start_iter)) or (switch and iter_num == start_iter):
+        if (due and (not resuming or iter_num > start_iter)) or (switched and iter_num == start_iter):
             losses = estimate_loss(cfg, data, run, eval_model)
             if not all(map(math.isfinite, losses.values())):
                 raise TrainError(f"eval loss {losses} at iter {iter_num}: {diverged()}")

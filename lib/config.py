@@ -228,7 +228,8 @@ def resolve(cfg, explicit, ckpt, resuming, world):
 
 def model_config(cfg, explicit, ckpt, resuming):
     """The model's GPTConfig fields: the checkpoint's, with what this command may change (its scorer, θ, block_size,
-    dropout...), or one TrainError; and the scorer switch made ({field: [old, new]} of the scorer's fields, or {})."""
+    dropout...), or one TrainError; and what it changes ({field: [old, new]} of CHANGEABLE's, or {}; a scorer
+    switch when it holds "scorer")."""
     model_args, switch = {k: getattr(cfg, k) for k in MODEL_FIELDS}, {}
     if ckpt is not None:
         src = ckpt["model_args"]
@@ -256,7 +257,8 @@ def model_config(cfg, explicit, ckpt, resuming):
             model_args.update({k: getattr(GPTConfig, k) for k in OWN_OPTIONS if k not in explicit})
             if model_args["scorer"] == "ssmax" and "ssmax_s_init" not in explicit:
                 model_args["ssmax_s_init"] = ssmax_s_for_switch(src["block_size"])  # the paper's s0 (variants e, f)
-            switch = {k: [src[k], model_args[k]] for k in ("scorer", *OWN_OPTIONS) if model_args[k] != src[k]}
+        # every change the checkpoint's weights did not train with (θ, block_size...): recorded, not only a switch
+        switch = {k: [src[k], model_args[k]] for k in CHANGEABLE if model_args[k] != src[k]}
     try:
         GPTConfig(**model_args)
     except ValueError as e:

@@ -198,7 +198,7 @@ def plot_losses(out_dir, title):
         points = {r["iter"]: r[key] for r in rows if key in r}
         ax.plot(sorted(points), [points[k] for k in sorted(points)], "-" if key == "loss" else "o-", ms=3, label=label,
                 lw=0.6 if key == "loss" else 1.5)
-    for r in (r for r in log if "switch" in r):  # mark scorer switches
+    for r in (r for r in log if "scorer" in r.get("switch", {})):  # mark scorer switches (not a θ change alone)
         ax.axvline(r["start_iter"], color="gray", ls=":", lw=1, label=f"scorer -> {r['switch']['scorer'][1]}")
     ax.set(xlabel="iteration", ylabel="loss (nats)", title=title)
     ax.legend()

@@ -104,6 +104,20 @@ def test_a_switch_to_fox_adds_its_forget_gate_at_its_init_and_a_switch_from_fox_
     assert b["model_args"]["fgate_bias_init"] == 0.0 and not any("fgate" in k for k in b["model"])
 
 
+def test_init_from_records_and_prints_every_model_field_it_changes_not_only_the_scorers(data_dir, tmp_path, capsys):
+    src, dst = tmp_path / "softmax", tmp_path / "theta"
+    train.main(lm(data_dir, src, "max_iters=0"))
+    capsys.readouterr()
+    train.main(lm(data_dir, dst, f"init_from={src / 'ckpt.pt'}", "rope_theta=40000.0", "dropout=0.1", "max_iters=0"))
+    want = {"rope_theta": [10000.0, 40000.0], "dropout": [0.0, 0.1]}  # the weights were trained at the old values
+    assert train.tracking.read_log(dst / "log.jsonl")[0]["switch"] == want
+    assert "changed from the checkpoint at iter 0: dropout 0.0 -> 0.1, rope_theta 10000.0 -> 40000.0" in (
+        capsys.readouterr().out)
+    train.main(lm(data_dir, dst, "init_from=resume", "max_iters=1"))  # a resume as trained: nothing changed
+    starts = [r for r in train.tracking.read_log(dst / "log.jsonl") if "start_iter" in r]
+    assert len(starts) == 2 and "switch" not in starts[1]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Resume after a kill, --compare, a config file's overwrite
 
