@@ -22,8 +22,8 @@ softpick) as a LlamaForCausalLM whose config.json holds the scorer and its per-h
 hf_scorers.py's attention function (import it first), and such an export imports back as that scorer, its options and
 per-head parameters (a fine-tune continues it). NoPE, fox's forget gate, stick-breaking, re-weighting and character
 vocabularies are refused. Only model.safetensors or the shards its index names are read; an export keeps an import's
-BOS and refuses a real-valued task's model. Anything unsupported is one `error:` line naming it. Needs
-requirements-hf.txt.
+BOS and refuses a task run's model (it reads its task's ids, not a tokenizer's text: it would import back as a
+language model). Anything unsupported is one `error:` line naming it. Needs requirements-hf.txt.
 """
 import argparse, sys
 

@@ -15,7 +15,6 @@ from model import GPT, GPTConfig, param_name
 from rope import SCALINGS, check_scaling
 from scorers import SCORERS
 
-
 # Llama-compatible: same weights and attention; qwen2: q, k, v biases; qwen3: q, k norms, its own head_dim
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 LAYER = {"attn.c_proj": "self_attn.o_proj", "mlp.w_gate": "mlp.gate_proj", "mlp.w_up": "mlp.up_proj",
@@ -295,6 +294,7 @@ def refusals(a, codec, task=""):
     why += ["a character vocabulary (transformers has no tokenizer for it)"] * (codec.get("kind") == "char")
     why += ["q, k, v biases with q, k norms (Qwen2 has the one, Qwen3 the other)"] * bool(a.get("qkv_bias") and
                                                                                         a.get("qk_norm"))
-    n_in = getattr(tasks.TASKS.get(task), "n_in", 0)
-    why += [f"task {task!r} (real-valued inputs: its wte is a Linear of {n_in} features, no tokens)"] * bool(n_in)
+    n_in = getattr(tasks.TASKS.get(task), "n_in", 0)  # any task: its export would import back as a language model
+    why += [f"task {task!r} (" + (f"real-valued inputs: its wte is a Linear of {n_in} features, no tokens)" if n_in
+                                  else "a task model reads its task's ids, not a tokenizer's text)")] * bool(task)
     return why

@@ -97,6 +97,7 @@ def test_models_transformers_cannot_run_refuse_export_in_one_line(tmp_path):
              (dict(scorer="ssmax", reweight_p=4.0), None, "re-weighting (p=4.0"),
              (dict(vocab_size=3), char, "a character vocabulary (transformers has no tokenizer for it)"),
              (dict(vocab_size=1, task="linear"), None, "task 'linear' (real-valued inputs: its wte is a Linear of 3"),
+             (dict(task="recall"), None, "task 'recall' (a task model reads its task's ids, not a tokenizer's text)"),
              (dict(qkv_bias=True, qk_norm=True), None, "q, k, v biases with q, k norms (Qwen2 has the one, Qwen3")]
     for i, (args, codec, why) in enumerate(cases):
         _, path = nanoscorer_ckpt(tmp_path / f"{i}.pt", codec, **args)
