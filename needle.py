@@ -10,7 +10,8 @@ paper, Gao & Spratling 2025, Fig. 3), per-head needle scores (SSMax Figs. 7-8) a
 
 retrieval.py holds the tasks (prompts in --data's codec: shorter ones for characters, answer grading, the needle score,
 fine-tuning sets); this script runs the models and writes CSV, JSON, PNG. Answers are greedy over tokens other than
-<|endoftext|>. RoPE is extended as in eval_long.py: θ x 50 by default (the SSMax paper's 10,000 -> 500,000).
+<|endoftext|>. RoPE is extended as in eval_long.py: θ x 50 by default (the SSMax paper's 10,000 -> 500,000). Each
+JSON's models name the CSV's model: checkpoint, iteration, the RoPE each context ran with (NoPE: none), data read.
 """
 import argparse, itertools, json, math, os, sys
 
@@ -24,7 +25,7 @@ from lib.dataset import DataError  # bad input, printed by main as one line
 from lib.retrieval import cells, load_hay, ranked_heads, score_answer, score_trials, sft_examples, trials, with_lead
 from lib.vocab import EOT
 from model import BACKENDS, ROPE_METHODS
-from rope import unread_options
+from rope import applied, unread_options
 
 MODES = ("sft_data", "needle", "passkey", "score")
 DEFAULT_CONTEXTS = {"needle": [1024, 2048, 4096, 6144, 8192, 10240], "passkey": [1024, 1536, 2048, 4096, 8192]}
@@ -88,16 +89,7 @@ def report(args, folder, rows, models, labels, seen):
     palette = figures.colors(len(models))
     if args.mode == "needle":  # Fig. 6: depth x context, a panel per model
         acc = cells(rows, ["model", "context", "depth"])
-        fig, axes = figures.panels(len(models), math.ceil(math.sqrt(len(models))), size=(4.5, 3.5))
-        a = {(c["model"], c["context"], c["depth"]): (c["accuracy"], c["actual_depth"]) for c in acc}
-        for ax, m, label in zip(axes, models, labels):
-            grid = np.array([[a[m, L, d] for L in args.context_sizes] for d in args.depths])  # (depth, context, 2)
-            im = ax.imshow(grid[..., 0], vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-            ax.set(title=label, xlabel="context size", ylabel="asked depth (%)", xticks=range(len(args.context_sizes)),
-                   xticklabels=args.context_sizes, yticks=range(len(args.depths)), yticklabels=args.depths)
-            for (i, j), v in np.ndenumerate(grid[..., 0]):  # under the accuracy: where the needles went, on average
-                ax.text(j, i, f"{v:.2f}\nat {grid[i, j, 1]:.0f}%", ha="center", va="center", fontsize=7)
-        fig.colorbar(im, ax=list(axes), label="fraction of answers exactly right")
+        fig = figures.needle_grid(acc, models, labels, args.context_sizes, args.depths)
         return save(args, folder, "needle", rows, FIELDS, fig, cells=acc, models=seen)
     if args.mode == "passkey":  # LSSAR Fig. 3: accuracy vs length
         acc, (fig, (ax,)) = cells(rows, ["model", "context"]), figures.panels()
@@ -175,13 +167,14 @@ def run(args, folder):  # the results to folder; returns the wandb table
                                        for c in args.ckpt]
     labels = [os.path.basename(m.rstrip("/\\")) or m for m in models]  # titles and legends: the run folder's name
     labels = labels if len(set(labels)) == len(labels) else models  # unless two share it
-    seen = [dict(model=m, checkpoint=p, **data_provenance(p, c, args.data))  # warns: its dataset made again
-            for m, p, c in zip(models, args.ckpt, ckpts)]
+    seen = [dict(model=m, checkpoint=p, iter_num=c.get("iter_num"), rope=[],  # rope: what each context ran with
+                 **applied(c["model_args"].get("pos", "rope"), args.rope_method, args.rope_scale),
+                 **data_provenance(p, c, args.data)) for m, p, c in zip(models, args.ckpt, ckpts)]  # warns: made again
     for k, (path, label) in enumerate(zip(args.ckpt, models)):
         model = load_checkpoint(path, args.device, backend=args.backend)[0].eval()
         with tqdm(total=n * len(contexts), desc=label, unit="prompt") as bar:
             for L in contexts:
-                model.extend_rope(args.rope_method, args.rope_scale, L)
+                seen[k]["rope"].append(dict(context=L, **model.extend_rope(args.rope_method, args.rope_scale, L)))
                 rows += evaluate(model, label, prompts(L), args, enc, bar)
         report(args, folder, rows, models[:k + 1], labels[:k + 1], seen[:k + 1])  # after every model: progress
     print(f"results in {args.out_dir}")

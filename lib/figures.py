@@ -2,9 +2,10 @@
 The evaluations' figures (no pyplot: no global state): the panel grid, one colour per model however many (matplotlib's
 "C{i}" repeats after 10: an 11th model took the first one's colour), legends beside the axes (never over the data),
 eval_long's per-position curves and its paired differences by window length (each seed's difference beside the
-mean), eval_copy's copy gate, the SSMax paper's Figs. 1 and 3 in closed form (eval_long.py --fading) and train.py
---compare's curves. Each is drawn from the numbers its script writes beside it (summary.json, CSVs), so
-results/redraw_figures.py, which imports lib alone, draws a committed folder again the same way.
+mean), eval_copy's copy gate, needle.py's depth x context grid (SSMax Fig. 6), the SSMax paper's Figs. 1 and 3 in
+closed form (eval_long.py --fading) and train.py --compare's curves. Each is drawn from the numbers its script
+writes beside it (summary.json, CSVs), so results/redraw_figures.py, which imports lib alone, draws a committed
+folder again the same way.
 """
 import argparse, csv, math, os
 
@@ -104,6 +105,21 @@ def plot_differences(path, diffs, models, ropes, title):
         "per_seed" in d for d in diffs) else ""), **LEGEND)
     fig.suptitle(title, fontsize=9, wrap=True)
     save(fig, path)
+
+def needle_grid(cells, models, labels, contexts, depths):
+    """needle.py's Fig. 6 (SSMax paper): a depth x context panel per model, each cell's accuracy and, under it, where
+    its needles went on average. cells: needle.json's (model, context, depth, accuracy, actual_depth)."""
+    fig, axes = panels(len(models), math.ceil(math.sqrt(len(models))), size=(4.5, 3.5))
+    a = {(c["model"], c["context"], c["depth"]): (c["accuracy"], c["actual_depth"]) for c in cells}
+    for ax, m, label in zip(axes, models, labels):
+        grid = np.array([[a[m, L, d] for L in contexts] for d in depths])  # (depth, context, 2)
+        im = ax.imshow(grid[..., 0], vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        ax.set(title=label, xlabel="context size", ylabel="asked depth (%)", xticks=range(len(contexts)),
+               xticklabels=contexts, yticks=range(len(depths)), yticklabels=depths)
+        for (i, j), v in np.ndenumerate(grid[..., 0]):
+            ax.text(j, i, f"{v:.2f}\nat {grid[i, j, 1]:.0f}%", ha="center", va="center", fontsize=7)
+    fig.colorbar(im, ax=list(axes), label="fraction of answers exactly right")
+    return fig
 
 def ropes(args, models=()):
     """{rope: description} of eval_long's passes (its args as a dict; rope.eval_passes): the requested method, then

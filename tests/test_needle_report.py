@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import shutil
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ import pytest
 import needle
 import test_needle
 from lib import retrieval
+from lib.checkpoint import run_info, save_checkpoint
+from model import GPT, GPTConfig
 from test_needle import read_csv
 
 def spy(loaded, calls):
@@ -142,3 +145,22 @@ def test_two_runs_whose_folders_share_a_name_are_titled_by_their_paths(ckpts, da
     needle.main(["passkey", "--ckpt", *map(str, paths), "--data", data_dir, "--context_sizes", "64", "--samples", "1",
                  "--max_new_tokens", "1", "--out_dir", str(tmp_path / "res")])
     assert titles[-1] == [str(p.parent) for p in paths]  # not "run" twice in the legends
+
+
+def test_needle_records_each_models_iteration_and_the_rope_it_ran_at_each_context_none_for_a_nope_model(
+        ckpts, data_dir, tmp_path):
+    nope = tmp_path / "out-nope" / "ckpt.pt"  # a NoPE model, at another iteration: its rows name no θ
+    nope.parent.mkdir()
+    model = GPT(GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=32, ffn_hidden=64, pos="nope"))
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config), "config": {}, "iter_num": 7,
+                     "best_val_loss": float("nan"), "run_info": run_info(0)}, str(nope))
+    needle.main(["passkey", "--ckpt", ckpts[0], str(nope), "--data", data_dir, "--context_sizes", "64", "128",
+                 "--samples", "1", "--max_new_tokens", "1", "--rope_method", "dynamic_ntk", "--rope_scale", "2",
+                 "--out_dir", str(tmp_path / "res")])
+    rope, nope = json.loads((tmp_path / "res" / "passkey.json").read_text())["models"]
+    assert (rope["iter_num"], rope["rope_method"], rope["rope_scale"]) == (0, "dynamic_ntk", 2.0)
+    assert [r["context"] for r in rope["rope"]] == [64, 128]
+    assert rope["rope"][0]["rope_theta_effective"] == pytest.approx(1e4)  # within the training length: its own θ
+    assert rope["rope"][1]["rope_theta_effective"] > 10000.0  # Dynamic NTK's θ grows past the training length
+    assert (nope["iter_num"], nope["rope_method"], nope["rope_scale"]) == (7, "none", 1.0)
+    assert all(r["rope_theta"] is None and r["rope_theta_effective"] is None for r in nope["rope"])
