@@ -15,7 +15,8 @@ sink + local8 never exceed the row's mass; mass, the row's total weight (1 for s
 Every model reads the same --num_seqs windows of L+1 tokens, starts drawn with --seed (dataset.draw_starts, as in
 eval_long.py).
 Outputs: per_position.csv, per_sequence.csv (each window's losses by bin of positions 1, 2, 3-4, 5-8, ...), rows.png,
-summary.json (the bins' means); written to --out_dir only whole.
+summary.json (the bins' means; per model, as the CSVs' label names it: checkpoint, iteration, its trained θ);
+written to --out_dir only whole.
 """
 import argparse, json, math, sys
 
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from lib import compare, dataset, figures, folders, progress, tracking, vocab
 from lib.checkpoint import data_provenance, load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
 from model import BACKENDS
+from rope import applied
 
 OUTPUTS = ("per_position.csv", "per_sequence.csv", "rows.png", "summary.json")  # summary.json last: results whole
 RULE = ("position t = the loss of predicting token t+1 from tokens 1..t, its row has t keys; heads averaged; "
@@ -196,9 +198,10 @@ def run(args, folder):
         bar.set_description(label)
         model, ckpt = load_checkpoint(path, args.device, backend=args.backend)
         model.eval()
+        rope = dict(applied(model.config.pos, "none", 1.0), **model.extend_rope("none", 1.0, L))  # its trained θ
         results[label], per_seq[label] = evaluate(model, data, starts, L, args, bar)
-        models.append(dict(label=label, checkpoint=path, scorer=model.config.scorer,
-                           block_size=model.config.block_size, iter_num=ckpt.get("iter_num"), **data_seen))
+        models.append(dict(label=label, checkpoint=path, scorer=model.config.scorer, block_size=model.config.block_size,
+                           iter_num=ckpt.get("iter_num"), **rope, **data_seen))
         b = bin_means(results[label], L)
         print(f"{label}: loss by positions " + ", ".join(f"{k} {v['loss']:.3f}" for k, v in b.items()))
     bar.close()

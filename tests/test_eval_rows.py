@@ -127,7 +127,8 @@ def test_row_statistics_a_block_of_rows_at_a_time_equal_the_whole_matrix(ckpts, 
     assert sizes == [5, 5, 5, 5, 4]  # the evaluation's rows, in blocks too
 
 
-def test_csv_columns_shape_loss_and_truncated_context_equal_the_models_own(ckpts, data_dir, tmp_path):
+def test_csv_columns_shape_loss_and_truncated_context_equal_the_models_own_and_summary_names_iteration_and_theta(
+        ckpts, data_dir, tmp_path):
     out, c = str(tmp_path / "rows"), 5
     eval_rows.main(["--ckpt", ckpts["softmax"], ckpts["ssmax"], "--data", data_dir, "--num_seqs", "4", "--seed",
                     "3", "--context", str(c), str(c), "--batch_size", "3", "--out_dir", out])  # c twice: once
@@ -142,6 +143,7 @@ def test_csv_columns_shape_loss_and_truncated_context_equal_the_models_own(ckpts
     starts = summary["sequences"]["starts"]
     assert len(starts) == 4 and [m["label"] for m in summary["models"]] == ["softmax", "ssmax"]
     assert [m["block_size"] for m in summary["models"]] == [N, N]
+    assert [(m["iter_num"], m["rope_method"], m["rope_theta"]) for m in summary["models"]] == [(0, "none", 1e4)] * 2
     assert list(summary["models"][0]["bins"]) == ["1-1", "2-2", "3-4", "5-8", "9-16", "17-24"]
     with open(os.path.join(out, "per_sequence.csv"), newline="") as f:
         per_seq = list(csv.DictReader(f))
