@@ -18,7 +18,8 @@ for kN (LSSAR Table 4; prefix_1x = native RoPE), and so is YaRN's logit temperat
 length too); --no-ntk_per_length: one L-token pass with the factors for L. Other settings need one pass of L tokens.
 Each model also runs with its trained θ (rope "native"; the method: "extended").
 Outputs: per_sequence.csv (model x rope x sequence x window), differences.csv/png (each model minus --baseline,
-paired over sequences, bootstrap 95% CI), per_position.csv/png (raw curves), summary.json.
+paired over sequences, bootstrap 95% CI), per_position.csv/png (raw curves), summary.json. A model's label (scorer or
+--labels) carries its --logit_scale, as eval_tasks names it: "softmax-qwen".
 """
 import argparse, csv, json, math, os, sys, time
 
@@ -30,7 +31,6 @@ from lib.checkpoint import data_provenance, load_checkpoint, pick_device, read_c
 from model import BACKENDS, ROPE_METHODS
 from rope import eval_passes, pass_lengths, passes_rule, unread_options
 
-WINDOW_MULTIPLES = (1, 2, 4, 8, 10, 16, 20)  # k x the training length N
 WINDOW_RULE = ("window kx: mean loss over positions (k*N - N, k*N], the last N positions up to k times the "
                "training length N; prefix_kx: over positions 1..k*N, the loss of a k*N-token sequence (LSSAR Table "
                "4); k*N <= L. ")  # then rope.passes_rule: the passes that ran
@@ -40,13 +40,6 @@ OUTPUTS = ("per_position.csv", "per_position.png", "per_sequence.csv", "differen
 
 # ----------------------------------------------------------------------------------------------------------------
 # Sequences and RoPE
-
-def window_bounds(N, L):
-    """{window: (first, last) position, 1-based} of every window that ends by position L."""
-    out = {}
-    for k in (k for k in WINDOW_MULTIPLES if k * N <= L):
-        out[f"{k}x"], out[f"prefix_{k}x"] = (k * N - N + 1, k * N), (1, k * N)
-    return out
 
 @torch.no_grad()
 def per_position_loss(model, data, starts, L, batch_size, bounds, bar=None):
@@ -72,7 +65,7 @@ def per_position_loss(model, data, starts, L, batch_size, bounds, bar=None):
 def evaluate(model, data, starts, args, N, method, scale, bar):
     """One RoPE setting on every sequence: the L-position curve, its RoPE info, each window's per-sequence losses and
     the effective θ each window ran with (None for pi and yarn)."""
-    bounds, per_seq, theta = window_bounds(N, args.length), {}, {}
+    bounds, per_seq, theta = compare.window_bounds(N, args.length), {}, {}
     lengths = pass_lengths(bounds, args.length, method, args.logit_scale, args.ntk_per_length)
     for n in lengths:  # the last, L, gives the curve and RoPE info
         rope = model.extend_rope(method, scale, n)
@@ -127,24 +120,27 @@ def run(args, folder):  # the results to folder; returns the wandb table
     if args.length < N:
         raise ValueError(f"--length {args.length} is shorter than the training length {N} of {path!r}: "
                          f"no window to report; use --length >= {N}")
-    labels = compare.unique_labels(args.labels or [a.get("scorer", "softmax") for a in model_args], args.ckpt)
+    named = args.labels or [a.get("scorer", "softmax") for a in model_args]  # rescaled: "softmax-qwen"
+    labels = compare.unique_labels([compare.rescaled(n, args.logit_scale) for n in named], args.ckpt)
     baseline = labels[0] if args.baseline is None else args.baseline
+    baseline = baseline if baseline in labels else compare.rescaled(baseline, args.logit_scale)  # as --labels has it
     if baseline not in labels:
-        raise ValueError(f"--baseline {baseline!r} is not one of the models: {', '.join(labels)}")
+        raise ValueError(f"--baseline {args.baseline!r} is not one of the models: {', '.join(labels)}")
     data = dataset.load_tokens(args.data, args.split, args.length, min(a["vocab_size"] for a in model_args))
     starts = dataset.draw_starts(len(data), args.length, args.num_seqs, args.seed, args.disjoint)  # for every model
     args.smooth = min(args.smooth or max(1, args.length // 200), args.length)
     some_rope = any(a.get("pos", "rope") == "rope" for a in model_args)  # NoPE alone: the native pass only
     device, settings = torch.device(args.device), eval_passes(args.rope_method, args.rope_scale, some_rope)
     models, curves, rows, table, drawn = [], {}, [], [], time.time()
-    n_pass = sum(len(pass_lengths(window_bounds(a["block_size"], args.length), args.length, method, args.logit_scale,
-                                  args.ntk_per_length)) for a in model_args for _, method, _ in settings)
+    n_pass = sum(len(pass_lengths(compare.window_bounds(a["block_size"], args.length), args.length, method,
+                                  args.logit_scale, args.ntk_per_length))
+                 for a in model_args for _, method, _ in settings)
     bar = progress.bar(math.ceil(args.num_seqs / args.batch_size) * n_pass)  # a log: a line every 30 s
     for label, path, data_seen in zip(labels, args.ckpt, seen):
         model, ckpt = load_checkpoint(path, device, backend=args.backend)
         model.eval()
         cfg, ckpt_path = model.config, os.path.abspath(path)
-        bounds = window_bounds(cfg.block_size, args.length)
+        bounds = compare.window_bounds(cfg.block_size, args.length)
         nope = cfg.pos == "nope"  # no RoPE: its "extended" pass is its native one, recorded so (θ None)
         models.append(dict(label=label, checkpoint=ckpt_path, scorer=cfg.scorer, train_len=cfg.block_size,
                            iter_num=ckpt.get("iter_num"), rope_method="none" if nope else args.rope_method,

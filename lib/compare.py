@@ -1,8 +1,9 @@
 """
-Comparing models scored on the same sequences: per-sequence losses (eval_long.py's per_sequence.csv), each model's
-paired difference to a baseline model with a percentile bootstrap CI over sequences (Efron & Tibshirani 1993,
-ch. 13), and seed-level statistics (exact t intervals, sign-flip p, Holm's step-down correction, ceilings). Their
-figures are lib/figures.py's.
+Comparing models scored on the same sequences: per-sequence losses over windows ending at k x the training length
+(eval_long.py's per_sequence.csv) under labels no two models or settings share, each model's paired difference to a
+baseline model with a percentile bootstrap CI over sequences (Efron & Tibshirani 1993, ch. 13), and seed-level
+statistics (exact t intervals, sign-flip p, Holm's step-down correction, ceilings). Their figures are
+lib/figures.py's.
 
 Paired: the difference is taken sequence by sequence, so text that is hard for every model cancels out.
 """
@@ -15,6 +16,7 @@ PER_SEQUENCE_COLUMNS = ("model", "ckpt", "rope", "rope_method", "rope_scale", "t
                         "tokens", "loss")
 DIFFERENCE_COLUMNS = ("model", "baseline", "rope", "window", "k", "tokens", "baseline_tokens", "n_seqs", "mean_diff",
                       "ci_lo", "ci_hi")  # tokens: the model's window; baseline_tokens: the baseline's (its own N)
+WINDOW_MULTIPLES = (1, 2, 4, 8, 10, 16, 20)  # a window ends at k x the training length N
 LEVEL = 0.95
 RESAMPLE_CELLS = 2**22  # sequences x resamples per draw: bounds memory
 
@@ -139,6 +141,13 @@ def across_seeds(per_seed):
                         per_seed=[[d["mean_diff"], d["ci_lo"], d["ci_hi"]] for d in ds]))
     return out
 
+def window_bounds(N, L):
+    """{window: (first, last) position, 1-based} of every window that ends by position L (eval_long.py's)."""
+    out = {}
+    for k in (k for k in WINDOW_MULTIPLES if k * N <= L):
+        out[f"{k}x"], out[f"prefix_{k}x"] = (k * N - N + 1, k * N), (1, k * N)
+    return out
+
 def window_multiple(window):
     """'prefix_4x' or '4x' -> 4: the window's end in units of the training length N."""
     return int(window.removeprefix("prefix_").removesuffix("x"))
@@ -170,6 +179,11 @@ def wilson(k, n, z=1.96):
     p, d = k / n, 1 + z * z / n
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
     return max(0.0, (p + z * z / (2 * n)) / d - half), min(1.0, (p + z * z / (2 * n)) / d + half)
+
+def rescaled(label, logit_scale):
+    """A softmax model's name with the training-free rescaling it ran with (eval_tasks' "softmax-qwen"): rows with
+    and without --logit_scale never share a label."""
+    return f"{label}-{logit_scale}" if logit_scale else label
 
 def unique_labels(labels, paths):
     """Each checkpoint's label, a repeated one told apart by its place, run folder and file (one scorer twice, or a

@@ -146,3 +146,21 @@ def test_eval_long_warns_and_records_a_dataset_prepared_again_since_the_checkpoi
     again, older = json.loads((tmp_path / "res" / "summary.json").read_text())["models"]
     assert again["data_prepared_again"] is True and again["data_sha256"] == PREPARED_AGAIN != again["trained_sha256"]
     assert older["data_prepared_again"] is False and older["trained_sha256"] is None
+
+
+def test_a_rescaled_models_label_names_its_logit_scale_in_every_csv_and_summary_record(ckpts, data_dir, tmp_path):
+    # "softmax" with and without --logit_scale qwen: concatenated rows would mix two settings of one name
+    run = lambda out, *extra: eval_long.main([ckpts["plain"], ckpts["sharp"], "--data", data_dir, "--length",  # noqa
+                                              str(2 * N), "--num_seqs", "2", "--n_boot", "10", "--logit_scale", "qwen",
+                                              "--out_dir", str(tmp_path / out), *extra])
+    run("res")
+    first = "softmax-qwen"  # as eval_tasks names the setting; the second softmax told apart by its place and folder
+    labels = [m["label"] for m in json.loads((tmp_path / "res" / "summary.json").read_text())["models"]]
+    assert labels[0] == first and labels[1].startswith(f"{first} #2 (")
+    assert {r["model"] for r in compare.read_csv(tmp_path / "res" / "per_sequence.csv")} == set(labels)
+    diffs = compare.read_csv(tmp_path / "res" / "differences.csv")
+    assert {(d["model"], d["baseline"]) for d in diffs} == {(labels[1], first)}
+    assert read_csv(tmp_path / "res" / "per_position.csv")[0][1:] == [*labels, *(f"{m} [native]" for m in labels)]
+    run("named", "--labels", "a", "b", "--baseline", "b")  # the baseline as --labels names it
+    summary = json.loads((tmp_path / "named" / "summary.json").read_text())
+    assert [m["label"] for m in summary["models"]] == ["a-qwen", "b-qwen"] and summary["baseline"] == "b-qwen"
