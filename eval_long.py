@@ -29,7 +29,7 @@ import torch
 from lib import compare, dataset, figures, folders, progress, rescale, tracking, vocab
 from lib.checkpoint import data_provenance, load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
 from model import BACKENDS, ROPE_METHODS
-from rope import eval_passes, pass_lengths, passes_rule, unread_options
+from rope import applied, eval_passes, pass_lengths, passes_rule, unread_options
 
 WINDOW_RULE = ("window kx: mean loss over positions (k*N - N, k*N], the last N positions up to k times the "
                "training length N; prefix_kx: over positions 1..k*N, the loss of a k*N-token sequence (LSSAR Table "
@@ -141,10 +141,8 @@ def run(args, folder):  # the results to folder; returns the wandb table
         model.eval()
         cfg, ckpt_path = model.config, os.path.abspath(path)
         bounds = compare.window_bounds(cfg.block_size, args.length)
-        nope = cfg.pos == "nope"  # no RoPE: its "extended" pass is its native one, recorded so (θ None)
         models.append(dict(label=label, checkpoint=ckpt_path, scorer=cfg.scorer, train_len=cfg.block_size,
-                           iter_num=ckpt.get("iter_num"), rope_method="none" if nope else args.rope_method,
-                           rope_scale=1.0 if nope else args.rope_scale))
+                           iter_num=ckpt.get("iter_num"), **applied(cfg.pos, args.rope_method, args.rope_scale)))
         for i, (rope, method, scale) in enumerate(settings):
             bar.set_description(f"{label} {rope} L={args.length:,}")
             curve, info, per_seq, theta = evaluate(model, data, starts, args, cfg.block_size, method, scale, bar)
@@ -155,8 +153,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
             result = dict(**info, mean_loss=float(curve.mean()), windows=windows)
             # a stable summary.json: native nests under "native"
             models[-1].update(result if i == 0 else dict(native=dict(rope_method="none", **result)))
-            rows += [dict(model=label, ckpt=ckpt_path, rope=rope, rope_method="none" if nope else method,
-                          rope_scale=1.0 if nope else scale,
+            rows += [dict(model=label, ckpt=ckpt_path, rope=rope, **applied(cfg.pos, method, scale),  # NoPE: none
                           theta=theta[w] or "", sequence=j, start=int(starts[j]), window=w, tokens=b[1] - b[0] + 1,
                           loss=float(x)) for w, b in bounds.items() for j, x in enumerate(per_seq[w])]
             table += [dict(model=label, scorer=cfg.scorer, rope=rope, window=w, mean_loss=v["mean_loss"])

@@ -5,7 +5,7 @@ length from the first checkpoint and the length check against the longest N; a l
 length; the window rule naming the passes that ran; the warning and record of a dataset prepared again since the
 checkpoint trained on it. CPU only."""
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -164,3 +164,19 @@ def test_a_rescaled_models_label_names_its_logit_scale_in_every_csv_and_summary_
     run("named", "--labels", "a", "b", "--baseline", "b")  # the baseline as --labels names it
     summary = json.loads((tmp_path / "named" / "summary.json").read_text())
     assert [m["label"] for m in summary["models"]] == ["a-qwen", "b-qwen"] and summary["baseline"] == "b-qwen"
+
+
+def test_a_nope_models_rows_and_record_name_rope_none_at_scale_1_beside_an_extended_rope_model(ckpts, data_dir,
+                                                                                                tmp_path):
+    torch.manual_seed(0)
+    nope = GPT(replace(tiny_config(), pos="nope"))  # NoPE: no table to extend, so "none" whatever was asked
+    path = str(tmp_path / "nope.pt")
+    save_checkpoint({"model": nope.state_dict(), "model_args": asdict(nope.config), "config": {}, "iter_num": 3,
+                     "best_val_loss": float("nan"), "run_info": run_info(0)}, path)
+    eval_long.main([ckpts["plain"], path, "--labels", "r", "n", "--data", data_dir, "--length", str(2 * N),
+                    "--rope_scale", "4", "--num_seqs", "2", "--n_boot", "10", "--out_dir", str(tmp_path / "res")])
+    r, n = json.loads((tmp_path / "res" / "summary.json").read_text())["models"]
+    assert [(m["iter_num"], m["rope_method"], m["rope_scale"]) for m in (r, n)] == [(7, "theta", 4.0), (3, "none", 1.0)]
+    rows = compare.read_csv(tmp_path / "res" / "per_sequence.csv")
+    assert {(x["rope"], x["rope_method"], x["rope_scale"]) for x in rows if x["model"] == "n"} == {
+        ("extended", "none", "1.0"), ("native", "none", "1.0")}
