@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from kernels_cpu import CHUNK
 from lib import folders, rescale, tracking
 from lib.checkpoint import model_of, pick_device, read_checkpoint, run_info
-from lib.compare import unique_labels, wilson, write_csv
+from lib.compare import rescaled, unique_labels, wilson, write_csv
 from model import SCORERS, auto_backend
 from tasks import TARGETS, TASKS, get_batch, min_length, target_positions
 
@@ -170,7 +170,7 @@ def evaluate(paths, lengths, n, out_dir, ropes=("plain",), diag_n=0, logit_scale
         c = SimpleNamespace(**ckpt["config"])
         N, task = c.block_size, TASKS[c.task]
         which = dict(checkpoint=os.path.abspath(path), iter=ckpt.get("iter_num"))  # every row names its model
-        name = setting(ckpt["config"]) + (f"-{logit_scale}" if logit_scale else "")
+        name = rescaled(setting(ckpt["config"]), logit_scale)
         if diag_n and c.task not in TARGETS:
             print(f"{label}: task {c.task!r} has no target position (tasks.target_positions knows "
                   f"{', '.join(TARGETS)}): attention.csv's target_mass is NaN, its other columns hold")
