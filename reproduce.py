@@ -28,12 +28,14 @@ results/<name>/ keeps, with today's statistics (lib/rereport.py).
 """
 import argparse, importlib, os, sys
 
-from lib import lm_suite
+import torch
+
+from lib import lm_suite, plans
 from lib.checkpoint import CheckpointError
 from lib.corpora import DataError
-from lib.folders import FolderError
+from lib.folders import FolderError, held
 from lib.lm_suite import PAPERS, SCALES, SWITCH_AT, VARIANTS  # noqa: F401 (the suite's definitions, for a reader)
-from lib.runs import REPO, StepError  # noqa: F401 (REPO: where the scripts are)
+from lib.runs import REPO, StepError, Steps, own_folders  # noqa: F401 (REPO: where the scripts are)
 
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -63,6 +65,29 @@ def check(a, synthetic):
         if wrong or twice:
             sys.exit(f"error: {flag} {' '.join(wrong or twice)}: " + ("given twice; each once" if not wrong else
                      f"unknown; allowed: {', '.join(allowed)}" if allowed else "seeds must be in [0, 2**63)"))
+
+
+def lm(a):
+    """The language-model suite (lib/lm_suite.py): its scale, variants and folders, each locked while it writes."""
+    a.scale, a.skip = a.scale or "cpu", a.skip or []
+    S = SCALES[a.scale]
+    if a.max_iters:  # a copy: SCALES stays what the docs say
+        S = {**S, "train": {**S["train"], "max_iters": a.max_iters}}
+    if a.scale == "gpu" and not torch.cuda.is_available():
+        sys.exit("error: --scale gpu needs CUDA; use --scale cpu here")
+    variants = [v for v in S.get("variants", PAPERS) if not a.variants or v in a.variants]
+    # softmax: the baseline, and where (e) and (f) start
+    if "softmax" not in variants or set(a.variants or []) - set(variants):
+        sys.exit(f"error: --variants {' '.join(a.variants)}: they must be {a.scale}'s and include softmax; "
+                 f"{a.scale}'s: {' '.join(S.get('variants', PAPERS))}")
+    name, a.seeds = a.name or a.scale, a.seeds or [1337, 1338, 1339]
+    root, data_dir = f"out-repro-{name}", "data"
+    results = os.path.join("results" if a.commit_results else "out-results", name)
+    with held(root, "a reproduction's runs"), held(results, "a reproduction's results"):  # one writer each
+        own_folders("lm", results, root)
+        began = plans.begin(results) if a.commit_results else None  # the rule, committed before the run
+        os.makedirs(results, exist_ok=True)
+        lm_suite.run_steps(a, S, root, data_dir, Steps(results, a.redo), variants, began)
 
 
 def main(argv=None):
@@ -113,7 +138,7 @@ def main(argv=None):
             return synthetic.main(quick=a.quick, jobs=a.jobs, settings=a.settings, task_names=a.tasks, name=a.name,
                                   seeds=a.seeds, commit=a.commit_results, redo=a.redo, scale=a.scale)
         a.jobs = a.jobs or 2
-        lm_suite.main(a)
+        lm(a)
     except (StepError, FolderError, DataError, CheckpointError) as e:  # CheckpointError: a run's cut ckpt.pt
         sys.exit(f"error: {e}")
 

@@ -3,15 +3,12 @@ The language-model suite of reproduce.py (`python reproduce.py --scale cpu|gpu|c
 each seed's steps (training, then eval_long, the copy gate and retrieval) run with lib/runs.py's Steps, and
 report.py's summary. reproduce.py's docstring says what it reproduces; lib/synthetic.py is the other suite.
 """
-import os, sys
+import gzip, os
 from concurrent.futures import ThreadPoolExecutor
 
-import torch
-
 from lib import dataset, plans, report, retrieval
-from lib.folders import copy_whole, held
-from lib.runs import (Steps, check_runs, complete, done, iter_of, keep_train_log, kv, own_folders, pack,
-                      read_train_logs, trained)
+from lib.folders import copy_whole, replace_synced
+from lib.runs import check_runs, complete, done, iter_of, keep_train_log, kv, read_train_logs, trained
 
 # ----------------------------------------------------------------------------------------------------------------
 # Scales: model = GPTConfig, train = TrainConfig
@@ -239,28 +236,6 @@ def sft_retrieval(S, seed, runs, steps, data, variants, common, skip):
         steps.run(t["name"], t["cmd"], t["out"], None, t["settings"])
 
 
-def main(a):
-    a.scale, a.skip = a.scale or "cpu", a.skip or []
-    S = SCALES[a.scale]
-    if a.max_iters:  # a copy: SCALES stays what the docs say
-        S = {**S, "train": {**S["train"], "max_iters": a.max_iters}}
-    if a.scale == "gpu" and not torch.cuda.is_available():
-        sys.exit("error: --scale gpu needs CUDA; use --scale cpu here")
-    variants = [v for v in S.get("variants", PAPERS) if not a.variants or v in a.variants]
-    # softmax: the baseline, and where (e) and (f) start
-    if "softmax" not in variants or set(a.variants or []) - set(variants):
-        sys.exit(f"error: --variants {' '.join(a.variants)}: they must be {a.scale}'s and include softmax; "
-                 f"{a.scale}'s: {' '.join(S.get('variants', PAPERS))}")
-    name, a.seeds = a.name or a.scale, a.seeds or [1337, 1338, 1339]
-    root, data_dir = f"out-repro-{name}", "data"
-    results = os.path.join("results" if a.commit_results else "out-results", name)
-    with held(root, "a reproduction's runs"), held(results, "a reproduction's results"):  # one writer each
-        own_folders("lm", results, root)
-        began = plans.begin(results) if a.commit_results else None  # the rule, committed before the run
-        os.makedirs(results, exist_ok=True)
-        run_steps(a, S, root, data_dir, Steps(results, a.redo), variants, began)
-
-
 def run_steps(a, S, root, data_dir, steps, variants, began=None):
     """Every seed's steps, then the first seed's retrieval after fine-tuning, then summary.json from the steps'
     records: what they ran, not what this command asked (the same, unless recorded before settings were); a skipped
@@ -296,3 +271,18 @@ def run_steps(a, S, root, data_dir, steps, variants, began=None):
     if a.commit_results:
         pack(results, a.seeds)
     print(f"done: {results}/summary.json")
+
+
+def pack(results, seeds, keep=("gate/per_position.csv",)):
+    """--commit-results: each seed's CSVs gzipped (a tenth of the size; the report reads summary.json files and
+    `keep`), so ten seeds' per-sequence losses fit in the repository. Idempotent."""
+    for seed in seeds:
+        top = os.path.join(results, f"s{seed}")
+        for folder, _, files in os.walk(top):
+            for name in files:
+                path = os.path.join(folder, name)
+                if name.endswith(".csv") and os.path.relpath(path, top) not in keep:
+                    with open(path, "rb") as f, gzip.open(path + ".gz.tmp", "wb") as g:
+                        g.write(f.read())
+                    replace_synced([path + ".gz.tmp"], [path + ".gz"])  # before the .csv goes
+                    os.remove(path)

@@ -279,18 +279,3 @@ def read_train_logs(results, seeds):
                     rec = {k: (int if k == "iter" else float)(x) for k, x in r.items() if k != "variant" and x != ""}
                     logs.setdefault(seed, {}).setdefault(r["variant"], []).append(rec)
     return logs
-
-
-def pack(results, seeds, keep=("gate/per_position.csv",)):
-    """--commit-results: each seed's CSVs gzipped (a tenth of the size; the report reads summary.json files and
-    `keep`), so ten seeds' per-sequence losses fit in the repository. Idempotent."""
-    for seed in seeds:
-        top = os.path.join(results, f"s{seed}")
-        for folder, _, files in os.walk(top):
-            for name in files:
-                path = os.path.join(folder, name)
-                if name.endswith(".csv") and os.path.relpath(path, top) not in keep:
-                    with open(path, "rb") as f, gzip.open(path + ".gz.tmp", "wb") as g:
-                        g.write(f.read())
-                    replace_synced([path + ".gz.tmp"], [path + ".gz"])  # before the .csv goes
-                    os.remove(path)

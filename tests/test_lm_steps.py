@@ -178,7 +178,7 @@ def test_reproduce_hands_the_synthetic_suite_every_option_it_was_given(monkeypat
 def test_a_step_folder_or_data_error_is_one_error_line(error, monkeypatch):
     def fail(a):
         raise error("what went wrong")
-    monkeypatch.setattr(lm_suite, "main", fail)
+    monkeypatch.setattr(reproduce, "lm", fail)
     with pytest.raises(SystemExit) as e:
         reproduce.main([])
     assert e.value.code == "error: what went wrong"
