@@ -15,7 +15,8 @@ needle, needle scores and passkey in characters on every seed's models, without 
 out-repro-<name>/s<seed>/, results in out-results/<name>/ (results/<name>/ with --commit-results), each folder
 locked while a reproduction writes it. A step whose output exists is skipped when it was made with the settings asked
 now (recorded as it starts, started.json, and when done, steps.jsonl), so an interrupted reproduction resumes; a step
-made with other settings (another --max_iters, a variant added to its evaluation) refuses in one line, or with --redo
+made with other settings (another --max_iters, a variant added to its evaluation, the dataset made again, a
+config default edited: the splits' sha256 and the resolved config are recorded) refuses in one line, or with --redo
 is made again. A step left out by --skip runs not at all: summary.json reads its output only where it was made with
 the settings asked now (with --redo an older one is removed) and says which were skipped. On a CPU, --jobs seeds run
 at once (one core each).

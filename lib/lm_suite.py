@@ -7,8 +7,10 @@ import gzip, os
 from concurrent.futures import ThreadPoolExecutor
 
 from lib import dataset, plans, report, retrieval
+from lib.checkpoint import data_identity
 from lib.folders import copy_whole, replace_synced
 from lib.runs import check_runs, complete, done, iter_of, keep_train_log, kv, read_train_logs, trained
+from lib.synthetic_suite import values
 
 # ----------------------------------------------------------------------------------------------------------------
 # Scales: model = GPTConfig, train = TrainConfig
@@ -78,13 +80,19 @@ DATASET = "english"  # prepare_data.py: Shakespeare + King James Bible
 # ----------------------------------------------------------------------------------------------------------------
 # Training: (e) and (f) start from the softmax run
 
-def trained_with(S):
-    """What every variant's training shares (its record: a step reading a checkpoint names the training behind it)."""
-    return dict(model=S["model"], train=S["train"], dataset=S.get("dataset", DATASET), switch_at=SWITCH_AT)
+def trained_with(S, data):
+    """What every variant's training shares (its record: a step reading a checkpoint names the training behind it):
+    the command's fields, the sha256 of the splits in `data` and what the command resolves to now but the seed (a
+    default edited since changes it; the command's fields do not)."""
+    name = S.get("dataset", DATASET)
+    now = values(None, [*kv(S["model"]), *kv(S["train"]), f"dataset={name}", f"data_dir={os.path.dirname(data)}"])
+    return dict(model=S["model"], train=S["train"], dataset=name, switch_at=SWITCH_AT, sha256=data_identity(data),
+                values={k: v for k, v in now.items() if k != "seed"})
 
 
 def train_all(S, runs, steps, data_dir, seed, variants, threads):
-    check_runs(runs, dict(train=trained_with(S), variants={v: VARIANTS[v][0] for v in variants}), steps.redo)
+    data = os.path.join(data_dir, S.get("dataset", DATASET))
+    check_runs(runs, dict(train=trained_with(S, data), variants={v: VARIANTS[v][0] for v in variants}), steps.redo)
     M = S["train"]["max_iters"]
     base = ["train.py", *kv(S["model"]), *kv(S["train"]), f"dataset={S.get('dataset', DATASET)}",
             f"data_dir={data_dir}", f"seed={seed}"]
@@ -113,10 +121,11 @@ def train_all(S, runs, steps, data_dir, seed, variants, threads):
                                                          out_dir=f"{runs}/ssmax_f")), trained(ckpt("ssmax_f"), M))
 
 
-def eval_settings(cmd, S, seed, reads, **extra):
+def eval_settings(cmd, S, data, seed, reads, **extra):
     """A step's settings: its command, the training of the checkpoints it reads and needle.py's rules (RULES)."""
     extra = {"rules": retrieval.RULES, **extra} if cmd[0] == "needle.py" else extra
-    return dict(command=cmd, train=trained_with(S), seed=seed, variants={v: VARIANTS[v][0] for v in reads}, **extra)
+    return dict(command=cmd, train=trained_with(S, data), seed=seed, variants={v: VARIANTS[v][0] for v in reads},
+                **extra)
 
 
 def pending(steps, todo):
@@ -147,8 +156,8 @@ def seed_steps(S, seed, runs, steps, data, variants, threads, skip, texts=None):
     todo = []  # run after training
 
     def run(name, cmd, out, reads=variants, clear=None, whole=True, skipped=False):
-        todo.append(dict(name=name + f" (seed {seed})", cmd=cmd, out=out, settings=eval_settings(cmd, S, seed, reads),
-                         clear=clear or [os.path.dirname(out)], whole=whole, skipped=skipped))
+        todo.append(dict(name=name + f" (seed {seed})", cmd=cmd, out=out, clear=clear or [os.path.dirname(out)],
+                         settings=eval_settings(cmd, S, data, seed, reads), whole=whole, skipped=skipped))
     # gates (RESULTS.md): loss by position at trained θ; many: position 1 has one token per sequence
     gate = os.path.join(results, f"s{seed}", "gate")
     run("gate", ["eval_long.py", *ckpts, *common, "--length", str(N), "--rope_method", "none", "--num_seqs",
@@ -211,7 +220,7 @@ def sft_retrieval(S, seed, runs, steps, data, variants, common, skip):
     retrieval_steps(E, ckpts, sft_ckpts, variants, common, os.path.join(steps.results, "needle"),
                     lambda name, cmd, out, clear, skipped: todo.append(dict(
                         name=name, cmd=cmd, out=out, clear=clear, whole=True, skipped=skipped,
-                        settings=eval_settings(cmd, S, seed, variants, sft=S["sft"]))), skip)
+                        settings=eval_settings(cmd, S, data, seed, variants, sft=S["sft"]))), skip)
     todo = pending(steps, todo)
     if not todo:
         return
@@ -261,7 +270,7 @@ def run_steps(a, S, root, data_dir, steps, variants, began=None):
         steps.run("kernel benchmark", [os.path.join("bench", "attention.py"), "--out", os.path.join(results,
                                                                                                      "kernels")],
                   os.path.join(results, "kernels.png"))
-    ran = steps.ran("train") or dict(trained_with(S), recorded=False)
+    ran = steps.ran("train") or dict(trained_with(S, data), recorded=False)
     plan = {"plan": plans.finish(results, began)} if began else {}
     report.summarize(results, roots, labels, N, rows, list(COPY_RUNS), scale=a.scale, dataset=ran["dataset"],
                      config=ran, tokens_per_variant=ran["train"]["batch_size"] * ran["model"]["block_size"]

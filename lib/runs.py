@@ -10,9 +10,9 @@ is done (steps.jsonl), so an output left by a kill is judged by what it was star
 of settings not known (other settings), except in a results folder whose records predate settings altogether, and
 a step whose steps.jsonl line predates them: those are taken as they are, with a warning.
 """
-import csv, gzip, json, os, shutil, subprocess, sys, threading, time
+import csv, glob, gzip, json, os, shutil, subprocess, sys, threading, time
 
-from lib.checkpoint import RUN_FILES
+from lib.checkpoint import RUN_FILES, read_checkpoint
 from lib.folders import replace_synced, write_json
 from lib.report import read_json
 
@@ -20,6 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # make glibc keep freed memory: no page faults per batch
 REUSE_FREED_MEMORY = dict(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**31 - 1))
 TRAIN_LOG = ("variant", "iter", "loss", "train_loss", "val_loss")
+ADDED = ("sha256", "values")  # a training record's fields added since settings were first recorded (lm_suite)
 
 
 class StepError(Exception):
@@ -77,6 +78,19 @@ def mismatch(old, want, whole=True, known=True):
     return differences(old, plain(want))
 
 
+def dated(old, want):
+    """`old`, the record of a step or runs folder, as judged against `want`: a field its training record ("train")
+    lacks because it was added since (ADDED, or one of the config's values) is taken at today's value, as
+    lib/synthetic.py's reuse() takes it, so a record from before them is judged as before."""
+    had, now = (old or {}).get("train"), plain(want).get("train")
+    if not (isinstance(had, dict) and isinstance(now, dict)):
+        return old
+    had = {**had, **{k: now[k] for k in ADDED if k in now and k not in had}}
+    if isinstance(had.get("values"), dict) and isinstance(now.get("values"), dict):
+        had["values"] = {k: had["values"].get(k, v) for k, v in now["values"].items()}
+    return {**old, "train": had}
+
+
 def judge(old, want, what, redo, clear, whole=True, known=True):
     """True if `old`, what a step's record says it was made with, is `want`; a step recorded before settings were
     (None) is taken as it is, with a warning, where its output is whole and `known` (mismatch()). Other settings:
@@ -117,8 +131,8 @@ class Steps:
 
     def reuse(self, name, settings, clear=(), whole=True):
         """judge() of step `name`, whose output exists, against its record."""
-        ok = judge(self.recorded.get(name), settings, f"step {name!r} in {self.results}", self.redo, clear, whole,
-                   name in self.recorded or self.legacy)
+        ok = judge(dated(self.recorded.get(name), settings), settings, f"step {name!r} in {self.results}", self.redo,
+                   clear, whole, name in self.recorded or self.legacy)
         if ok:
             self.used.add(name)
         return ok
@@ -129,7 +143,7 @@ class Steps:
         if not done(out):
             self.skipped[name] = "not made"
             return False
-        old = self.recorded.get(name)
+        old = dated(self.recorded.get(name), settings)
         diff = mismatch(old, settings, whole, name in self.recorded or self.legacy)
         if not diff:
             self.used.add(name)
@@ -200,13 +214,18 @@ class Steps:
 def check_runs(root, want, redo):
     """A seed's runs folder (scratch) holds the training `want` describes ({"train": ..., "variants": {v: overrides}}):
     the same training settings, and the same overrides for every variant both name (one may add variants). Else
-    StepError, or with redo the folder is removed (it trains again). Records what it will hold (settings.json)."""
-    path = os.path.join(root, "settings.json")
-    have = read_json(path)
+    StepError, or with redo the folder is removed (it trains again). Records what it will hold (settings.json). The
+    splits' sha256 is judged by what its checkpoints trained on (data_state), the truth, as well as by the record."""
+    path, what, sha = os.path.join(root, "settings.json"), f"the training in {root}", plain(want["train"]).get("sha256")
+    have = dated(read_json(path), want)
+    states = [read_checkpoint(c, mmap=True).get("data_state") or {} for c in glob.glob(os.path.join(root, "*/ckpt.pt"))]
+    other = sha and next((s["sha256"] for s in states if s.get("sha256") not in (None, sha)), None)
+    if other and not judge({"train": {"sha256": other}}, {"train": {"sha256": sha}}, what, redo, [root]):
+        have = None  # removed: it trains again
     if have is not None:
         shared = lambda s: {"train": s["train"], "variants": {v: s["variants"][v] for v in have["variants"]
                                                                   if v in want["variants"]}}
-        if not judge(shared(have), shared(want), f"the training in {root}", redo, [root]):
+        if not judge(shared(have), shared(want), what, redo, [root]):
             have = None  # removed: it trains again
     elif os.path.isdir(root) and os.listdir(root):  # left unrecorded: what it holds is not known
         return print(f"warning: {root} was trained before settings were recorded; its checkpoints are taken as they "
@@ -242,8 +261,7 @@ def complete(out_dir, variants):
 
 
 def iter_of(path):
-    from lib.checkpoint import read_checkpoint  # mmap: reads the pickle, not the tensors
-    return read_checkpoint(path, mmap=True)["iter_num"] if os.path.isfile(path) else None
+    return read_checkpoint(path, mmap=True)["iter_num"] if os.path.isfile(path) else None  # mmap: not the tensors
 
 
 def trained(path, iters):

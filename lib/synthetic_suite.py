@@ -148,9 +148,10 @@ def config_file(name):
 
 
 def values(name, over):
-    """What config file `name` and train.py's overrides resolve to now (train.py's fields but where it writes): a file
-    or a default edited since a run trained changes them, where the record of names and overrides alone does not."""
-    explicit = config.parse_args([config_file(name), *over])
+    """What config file `name` (None: none, as the lm suite's runs) and train.py's overrides resolve to now (train.py's
+    fields but where it writes): a file or a default edited since a run trained changes them, where the record of
+    names and overrides alone does not."""
+    explicit = config.parse_args(([] if name is None else [config_file(name)]) + list(over))
     cfg = asdict(config.resolve(config.TrainConfig(**explicit), explicit, None, False, 1))
     return {k: v for k, v in cfg.items() if k not in ("out_dir", "overwrite", "resume", "init_from")}
 

@@ -3,8 +3,10 @@ by the settings it started with (lib/runs.py's started.json); a retrieval step m
 refused. (summary.json leaving out a skipped step's output made with other training: tests/test_reproduce.py, on its
 toy run.)"""
 import json
+from dataclasses import field, make_dataclass
 
 import pytest
+import torch
 
 from lib import runs
 from test_reproduce import TOY  # the GPT-2-token toy's model and training
@@ -79,10 +81,69 @@ def test_a_retrieval_step_made_under_older_rules_is_not_reused(tmp_path):
     other rules (or before they were recorded) is refused without --redo, as other training is; other steps not."""
     from lib import lm_suite, retrieval
     S = {"model": TOY["model"], "train": TOY["train"]}
-    needle = lm_suite.eval_settings(["needle.py", "needle"], S, 1, ["softmax"])
+    needle = lm_suite.eval_settings(["needle.py", "needle"], S, "data/x", 1, ["softmax"])
     assert needle["rules"] == retrieval.RULES
-    assert "rules" not in lm_suite.eval_settings(["eval_long.py"], S, 1, ["softmax"])
+    assert "rules" not in lm_suite.eval_settings(["eval_long.py"], S, "data/x", 1, ["softmax"])
     older = {**needle, "rules": "answers: any a-j letter"}
     assert runs.mismatch(older, needle) and runs.mismatch({k: v for k, v in needle.items() if k != "rules"}, needle)
     with pytest.raises(runs.StepError, match="rules"):
         runs.judge(older, needle, "step 'needle'", False, [str(tmp_path / "needle")])
+
+
+def toy_data(tmp_path, sha):
+    """A dataset folder whose meta.json records its splits' sha256 as prepare_data.py writes it."""
+    data = tmp_path / "data" / "english"
+    data.mkdir(parents=True, exist_ok=True)
+    (data / "meta.json").write_text(json.dumps({"sha256": {"train": sha, "val": "v"}}))
+    return str(data)
+
+
+def recorded(res, settings):
+    """A results folder holding one done step, "gate", made with `settings`."""
+    res.mkdir(exist_ok=True)
+    (res / "steps.jsonl").write_text(json.dumps(dict(step="gate", command="", wall_s=1, settings=runs.plain(settings)))
+                                     + "\n")
+    return str(res)
+
+
+def test_steps_and_runs_made_before_the_dataset_was_prepared_again_are_refused(tmp_path):
+    from lib import lm_suite
+    S = {"model": TOY["model"], "train": TOY["train"]}
+    asked = lambda data: lm_suite.eval_settings(["eval_long.py"], S, data, 1, ["softmax"])  # noqa: E731
+    res = recorded(tmp_path / "res", asked(toy_data(tmp_path, "old")))
+    assert runs.Steps(res).reuse("gate", asked(toy_data(tmp_path, "old")))  # the same splits: reused
+    with pytest.raises(runs.StepError, match=r'train.sha256.train "old" -> "new"\): --redo'):
+        runs.Steps(res).reuse("gate", asked(toy_data(tmp_path, "new")))  # made again under the same name
+    # a seed's runs: what its checkpoints trained on decides, even where no settings.json records it
+    root = tmp_path / "s1"
+    (root / "softmax").mkdir(parents=True)
+    torch.save({"model": {}, "model_args": {}, "iter_num": 8, "data_state": {"sha256": {"train": "old", "val": "v"}}},
+               root / "softmax" / "ckpt.pt")
+    want = {"train": lm_suite.trained_with(S, toy_data(tmp_path, "new")), "variants": {"softmax": {}}}
+    with pytest.raises(runs.StepError, match=r'train.sha256.train "old" -> "new"'):
+        runs.check_runs(str(root), want, redo=False)
+    runs.check_runs(str(root), want, redo=True)  # scratch: trained again on the new splits
+    assert not (root / "softmax").exists()
+
+
+def test_a_default_changed_since_a_step_is_refused_and_a_record_from_before_values_is_judged_as_before(
+        tmp_path, monkeypatch):
+    from lib import config, lm_suite
+    S, data = {"model": TOY["model"], "train": TOY["train"]}, toy_data(tmp_path, "same")
+    asked = lambda: lm_suite.eval_settings(["eval_long.py"], S, data, 1, ["softmax"])  # noqa: E731
+    now = asked()
+    with monkeypatch.context() as m:  # TrainConfig's weight_decay defaulted to 0.05 when the step ran
+        m.setattr(config, "TrainConfig", make_dataclass("TrainConfig", [("weight_decay", float, field(default=0.05))],
+                                                        bases=(config.TrainConfig,)))
+        res = recorded(tmp_path / "res", asked())
+    with pytest.raises(runs.StepError, match=r"train.values.weight_decay 0.05 -> 0.1\): --redo"):
+        runs.Steps(res).reuse("gate", now)
+    added = runs.plain(now)  # a config field added since the step ran: taken at today's value
+    del added["train"]["values"]["copy_kind"]
+    assert runs.Steps(recorded(tmp_path / "added", added)).reuse("gate", now)
+    # a record from before the splits' sha256 and the values were recorded: judged by the fields it holds
+    older = {**runs.plain(now), "train": {k: v for k, v in runs.plain(now)["train"].items() if k not in runs.ADDED}}
+    assert runs.Steps(recorded(tmp_path / "older", older)).reuse("gate", now)
+    older["train"]["train"]["max_iters"] = 4
+    with pytest.raises(runs.StepError, match=r"train.train.max_iters 4 -> 8\): --redo"):
+        runs.Steps(recorded(tmp_path / "older", older)).reuse("gate", now)
