@@ -122,6 +122,8 @@ def read_checkpoint(path, device="cpu", mmap=False, need=()):
     if not zipfile.is_zipfile(path):  # torch.save writes a zip; all else stops here
         raise CheckpointError(f"{path!r} is not a checkpoint: not a torch.save zip archive ({os.path.getsize(path):,} "
                               "bytes: empty, truncated or another kind of file)")
+    if not mmap:  # torch.load never checks the zip's CRCs: a damaged weight would load as a silently other model
+        check_crcs(path)
     try:  # old checkpoints hold a TorchVersion: allow it
         with torch.serialization.safe_globals([torch.torch_version.TorchVersion]):
             ckpt = torch.load(path, map_location=device, weights_only=True, mmap=mmap)
@@ -138,6 +140,17 @@ def read_checkpoint(path, device="cpu", mmap=False, need=()):
         raise CheckpointError(f"{path} holds no {' or '.join(k for k in need if k not in ckpt)} state, which a resume "
                               f"needs (a best.pt?): start a new run from its weights with init_from={path}")
     return ckpt
+
+def check_crcs(path):
+    """CheckpointError naming the first entry of path whose bytes fail their CRC (a disk or copy error)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError):  # damaged headers: torch.load's error says so, in read_checkpoint's line
+        return
+    if bad:
+        raise CheckpointError(f"checkpoint {path!r} is damaged: entry {bad} fails its CRC check (a disk or copy "
+                              f"error); use another checkpoint of the run (best.pt or ckpt.pt) or train it again")
 
 def trained_on(paths, default):
     """The evals' --data when none is given: the prepared dataset the first checkpoint trained on (its config's

@@ -80,6 +80,24 @@ def test_a_file_that_is_no_checkpoint_is_named_with_what_it_lacks(tmp_path):
         checkpoint.read_checkpoint(str(tmp_path))
 
 
+def test_a_checkpoint_with_damaged_weight_bytes_is_refused_naming_its_entry(tmp_path):
+    import struct, zipfile
+    model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=8, ffn_hidden=16))
+    path = tmp_path / "best.pt"
+    torch.save({"model": model.state_dict(), "model_args": asdict(model.config)}, path)
+    with zipfile.ZipFile(path) as z:  # the largest weight: the bytes a bad disk or copy flips
+        entry = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    with open(path, "r+b") as f:
+        f.seek(entry.header_offset + 26)
+        name_len, extra_len = struct.unpack("<HH", f.read(4))
+        f.seek(entry.header_offset + 30 + name_len + extra_len + entry.file_size // 2)
+        f.write(struct.pack("<4f", 1.0, 2.0, 3.0, 4.0))
+    checkpoint.read_checkpoint(str(path), mmap=True)  # a cheap look at its config is not the place to check
+    with pytest.raises(CheckpointError, match=rf"damaged: entry {entry.filename} fails its CRC check .* use another "
+                                              r"checkpoint of the run \(best.pt or ckpt.pt\) or train it again$"):
+        checkpoint.read_checkpoint(str(path))
+
+
 def test_saved_config_gives_a_field_the_run_predates_the_value_it_ran_with():
     assert checkpoint.saved_config({"config": {"max_iters": 5}}) == {"sft_val_frac": 0.0, "max_iters": 5}
     assert checkpoint.saved_config({"config": {"sft_val_frac": 0.1}}) == {"sft_val_frac": 0.1}  # its own wins
