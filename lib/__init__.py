@@ -6,6 +6,7 @@ What the scripts share; nothing here is run directly.
     checkpoint.py         run_info (provenance), atomic save, safe read (weights_only), the model a checkpoint builds,
                           what a run's out_dir may hold before it writes
     dataset.py            a corpus -> data/<name>/{train,val}.bin, a dataset fetched on first use, its readers
+    meta.py               a prepared dataset's meta.json read and checked, its splits' sizes against it
     vocab.py              GPT-2's BPE offline, the character vocabulary, an imported model's tokenizer; which one a
                           dataset or checkpoint reads, by content
     longrange.py          long-range structure in text: train.py's repeated spans (copy_frac), the copy gate's sequences

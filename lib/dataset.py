@@ -1,19 +1,18 @@
 """
 The datasets' library: a corpus tokenized (GPT-2's BPE or characters: lib/vocab.py) into
 data/<name>/{train,val}.bin + meta.json (prepare), a dataset made on first use (fetch), and its readers (load_split,
-check_prepared, unigram_entropy). prepare_data.py is its command line; the sources are corpora.py's.
+unigram_entropy; meta.py checks them). prepare_data.py is its command line; the sources are corpora.py's.
 """
-import contextlib, glob, hashlib, itertools, json, os, random, shlex, sys, time
+import contextlib, glob, hashlib, itertools, json, os, random, sys, time
 
 import numpy as np
 
 from lib.corpora import (CHAR, EMBEDDED, FILE_BUILDERS, NAMED, SOURCES_HELP, DataError, default_name, stream_docs,
                          text_sha256)
 from lib.folders import held, replace_synced, sync
-from lib.vocab import (EOT_TEXT, TOKENIZERS, CharCodec, HFCodec, data_record, get_tokenizer, hf_codec, read_meta,
-                       record)
+from lib.meta import SPLITS, check_prepared, read_meta
+from lib.vocab import EOT_TEXT, TOKENIZERS, CharCodec, HFCodec, data_record, get_tokenizer, hf_codec, record
 
-SPLITS = ("train", "val")
 # -----------------------------------------------------------------------------
 # prepare: documents -> tokens -> train.bin / val.bin / meta.json
 
@@ -77,33 +76,6 @@ def overlapping_pairs(starts, L):
     """How many pairs of the windows of L+1 tokens at `starts` share a token (a repeated start is one too)."""
     s = np.sort(np.asarray(starts))
     return int((np.searchsorted(s, s + L, side="right") - np.arange(len(s)) - 1).sum())
-
-def check_prepared(data_dir):
-    """None if train.bin and val.bin have the sizes meta.json records, else DataError: the file, what is wrong, the
-    command that re-prepares it. train.py calls it before training, and re-prepares a dataset named in EMBEDDED."""
-    data_dir = os.path.normpath(data_dir)
-    name, meta = os.path.basename(data_dir), {}
-    def fail(problem):
-        source = name if name in NAMED else meta.get("source") or (name if name in EMBEDDED else "SOURCE")
-        raise DataError(f"{problem}; re-prepare it with `python prepare_data.py {shlex.quote(source)} --name {name} "
-                        f"--out_dir {os.path.dirname(data_dir) or '.'}`")
-    for f in ("train.bin", "val.bin", "meta.json"):  # meta.json is last: without it, unfinished
-        if not os.path.isfile(os.path.join(data_dir, f)):
-            fail(f"{os.path.join(data_dir, f)} is missing")
-    try:
-        with open(os.path.join(data_dir, "meta.json")) as f:
-            meta = json.load(f)
-        tokens = {s: int(meta["tokens"][s]) for s in SPLITS}
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        meta = {}
-        fail(f"{os.path.join(data_dir, 'meta.json')} is unreadable ({type(e).__name__})")
-    width = np.dtype(meta.get("dtype", "uint16")).itemsize
-    for s in SPLITS:
-        path = os.path.join(data_dir, f"{s}.bin")
-        size = os.path.getsize(path)  # `width` bytes a token; else a half-written one
-        if size != width * tokens[s]:
-            fail(f"{path} is {'truncated' if size < width * tokens[s] else 'too long'}: {size // width:,} tokens on "
-                 f"disk vs {tokens[s]:,} in meta.json")
 
 def is_up_to_date(data_dir, args):
     try:

@@ -11,6 +11,7 @@ import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
 from lib.corpora import DataError, package_dir
+from lib.meta import read_meta  # checked: a tokenizer it does not name is never taken as GPT-2's
 
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EOT = 50256          # <|endoftext|>
@@ -195,17 +196,6 @@ def from_record(rec):
 def describe(rec):
     what = f"{rec['n_vocab'] - 1} characters" if rec["kind"] == "char" else f"{rec['kind']} ({rec['n_vocab']:,} ids)"
     return f"{what}, sha256 {rec['sha256'][:12]}"
-
-def read_meta(data_dir):
-    """data_dir's meta.json, or None where there is none (another tool's .bin files: GPT-2's, as nanoGPT's)."""
-    path = os.path.join(data_dir, "meta.json")
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path} is unreadable ({type(e).__name__}); re-prepare the dataset")
 
 def codec(data_dir):
     """The codec of a prepared dataset: its characters (meta.json's itos), else GPT-2's BPE."""

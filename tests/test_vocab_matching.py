@@ -1,6 +1,7 @@
 """lib/vocab.py's size rules, on hand-written meta.json files: a model of GPT-2's padded 50,304 ids reads a GPT-2
 dataset (train.py's vocab_size=, an older checkpoint without a codec), a character model reads only its own
-vocabulary's size; an older character checkpoint is never decoded with a dataset of another size."""
+vocabulary's size; an older character checkpoint is never decoded with a dataset of another size; a meta.json
+naming an unknown tokenizer is one line naming it."""
 import json
 
 import pytest
@@ -45,3 +46,13 @@ def test_an_older_character_checkpoint_is_not_decoded_with_a_dataset_of_another_
     assert vocab.checkpoint_codec(old(12), d).itos[:3] == ["a", "b", "c"]  # same size: the data's, as before
     with pytest.raises(DataError, match="this model reads 10 tokens"):
         vocab.checkpoint_codec(old(10), d)
+
+
+def test_a_meta_json_naming_an_unknown_tokenizer_is_refused_not_read_as_gpt2(tmp_path):
+    write_meta(tmp_path / "d", tokenizer="foo", vocab_size=vocab.VOCAB_SIZE)
+    says = r"meta.json names tokenizer 'foo', which this code does not read \(gpt2, char, hf\); re-prepare it with"
+    with pytest.raises(DataError, match=says):
+        vocab.data_record(str(tmp_path / "d"))  # the evaluations', needle's and sample's
+    with pytest.raises(DataError, match=says):
+        with_vocab(tmp_path, vocab.VOCAB_SIZE)  # train.py's
+

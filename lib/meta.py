@@ -1,0 +1,70 @@
+"""
+A prepared dataset's record, data/<name>/meta.json (lib/dataset.py writes it), read and checked before anything
+reads the dataset's splits: a meta.json naming an unknown tokenizer or a .bin whose size disagrees with it is one
+DataError naming the file and the command that re-prepares it, never a silent guess.
+"""
+import json, os, shlex
+
+import numpy as np
+
+from lib.corpora import EMBEDDED, NAMED, DataError
+
+SPLITS = ("train", "val")
+KINDS = ("gpt2", "char", "hf")  # the tokenizers a meta.json names; none named: gpt2 (older datasets)
+
+def remedy(data_dir, source=None):
+    """The command that re-prepares data_dir (source: meta.json's, where known)."""
+    data_dir = os.path.normpath(data_dir)
+    name = os.path.basename(data_dir)
+    source = name if name in NAMED else source or (name if name in EMBEDDED else "SOURCE")
+    return (f"re-prepare it with `python prepare_data.py {shlex.quote(source)} --name {name} "
+            f"--out_dir {os.path.dirname(data_dir) or '.'}`")
+
+def read_meta(data_dir):
+    """data_dir's meta.json, checked, or None where there is none (another tool's .bin files: GPT-2's, as
+    nanoGPT's); else DataError."""
+    path = os.path.join(data_dir, "meta.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path} is unreadable ({type(e).__name__}); {remedy(data_dir)}")
+    problem = meta_problem(data_dir, meta)
+    if problem:
+        raise DataError(f"{path} {problem}; {remedy(data_dir, meta.get('source'))}")
+    return meta
+
+def meta_problem(data_dir, meta):
+    """What of meta.json its readers cannot take (each read would fail deep inside, or guess GPT-2), else None."""
+    kind = meta.get("tokenizer", "gpt2")
+    if kind not in KINDS:
+        return f"names tokenizer {kind!r}, which this code does not read ({', '.join(KINDS)})"
+    return None
+
+def check_split(data_dir, split, meta):
+    """DataError unless split's .bin (it exists) has the tokens meta.json (read_meta's) records."""
+    path = os.path.join(data_dir, f"{split}.bin")
+    width, size = np.dtype((meta or {}).get("dtype", "uint16")).itemsize, os.path.getsize(path)
+    tokens = ((meta or {}).get("tokens") or {}).get(split)
+    if tokens is not None and size != width * tokens:
+        problem = (f"is {'truncated' if size < width * tokens else 'too long'}: {size // width:,} tokens on disk vs "
+                   f"{tokens:,} in meta.json")
+    else:
+        return
+    raise DataError(f"{path} {problem}; {remedy(data_dir, (meta or {}).get('source'))}")
+
+def check_prepared(data_dir):
+    """None if train.bin and val.bin have the sizes meta.json records, else DataError: the file, what is wrong, the
+    command that re-prepares it. train.py calls it before training, and re-prepares a dataset named in EMBEDDED."""
+    data_dir = os.path.normpath(data_dir)
+    for f in ("train.bin", "val.bin", "meta.json"):  # meta.json is last: without it, unfinished
+        if not os.path.isfile(os.path.join(data_dir, f)):
+            raise DataError(f"{os.path.join(data_dir, f)} is missing; {remedy(data_dir)}")
+    meta = read_meta(data_dir)
+    if "tokens" not in meta:
+        raise DataError(f"{os.path.join(data_dir, 'meta.json')} records no tokens of its splits; "
+                        f"{remedy(data_dir, meta.get('source'))}")
+    for s in SPLITS:
+        check_split(data_dir, s, meta)
