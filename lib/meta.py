@@ -1,7 +1,8 @@
 """
 A prepared dataset's record, data/<name>/meta.json (lib/dataset.py writes it), read and checked before anything
-reads the dataset's splits: a meta.json naming an unknown tokenizer or a .bin whose size disagrees with it is one
-DataError naming the file and the command that re-prepares it, never a silent guess.
+reads the dataset's splits: a malformed meta.json (not an object, an unknown tokenizer, char without its characters,
+hf without its tokenizer.json, an unknown dtype) or a .bin whose size disagrees with it is one DataError naming the
+file and the command that re-prepares it, never a traceback or a silent guess.
 """
 import json, os, shlex
 
@@ -11,6 +12,7 @@ from lib.corpora import EMBEDDED, NAMED, DataError
 
 SPLITS = ("train", "val")
 KINDS = ("gpt2", "char", "hf")  # the tokenizers a meta.json names; none named: gpt2 (older datasets)
+DTYPES = ("uint16", "uint32")  # the ids' types prepare writes
 
 def remedy(data_dir, source=None):
     """The command that re-prepares data_dir (source: meta.json's, where known)."""
@@ -31,6 +33,8 @@ def read_meta(data_dir):
             meta = json.load(f)
     except (OSError, ValueError) as e:
         raise DataError(f"{path} is unreadable ({type(e).__name__}); {remedy(data_dir)}")
+    if not isinstance(meta, dict):
+        raise DataError(f"{path} holds a JSON {type(meta).__name__}, not an object; {remedy(data_dir)}")
     problem = meta_problem(data_dir, meta)
     if problem:
         raise DataError(f"{path} {problem}; {remedy(data_dir, meta.get('source'))}")
@@ -38,9 +42,20 @@ def read_meta(data_dir):
 
 def meta_problem(data_dir, meta):
     """What of meta.json its readers cannot take (each read would fail deep inside, or guess GPT-2), else None."""
-    kind = meta.get("tokenizer", "gpt2")
+    kind, dtype = meta.get("tokenizer", "gpt2"), meta.get("dtype", "uint16")
     if kind not in KINDS:
         return f"names tokenizer {kind!r}, which this code does not read ({', '.join(KINDS)})"
+    if kind == "char" and not (isinstance(meta.get("itos"), list) and meta["itos"]):
+        return "names tokenizer 'char' but holds no character list (itos)"
+    if kind == "hf" and not all(isinstance(meta.get(k), int) for k in ("vocab_size", "eot_token")):
+        return "names tokenizer 'hf' but holds no vocab_size or eot_token"
+    if kind == "hf" and not os.path.isfile(os.path.join(data_dir, "tokenizer.json")):
+        return "names tokenizer 'hf', but no tokenizer.json is beside it"
+    if dtype not in DTYPES:
+        return f"names dtype {dtype!r}, not one of {', '.join(DTYPES)}"
+    tokens = meta.get("tokens")  # an older or hand-made meta.json may lack it (check_prepared needs it)
+    if tokens is not None and not (isinstance(tokens, dict) and all(isinstance(tokens.get(s), int) for s in SPLITS)):
+        return f"records tokens {tokens!r}, not a count of each split's ({', '.join(SPLITS)})"
     return None
 
 def check_split(data_dir, split, meta):

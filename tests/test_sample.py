@@ -269,3 +269,10 @@ def test_a_task_run_is_named_as_one_and_rope_theta_on_a_nope_model_is_refused(tm
     nope = write_ckpt(tmp_path / "nope.pt", pos="nope")
     assert "--rope_theta 500: this model has no RoPE (pos='nope')" in one_error_line(["--ckpt", nope, "--rope_theta",
                                                                                       "500"])
+
+
+def test_a_dataset_naming_an_imported_tokenizer_without_its_tokenizer_json_is_one_error_line(ckpt, tmp_path):
+    # FileNotFoundError's traceback
+    (tmp_path / "meta.json").write_text('{"tokenizer": "hf", "vocab_size": 8, "eot_token": 7}')
+    msg = one_error_line(["--ckpt", ckpt, "--data", str(tmp_path)])
+    assert f"{tmp_path / 'meta.json'} names tokenizer 'hf', but no tokenizer.json is beside it; re-prepare" in msg

@@ -1,13 +1,14 @@
 """lib/vocab.py's size rules, on hand-written meta.json files: a model of GPT-2's padded 50,304 ids reads a GPT-2
 dataset (train.py's vocab_size=, an older checkpoint without a codec), a character model reads only its own
 vocabulary's size; an older character checkpoint is never decoded with a dataset of another size; a meta.json
-naming an unknown tokenizer is one line naming it."""
+naming an unknown tokenizer, or malformed, is one line naming it."""
 import json
+import re
 
 import pytest
 
 import train
-from lib import vocab
+from lib import dataset, vocab
 from lib.dataset import DataError
 
 
@@ -56,3 +57,19 @@ def test_a_meta_json_naming_an_unknown_tokenizer_is_refused_not_read_as_gpt2(tmp
     with pytest.raises(DataError, match=says):
         with_vocab(tmp_path, vocab.VOCAB_SIZE)  # train.py's
 
+
+@pytest.mark.parametrize("meta, says", [
+    ([1], "holds a JSON list, not an object"), ("gpt2", "holds a JSON str, not an object"),
+    ({"tokenizer": "char"}, r"names tokenizer 'char' but holds no character list \(itos\)"),
+    ({"dtype": "float9"}, "names dtype 'float9', not one of uint16, uint32"),
+    ({"tokenizer": "hf"}, "names tokenizer 'hf' but holds no vocab_size or eot_token"),
+    ({"tokenizer": "hf", "vocab_size": 8, "eot_token": 7}, "names tokenizer 'hf', but no tokenizer.json is beside it")])
+def test_a_malformed_meta_json_is_one_line_naming_it_and_how_to_re_prepare(tmp_path, meta, says):
+    # each was an AttributeError, KeyError, TypeError or FileNotFoundError traceback
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "meta.json").write_text(json.dumps(meta))
+    (d / "val.bin").write_bytes(bytes(8))
+    for read in (vocab.data_record, vocab.vocab_size, lambda d: dataset.load_split(d, "val")):
+        with pytest.raises(DataError, match=f"^{re.escape(str(d / 'meta.json'))} {says}; re-prepare it with `python "):
+            read(str(d))
