@@ -3,8 +3,10 @@ run's --seed and --n_boot, per_sequence.csv's start and rope_scale of each row, 
 smoothing and each model's training run; a length that is no window's end under Dynamic NTK per length; the default
 length from the first checkpoint and the length check against the longest N; a logit rescaling for each pass's
 length; the window rule naming the passes that ran; the warning and record of a dataset prepared again since the
-checkpoint trained on it. CPU only."""
+checkpoint trained on it; a val.bin cut short of meta.json, one line naming it. CPU only."""
 import json
+import os
+import shutil
 from dataclasses import asdict, replace
 
 import numpy as np
@@ -180,3 +182,17 @@ def test_a_nope_models_rows_and_record_name_rope_none_at_scale_1_beside_an_exten
     rows = compare.read_csv(tmp_path / "res" / "per_sequence.csv")
     assert {(x["rope"], x["rope_method"], x["rope_scale"]) for x in rows if x["model"] == "n"} == {
         ("extended", "none", "1.0"), ("native", "none", "1.0")}
+
+
+def test_eval_long_refuses_a_val_bin_cut_short_of_its_meta_json(ckpts, data_dir, tmp_path):
+    # a truncated val.bin was evaluated from the tokens left, without a word
+    folder = tmp_path / "cut"
+    shutil.copytree(data_dir, folder)
+    n = (folder / "val.bin").stat().st_size // 2
+    (folder / "meta.json").write_text(json.dumps({"tokens": {"train": (folder / "train.bin").stat().st_size // 2,
+                                                             "val": n}}))
+    os.truncate(folder / "val.bin", n)  # half its tokens
+    msg = one_line_error([ckpts["plain"], "--data", str(folder), "--length", str(2 * N), "--num_seqs", "2",
+                          "--out_dir", str(tmp_path / "res")])
+    assert f"{folder / 'val.bin'} is truncated: {n // 2:,} tokens on disk vs {n:,} in meta.json; re-prepare" in msg
+

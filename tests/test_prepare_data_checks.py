@@ -163,3 +163,15 @@ def test_a_malformed_jsonl_is_one_error_line_not_the_readers_log_or_a_traceback(
     assert r.stderr.startswith(f"error: cannot load {str(tmp_path / source)!r}: JSON parse error") and \
         f"in row {row}" in r.stderr, r.stderr
     assert not [f for _, _, files in os.walk(tmp_path / "out") for f in files]  # no .tmp left behind
+
+
+def test_the_evaluations_split_loaders_refuse_a_split_cut_short_of_meta_json(prepared):
+    # eval_long and eval_rows read a truncated val.bin in part, without a word (only train.py checked)
+    n = read_all(prepared)[0]["tokens"]["val"]
+    os.truncate(os.path.join(prepared, "val.bin"), 2 * (n - 3))
+    says = f"val.bin is truncated: {n - 3:,} tokens on disk vs {n:,} in meta.json; re-prepare it with `python "
+    for read in (lambda: pdata.load_split(prepared, "val"), lambda: pdata.load_tokens(prepared, "val", 4, 50257)):
+        with pytest.raises(pdata.DataError, match=says):
+            read()
+    assert len(pdata.load_split(prepared, "train")) == read_all(prepared)[0]["tokens"]["train"]
+
