@@ -1,8 +1,8 @@
 """
 A prepared dataset's record, data/<name>/meta.json (lib/dataset.py writes it), read and checked before anything
 reads the dataset's splits: a malformed meta.json (not an object, an unknown tokenizer, char without its characters,
-hf without its tokenizer.json, an unknown dtype) or a .bin whose size disagrees with it is one DataError naming the
-file and the command that re-prepares it, never a traceback or a silent guess.
+hf without its tokenizer.json, an unknown dtype) or a .bin whose size disagrees with it (truncated, a cut id, empty)
+is one DataError naming the file and the command that re-prepares it, never a traceback or a silent guess.
 """
 import json, os, shlex
 
@@ -59,13 +59,16 @@ def meta_problem(data_dir, meta):
     return None
 
 def check_split(data_dir, split, meta):
-    """DataError unless split's .bin (it exists) has the tokens meta.json (read_meta's) records."""
+    """DataError unless split's .bin (it exists) fits meta.json (read_meta's; None: GPT-2's uint16 ids): the tokens
+    it records, else a whole number of ids, at least one. A truncated or cut file is never read in part."""
     path = os.path.join(data_dir, f"{split}.bin")
     width, size = np.dtype((meta or {}).get("dtype", "uint16")).itemsize, os.path.getsize(path)
     tokens = ((meta or {}).get("tokens") or {}).get(split)
     if tokens is not None and size != width * tokens:
         problem = (f"is {'truncated' if size < width * tokens else 'too long'}: {size // width:,} tokens on disk vs "
                    f"{tokens:,} in meta.json")
+    elif size == 0 or size % width:
+        problem = "is empty" if size == 0 else f"is {size:,} bytes, not a whole number of {width}-byte ids"
     else:
         return
     raise DataError(f"{path} {problem}; {remedy(data_dir, (meta or {}).get('source'))}")

@@ -1,8 +1,9 @@
 """needle.py's one-line errors: bad arguments and options, every checkpoint and --out_dir checked before the first
-model runs, a failed evaluation leaves no file and the out_dir free, the script itself exits with one stderr line.
-Tiny models, CPU only."""
+model runs, a failed evaluation leaves no file and the out_dir free, the script itself exits with one stderr line, a
+val.bin of a cut id or none is one line naming it. Tiny models, CPU only."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -131,3 +132,14 @@ def test_bad_input_exits_nonzero_with_one_stderr_line(tmp_path):
     r = subprocess.run([sys.executable, script, "passkey", "--ckpt", str(tmp_path / "missing.pt")],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)  # its out-needle: not the repo's
     assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and "missing.pt" in r.stderr
+
+
+@pytest.mark.parametrize("size, says", [(1001, "is 1,001 bytes, not a whole number of 2-byte ids"), (0, "is empty")])
+def test_a_val_bin_of_a_cut_id_or_none_is_one_error_line_naming_it(ckpts, data_dir, tmp_path, size, says):
+    # numpy's ValueError, a traceback: needle.py catches DataError, not ValueError
+    folder = tmp_path / "data"
+    shutil.copytree(data_dir, folder)
+    os.truncate(folder / "val.bin", size)
+    msg = one_line_error(["needle", "--ckpt", ckpts[0], "--data", str(folder), "--depths", "50", "--context_sizes",
+                          "96", "--samples", "1", "--out_dir", str(tmp_path / "res")])
+    assert f"{folder / 'val.bin'} {says}; re-prepare it with" in msg

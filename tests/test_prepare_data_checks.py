@@ -175,3 +175,10 @@ def test_the_evaluations_split_loaders_refuse_a_split_cut_short_of_meta_json(pre
             read()
     assert len(pdata.load_split(prepared, "train")) == read_all(prepared)[0]["tokens"]["train"]
 
+
+@pytest.mark.parametrize("size, says", [(5, "is 5 bytes, not a whole number of 2-byte ids"), (0, "is empty")])
+def test_a_split_of_a_cut_id_or_none_is_one_line_naming_it_without_a_meta_json(tmp_path, size, says):
+    # numpy's ValueError, naming no file ("Size of available data is not a multiple...", "cannot mmap an empty file")
+    (tmp_path / "val.bin").write_bytes(bytes(size))
+    with pytest.raises(pdata.DataError, match=f"val.bin {says}; re-prepare it with"):
+        pdata.load_split(str(tmp_path), "val")
