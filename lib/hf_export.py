@@ -96,8 +96,11 @@ def export_hf(path, out):
         raise ConvertError(f"{out} already holds {', '.join(held)}: give another --out")
     with folders.results_dir(out, ["model.safetensors", "config.json"], "an export", "--out") as tmp:  # whole or none
         files = write_tokenizer(codec, tmp, a["block_size"], source.get("bos_token"), source.get("chat_template"))
-        st.save_file({k: t.contiguous() for k, t in out_w.items()}, os.path.join(tmp, "model.safetensors"),
-                     metadata={"format": "pt"})
+        try:
+            st.save_file({k: t.contiguous() for k, t in out_w.items()}, os.path.join(tmp, "model.safetensors"),
+                         metadata={"format": "pt"})
+        except need("safetensors").SafetensorError as e:  # a full disk, as its own error: the callers' OSError
+            raise OSError(f"{os.path.join(out, 'model.safetensors')}: not written ({e})") from None
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(cfg, f, indent=1)
     return ["config.json", "model.safetensors"] + files

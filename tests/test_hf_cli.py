@@ -102,3 +102,18 @@ def test_weights_of_layers_past_num_hidden_layers_are_named_when_dropped(tmp_pat
     convert_hf.main(["import", str(tmp_path / "src"), "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert "warning: config.json's num_hidden_layers=1: 9 weights of later layers (from model.layers.1." in err, err
+
+
+def test_an_export_onto_a_full_disk_is_one_error_line_and_leaves_no_folder(tmp_path, monkeypatch):
+    """safetensors reports a full disk as its own SafetensorError, not an OSError: it was a traceback."""
+    import safetensors
+    import safetensors.torch
+    _, path = nanoscorer_ckpt(tmp_path / "ckpt.pt", scorer="ssa")
+
+    def full(*a, **k):
+        raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    msg = one_line_error(convert_hf.main, ["export", path, "--out", str(tmp_path / "hf")])
+    assert msg == f"error: {tmp_path / 'hf' / 'model.safetensors'}: not written (Error while serializing: I/O error: " \
+                  "No space left on device (os error 28))"
+    assert not (tmp_path / "hf").exists()
