@@ -72,7 +72,7 @@ def main(argv=None):
     try:  # the defaults as meta.json has always recorded them (seed: prepare's): datasets made before stay up to date
         prepare(source, args.name, args.out_dir, args.text_field, args.hf_split or "train", args.val_frac, args.seed,
                 None if args.max_tokens is None else int(args.max_tokens), args.force, args.tokenizer)
-    except (DataError, CheckpointError) as e:  # CheckpointError: --tokenizer names a damaged checkpoint
+    except (DataError, CheckpointError, OSError) as e:  # a damaged --tokenizer checkpoint; a read-only or full disk
         p.exit(2, f"error: {e}\n")
 
 if __name__ == "__main__":

@@ -182,3 +182,19 @@ def test_a_split_of_a_cut_id_or_none_is_one_line_naming_it_without_a_meta_json(t
     (tmp_path / "val.bin").write_bytes(bytes(size))
     with pytest.raises(pdata.DataError, match=f"val.bin {says}; re-prepare it with"):
         pdata.load_split(str(tmp_path), "val")
+
+
+def test_an_out_dir_that_cannot_be_written_is_one_error_line(tmp_path, monkeypatch, capsys):
+    """A read-only --out_dir (chmod does not stop root: os.open refused as a read-only disk would) was a traceback."""
+    import errno
+    ro, real_open = str(tmp_path / "ro"), os.open
+
+    def refused(path, *a, **k):
+        if str(path).startswith(ro):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, *a, **k)
+    monkeypatch.setattr(os, "open", refused)
+    with pytest.raises(SystemExit) as e:
+        prepare_data.main(["shakespeare", "--out_dir", ro])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err == f"error: [Errno 30] Read-only file system: '{ro}/shakespeare.lock'\n"
