@@ -206,7 +206,6 @@ def run(args, folder):
         print(f"{label}: loss by positions " + ", ".join(f"{k} {v['loss']:.3f}" for k, v in b.items()))
     bar.close()
     write_results(args, folder, results, per_seq, models, starts, L)
-    print(f"wrote {args.out_dir}/per_position.csv, per_sequence.csv, rows.png, summary.json")
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="Loss, attention entropy, sink and local mass by query position.")
@@ -239,6 +238,7 @@ def main(argv=None):
         args.device = str(pick_device(args.device))
         with folders.results_dir(args.out_dir, OUTPUTS) as folder:
             run(args, folder)
+        print(f"wrote {args.out_dir}/per_position.csv, per_sequence.csv, rows.png, summary.json")  # after the move
     except (ValueError, OSError, dataset.DataError, folders.FolderError, RuntimeError, MemoryError) as e:  # OSError:
         sys.exit(f"error: {tracking.error_text(e, '--length or --batch_size')}")  # a full disk...; out of memory
 

@@ -141,7 +141,7 @@ def outputs(args):  # a mode's files, the "finished" one last (reproduce.py)
     stems = {"score": ["needle_score_heads", "needle_score_trials"], "sft_data": [sft]}.get(args.mode, [args.mode])
     return [f"{stem}.{ext}" for stem in stems for ext in ("csv", "png", "json", "jsonl")]
 
-def run(args, folder):  # the results to folder; returns the wandb table
+def run(args, folder):  # the results to folder; returns the wandb table and the line that says where
     args.data = vocab.data_folder(args.data) or trained_on(args.ckpt, "data/shakespeare")  # a given one must exist
     enc = vocab.codec(args.data)  # characters for a character dataset (shorter prompts: retrieval.PROMPTS)
     if args.mode == "sft_data":
@@ -151,7 +151,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
              codec=sft.sidecar_codec(enc) if args.synthetic else None)  # train.py: a model of it alone
         with open(os.path.join(folder, f"{name}.jsonl"), "w") as f:
             f.writelines(json.dumps(ex) + "\n" for ex in examples)
-        return print(f"{os.path.join(args.out_dir, name)}.jsonl: {len(examples):,} examples")
+        return [], f"{os.path.join(args.out_dir, name)}.jsonl: {len(examples):,} examples"
     if not args.ckpt:
         raise DataError(f"mode {args.mode} needs --ckpt")
     ckpts = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)
@@ -177,8 +177,7 @@ def run(args, folder):  # the results to folder; returns the wandb table
                 seen[k]["rope"].append(dict(context=L, **model.extend_rope(args.rope_method, args.rope_scale, L)))
                 rows += evaluate(model, label, prompts(L), args, enc, bar)
         report(args, folder, rows, models[:k + 1], labels[:k + 1], seen[:k + 1])  # after every model: progress
-    print(f"results in {args.out_dir}")
-    return [{k: r[k] for k in FIELDS if k in r} for r in rows]  # the CSV's columns: a per-head tensor is no cell
+    return [{k: r[k] for k in FIELDS if k in r} for r in rows], f"results in {args.out_dir}"  # a tensor is no cell
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="Needle-in-a-haystack, passkey, needle scores, retrieval SFT data.")
@@ -233,7 +232,8 @@ def main(argv=None):
         p.error(f"--labels {' '.join(args.labels)}: give one distinct name per --ckpt ({len(args.ckpt)} checkpoints)")
     try:
         with folders.results_dir(args.out_dir, outputs(args)) as folder:
-            table = run(args, folder)
+            table, done = run(args, folder)
+        print(done)  # after the move into --out_dir: a move that fails printed success, then error
         if args.wandb and table:
             tracking.log_table(args.wandb_project, f"needle {args.mode}", table, args.out_dir)
     except (DataError, CheckpointError, OSError, tracking.TrackingError, folders.FolderError) as e:  # OSError: a

@@ -129,7 +129,7 @@ def test_cells_count_exact_answers_as_accuracy_and_every_answer_with_its_first_d
                                             ("passkey", [1024, 1536, 2048, 4096, 8192])])
 def test_defaults_are_the_papers_protocol(mode, contexts, tmp_path, monkeypatch):
     got = {}  # SSMax Fig. 6 (depths, contexts; Figs. 7-8: context 8000, depth 50), LSSAR Fig. 3 (contexts), θ x 50
-    monkeypatch.setattr(needle, "run", lambda args, folder: got.update(vars(args)))
+    monkeypatch.setattr(needle, "run", lambda args, folder: (got.update(vars(args)), ""))  # (table, line)
     needle.main([mode, "--out_dir", str(tmp_path)])
     assert got["context_sizes"] == contexts and got["depths"] == [10, 30, 50, 70, 90] and got["samples"] == 100
     assert (got["context"], got["depth"], got["trials"]) == (8000, 50, 100)

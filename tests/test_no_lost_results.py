@@ -19,6 +19,7 @@ import torch
 from conftest import one_line_error
 
 import eval_long
+import eval_rows
 import eval_tasks
 import needle
 from lib import vocab
@@ -193,6 +194,28 @@ def test_a_move_into_a_shared_folder_cut_by_ctrl_c_or_a_kill_is_finished_not_lef
     with folders.results_dir(str(tmp_path / "res2"), ["x.csv"]) as folder:
         (Path(folder) / "x.csv").write_text("x")
     assert set(snapshot(tmp_path / "res2")) == {"b.png", "done.json", "x.csv"} and not staged.exists()
+
+
+@pytest.mark.parametrize("script", ["eval_rows", "needle"])
+def test_a_move_into_a_shared_out_dir_that_fails_prints_no_success_line_only_the_error(script, lm_ckpt, data_dir,
+                                                                                       tmp_path, monkeypatch, capsys):
+    """"wrote ..." / "results in ..." were printed inside the staging block, before the move that then failed."""
+    out = tmp_path / "res"
+    out.mkdir()
+    (out / "notes.txt").write_text("")  # a shared folder: the results move file by file
+    replace = os.replace
+
+    def fail_into_out(src, dst):  # the first result's move into out (the folder's rename is refused: not empty)
+        if os.path.dirname(dst) == str(out) and os.path.basename(dst) != ".moving":
+            raise OSError(5, "Input/output error", dst)
+        return replace(src, dst)
+    monkeypatch.setattr(os, "replace", fail_into_out)
+    argv = {"eval_rows": ["--ckpt", lm_ckpt, "--num_seqs", "2"],
+            "needle": ["passkey", "--ckpt", lm_ckpt, "--context_sizes", "64", "--samples", "1"]}[script]
+    msg = one_line_error({"eval_rows": eval_rows, "needle": needle}[script].main,
+                         argv + ["--data", data_dir, "--out_dir", str(out)])
+    stdout = capsys.readouterr().out
+    assert "Input/output error" in msg and "wrote" not in stdout and "results in" not in stdout, stdout
 
 
 # ----------------------------------------------------------------------------------------------------------------
