@@ -14,7 +14,7 @@ distance. The gate (longrange.py): at d = 0.5 N, second / control <= 0.5. Every 
 sequences per distance (drawn with --seed). Outputs: per_sequence.csv, copy.png (ratio by distance; loss
 by offset), summary.json last; written to --out_dir only whole.
 """
-import argparse, json, math, os, sys
+import argparse, math, os, sys
 
 import torch
 
@@ -131,12 +131,10 @@ def run(args, folder):
     bar.close()
     compare.write_csv(f"{folder}/per_sequence.csv", rows, COLUMNS)
     figures.copy_gate(f"{folder}/copy.png", models, vars(args))
-    with open(f"{folder}/summary.json", "w") as f:
-        json.dump(dict(models=models, gate_rule=f"second copy's loss / the control span's <= {longrange.GATE_RATIO} at "
-                       f"distance {longrange.GATE_DISTANCE} x N (per token, the span's first token left out)",
-                       layout=" ".join(longrange.__doc__.split("\n\n")[2:4]), run_info=run_info(args.seed),
-                       args=vars(args)),
-                  f, indent=1)
+    folders.write_json(f"{folder}/summary.json", dict(  # a NaN loss as null: strict JSON
+        models=models, gate_rule=f"second copy's loss / the control span's <= {longrange.GATE_RATIO} at distance "
+        f"{longrange.GATE_DISTANCE} x N (per token, the span's first token left out)",
+        layout=" ".join(longrange.__doc__.split("\n\n")[2:4]), run_info=run_info(args.seed), args=vars(args)), indent=1)
 
 
 def main(argv=None):

@@ -21,7 +21,7 @@ Outputs: per_sequence.csv (model x rope x sequence x window), differences.csv/pn
 paired over sequences, bootstrap 95% CI), per_position.csv/png (raw curves), summary.json. A model's label (scorer or
 --labels) carries its --logit_scale, as eval_tasks names it: "softmax-qwen".
 """
-import argparse, csv, json, math, os, sys, time
+import argparse, csv, math, os, sys, time
 
 import numpy as np
 import torch
@@ -98,8 +98,7 @@ def write_results(args, folder, settings, curves, models, rows, starts, baseline
                    disjoint=args.disjoint, overlapping_pairs=dataset.overlapping_pairs(starts, args.length),
                    starts=starts.tolist()), smoothing=f"moving average over {args.smooth} positions (plot only)",
                    run_info=run_info(args.seed), args=vars(args))
-    with open(out("summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    folders.write_json(out("summary.json"), summary, indent=1)  # a NaN loss as null: strict JSON
     if draw:  # from the numbers just written: a committed folder is redrawn the same way (results/redraw_figures.py)
         figures.eval_long(folder, summary, {n: curves[n][0] for n in names})
 

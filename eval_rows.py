@@ -18,7 +18,7 @@ Outputs: per_position.csv, per_sequence.csv (each window's losses by bin of posi
 summary.json (the bins' means; per model, as the CSVs' label names it: checkpoint, iteration, its trained θ);
 written to --out_dir only whole.
 """
-import argparse, json, math, sys
+import argparse, math, sys
 
 import numpy as np
 import torch
@@ -150,12 +150,11 @@ def write_results(args, folder, results, per_seq, models, starts, L):
                                                      for r in seqs],
                       ["model", "sequence", "start", "first", "last", "loss", *(f"loss_c{c}" for c in args.context)])
     plot(f"{folder}/rows.png", results, args, L)
-    with open(f"{folder}/summary.json", "w") as f:
-        json.dump(dict(models=[dict(m, bins=bin_means(results[m["label"]], L)) for m in models],
-                       rule=RULE, sequences=dict(
-                           data=args.data, split=args.split, length=L, disjoint=args.disjoint,
-                           overlapping_pairs=dataset.overlapping_pairs(starts, L), starts=starts.tolist()),
-                       run_info=run_info(args.seed), args=vars(args)), f, indent=1)
+    folders.write_json(f"{folder}/summary.json", dict(  # a layer's NaN as null: strict JSON
+        models=[dict(m, bins=bin_means(results[m["label"]], L)) for m in models], rule=RULE, sequences=dict(
+            data=args.data, split=args.split, length=L, disjoint=args.disjoint,
+            overlapping_pairs=dataset.overlapping_pairs(starts, L), starts=starts.tolist()),
+        run_info=run_info(args.seed), args=vars(args)), indent=1)
 
 def plot(path, results, args, L):
     fig, axes = figures.figure(4)
@@ -203,7 +202,8 @@ def run(args, folder):
         models.append(dict(label=label, checkpoint=path, scorer=model.config.scorer, block_size=model.config.block_size,
                            iter_num=ckpt.get("iter_num"), **rope, **data_seen))
         b = bin_means(results[label], L)
-        print(f"{label}: loss by positions " + ", ".join(f"{k} {v['loss']:.3f}" for k, v in b.items()))
+        print(f"{label}: loss by positions " + ", ".join(f"{k} {v.get('loss', math.nan):.3f}"  # all NaN: no mean
+                                                         for k, v in b.items()))
     bar.close()
     write_results(args, folder, results, per_seq, models, starts, L)
 

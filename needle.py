@@ -80,8 +80,8 @@ def evaluate(model, label, prompts, args, enc, bar):
 def save(args, folder, name, rows=None, fields=FIELDS, fig=None, **results):
     if rows:
         compare.write_csv(os.path.join(folder, f"{name}.csv"), rows, [k for k in fields if k in rows[0]])
-    with open(os.path.join(folder, f"{name}.json"), "w") as f:
-        json.dump(dict(run_info=run_info(args.seed), args=vars(args), **results), f, indent=1)
+    folders.write_json(os.path.join(folder, f"{name}.json"), dict(run_info=run_info(args.seed), args=vars(args),
+                                                                   **results), indent=1)  # NaN as null: strict JSON
     if fig is not None:
         fig.savefig(os.path.join(folder, f"{name}.png"), dpi=120)
 

@@ -18,6 +18,7 @@ import torch
 
 from conftest import one_line_error
 
+import eval_copy
 import eval_long
 import eval_rows
 import eval_tasks
@@ -216,6 +217,28 @@ def test_a_move_into_a_shared_out_dir_that_fails_prints_no_success_line_only_the
                          argv + ["--data", data_dir, "--out_dir", str(out)])
     stdout = capsys.readouterr().out
     assert "Input/output error" in msg and "wrote" not in stdout and "results in" not in stdout, stdout
+
+
+@pytest.mark.parametrize("script", ["eval_long", "eval_copy", "eval_rows", "needle"])
+def test_a_model_of_nan_weights_writes_json_strict_readers_take_with_null_for_nan(script, data_dir, tmp_path):
+    """json.dump wrote its losses as a bare NaN, which jq or a browser's JSON.parse refuses."""
+    model = GPT(GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=32, ffn_hidden=64))
+    with torch.no_grad():  # the last layer's: NaN losses, and eval_rows' first-layer rows beside NaN ones
+        for w in model.transformer.h[1].parameters():
+            w.fill_(float("nan"))
+    ckpt, out = str(tmp_path / "nan.pt"), tmp_path / "res"
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config), "config": {}, "iter_num": 0,
+                     "run_info": run_info(0)}, ckpt)
+    common = ["--data", data_dir, "--out_dir", str(out)]
+    {"eval_long": lambda: eval_long.main([ckpt, "--length", "64", "--num_seqs", "2", "--n_boot", "10", *common]),
+     "eval_copy": lambda: eval_copy.main([ckpt, "--span", "16", "--distances", "0.5", "--num_seqs", "2", *common]),
+     "eval_rows": lambda: eval_rows.main(["--ckpt", ckpt, "--num_seqs", "2", *common]),
+     "needle": lambda: needle.main(["score", "--ckpt", ckpt, "--context", "64", "--trials", "1", *common]),
+     }[script]()
+    texts = {path: Path(path).read_text() for path in glob.glob(f"{out}/*.json")}  # needle score: two
+    assert texts and all("NaN" not in t for t in texts.values()) and any("null" in t for t in texts.values())
+    for path, text in texts.items():
+        json.loads(text, parse_constant=lambda c: pytest.fail(f"{path}: {c}"))  # what a strict reader refuses
 
 
 # ----------------------------------------------------------------------------------------------------------------
