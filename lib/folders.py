@@ -148,12 +148,8 @@ def results_dir(out_dir, names, what="an evaluation", flag="--out_dir"):
     go to a fresh folder of this process's beside it, moved into out_dir only when the evaluation finished: out_dir
     never holds a partial or mixed set of results."""
     with held(out_dir, what):
-        stem = os.path.normpath(out_dir) + ".tmp-"
-        tmp = stem + str(os.getpid())
-        for old in glob.glob(glob.escape(stem) + "*"):  # a dead process's, or this one's
-            if old == tmp or old[len(stem):].isdigit() and not pid_alive(int(old[len(stem):])):
-                _finish_move(old, out_dir)
-                shutil.rmtree(old, ignore_errors=True)
+        tmp = _staged(out_dir) + str(os.getpid())
+        _clear_staged(out_dir, tmp)  # a move it finishes is an earlier run's whole results: refused below
         refuse_results(out_dir, names, flag)
         os.makedirs(tmp)
         try:
@@ -173,6 +169,28 @@ def results_dir(out_dir, names, what="an evaluation", flag="--out_dir"):
         finally:
             _finish_move(tmp, out_dir)  # a move cut by an exception (Ctrl-C): the rest of it, not a part lost
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _staged(out_dir):  # the stem of results_dir's staging folders beside out_dir
+    return os.path.normpath(out_dir) + ".tmp-"
+
+
+def _clear_staged(out_dir, tmp=None):
+    """The staging folders of dead processes (and this one's, tmp) beside out_dir removed, a cut move finished first."""
+    stem = _staged(out_dir)
+    for old in glob.glob(glob.escape(stem) + "*"):
+        if old == tmp or old[len(stem):].isdigit() and not pid_alive(int(old[len(stem):])):
+            _finish_move(old, out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def finish_moves(out_dir):
+    """What results_dir does first, alone: a killed evaluation's move into out_dir finished (reproduce.py's reuse
+    check, lib/runs.done: that output counts as made, where a rerun would refuse it as an earlier run's). A folder
+    in use is left to its writer."""
+    if glob.glob(glob.escape(_staged(out_dir)) + "*"):
+        with contextlib.suppress(FolderError), held(out_dir, "an evaluation"):
+            _clear_staged(out_dir)
 
 
 def _finish_move(tmp, out_dir):

@@ -13,7 +13,7 @@ a step whose steps.jsonl line predates them: those are taken as they are, with a
 import csv, glob, gzip, json, os, shutil, subprocess, sys, threading, time
 
 from lib.checkpoint import RUN_FILES, read_checkpoint
-from lib.folders import replace_synced, write_json
+from lib.folders import finish_moves, replace_synced, write_json
 from lib.report import read_json
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,6 +32,8 @@ def kv(d):
 
 
 def done(path):
+    if path and os.path.dirname(path):  # a move cut by a kill (needle.py's shared folder): the rerun would refuse it
+        finish_moves(os.path.dirname(path))
     return bool(path) and os.path.exists(path)
 
 

@@ -3,6 +3,9 @@ by the settings it started with (lib/runs.py's started.json); a retrieval step m
 refused. (summary.json leaving out a skipped step's output made with other training: tests/test_reproduce.py, on its
 toy run.)"""
 import json
+import os
+import subprocess
+import sys
 from dataclasses import field, make_dataclass
 
 import pytest
@@ -147,3 +150,25 @@ def test_a_default_changed_since_a_step_is_refused_and_a_record_from_before_valu
     older["train"]["train"]["max_iters"] = 4
     with pytest.raises(runs.StepError, match=r"train.train.max_iters 4 -> 8\): --redo"):
         runs.Steps(recorded(tmp_path / "older", older)).reuse("gate", now)
+
+
+def test_a_step_whose_move_into_a_shared_folder_was_cut_by_a_kill_is_reused_once_the_move_is_finished(tmp_path):
+    """needle, score and passkey share one folder: a kill between the renames left needle.csv without needle.json, and
+    the next call ran the step again, whose needle.py finished the move, then refused it (step failed) once."""
+    res, names = tmp_path / "res", ["needle.csv", "needle.png", "needle.json"]
+    (res / "needle").mkdir(parents=True)
+    (res / "needle" / "passkey.json").write_text("another mode's")
+    settings = {"train": {"max_iters": 16}}
+    runs.Steps(str(res)).record_start("needle", settings)  # the killed call's record
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    staged = res / f"needle.tmp-{dead.pid}"  # its results, whole, and their list: moved up to needle.csv
+    staged.mkdir()
+    (staged / ".moving").write_text(json.dumps(names))
+    for name in names:
+        (staged / name).write_text(name)
+    os.replace(staged / "needle.csv", res / "needle" / "needle.csv")
+    fails = tmp_path / "fails.py"
+    fails.write_text("import sys; sys.exit(1)\n")  # as needle.py's refusal of the results it has just finished
+    runs.Steps(str(res)).run("needle", [str(fails)], str(res / "needle" / "needle.json"), settings=settings)
+    assert sorted(os.listdir(res / "needle")) == sorted(["passkey.json", *names]) and not staged.exists()
