@@ -153,7 +153,11 @@ def results_dir(out_dir, names, what="an evaluation", flag="--out_dir"):
         refuse_results(out_dir, names, flag)
         os.makedirs(tmp)
         try:
-            yield tmp
+            try:
+                yield tmp
+            except OSError as e:  # a write's (a full disk) names no file: the folder being written, for its line
+                e.filename = e.filename or (out_dir if e.strerror else None)
+                raise
             for folder, _, files in os.walk(tmp):  # on the disk before a rename shows them finished (sync's why)
                 for name in files:
                     sync(os.path.join(folder, name))

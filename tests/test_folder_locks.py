@@ -2,13 +2,14 @@
 prepared) blocks until the holder is done, then holds the folder, where a plain second writer stops; and a lock file
 that its releasing holder removed while another waited on it is never taken as the lock, so two holders never
 overlap. In-process: flock excludes a second open of the file in this process as it does another process's. No model."""
+import errno
 import fcntl
 import os
 import threading
 
 import pytest
 
-from lib import folders
+from lib import folders, tracking
 
 
 def test_a_waiter_blocks_until_the_holder_is_done_then_holds_the_folder(tmp_path, monkeypatch):
@@ -54,3 +55,12 @@ def test_a_lock_file_replaced_while_waiting_for_it_is_taken_again_never_held_twi
                 pytest.fail("held while another writer holds the folder's lock file")
     finally:
         os.close(other[0])
+
+
+def test_a_write_naming_no_file_in_a_results_folder_is_a_line_naming_the_folder(tmp_path):
+    # a full disk's OSError from a write has no filename: the line said only "No space left on device"
+    out = tmp_path / "res"
+    with pytest.raises(OSError) as e:
+        with folders.results_dir(str(out), ["a.csv"]):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert tracking.error_text(e.value) == f"{out}: No space left on device" and not out.exists()
