@@ -167,6 +167,15 @@ def load_checkpoint(path, device="cpu", **overrides):
     ckpt = read_checkpoint(path, device)
     return model_of(ckpt, path, **overrides).to(device), ckpt
 
+def iter_of(path):
+    """The iteration a checkpoint file reached, None where there is none (mmap: its record, not its tensors)."""
+    return read_checkpoint(path, mmap=True)["iter_num"] if os.path.isfile(path) else None
+
+def trained(path, iters):
+    """path if its checkpoint reached iteration `iters`, else None: train.py checkpoints at every evaluation,
+    iteration 0 included, so a run cut short leaves a ckpt.pt that must not pass for done."""
+    return path if iter_of(path) == iters else None
+
 def model_of(ckpt, path, **overrides):
     """The model a checkpoint holds (its task's: RealGPT for reals), its weights loaded; CheckpointError, one line,
     for args or weights this model.py does not take (a checkpoint of another version or branch)."""

@@ -262,16 +262,6 @@ def complete(out_dir, variants):
     return path if summary and {m["label"] for m in summary["models"]} >= set(variants) else None
 
 
-def iter_of(path):
-    return read_checkpoint(path, mmap=True)["iter_num"] if os.path.isfile(path) else None  # mmap: not the tensors
-
-
-def trained(path, iters):
-    """path if its checkpoint reached iteration `iters`, else None: train.py checkpoints at every evaluation,
-    iteration 0 included, so a run cut short leaves a ckpt.pt that must not pass for done."""
-    return path if iter_of(path) == iters else None
-
-
 def keep_train_log(runs, variants, path):
     """Every variant's train.py log (runs/<variant>/log.jsonl) as one gzipped CSV: each step's loss (4 decimals: a
     curve) and each evaluation's train and val loss. Written whole or not at all."""

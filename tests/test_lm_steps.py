@@ -118,7 +118,8 @@ def test_max_iters_and_name_change_this_run_only(asked):
 
 def test_summary_json_gets_the_training_as_run_and_the_plan_checked_at_the_end(monkeypatch, tmp_path):
     S = lm_suite.SCALES["cpu"]
-    ran = dict(lm_suite.trained_with(S, "data/english"), train={**S["train"], "max_iters": 100, "gradient_accumulation_steps": 4})
+    ran = dict(lm_suite.trained_with(S, "data/english"),
+               train={**S["train"], "max_iters": 100, "gradient_accumulation_steps": 4})
     steps = argparse.Namespace(results=str(tmp_path), ran=lambda key: ran, wall_s=lambda: 3.0, skipped={"x": "y"},
                                left_out={"gone"})
     monkeypatch.setattr(lm_suite.dataset, "prepare", lambda *a, **k: None)

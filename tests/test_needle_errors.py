@@ -63,7 +63,8 @@ def test_rope_scale_zero_negative_or_not_finite_is_one_error_line(ckpts, scale):
 
 def test_needle_refuses_a_rope_scale_with_rope_method_none_only_when_given(ckpts, data_dir, tmp_path):
     argv = ["passkey", "--ckpt", ckpts[0], "--data", data_dir, "--context_sizes", "64", "--samples", "1"]
-    msg = one_line_error(argv + ["--rope_method", "none", "--rope_scale", "4"])  # passkey.json recorded 4, never applied
+    # passkey.json recorded 4, never applied
+    msg = one_line_error(argv + ["--rope_method", "none", "--rope_scale", "4"])
     assert "--rope_scale 4 is not read: --rope_method none keeps the trained θ" in msg
     needle.main(argv + ["--rope_method", "none", "--out_dir", str(tmp_path / "out")])  # the default: never refused
     assert json.load(open(tmp_path / "out" / "passkey.json"))["args"]["rope_scale"] == 50.0

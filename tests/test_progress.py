@@ -40,7 +40,8 @@ def test_an_evaluation_off_a_terminal_prints_a_progress_line_naming_batches_done
                                                                                          data_dir, tmp_path,
                                                                                          monkeypatch, capsys):
     monkeypatch.setattr(progress, "EVERY_S", 0)  # a line at every batch: no waiting for 30 s
-    main([*args, str(ckpt), "--data", data_dir, "--num_seqs", "3", "--batch_size", "2", "--out_dir", str(tmp_path / "o")])
+    main([*args, str(ckpt), "--data", data_dir, "--num_seqs", "3", "--batch_size", "2",
+          "--out_dir", str(tmp_path / "o")])
     lines = [line for line in capsys.readouterr().out.splitlines() if ": batch " in line]
     assert [line.split(", elapsed ")[0] for line in lines] == [f"{d}: batch {i}/{len(descs)}"
                                                                for i, d in enumerate(descs, 1)]

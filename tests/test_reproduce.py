@@ -11,7 +11,7 @@ import torch
 
 from conftest import one_line_error
 from lib import compare
-from lib import report, runs
+from lib import checkpoint, report, runs
 import reproduce
 from lib.config import TrainConfig, model_config, parse_args
 from lib.checkpoint import save_checkpoint
@@ -191,11 +191,11 @@ def test_an_interrupted_evaluation_is_not_taken_for_done(tmp_path):
 def test_a_run_cut_short_is_not_taken_for_trained(tmp_path):
     # train.py checkpoints at every evaluation, iteration 0 included: a ckpt.pt alone does not mean the run finished
     path = str(tmp_path / "ckpt.pt")
-    assert runs.trained(path, 40) is None
+    assert checkpoint.trained(path, 40) is None
     save_checkpoint({"model": {}, "model_args": {}, "iter_num": 0}, path)
-    assert runs.trained(path, 40) is None
+    assert checkpoint.trained(path, 40) is None
     save_checkpoint({"model": {}, "model_args": {}, "iter_num": 40}, path)
-    assert runs.trained(path, 40) == path
+    assert checkpoint.trained(path, 40) == path
 
 
 def test_the_cpu_char_scale_trains_what_configs_cpu_char_py_trains():
