@@ -6,7 +6,7 @@ builds (load_checkpoint, build_model; RealGPT for the real-valued tasks), the co
 writes there (check_out_dir), and the prepared splits a run trained on against those it resumes or is evaluated on
 (data_identity, data_provenance).
 """
-import dataclasses, hashlib, importlib.metadata, importlib.util, json, os, re, subprocess, sys, zipfile
+import dataclasses, hashlib, importlib.metadata, importlib.util, os, re, subprocess, sys, zipfile
 
 import torch
 import torch.nn as nn
@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import tasks
 from lib import folders, tracking
 from lib.corpora import DataError
+from lib.meta import read_meta
 from model import GPT, GPTConfig, param_name
 from scorers import SCORERS
 
@@ -156,8 +157,12 @@ def trained_on(paths, default):
     """The evals' --data when none is given: the prepared dataset the first checkpoint trained on (its config's
     data_dir/dataset) where that folder is here, else default; a task run or an import names none."""
     cfg = (read_checkpoint(paths[0], mmap=True).get("config") or {}) if paths else {}
-    folder = os.path.join(cfg.get("data_dir", "data"), cfg.get("dataset") or "")
-    return folder if cfg.get("dataset") and not cfg.get("task") and os.path.isdir(folder) else default
+    folder = data_folder(cfg)
+    return folder if folder and not cfg.get("task") and os.path.isdir(folder) else default
+
+def data_folder(cfg):
+    """The prepared dataset a run's config (train.py's) trained on, None where it names none (an import)."""
+    return os.path.join(cfg.get("data_dir", "data"), cfg["dataset"]) if cfg.get("dataset") else None
 
 def load_checkpoint(path, device="cpu", **overrides):
     """GPT from a checkpoint written by train.py (read_checkpoint); overrides change config fields (e.g. backend)."""
@@ -211,10 +216,7 @@ def data_identity(data_dir, ckpt=None):
     """meta.json's sha256 of the prepared splits a run trains on (None: no meta.json), kept in its checkpoints'
     data_state; given the checkpoint a resume continues, DataError where they differ: the dataset was prepared again
     since (another seed, val_frac or text), and going on would train on documents its val loss had held out."""
-    meta, sha = os.path.join(data_dir, "meta.json"), None  # read whole already (vocab.data_record)
-    if os.path.isfile(meta):
-        with open(meta, encoding="utf-8") as f:
-            sha = json.load(f).get("sha256")
+    sha = (read_meta(data_dir) or {}).get("sha256")  # checked: DataError where malformed
     had = ((ckpt or {}).get("data_state") or {}).get("sha256")
     if had and sha and had != sha:
         raise DataError(f"{data_dir} was prepared again since this run trained on it (its splits' sha256 differ from "
@@ -237,8 +239,8 @@ def data_provenance(path, ckpt, data_dir):
     is no warning (another corpus is a choice); neither is an older checkpoint that kept no sha256."""
     cfg, trained = ckpt.get("config") or {}, (ckpt.get("data_state") or {}).get("sha256")
     sha = data_identity(data_dir)
-    folder = os.path.join(cfg.get("data_dir", "data"), cfg.get("dataset") or "")  # trained_on's rule
-    own = bool(cfg.get("dataset")) and os.path.realpath(folder) == os.path.realpath(data_dir)
+    folder = data_folder(cfg)
+    own = bool(folder) and os.path.realpath(folder) == os.path.realpath(data_dir)
     again = bool(own and trained and sha and trained != sha)
     if again:
         print(f"warning: {path} trained on {data_dir} before it was prepared again (its splits' sha256 differ from "

@@ -10,7 +10,7 @@ import numpy as np
 from lib.corpora import (CHAR, EMBEDDED, FILE_BUILDERS, NAMED, SOURCES_HELP, DataError, default_name, stream_docs,
                          text_sha256)
 from lib.folders import held, replace_synced, sync
-from lib.meta import SPLITS, check_prepared, check_split, read_meta
+from lib.meta import SPLITS, check_prepared, check_split, id_dtype, read_meta
 from lib.vocab import EOT_TEXT, TOKENIZERS, CharCodec, HFCodec, data_record, get_tokenizer, hf_codec, record
 
 # -----------------------------------------------------------------------------
@@ -20,13 +20,9 @@ def sha256(path):
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
-def dtype_of(data_dir):
-    """The ids' type on disk: meta.json's (uint32 for a vocabulary past 65,535 ids), else uint16 (nanoGPT's)."""
-    return np.dtype((read_meta(data_dir) or {}).get("dtype", "uint16"))
-
 def load_split(data_dir, split, inode=None):
     """The split's ids, memory-mapped, its size checked against meta.json (meta.check_split); inode: the file's at a
-    run's start (a file prepared anew since is DataError: a run reads one dataset, never a mix)."""
+    run's start, checked then (a file prepared anew since is DataError: a run reads one dataset, never a mix)."""
     assert split in SPLITS, f"split must be one of {SPLITS}, got {split!r}"
     path = os.path.join(data_dir, f"{split}.bin")
     if not os.path.isfile(path):
@@ -35,9 +31,9 @@ def load_split(data_dir, split, inode=None):
         raise DataError(f"{path} was prepared anew while this run read it: the run stops rather than train on two "
                         f"datasets (a resume would go on with the new one)")
     meta = read_meta(data_dir)  # DataError if malformed
-    check_split(data_dir, split, meta)  # never a truncated split read in part, nor numpy's ValueError
-    # reads only the pages a batch touches
-    return np.memmap(path, dtype=np.dtype((meta or {}).get("dtype", "uint16")), mode="r")
+    if inode is None:  # a run's batches (inode) read the file its start checked: not again at each batch
+        check_split(data_dir, split, meta)  # never a truncated split read in part, nor numpy's ValueError
+    return np.memmap(path, dtype=id_dtype(meta), mode="r")  # reads only the pages a batch touches
 
 def load_tokens(data_dir, split, L, vocab_size):
     """A split that holds at least one evaluation window of L+1 tokens (eval_long.py, eval_rows.py), each id below

@@ -40,9 +40,13 @@ def read_meta(data_dir):
         raise DataError(f"{path} {problem}; {remedy(data_dir, meta.get('source'))}")
     return meta
 
+def id_dtype(meta):
+    """The ids' type on disk: meta.json's (uint32 for a vocabulary past 65,535 ids), else uint16 (nanoGPT's)."""
+    return np.dtype((meta or {}).get("dtype", DTYPES[0]))
+
 def meta_problem(data_dir, meta):
     """What of meta.json its readers cannot take (each read would fail deep inside, or guess GPT-2), else None."""
-    kind, dtype = meta.get("tokenizer", "gpt2"), meta.get("dtype", "uint16")
+    kind, dtype = meta.get("tokenizer", KINDS[0]), meta.get("dtype", DTYPES[0])
     if kind not in KINDS:
         return f"names tokenizer {kind!r}, which this code does not read ({', '.join(KINDS)})"
     if kind == "char" and not (isinstance(meta.get("itos"), list) and meta["itos"]):
@@ -62,7 +66,7 @@ def check_split(data_dir, split, meta):
     """DataError unless split's .bin (it exists) fits meta.json (read_meta's; None: GPT-2's uint16 ids): the tokens
     it records, else a whole number of ids, at least one. A truncated or cut file is never read in part."""
     path = os.path.join(data_dir, f"{split}.bin")
-    width, size = np.dtype((meta or {}).get("dtype", "uint16")).itemsize, os.path.getsize(path)
+    width, size = id_dtype(meta).itemsize, os.path.getsize(path)
     tokens = ((meta or {}).get("tokens") or {}).get(split)
     if tokens is not None and size != width * tokens:
         problem = (f"is {'truncated' if size < width * tokens else 'too long'}: {size // width:,} tokens on disk vs "

@@ -24,7 +24,7 @@ import rope  # noqa: E402
 import sample  # noqa: E402
 import train  # noqa: E402
 from conftest import one_line_error  # noqa: E402
-from lib import dataset, folders, hf as lib_hf, vocab  # noqa: E402
+from lib import dataset, folders, hf as lib_hf, meta as lib_meta, vocab  # noqa: E402
 from lib.checkpoint import load_checkpoint, read_checkpoint  # noqa: E402
 from lib.config import TrainConfig, TrainError, model_config  # noqa: E402
 
@@ -252,7 +252,7 @@ def test_ids_past_65535_are_written_as_uint32_and_read_back(tmp_path):
     (tmp_path / "t.txt").write_text(" ".join(f"w{i}" for i in range(65_530, 65_560)) + "\n")
     dataset.prepare(str(tmp_path / "t.txt"), out_dir=str(tmp_path / "data"), tokenizer=str(tmp_path), val_frac=0.5)
     d = str(tmp_path / "data" / "t")
-    assert dataset.dtype_of(d) == np.uint32 and dataset.check_prepared(d) is None
+    assert lib_meta.id_dtype(lib_meta.read_meta(d)) == np.uint32 and dataset.check_prepared(d) is None
     ids = np.concatenate([dataset.load_split(d, s) for s in dataset.SPLITS]).tolist()
     assert ids == list(range(65_530, 65_545)) + [69_999] + list(range(65_545, 65_560)) + [69_999]
 
