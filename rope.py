@@ -108,8 +108,9 @@ def eval_passes(method, scale, rope=True):
 
 def applied(pos, method, scale):
     """The RoPE method and scale an evaluation's model ran with, as its results record them: a NoPE model (pos
-    "nope") reads no rotary table, so none at 1.0 whatever was asked."""
-    return dict(rope_method="none", rope_scale=1.0) if pos == "nope" else dict(rope_method=method, rope_scale=scale)
+    "nope") reads no rotary table, and method none keeps the trained one, so none at 1.0 whatever scale was asked."""
+    none = pos == "nope" or method == "none"
+    return dict(rope_method="none", rope_scale=1.0) if none else dict(rope_method=method, rope_scale=scale)
 
 def unread_options(method, scale, ntk_per_length=None, logit_scale=None):
     """The extension options given (None: not given) that a run would not read, each in words for one error line."""

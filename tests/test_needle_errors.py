@@ -67,7 +67,10 @@ def test_needle_refuses_a_rope_scale_with_rope_method_none_only_when_given(ckpts
     msg = one_line_error(argv + ["--rope_method", "none", "--rope_scale", "4"])
     assert "--rope_scale 4 is not read: --rope_method none keeps the trained θ" in msg
     needle.main(argv + ["--rope_method", "none", "--out_dir", str(tmp_path / "out")])  # the default: never refused
-    assert json.load(open(tmp_path / "out" / "passkey.json"))["args"]["rope_scale"] == 50.0
+    record = json.load(open(tmp_path / "out" / "passkey.json"))
+    # the default stays in args; the model's record says what ran: the trained θ, at 1.0
+    assert record["args"]["rope_scale"] == 50.0
+    assert (record["models"][0]["rope_method"], record["models"][0]["rope_scale"]) == ("none", 1.0)
 
 
 def test_sft_length_too_small_names_the_option_not_a_context_size(tmp_path, data_dir):
