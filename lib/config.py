@@ -257,8 +257,9 @@ def model_config(cfg, explicit, ckpt, resuming):
             model_args.update({k: getattr(GPTConfig, k) for k in OWN_OPTIONS if k not in explicit})
             if model_args["scorer"] == "ssmax" and "ssmax_s_init" not in explicit:
                 model_args["ssmax_s_init"] = ssmax_s_for_switch(src["block_size"])  # the paper's s0 (variants e, f)
-        # every change the checkpoint's weights did not train with (θ, block_size...): recorded, not only a switch
-        switch = {k: [src[k], model_args[k]] for k in CHANGEABLE if model_args[k] != src[k]}
+        # every change the checkpoint's weights did not train with (θ, block_size...): recorded, not only a switch;
+        # not the backend, which computes the same attention
+        switch = {k: [src[k], model_args[k]] for k in CHANGEABLE if k != "backend" and model_args[k] != src[k]}
     try:
         GPTConfig(**model_args)
     except ValueError as e:
