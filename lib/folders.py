@@ -156,7 +156,8 @@ def results_dir(out_dir, names, what="an evaluation", flag="--out_dir"):
             try:
                 yield tmp
             except OSError as e:  # a write's (a full disk) names no file: the folder being written, for its line
-                e.filename = e.filename or (out_dir if e.strerror else None)
+                if e.strerror and not e.filename:  # (set at all, even None, it changes how a one-text OSError reads)
+                    e.filename = out_dir
                 raise
             for folder, _, files in os.walk(tmp):  # on the disk before a rename shows them finished (sync's why)
                 for name in files:
