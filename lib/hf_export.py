@@ -6,7 +6,7 @@ lib/hf.py holds the import, the names' mapping both directions share and what tr
 import hashlib, json, os, shutil
 
 from lib import folders, vocab
-from lib.checkpoint import load_checkpoint, read_checkpoint
+from lib.checkpoint import model_of, read_checkpoint
 from lib.corpora import package_dir
 from lib.hf import ConvertError, layer_names, need, refusals
 from model import head_size
@@ -86,7 +86,7 @@ def export_hf(path, out):
     if a.get("rope_scaling"):  # the older key too (transformers takes it first, θ then the top level's)
         cfg["rope_scaling"] = a["rope_scaling"]
     if a["scorer"] != "softmax":  # hf_scorers.py runs it; without that import, from_pretrained refuses the folder
-        model, _ = load_checkpoint(path)
+        model = model_of(ckpt, path)  # the checkpoint read above: not read (and CRC-checked) twice
         layers = [block.attn.scorer_params() for block in model.transformer.h]
         options = {f: a[f] for prm in SCORERS[a["scorer"]].params for f in prm.fields() if f in a}
         cfg.update(attn_implementation=HF_ATTENTION, nanoscorer=dict(scorer=a["scorer"], params={
