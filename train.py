@@ -31,7 +31,7 @@ import tasks
 from lib import cost, dataset, figures, folders, longrange, sft, tracking, vocab
 from lib.checkpoint import (CheckpointError, best_of, build_model, check_out_dir, clear_out_dir, data_identity,
                             read_checkpoint, rng_state, run_info, save_checkpoint, set_rng_state)
-from lib.config import TrainConfig, TrainError, model_config, parse_args, resolve, usage
+from lib.config import TrainConfig, TrainError, changed_from, model_config, parse_args, resolve, switch_text, usage
 from lib.corpora import EMBEDDED
 from model import GPTConfig, convert_scorer
 
@@ -218,7 +218,8 @@ def train(explicit):
         set_rng_state(ckpt["rng"], run.device_type)
         data.g.set_state(ckpt["data_state"]["generator"])
     pending_eval = ckpt if resuming and not switched and "eval" in ckpt else None  # its eval may lack its log line
-    hf = ckpt and ckpt.get("hf")  # an imported model's source (config, BOS): its fine-tunes export with it
+    # hf: an imported model's source (config, BOS), its fine-tunes export with it; changed: {field: [trained, now]}
+    lineage = {"hf": ckpt and ckpt.get("hf"), "changed": changed_from(ckpt, switch)}
     ckpt, T, accum = None, cfg.block_size, cfg.gradient_accumulation_steps // run.world
     eval_model = model = torch.compile(raw_model) if cfg.compile else raw_model
     if run.ddp:
@@ -255,8 +256,7 @@ def train(explicit):
         tracking.log({"config": asdict(cfg), "run_info": info, "unigram_entropy": data.unigram, "start_iter": iter_num,
                       **({"switch": switch} if switch else {})}, cfg, info, raw_model)  # switch: {field: [old, new]}
         if switch:  # θ too: the weights were trained at the old value
-            print(f"{'scorer switch' if switched else 'changed from the checkpoint'} at iter {iter_num}: "
-                  + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in switch.items()))
+            print(switch_text(switch, iter_num))
     t_start, dt_avg, start_iter = time.time(), None, iter_num
     while True:  # a resume's eval is done, unless the scorer switched
         due = iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters
@@ -268,7 +268,7 @@ def train(explicit):
                 is_best, best_val_loss = losses["val"] < best_val_loss, min(best_val_loss, losses["val"])
                 state = {"model": raw_model.state_dict(), "model_args": asdict(raw_model.config), "config": asdict(cfg),
                          "optimizer": optimizer.state_dict(), "iter_num": iter_num, "best_val_loss": best_val_loss,
-                         "rng": rng_state(run.device_type), "run_info": info, "codec": data.codec, "hf": hf,
+                         "rng": rng_state(run.device_type), "run_info": info, "codec": data.codec, **lineage,
                          "data_state": {"generator": data.g.get_state(), **data.state},  # its data's sha256
                          "eval": {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
                                   "elapsed": time.time() - t_start, "is_best": is_best}}

@@ -224,7 +224,8 @@ def data_identity(data_dir, ckpt=None):
                         f"it was (meta.json's args) or start a new run from the checkpoint (init_from=<its ckpt.pt>)")
     return sha
 
-BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "eval", "run_info", "codec", "hf")
+BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "eval", "run_info", "codec", "hf",
+             "changed")
 
 def best_of(state):
     """best.pt's content: the weights and their record, not a resume's optimizer, RNG or data order (ckpt.pt

@@ -269,6 +269,22 @@ def model_config(cfg, explicit, ckpt, resuming):
     return model_args, switch
 
 
+def changed_from(ckpt, switch):
+    """What the weights trained with differently from the model they now build ({field: [trained, now]}, a
+    checkpoint's "changed"): the source checkpoint's own (kept across resumes; older ones lack it) composed with this
+    command's switch, the oldest trained value with the newest; a field changed back to its trained value drops."""
+    chain = dict((ckpt or {}).get("changed") or {})
+    for k, (old, new) in switch.items():
+        chain[k] = [chain.get(k, [old])[0], new]
+    return {k: v for k, v in chain.items() if v[0] != v[1]}
+
+
+def switch_text(switch, iter_num):
+    """train.py's line of what this command changed from its checkpoint (the weights trained at the old values)."""
+    what = "scorer switch" if "scorer" in switch else "changed from the checkpoint"
+    return f"{what} at iter {iter_num}: " + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in switch.items())
+
+
 def usage(doc):
     """train.py's --help: its docstring, the command line and every config field with its default."""
     fields_text = ", ".join(f"{f.name}={f.default!r}" for f in fields(TrainConfig))

@@ -119,6 +119,22 @@ def test_init_from_records_and_prints_every_model_field_it_changes_not_only_the_
     assert len(starts) == 2 and "switch" not in starts[1] and "changed from" not in capsys.readouterr().out
 
 
+def test_a_checkpoint_carries_what_its_weights_trained_with_across_resumes_and_a_chain_of_init_from(data_dir,
+                                                                                                     tmp_path):
+    src, a, b = tmp_path / "softmax", tmp_path / "th40k", tmp_path / "th160k"
+    train.main(lm(data_dir, src, "max_iters=0"))
+    assert load(src / "ckpt.pt")["changed"] == {}  # trained as it builds
+    train.main(lm(data_dir, a, f"init_from={src / 'ckpt.pt'}", "rope_theta=40000.0", "max_iters=0"))
+    assert load(a / "ckpt.pt")["changed"] == {"rope_theta": [10000.0, 40000.0]}
+    train.main(lm(data_dir, a, "init_from=resume", "max_iters=1"))  # nothing changes now: the record is kept
+    assert [load(a / f)["changed"] for f in ("ckpt.pt", "best.pt")] == [{"rope_theta": [10000.0, 40000.0]}] * 2
+    train.main(lm(data_dir, b, f"init_from={a / 'ckpt.pt'}", "rope_theta=160000.0", "dropout=0.1", "max_iters=0"))
+    # the oldest trained value with the newest: not 40,000, which the weights met only in a run already extended
+    assert load(b / "ckpt.pt")["changed"] == {"rope_theta": [10000.0, 160000.0], "dropout": [0.0, 0.1]}
+    train.main(lm(data_dir, tmp_path / "back", f"init_from={a / 'ckpt.pt'}", "rope_theta=10000.0", "max_iters=0"))
+    assert load(tmp_path / "back" / "ckpt.pt")["changed"] == {}  # changed back to the trained θ
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Resume after a kill, --compare, a config file's overwrite
 
