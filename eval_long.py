@@ -16,7 +16,8 @@ whole, never over earlier ones.
 Dynamic NTK sets RoPE's base from the sequence length, so window k is read from kN-token sequences with the factor
 for kN (LSSAR Table 4; prefix_1x = native RoPE), and so is YaRN's logit temperature (--logit_scale yarn, set by the
 length too); --no-ntk_per_length: one L-token pass with the factors for L. Other settings need one pass of L tokens.
-Each model also runs with its trained θ (rope "native"; the method: "extended").
+Each model also runs with its checkpoint's θ (rope "native"; the method: "extended"): the trained θ, unless a run
+changed it after training (the checkpoint's "changed", recorded per model): then its native pass names the trained θ.
 Outputs: per_sequence.csv (model x rope x sequence x window), differences.csv/png (each model minus --baseline,
 paired over sequences, bootstrap 95% CI), per_position.csv/png (raw curves), summary.json. A model's label (scorer or
 --labels) carries its --logit_scale, as eval_tasks names it: "softmax-qwen".
@@ -29,7 +30,7 @@ import torch
 from lib import compare, dataset, figures, folders, progress, rescale, tracking, vocab
 from lib.checkpoint import data_provenance, load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
 from model import BACKENDS, ROPE_METHODS
-from rope import applied, eval_passes, pass_lengths, passes_rule, unread_options
+from rope import applied, eval_passes, pass_lengths, passes_rule, trained_theta, unread_options
 
 WINDOW_RULE = ("window kx: mean loss over positions (k*N - N, k*N], the last N positions up to k times the "
                "training length N; prefix_kx: over positions 1..k*N, the loss of a k*N-token sequence (LSSAR Table "
@@ -139,9 +140,11 @@ def run(args, folder):  # the results to folder; returns the wandb table
         model, ckpt = load_checkpoint(path, device, backend=args.backend)
         model.eval()
         cfg, ckpt_path = model.config, os.path.abspath(path)
+        changed = ckpt.get("changed") or {}  # what its weights trained with otherwise (older checkpoints: none)
         bounds = compare.window_bounds(cfg.block_size, args.length)
         models.append(dict(label=label, checkpoint=ckpt_path, scorer=cfg.scorer, train_len=cfg.block_size,
-                           iter_num=ckpt.get("iter_num"), **applied(cfg.pos, args.rope_method, args.rope_scale)))
+                           iter_num=ckpt.get("iter_num"), changed=changed,
+                           **applied(cfg.pos, args.rope_method, args.rope_scale)))
         for i, (rope, method, scale) in enumerate(settings):
             bar.set_description(f"{label} {rope} L={args.length:,}")
             curve, info, per_seq, theta = evaluate(model, data, starts, args, cfg.block_size, method, scale, bar)
@@ -149,7 +152,8 @@ def run(args, folder):  # the results to folder; returns the wandb table
             curves[name] = (curve, i)
             windows = {w: dict(positions=list(b), rope_theta_effective=theta[w], mean_loss=float(per_seq[w].mean()))
                        for w, b in bounds.items()}
-            result = dict(**info, mean_loss=float(curve.mean()), windows=windows)
+            note = trained_theta(changed, cfg.rope_theta) if rope == "native" and cfg.pos == "rope" else {}
+            result = dict(**info, mean_loss=float(curve.mean()), windows=windows, **note)
             # a stable summary.json: native nests under "native"
             models[-1].update(result if i == 0 else dict(native=dict(rope_method="none", **result)))
             rows += [dict(model=label, ckpt=ckpt_path, rope=rope, **applied(cfg.pos, method, scale),  # NoPE: none
@@ -158,7 +162,8 @@ def run(args, folder):  # the results to folder; returns the wandb table
             table += [dict(model=label, scorer=cfg.scorer, rope=rope, window=w, mean_loss=v["mean_loss"])
                       for w, v in windows.items()]
             print(f"{label} [{rope}]: " + ", ".join(f"{w} {v['mean_loss']:.4f}" for w, v in windows.items()
-                                                   if not w.startswith("prefix")) + f", all {result['mean_loss']:.4f}")
+                                                   if not w.startswith("prefix")) + f", all {result['mean_loss']:.4f}"
+                  + (f" ({note['described']})" if note else ""))
         models[-1].update(model_args=ckpt["model_args"], train_run_info=ckpt.get("run_info"), **data_seen)
         draw = len(models) == len(args.ckpt) or time.time() - drawn >= tracking.PLOT_EVERY_S
         write_results(args, folder, settings, curves, models, rows, starts, baseline, draw)

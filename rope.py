@@ -112,6 +112,15 @@ def applied(pos, method, scale):
     none = pos == "nope" or method == "none"
     return dict(rope_method="none", rope_scale=1.0) if none else dict(rope_method=method, rope_scale=scale)
 
+def trained_theta(changed, theta):
+    """What a native pass records where the checkpoint's runs changed θ (changed: its {field: [trained, now]}): the
+    θ it ran is the checkpoint's, not the one its weights trained at; {} where θ is as trained."""
+    if "rope_theta" not in changed:
+        return {}
+    trained = changed["rope_theta"][0]
+    return dict(rope_theta_trained=trained, described=f"the checkpoint's θ={theta:,.0f}; its weights trained at "
+                f"θ={trained:,.0f}")
+
 def unread_options(method, scale, ntk_per_length=None, logit_scale=None):
     """The extension options given (None: not given) that a run would not read, each in words for one error line."""
     unread = []

@@ -123,12 +123,14 @@ def needle_grid(cells, models, labels, contexts, depths):
 
 def ropes(args, models=()):
     """{rope: description} of eval_long's passes (its args as a dict; rope.eval_passes): the requested method, then
-    (if it extends RoPE) the trained θ; NoPE models alone: one pass, "NoPE"."""
+    (if it extends RoPE) the trained θ, the checkpoint's where a run changed it; NoPE models alone: one pass, "NoPE"."""
     if models and all(m.get("model_args", {}).get("pos") == "nope" for m in models):
         return {"native": "NoPE"}
     ntk = ", per length" * (args["rope_method"] == "dynamic_ntk" and bool(args.get("ntk_per_length")))
     extended = {"extended": f"{args['rope_method']} x{args['rope_scale']:g}{ntk}"}
-    return {**(extended if args["rope_method"] != "none" else {}), "native": "native θ"}
+    moved = any("rope_theta" in (m.get("changed") or {}) for m in models)  # a run changed θ after training
+    native = "checkpoint's θ" if moved else "native θ"
+    return {**(extended if args["rope_method"] != "none" else {}), "native": native}
 
 def eval_long(folder, summary, columns):
     """eval_long.py's per_position.png and differences.png from what it writes: its summary.json and per_position.csv's
@@ -141,7 +143,8 @@ def eval_long(folder, summary, columns):
             if name in columns and info:
                 nope = m.get("model_args", {}).get("pos") == "nope"  # no θ (before 2026-11-29, its unread one shown)
                 theta = None if nope else info["rope_theta_effective"] or info["rope_theta"]
-                label = "NoPE" if theta is None else f"θ={theta:,.0f}"
+                label = "NoPE" if theta is None else f"θ={theta:,.0f}" + (
+                    f", trained at θ={info['rope_theta_trained']:,.0f}" if info.get("rope_theta_trained") else "")
                 curves.append((f"{name} ({label})", np.asarray(columns[name]), c, "--" if native else "-"))
     scale, passes = args.get("logit_scale"), ropes(args, models)  # two scales must not look alike, nor two floors
     note = f"{args['num_seqs']} sequences of {args['length']:,} tokens ({args['split']})" + (

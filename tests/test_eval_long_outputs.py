@@ -15,7 +15,7 @@ import torch
 
 import eval_long
 import test_eval_long
-from lib import compare, dataset, rescale
+from lib import compare, dataset, figures, rescale
 from lib.checkpoint import load_checkpoint, run_info, save_checkpoint
 from model import GPT
 from conftest import PREPARED_AGAIN, trained_on_copy, warnings_of
@@ -182,6 +182,28 @@ def test_a_nope_models_rows_and_record_name_rope_none_at_scale_1_beside_an_exten
     rows = compare.read_csv(tmp_path / "res" / "per_sequence.csv")
     assert {(x["rope"], x["rope_method"], x["rope_scale"]) for x in rows if x["model"] == "n"} == {
         ("extended", "none", "1.0"), ("native", "none", "1.0")}
+
+
+def test_a_checkpoint_whose_run_changed_theta_records_it_and_names_its_native_pass_the_checkpoints_theta(
+        ckpts, data_dir, tmp_path, monkeypatch, capsys):
+    torch.manual_seed(0)
+    model = GPT(replace(tiny_config(), rope_theta=40000.0))  # as train.py init_from=... rope_theta=40000.0 writes it
+    path, changed = str(tmp_path / "th.pt"), {"rope_theta": [10000.0, 40000.0]}
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.config), "config": {}, "iter_num": 0,
+                     "best_val_loss": float("nan"), "run_info": run_info(0), "changed": changed}, path)
+    drawn = []
+    monkeypatch.setattr(figures, "plot_per_position", lambda *a: drawn.append((a[1], a[-1])))
+    eval_long.main([ckpts["plain"], path, "--labels", "old", "th", "--data", data_dir, "--length", str(2 * N),
+                    "--rope_scale", "4", "--num_seqs", "2", "--n_boot", "10", "--out_dir", str(tmp_path / "res")])
+    old, th = json.loads((tmp_path / "res" / "summary.json").read_text())["models"]
+    assert old["changed"] == {} and "rope_theta_trained" not in old["native"]  # an older checkpoint: none
+    assert th["changed"] == changed and th["rope_theta_effective"] == pytest.approx(160000.0)  # x4 of an extended θ
+    assert th["native"]["rope_theta_effective"] == pytest.approx(40000.0)
+    assert th["native"]["rope_theta_trained"] == 10000.0
+    assert th["native"]["described"] == "the checkpoint's θ=40,000; its weights trained at θ=10,000"
+    assert "th [native]: " in (out := capsys.readouterr().out) and "its weights trained at θ=10,000" in out
+    curves, title = drawn[-1]
+    assert "th [native] (θ=40,000, trained at θ=10,000)" in [c[0] for c in curves] and "checkpoint's θ" in title
 
 
 def test_eval_long_refuses_a_val_bin_cut_short_of_its_meta_json(ckpts, data_dir, tmp_path):
