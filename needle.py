@@ -209,8 +209,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     given = sorted({m for m in (args.mode, args.mode_opt) if m})  # `passkey --mode needle` ran passkey unsaid
     args.mode = given[0] if len(given) == 1 else p.error(f"give one mode of {', '.join(MODES)}; got {given}")
-    reads = {"needle": ("context_sizes", "depths", "samples"), "passkey": ("context_sizes", "samples"),  # passkey:
-             "score": ("context", "depth", "trials"), "sft_data": ("squad", "synthetic", "sft_length")}  # own depths
+    model = ("labels", "rope_method", "rope_scale", "max_new_tokens", "batch_size", "device", "backend", "wandb",
+             "wandb_project")  # the modes that run a model; sft_data reads --ckpt only for --data's default
+    reads = {"needle": ("context_sizes", "depths", "samples", *model), "passkey": ("context_sizes", "samples", *model),
+             "score": ("context", "depth", "trials", *model), "sft_data": ("squad", "synthetic", "sft_length")}
     unread = [f"--{k}" for k in dict.fromkeys(sum(reads.values(), ())) if getattr(args, k) != p.get_default(k)
               and k not in reads[args.mode]]  # recorded in its JSON as if it had run
     if unread:

@@ -43,6 +43,17 @@ def test_bad_input_is_one_error_line(ckpts, data_dir, argv, named, tmp_path):
     assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message and named in message
 
 
+def test_sft_data_refuses_the_options_only_a_model_reads_when_given(data_dir, tmp_path):
+    # sft_data.json recorded them in its args as if a model had run with them
+    argv = ["sft_data", "--synthetic", "2", "--sft_length", "200", "--data", data_dir]
+    msg = one_line_error(argv + ["--rope_scale", "4", "--labels", "a", "--batch_size", "2", "--device", "meta",
+                                 "--backend", "torch", "--max_new_tokens", "3", "--wandb"])
+    assert ("--labels, --rope_scale, --max_new_tokens, --batch_size, --device, --backend, --wandb: mode sft_data "
+            "does not read it") in msg
+    needle.main(argv + ["--rope_method", "theta", "--out_dir", str(tmp_path / "out")])  # a default: never refused
+    assert json.load(open(tmp_path / "out" / "sft_synthetic.json"))["examples"] == 2
+
+
 def test_two_different_modes_or_none_is_one_error_line():
     # `passkey --mode needle` ran passkey and said nothing of the needle asked for
     assert "give one mode of sft_data, needle, passkey, score; got ['needle', 'passkey']" in one_line_error(
