@@ -163,8 +163,8 @@ def run(args, folder):  # the results to folder; returns the wandb table and the
     for L in contexts:
         next(prompts(L))  # a too-short context fails before any model loads
     n = 1 + args.trials if args.mode == "score" else args.samples * (len(args.depths) if args.mode == "needle" else 1)
-    rows, models = [], args.labels or [os.path.dirname(c) or c if os.path.basename(c) == "ckpt.pt" else c
-                                       for c in args.ckpt]
+    models = args.labels or [os.path.dirname(c) or c if os.path.basename(c) == "ckpt.pt" else c for c in args.ckpt]
+    rows, models = [], compare.unique_labels(models, args.ckpt)  # one checkpoint twice: rows told apart
     labels = [os.path.basename(m.rstrip("/\\")) or m for m in models]  # titles and legends: the run folder's name
     labels = labels if len(set(labels)) == len(labels) else models  # unless two share it
     seen = [dict(model=m, checkpoint=p, iter_num=c.get("iter_num"), rope=[],  # rope: what each context ran with

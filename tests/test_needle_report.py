@@ -147,6 +147,16 @@ def test_two_runs_whose_folders_share_a_name_are_titled_by_their_paths(ckpts, da
     assert titles[-1] == [str(p.parent) for p in paths]  # not "run" twice in the legends
 
 
+def test_one_checkpoint_given_twice_gets_two_model_names_in_the_csv_and_json(ckpts, data_dir, tmp_path):
+    # both models' rows had one name: a CSV whose rows of two models could not be told apart
+    needle.main(["passkey", "--ckpt", ckpts[0], ckpts[0], "--data", data_dir, "--context_sizes", "64", "--samples", "1",
+                 "--max_new_tokens", "1", "--out_dir", str(tmp_path / "res")])
+    run = os.path.dirname(ckpts[0])
+    names = [run, f"{run} #2 ({os.path.basename(run)})"]  # compare.unique_labels, as eval_long's
+    assert [r["model"] for r in read_csv(tmp_path / "res" / "passkey.csv")] == names
+    assert [m["model"] for m in json.load(open(tmp_path / "res" / "passkey.json"))["models"]] == names
+
+
 def test_needle_records_each_models_iteration_and_the_rope_it_ran_at_each_context_none_for_a_nope_model(
         ckpts, data_dir, tmp_path):
     nope = tmp_path / "out-nope" / "ckpt.pt"  # a NoPE model, at another iteration: its rows name no θ
