@@ -10,9 +10,10 @@ tokens predicts the second copy almost for free; one that uses only the last few
 
 Per model and distance: the mean loss per token on the first copy, the second and the control (the span's first token
 left out: nothing marks where a copy starts), second / control, and the loss by offset inside the span at the gate's
-distance. The gate (longrange.py): at d = 0.5 N, second / control <= 0.5. Every model reads the same --num_seqs
-sequences per distance (drawn with --seed). Outputs: per_sequence.csv, copy.png (ratio by distance; loss
-by offset), summary.json last; written to --out_dir only whole.
+distance; each model's record names the RoPE and the --logit_scale it ran with (its label stays the scorer's). The
+gate (longrange.py): at d = 0.5 N, second / control <= 0.5. Every model reads the same --num_seqs sequences per
+distance (drawn with --seed). Outputs: per_sequence.csv, copy.png (ratio by distance; loss by offset), summary.json
+last; written to --out_dir only whole.
 """
 import argparse, math, os, sys
 
@@ -121,8 +122,9 @@ def run(args, folder):
         losses = evaluate(model.eval(), tokens, N, args, rope, bar)
         del model
         which = dict(checkpoint=os.path.abspath(path), iter=ckpt.get("iter_num"))  # every row names its model
+        # what ran: a rescaled softmax keeps its label, by which report.copy_gate pairs it with the native softmax
         models.append(dict(summarize(label, N, losses, args), **which, pos=pos, rope_method=rope[0],
-                           rope_scale=rope[1], skipped=skipped, **data_seen))
+                           rope_scale=rope[1], logit_scale=args.logit_scale, skipped=skipped, **data_seen))
         rows += [dict(model=label, **which, distance_x=k, distance=d, seq=j, first=f[j].mean(), second=s[j].mean(),
                       control=c[j].mean()) for k, (d, f, s, c) in losses.items() for j in range(args.num_seqs)]
         print(f"{label}: " + ", ".join(f"{k} N {r['second']:.3f}/{r['control']:.3f} ({r['ratio']:.2f})"

@@ -14,7 +14,7 @@ import torch
 import eval_copy
 import test_eval_long
 from conftest import PREPARED_AGAIN, one_line_error, trained_on_copy, warnings_of
-from lib import compare, longrange, rescale
+from lib import compare, longrange, report, rescale
 from lib.checkpoint import run_info, save_checkpoint
 from model import GPT
 from test_eval_long import tiny_config
@@ -181,6 +181,23 @@ def test_eval_copy_records_rope_none_for_a_nope_model_and_titles_it_nope(ckpt, d
     eval_copy.main([str(tmp_path / "nope.pt"), "--data", data_dir, "--span", span, "--num_seqs", "1",
                     "--rope_method", "theta", "--rope_scale", "8", "--out_dir", str(tmp_path / "b")])
     assert "RoPE" not in made[1].get_suptitle() and "NoPE: softmax #1" in made[1].get_suptitle()
+
+
+def test_eval_copy_records_each_models_logit_scale_and_keeps_the_label_the_lm_report_pairs_by(ckpt, data_dir, tmp_path,
+                                                                                             monkeypatch):
+    monkeypatch.setattr(eval_copy.figures, "copy_gate", lambda *a: None)  # the record only
+    summaries = []
+    for how in ([], ["--logit_scale", "qwen"]):  # reproduce.py's copy and copy_qwen folders
+        out = tmp_path / f"res{len(how)}"
+        eval_copy.main([str(ckpt), "--labels", "softmax", "--data", data_dir, "--span", str((N - longrange.LEAD) // 2),
+                        "--distances", "0.5", "--num_seqs", "1", "--out_dir", str(out), *how])
+        summaries.append(json.loads((out / "summary.json").read_text()))
+    native, qwen = (s["models"][0] for s in summaries)
+    # only args said it: a model's record read as unrescaled
+    assert (native["label"], native["logit_scale"], qwen["label"], qwen["logit_scale"]) == (
+        "softmax", None, "softmax", "qwen")
+    base = report.copy_gate(summaries[:1])["softmax"]["ratio_per_seed"]
+    assert "minus_softmax" in report.copy_gate(summaries[1:], base)["softmax"]  # paired with the native by label
 
 
 def test_eval_copy_says_and_records_the_distances_it_skips_and_names_a_huge_one_in_g(ckpt, data_dir, tmp_path,
