@@ -339,8 +339,8 @@ def main(argv=None):
         tracking.finish()  # an in-process caller's next run is a new wandb run
     except (TrainError, dataset.DataError, tasks.TaskError, tracking.TrackingError, folders.FolderError,
             OSError) as e:  # OSError: a full disk or an unwritable folder
-        every_rank = isinstance(e, TrainError) and int(os.environ.get("RANK", 0)) > 0  # the same line: rank 0 says it
-        sys.exit(1 if every_rank else f"error: {tracking.error_text(e)}")
+        every_rank = isinstance(e, (TrainError, dataset.DataError, tasks.TaskError)) and int(os.environ.get("RANK", 0))
+        sys.exit(1 if every_rank else f"error: {tracking.error_text(e)}")  # every rank raised it: rank 0 says it
     finally:  # on error, an open wandb run ends as failed
         tracking.finish(failed=True)
 

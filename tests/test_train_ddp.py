@@ -70,6 +70,24 @@ def test_under_torchrun_a_settings_error_is_printed_by_rank_0_alone(monkeypatch,
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.parametrize("error", ["DataError", "TaskError"])
+def test_under_torchrun_a_data_or_task_error_is_printed_by_rank_0_alone(error, monkeypatch, capsys):
+    # every rank reads the same data and task (a resume on a dataset prepared again, a changed SFT file, meta.json):
+    # each printed the same line
+    import tasks
+    from lib import dataset
+    kind = {"DataError": dataset.DataError, "TaskError": tasks.TaskError}[error]
+    def refused(explicit):
+        raise kind("data/docs was prepared again since this run trained on it")
+    monkeypatch.setattr(train, "train", refused)
+    for rank in ("1", "0"):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as e:
+            train.main(["device=cpu"])
+        assert (e.value.code == 1) if rank == "1" else e.value.code.startswith("error: data/docs was prepared")
+    assert capsys.readouterr().err == ""
+
+
 def test_an_unknown_lr_schedule_is_one_line_naming_the_schedules(data_dir, tmp_path):
     msg = test_train.error_of(tiny_args(data_dir, tmp_path / "out", "lr_schedule=linear"))
     assert msg == "error: lr_schedule='linear' is out of range: lr_schedule must be one of ('constant', 'cosine')"
