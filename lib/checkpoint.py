@@ -218,6 +218,11 @@ def data_identity(data_dir, ckpt=None):
     since (another seed, val_frac or text), and going on would train on documents its val loss had held out."""
     sha = (read_meta(data_dir) or {}).get("sha256")  # checked: DataError where malformed
     had = ((ckpt or {}).get("data_state") or {}).get("sha256")
+    folder = data_folder((ckpt or {}).get("config") or {})
+    if had and sha and had != sha and folder and os.path.realpath(folder) != os.path.realpath(data_dir):
+        raise DataError(f"this resume names the dataset {data_dir}, but its checkpoint trained on {folder} (its "
+                        f"config's data_dir/dataset): a resume goes on with its own data; give data_dir and dataset "
+                        f"as they were, or start a new run from the checkpoint (init_from=<its ckpt.pt>)")
     if had and sha and had != sha:
         raise DataError(f"{data_dir} was prepared again since this run trained on it (its splits' sha256 differ from "
                         f"the checkpoint's): resuming would mix two datasets and train on val documents; prepare it as "

@@ -206,3 +206,21 @@ def test_a_resume_on_a_dataset_prepared_again_since_is_refused_in_one_line(tmp_p
     dataset.prepare(str(tmp_path / "c.jsonl"), name="docs", out_dir=str(data), tokenizer="char", val_frac=0.2, seed=2)
     msg = error_of(args + ["max_iters=6", "resume=True"])
     assert "was prepared again since this run trained on it" in msg and "init_from=<its ckpt.pt>" in msg
+
+
+def test_a_resume_naming_another_dataset_than_its_checkpoints_says_so(tmp_path):
+    # it read "other was prepared again since this run trained on it": the folder was never the run's
+    from lib import dataset
+    with open(tmp_path / "c.jsonl", "w") as f:
+        f.writelines(json.dumps({"text": f"Document {i}: " + "some words " * (i % 5 + 8)}) + "\n" for i in range(60))
+    data = tmp_path / "data"
+    for name, seed in (("docs", 1), ("other", 2)):
+        dataset.prepare(str(tmp_path / "c.jsonl"), name=name, out_dir=str(data), tokenizer="char", val_frac=0.2,
+                        seed=seed)
+    args = ["device=cpu", "n_layer=1", "n_head=2", "n_embd=32", "ffn_hidden=64", "block_size=16", "batch_size=2",
+            "gradient_accumulation_steps=1", "eval_iters=1", "eval_interval=2", f"data_dir={data}",
+            f"out_dir={tmp_path / 'out'}"]
+    train.main(args + ["dataset=docs", "max_iters=2"])
+    msg = error_of(args + ["dataset=other", "max_iters=4", "init_from=resume"])
+    assert msg.startswith(f"error: this resume names the dataset {data / 'other'}, but its checkpoint trained on "
+                          f"{data / 'docs'}") and "prepared again" not in msg
