@@ -55,7 +55,8 @@ def sft_data(cfg, ckpt, resuming):
     enc = vocab.checkpoint_codec(ckpt) if ckpt else None
     check_codec(cfg.sft_data, vocab.record(enc))  # enc None: GPT-2's
     examples = split_sft(load_sft(cfg.sft_data, cfg.block_size, enc), cfg.sft_val_frac, cfg.seed)
-    state = {"sha256": ((ckpt or {}).get("data_state") or {}).get("sha256"),
+    parent = (ckpt or {}).get("data_state") or {}  # earlier_sha256: splits it pretrained on before (data_state)
+    state = {"sha256": parent.get("sha256"), **{k: parent[k] for k in ("earlier_sha256",) if k in parent},
              "sft_sha256": sft_identity(cfg.sft_data, ckpt if resuming else None)}
     return examples, vocab.record(enc) if enc else None, state
 
@@ -94,7 +95,8 @@ def sft_identity(path, ckpt=None):
     if had and had != sha:
         raise DataError(f"sft_data {path!r} changed since this run trained on it (its sha256 differs from the "
                         f"checkpoint's): resuming would train on other examples and judge best.pt on another val set; "
-                        f"restore the file as it was or start a new run from the checkpoint (init_from=<its ckpt.pt>)")
+                        f"restore the file as it was; a new run from the checkpoint (init_from=<its ckpt.pt>) is no "
+                        f"clean way out: its val examples would be the new file's, some maybe trained on")
     return sha
 
 

@@ -135,3 +135,7 @@ def test_data_provenance_warns_only_where_a_runs_own_folder_was_prepared_again(t
     for ckpt, folder in ((run, "data/other"), (run, "data/plain"), (same, "data/docs"), (older, "data/docs")):
         assert data_provenance("a.pt", ckpt, folder)["data_prepared_again"] is False
     assert capsys.readouterr().err == ""
+    # an init_from's parent trained on the folder as first prepared: the child's own sha256 alone is today's
+    child = {**run, "data_state": {"sha256": {"val": "new"}, "earlier_sha256": [{"val": "old"}]}}
+    assert data_provenance("a.pt", child, "data/docs")["data_prepared_again"] is True
+    assert "before it was prepared again" in capsys.readouterr().err

@@ -206,6 +206,43 @@ def test_a_resume_on_a_dataset_prepared_again_since_is_refused_in_one_line(tmp_p
     dataset.prepare(str(tmp_path / "c.jsonl"), name="docs", out_dir=str(data), tokenizer="char", val_frac=0.2, seed=2)
     msg = error_of(args + ["max_iters=6", "resume=True"])
     assert "was prepared again since this run trained on it" in msg and "init_from=<its ckpt.pt>" in msg
+    assert "would hold out val documents it trained on" in msg  # no clean way out
+
+
+def test_a_new_run_from_a_checkpoint_on_its_dataset_prepared_again_keeps_the_earlier_splits_and_warns(
+        tmp_path, capsys):
+    # it recorded only the new splits' sha256: its val held documents the parent trained on, and the evaluations'
+    # data_provenance saw no difference
+    from lib import dataset
+    from lib.checkpoint import data_provenance
+    with open(tmp_path / "c.jsonl", "w") as f:
+        f.writelines(json.dumps({"text": f"Document {i}: " + "some words " * (i % 5 + 8)}) + "\n" for i in range(60))
+    data, docs = tmp_path / "data", str(tmp_path / "data" / "docs")
+    def prepare(seed):
+        dataset.prepare(str(tmp_path / "c.jsonl"), name="docs", out_dir=str(data), tokenizer="char", val_frac=0.2,
+                        seed=seed)
+        return json.loads((data / "docs" / "meta.json").read_text())["sha256"]
+    args = ["device=cpu", "n_layer=1", "n_head=2", "n_embd=32", "ffn_hidden=64", "block_size=16", "batch_size=2",
+            "gradient_accumulation_steps=1", "eval_iters=1", "eval_interval=2", "max_iters=2", f"data_dir={data}",
+            "dataset=docs"]
+    first = prepare(1)
+    train.main(args + [f"out_dir={tmp_path / 'a'}"])
+    second = prepare(2)
+    capsys.readouterr()
+    train.main(args + [f"out_dir={tmp_path / 'b'}", f"init_from={tmp_path / 'a' / 'ckpt.pt'}"])
+    warned = [l for l in capsys.readouterr().err.splitlines() if l.startswith("warning:")]
+    assert len(warned) == 1 and "this new run's val may hold documents its weights trained on" in warned[0]
+    for f in ("ckpt.pt", "best.pt"):
+        state = torch.load(tmp_path / "b" / f, weights_only=True)["data_state"]
+        assert state["sha256"] == second and state["earlier_sha256"] == [first]
+    best = torch.load(tmp_path / "b" / "best.pt", weights_only=True)
+    assert data_provenance("b", best, docs)["data_prepared_again"]  # its own folder: the parent's splits differ
+    capsys.readouterr()
+    train.main(args + [f"out_dir={tmp_path / 'c'}", f"init_from={tmp_path / 'b' / 'ckpt.pt'}"])  # along the chain
+    state = torch.load(tmp_path / "c" / "ckpt.pt", weights_only=True)["data_state"]
+    assert state["earlier_sha256"] == [first] and "warning: " in capsys.readouterr().err
+    train.main(args + ["max_iters=4", f"out_dir={tmp_path / 'c'}", "init_from=resume"])  # a resume keeps them
+    assert torch.load(tmp_path / "c" / "ckpt.pt", weights_only=True)["data_state"]["earlier_sha256"] == [first]
 
 
 def test_a_resume_naming_another_dataset_than_its_checkpoints_says_so(tmp_path):

@@ -205,6 +205,7 @@ def test_resuming_an_sft_run_on_a_changed_file_is_refused_and_its_evals_compare_
     write_sft(tmp_path / "sft.jsonl", SFT_ROWS[::-1] * 2)
     msg = one_line_error(train.main, resume)
     assert f"sft_data {path!r} changed since this run trained on it" in msg and "init_from=" in msg
+    assert "no clean way out: its val examples would be the new file's" in msg  # a new run, said as such
     assert torch.load(tmp_path / "sft" / "ckpt.pt", weights_only=True)["iter_num"] == 1  # nothing trained
     write_sft(tmp_path / "sft.jsonl")
     train.main(resume)  # the same file again: it goes on
