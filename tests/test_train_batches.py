@@ -40,7 +40,7 @@ def test_a_split_of_block_size_plus_one_tokens_holds_exactly_one_window(data):
     np.arange(1000, 1000 + T + 1, dtype=np.uint16).tofile(data / "val.bin")
     explicit = train.parse_args(["device=cpu", "vocab_size=2048", f"block_size={T}", f"data_dir={data.parent}",
                                  "dataset=ids"])
-    run = types.SimpleNamespace(master=True, ddp=False, resuming=False)
+    run = types.SimpleNamespace(master=True, ddp=False, resuming=False, source="scratch")
     _, loaded = train.load_data(train.TrainConfig(**explicit), run, explicit, None)
     assert loaded.size == {"train": 50 - T, "val": 1}  # starts 0 .. len - T - 1: every whole window, no more
 
