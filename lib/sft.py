@@ -53,12 +53,13 @@ def sft_data(cfg, ckpt, resuming):
     codec's record (None from scratch), and what data_state keeps: the file's sha256 (sft_identity) and the splits'
     its model was pretrained on (the dataset its config records: the evals' data_provenance)."""
     enc = vocab.checkpoint_codec(ckpt) if ckpt else None
-    check_codec(cfg.sft_data, vocab.record(enc))  # enc None: GPT-2's
+    record = vocab.record(enc)  # enc None: GPT-2's (an HF codec's hashes its tokenizer.json: once)
+    check_codec(cfg.sft_data, record)
     examples = split_sft(load_sft(cfg.sft_data, cfg.block_size, enc), cfg.sft_val_frac, cfg.seed)
     parent = (ckpt or {}).get("data_state") or {}  # earlier_sha256: splits it pretrained on before (data_state)
     state = {"sha256": parent.get("sha256"), **{k: parent[k] for k in ("earlier_sha256",) if k in parent},
              "sft_sha256": sft_identity(cfg.sft_data, ckpt if resuming else None)}
-    return examples, vocab.record(enc) if enc else None, state
+    return examples, record if enc else None, state
 
 
 def sidecar_codec(enc):
