@@ -20,8 +20,7 @@ import argparse, math, os, sys
 import torch
 
 from lib import compare, dataset, figures, folders, longrange, progress, rescale, tracking, vocab
-from lib.checkpoint import (CheckpointError, data_provenance, load_checkpoint, pick_device, read_checkpoint, run_info,
-                            trained_on)
+from lib.checkpoint import CheckpointError, load_checkpoint, pick_device, run_info, trained_on
 from model import BACKENDS, ROPE_METHODS
 from rope import unread_options
 
@@ -89,9 +88,8 @@ def summarize(label, N, losses, args):
 def run(args, folder):
     # every checkpoint must read the data's vocabulary (by content), checked before any model runs
     args.data = vocab.data_folder(args.data) or trained_on(args.ckpt, "data/english_char")  # a given one must exist
-    ckpts = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data) for p in args.ckpt]
+    ckpts, seen = vocab.evaluated(args.ckpt, args.data)  # seen: data_provenance's record (it warns)
     model_args = [c["model_args"] for c in ckpts]
-    seen = [data_provenance(p, c, args.data) for p, c in zip(args.ckpt, ckpts)]  # warns: its dataset made again
     rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale, args.rope_method,
                   args.llama4_floor, [a.get("rope_scaling") for a in model_args])
     tokens = dataset.load_split(args.data, args.split)

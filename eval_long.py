@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from lib import compare, dataset, figures, folders, progress, rescale, tracking, vocab
-from lib.checkpoint import data_provenance, load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
+from lib.checkpoint import load_checkpoint, pick_device, run_info, trained_on
 from model import BACKENDS, ROPE_METHODS
 from rope import applied, eval_passes, pass_lengths, passes_rule, trained_theta, unread_options
 
@@ -110,9 +110,8 @@ def run(args, folder):  # the results to folder; returns the wandb table
         return []
     # check all checkpoints (mmap'd, each against the data's vocabulary, by content) before any model runs
     args.data = vocab.data_folder(args.data) or trained_on(args.ckpt, "data/shakespeare")  # a given one must exist
-    ckpts = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data) for p in args.ckpt]
+    ckpts, seen = vocab.evaluated(args.ckpt, args.data)  # seen: data_provenance's record (it warns)
     model_args = [c["model_args"] for c in ckpts]
-    seen = [data_provenance(p, c, args.data) for p, c in zip(args.ckpt, ckpts)]  # warns: its dataset made again
     rescale.check([a.get("scorer", "softmax") for a in model_args], args.logit_scale, args.rope_method,
                   args.llama4_floor, [a.get("rope_scaling") for a in model_args])  # every model before the first
     args.length = args.length or 10 * model_args[0]["block_size"]  # the first checkpoint fixes L

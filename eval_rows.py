@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from lib import compare, dataset, figures, folders, progress, tracking, vocab
-from lib.checkpoint import data_provenance, load_checkpoint, pick_device, read_checkpoint, run_info, trained_on
+from lib.checkpoint import load_checkpoint, pick_device, run_info, trained_on
 from model import BACKENDS
 from rope import applied
 
@@ -179,9 +179,8 @@ def plot(path, results, args, L):
 def run(args, folder):
     # every checkpoint must read the data's vocabulary (by content), checked before any model runs
     args.data = vocab.data_folder(args.data) or trained_on(args.ckpt, "data/shakespeare")  # a given one must exist
-    ckpts = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data) for p in args.ckpt]
+    ckpts, seen = vocab.evaluated(args.ckpt, args.data)  # seen: data_provenance's record (it warns)
     model_args = [c["model_args"] for c in ckpts]
-    seen = [data_provenance(p, c, args.data) for p, c in zip(args.ckpt, ckpts)]  # warns: its dataset made again
     L = args.length or model_args[0]["block_size"]
     if any(c >= L for c in args.context):
         raise ValueError(f"--context {max(args.context)} must be shorter than the length {L}")

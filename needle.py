@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from lib import compare, figures, folders, sft, tracking, vocab
-from lib.checkpoint import CheckpointError, data_provenance, load_checkpoint, read_checkpoint, run_info, trained_on
+from lib.checkpoint import CheckpointError, load_checkpoint, run_info, trained_on
 from lib.dataset import DataError  # bad input, printed by main as one line
 from lib.retrieval import cells, load_hay, ranked_heads, score_answer, score_trials, sft_examples, trials, with_lead
 from lib.vocab import EOT
@@ -154,8 +154,7 @@ def run(args, folder):  # the results to folder; returns the wandb table and the
         return [], f"{os.path.join(args.out_dir, name)}.jsonl: {len(examples):,} examples"
     if not args.ckpt:
         raise DataError(f"mode {args.mode} needs --ckpt")
-    ckpts = [vocab.language_model(p, read_checkpoint(p, mmap=True), args.data)
-             for p in args.ckpt]  # every checkpoint checked (mmap'd) before any model runs
+    ckpts, provenance = vocab.evaluated(args.ckpt, args.data)  # every checkpoint checked before any model runs
     vocabs = [c["model_args"]["vocab_size"] for c in ckpts]
     hay = None if args.mode == "passkey" else load_hay(args.data, "val", min(vocabs))
     contexts = [args.context] if args.mode == "score" else args.context_sizes
@@ -169,7 +168,7 @@ def run(args, folder):  # the results to folder; returns the wandb table and the
     labels = labels if len(set(labels)) == len(labels) else models  # unless two share it
     seen = [dict(model=m, checkpoint=p, iter_num=c.get("iter_num"), rope=[],  # rope: what each context ran with
                  **applied(c["model_args"].get("pos", "rope"), args.rope_method, args.rope_scale),
-                 **data_provenance(p, c, args.data)) for m, p, c in zip(models, args.ckpt, ckpts)]  # warns: made again
+                 **d) for m, p, c, d in zip(models, args.ckpt, ckpts, provenance)]
     for k, (path, label) in enumerate(zip(args.ckpt, models)):
         model = load_checkpoint(path, args.device, backend=args.backend)[0].eval()
         with tqdm(total=n * len(contexts), desc=label, unit="prompt") as bar:

@@ -263,6 +263,15 @@ def language_model(path, ckpt, data_dir=None):
                         f"{describe(ckpt['codec'])}, the data's {describe(data)}")
     return ckpt
 
+
+def evaluated(paths, data_dir):
+    """The checkpoints an evaluation reads (their records, mmap'd), each checked before any model runs to read
+    data_dir's tokens (language_model), and what it records of that data per model (checkpoint.data_provenance:
+    one warning where a run's own dataset was prepared again since): (ckpts, provenances)."""
+    from lib.checkpoint import data_provenance, read_checkpoint  # lazy, as above: lib.checkpoint reads no codec
+    ckpts = [language_model(p, read_checkpoint(p, mmap=True), data_dir) for p in paths]
+    return ckpts, [data_provenance(p, c, data_dir) for p, c in zip(paths, ckpts)]
+
 def data_folder(data_dir):
     """data_dir if a folder (or None), else DataError: a missing --data is no folder of GPT-2's ids (data_record's)."""
     if data_dir is not None and not os.path.isdir(data_dir):
