@@ -142,8 +142,9 @@ def outputs(args):  # a mode's files, the "finished" one last (reproduce.py)
     return [f"{stem}.{ext}" for stem in stems for ext in ("csv", "png", "json", "jsonl")]
 
 def run(args, folder):  # the results to folder; returns the wandb table and the line that says where
-    args.data = vocab.data_folder(args.data) or trained_on(args.ckpt, "data/shakespeare")  # a given one must exist
-    enc = vocab.codec(args.data)  # characters for a character dataset (shorter prompts: retrieval.PROMPTS)
+    squad = args.mode == "sft_data" and not args.synthetic  # text only: no dataset read, none recorded
+    args.data = None if squad else vocab.data_folder(args.data) or trained_on(args.ckpt, "data/shakespeare")
+    enc = None if squad else vocab.codec(args.data)  # characters for a character dataset (retrieval.PROMPTS)
     if args.mode == "sft_data":
         name, examples = sft_examples(args, enc)
         examples = list(tqdm(examples, desc=name, unit="ex", total=args.synthetic or None))
@@ -208,14 +209,18 @@ def main(argv=None):
     args = p.parse_args(argv)
     given = sorted({m for m in (args.mode, args.mode_opt) if m})  # `passkey --mode needle` ran passkey unsaid
     args.mode = given[0] if len(given) == 1 else p.error(f"give one mode of {', '.join(MODES)}; got {given}")
-    model = ("labels", "rope_method", "rope_scale", "max_new_tokens", "batch_size", "device", "backend", "wandb",
-             "wandb_project")  # the modes that run a model; sft_data reads --ckpt only for --data's default
+    hay = ("ckpt", "data", "seed")  # synthetic SFT reads --ckpt only for --data's default; SQuAD none of them
+    model = (*hay, "labels", "rope_method", "rope_scale", "max_new_tokens", "batch_size", "device", "backend",
+             "wandb", "wandb_project")  # the modes that run a model
     reads = {"needle": ("context_sizes", "depths", "samples", *model), "passkey": ("context_sizes", "samples", *model),
-             "score": ("context", "depth", "trials", *model), "sft_data": ("squad", "synthetic", "sft_length")}
+             "score": ("context", "depth", "trials", *model), "sft_data --synthetic": ("synthetic", "sft_length", *hay),
+             "sft_data without --synthetic": ("squad",)}
+    sft = "sft_data --synthetic" if args.synthetic else "sft_data without --synthetic"  # its two paths' options
+    mode = sft if args.mode == "sft_data" else args.mode
     unread = [f"--{k}" for k in dict.fromkeys(sum(reads.values(), ())) if getattr(args, k) != p.get_default(k)
-              and k not in reads[args.mode]]  # recorded in its JSON as if it had run
+              and k not in reads[mode]]  # recorded in its JSON as if it had run
     if unread:
-        p.error(f"{', '.join(unread)}: mode {args.mode} does not read it (it reads {', '.join(reads[args.mode])})")
+        p.error(f"{', '.join(unread)}: mode {mode} does not read it (it reads {', '.join(reads[mode])})")
     args.context_sizes = args.context_sizes or DEFAULT_CONTEXTS.get(args.mode, [])  # score, sft_data: none
     bad = [f"--{k} {getattr(args, k)}" for k in ("samples", "trials", "batch_size", "max_new_tokens", "context",
                                                   "sft_length") if getattr(args, k) < 1]

@@ -49,9 +49,25 @@ def test_sft_data_refuses_the_options_only_a_model_reads_when_given(data_dir, tm
     msg = one_line_error(argv + ["--rope_scale", "4", "--labels", "a", "--batch_size", "2", "--device", "meta",
                                  "--backend", "torch", "--max_new_tokens", "3", "--wandb"])
     assert ("--labels, --rope_scale, --max_new_tokens, --batch_size, --device, --backend, --wandb: mode sft_data "
-            "does not read it") in msg
+            "--synthetic does not read it") in msg
     needle.main(argv + ["--rope_method", "theta", "--out_dir", str(tmp_path / "out")])  # a default: never refused
     assert json.load(open(tmp_path / "out" / "sft_synthetic.json"))["examples"] == 2
+
+
+def test_sft_data_from_squad_refuses_the_options_only_the_synthetic_path_reads_when_given(ckpts, data_dir, tmp_path):
+    # sft_squad.json recorded --data and --ckpt in its args as if its examples came from them
+    path = tmp_path / "squad.jsonl"
+    path.write_text(json.dumps(dict(context="Denver is in Colorado.", question="Where is Denver?",
+                                    answers=dict(text=["Colorado"]))) + "\n")
+    argv = ["sft_data", "--squad", str(path)]
+    msg = one_line_error(argv + ["--data", data_dir, "--ckpt", ckpts[0], "--seed", "3", "--sft_length", "200"])
+    assert ("--ckpt, --data, --seed, --sft_length: mode sft_data without --synthetic does not read it (it reads "
+            "squad)") in msg
+    assert "--squad: mode sft_data --synthetic does not read it" in one_line_error(
+        argv + ["--synthetic", "2", "--data", data_dir])  # the other path: SQuAD's file, never read
+    needle.main(argv + ["--seed", "1337", "--out_dir", str(tmp_path / "out")])  # a default: never refused
+    record = json.load(open(tmp_path / "out" / "sft_squad.json"))
+    assert (record["examples"], record["args"]["data"], record["args"]["ckpt"]) == (1, None, [])
 
 
 def test_two_different_modes_or_none_is_one_error_line():
