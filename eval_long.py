@@ -217,6 +217,7 @@ def main(argv=None):
     if bad:
         p.error(f"{', '.join(bad)}: counts and sizes must be >= 1, --rope_scale > 0 and finite, --seed in 0..2**64-1")
     unread = unread_options(args.rope_method, args.rope_scale, args.ntk_per_length, args.logit_scale)
+    unread += tracking.unread_options(p, args)  # --wandb_project without --wandb
     if unread:  # given, not read: refused, never recorded as applied
         p.error("; ".join(unread))
     args.rope_scale = 50.0 if args.rope_scale is None else args.rope_scale  # the defaults, after the refusal

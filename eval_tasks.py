@@ -226,6 +226,9 @@ def main(argv=None):
     if a.n < 2 or a.diagnose < 0 or min(a.lengths) < 1 or a.llama4_floor < 1:
         sys.exit(f"error: need --n >= 2, --diagnose >= 0, lengths >= 1 and --llama4_floor >= 1; got {a.n}, "
                  f"{a.diagnose}, {a.lengths}, {a.llama4_floor}")
+    unread = tracking.unread_options(ap, a)  # never recorded in settings.json as applied
+    if unread:
+        ap.error("; ".join(unread))
     a.rope, a.lengths = list(dict.fromkeys(a.rope)), sorted(set(a.lengths))  # each once (a repeat wrote its rows
     try:  # twice), and settings.json says what ran
         with folders.results_dir(a.out_dir, OUTPUTS) as out:

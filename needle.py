@@ -230,7 +230,7 @@ def main(argv=None):
     if bad or not all(0 <= d <= 100 for d in args.depths + [args.depth]):
         p.error(f"{' '.join(bad) or '--depths/--depth'}: counts and sizes must be >= 1, --synthetic and --seed >= 0, "
                 "--rope_scale > 0 and finite, depths in 0..100")
-    unread = unread_options(args.rope_method, args.rope_scale)  # --rope_scale with none: recorded, never applied
+    unread = unread_options(args.rope_method, args.rope_scale) + tracking.unread_options(p, args)  # given, unread
     if unread:
         p.error("; ".join(unread))
     args.rope_scale = 50.0 if args.rope_scale is None else args.rope_scale  # the default, after the refusal

@@ -48,6 +48,13 @@ def add_args(parser):
     parser.add_argument("--wandb", action="store_true", help="also log the results to Weights & Biases")
     parser.add_argument("--wandb_project", default="nanoscorer")
 
+def unread_options(parser, args):
+    """add_args' options given and not read, each in words for one error line: a project without --wandb was
+    recorded in the results' args as if they had been logged to it."""
+    if args.wandb or args.wandb_project == parser.get_default("wandb_project"):  # a default is never refused
+        return []
+    return [f"--wandb_project {args.wandb_project} is not read: nothing is logged to it without --wandb"]
+
 def start(**kwargs):
     """wandb.init(**kwargs) as a new run; its failure is one line."""
     wandb = import_wandb()

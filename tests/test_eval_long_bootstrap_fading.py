@@ -99,3 +99,11 @@ def test_rope_options_a_run_would_not_read_are_refused_only_when_given(argv, unr
     for read in (["--rope_method", "none"], ["--rope_method", "dynamic_ntk", "--no-ntk_per_length"],
                  ["--rope_method", "none", "--logit_scale", "yarn", "--no-ntk_per_length"]):  # defaults: never refused
         assert "not read" not in one_line_error([str(tmp_path / "missing.pt"), *read, "--out_dir", str(tmp_path)])
+
+
+def test_eval_long_refuses_a_wandb_project_given_without_wandb(tmp_path):
+    # summary.json recorded the project as if the results had been logged to it
+    msg = one_line_error(["ckpt.pt", "--wandb_project", "p"])
+    assert "--wandb_project p is not read: nothing is logged to it without --wandb" in msg
+    for read in (["--wandb_project", "nanoscorer"], ["--wandb", "--wandb_project", "p"]):  # a default, or logged
+        assert "not read" not in one_line_error([str(tmp_path / "missing.pt"), *read, "--out_dir", str(tmp_path)])

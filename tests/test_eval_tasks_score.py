@@ -169,6 +169,15 @@ def test_too_few_prompts_and_a_diagnosis_beyond_memory_are_one_error_line(runs, 
     assert "--lengths 8: 11 sequences of 8 tokens need about" in msg and not (tmp_path / "ev2").exists()
 
 
+def test_eval_tasks_refuses_a_wandb_project_given_without_wandb(tmp_path):
+    # settings.json recorded the project as if the results had been logged to it
+    argv = [str(tmp_path / "missing.pt"), "--lengths", "8", "--out_dir", str(tmp_path / "ev")]
+    msg = one_line_error(eval_tasks.main, [*argv, "--wandb_project", "p"])
+    assert "--wandb_project p is not read: nothing is logged to it without --wandb" in msg
+    for read in (["--wandb_project", "nanoscorer"], ["--wandb", "--wandb_project", "p"]):  # a default, or logged
+        assert "not read" not in one_line_error(eval_tasks.main, [*argv, *read])
+
+
 def test_a_diagnosis_without_rope_plain_is_one_error_line_and_a_nope_run_is_diagnosed_whatever_rope(runs, tmp_path):
     # attention.csv has no rope column and is written at the trained θ only: --rope theta had written none, silently
     msg = one_line_error(eval_tasks.main, [runs["flip"], "--lengths", "8", "--n", "2", "--diagnose", "2", "--rope",

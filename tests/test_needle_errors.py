@@ -33,6 +33,8 @@ enc, data_dir, ckpts = test_needle.enc, test_needle.data_dir, test_needle.ckpts
     # options another mode reads were recorded in the JSON as if run (passkey draws its own depths)
     (["passkey", "--depths", "0", "50", "--context_sizes", "64"], "--depths: mode passkey does not read it"),
     (["score", "--context_sizes", "999", "--samples", "7"], "--context_sizes, --samples: mode score does not read"),
+    # summary JSONs recorded a project nothing was logged to
+    (["passkey", "--wandb_project", "p", "--context_sizes", "64"], "--wandb_project p is not read: nothing is logged"),
 ])
 def test_bad_input_is_one_error_line(ckpts, data_dir, argv, named, tmp_path):
     argv = argv + ["--data", data_dir] * ("--data" not in argv) + ["--ckpt", ckpts[0]] * ("--ckpt" not in argv)
