@@ -12,7 +12,7 @@ import argparse, csv, gzip, json, os, shutil, sys, tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repo root, from any folder
 from lib import compare, figures, report, synthetic_figures, synthetic_report  # noqa: E402
-from lib.lm_suite import SWITCH_AT  # noqa: E402
+from lib.lm_suite import SWITCH_AT, VARIANTS  # noqa: E402
 from lib.rereport import SYNTHETIC_COLUMNS  # noqa: E402
 from lib.runs import read_train_logs  # noqa: E402
 from lib.synthetic_suite import select_lr, sweep_accuracy  # noqa: E402
@@ -56,6 +56,18 @@ def train_loss(folder, summary):
     return ["train_loss.png"]
 
 
+def copy_models(folder, models):
+    """eval_copy's models as it records them now, with each one's pos (NoPE: no RoPE to extend, none claimed in the
+    title): an LM suite's summary from before it recorded it takes its variant's (lib.lm_suite.VARIANTS, by label)."""
+    suite = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(folder))), "summary.json")
+    if all("pos" in m for m in models) or not os.path.isfile(suite):
+        return models
+    with open(suite) as f:
+        variants = json.load(f).get("variants", {})  # an LM suite's: its models' labels are its variants
+    return [dict(m, pos=(VARIANTS[m["label"]][0] or {}).get("pos", "rope"))  # (e), (f): softmax's, switched
+            if "pos" not in m and m["label"] in variants and m["label"] in VARIANTS else m for m in models]
+
+
 def redraw(folder):
     """folder's copy.png, per_position.png / differences.png, train_loss.png or synthetic figures from its own
     numbers; the PNGs."""
@@ -66,7 +78,7 @@ def redraw(folder):
     if os.path.exists(os.path.join(folder, "train_loss.png")):
         return train_loss(folder, summary)
     if os.path.exists(os.path.join(folder, "copy.png")):
-        figures.copy_gate(os.path.join(folder, "copy.png"), summary["models"], summary["args"])
+        figures.copy_gate(os.path.join(folder, "copy.png"), copy_models(folder, summary["models"]), summary["args"])
         return ["copy.png"]
     rows = list(csv.reader(read_text(os.path.join(folder, "per_position.csv")).splitlines()))
     columns = {name: [float(r[i]) for r in rows[1:]] for i, name in enumerate(rows[0]) if i}

@@ -187,3 +187,13 @@ def test_an_lm_suites_train_loss_is_redrawn_only_where_its_train_logs_give_its_c
     os.remove(folder / "s1346" / "train_log.csv.gz")  # a seed's log not kept: its CSV is not given again
     (folder / "train_loss.png").write_bytes(b"as drawn")
     assert redraw_figures.redraw(str(folder)) == [] and (folder / "train_loss.png").read_bytes() == b"as drawn"
+
+
+def test_an_lm_suites_copy_gate_from_before_pos_was_recorded_titles_its_nope_models_nope(tmp_path, monkeypatch):
+    made = drawn(monkeypatch)  # cpu_char's copy_theta50 was titled "RoPE theta x50", stick-breaking and FoX included
+    src, folder = os.path.join(redraw_figures.ROOT, "results", "cpu_char"), tmp_path / "cpu_char"
+    folder.mkdir()
+    shutil.copy(os.path.join(src, "summary.json"), folder)  # the suite's: its variants name its models
+    shutil.copytree(os.path.join(src, "s1337", "copy_theta50"), folder / "s1337" / "copy_theta50")
+    assert redraw_figures.redraw(str(folder / "s1337" / "copy_theta50")) == ["copy.png"]
+    assert made[0].get_suptitle().endswith("RoPE theta x50, NoPE: stickbreaking, fox")
