@@ -13,8 +13,8 @@ modelling or a synthetic task of tasks.py. No run is overwritten unasked; checkp
 Resuming (init_from="resume"; resume=True: if the checkpoint exists) restores weights, optimizer, RNG states and the
 data position, so the losses are those of a run never stopped; under DDP, K processes see the batches and masks of one.
 A resume may switch the scorer (scorer= and its ssmax_*/ssa_* options), the SSMax paper's variant (f): same batches
-as the unswitched run, AdamW's state kept for every kept weight, the new s (and b) fresh at s0 (or ssmax_s_init), the
-switched model evaluated first. A finished run (here out-softmax, at max_iters 3,325) switches only if overwrite=True:
+as the unswitched run, AdamW's state kept for every kept weight, the new s (and b) fresh at s0 (or ssmax_s_init); a
+new scorer, θ or block_size is evaluated first and starts its own best.pt; on a finished run only with overwrite=True:
     mkdir -p out-ssmax-f && cp out-softmax/ckpt_3325.pt out-ssmax-f/ckpt.pt                 # the run at the switch
     python train.py init_from=resume out_dir=out-ssmax-f scorer=ssmax max_iters=3800 overwrite=True  # from 3,325
 """
@@ -31,7 +31,8 @@ import tasks
 from lib import cost, dataset, figures, folders, longrange, sft, tracking, vocab
 from lib.checkpoint import (CheckpointError, best_of, build_model, check_out_dir, clear_out_dir, data_state,
                             read_checkpoint, rng_state, run_info, save_checkpoint, set_rng_state)
-from lib.config import TrainConfig, TrainError, changed_from, model_config, parse_args, resolve, switch_text, usage
+from lib.config import (TrainConfig, TrainError, changed_from, model_config, new_val_loss, parse_args, resolve,
+                        switch_text, usage)
 from lib.corpora import EMBEDDED
 from model import GPTConfig, convert_scorer
 
@@ -212,12 +213,12 @@ def train(explicit):
     cfg, ckpt, run = setup(explicit)
     cfg, data = load_data(cfg, run, explicit, ckpt)
     cfg, raw_model, optimizer, switch = build(cfg, explicit, ckpt, run)
-    iter_num, best_val_loss, resuming, master, switched = 0, float("inf"), run.resuming, run.master, "scorer" in switch
-    if resuming:  # a switched scorer starts its own best.pt
-        iter_num, best_val_loss = ckpt["iter_num"], float("inf") if switched else ckpt["best_val_loss"]
+    iter_num, best_val_loss, resuming, master, fresh = 0, float("inf"), run.resuming, run.master, new_val_loss(switch)
+    if resuming:  # fresh: a new scorer, θ or block_size, its val loss another quantity: its own best.pt
+        iter_num, best_val_loss = ckpt["iter_num"], float("inf") if fresh else ckpt["best_val_loss"]
         set_rng_state(ckpt["rng"], run.device_type)
         data.g.set_state(ckpt["data_state"]["generator"])
-    pending_eval = ckpt if resuming and not switched and "eval" in ckpt else None  # its eval may lack its log line
+    pending_eval = ckpt if resuming and not fresh and "eval" in ckpt else None  # its eval may lack its log line
     # hf: an imported model's source (config, BOS), its fine-tunes export with it; changed: {field: [trained, now]}
     lineage = {"hf": ckpt and ckpt.get("hf"), "changed": changed_from(ckpt, switch)}
     ckpt, T, accum = None, cfg.block_size, cfg.gradient_accumulation_steps // run.world
@@ -245,7 +246,7 @@ def train(explicit):
     losses, drawn = None, {}  # drawn: when this run last drew loss.png (finish_eval's)
     if master:
         clear_out_dir(cfg.out_dir, resuming, iter_num)
-        done = resuming and not switched and tracking.eval_logged(  # this very eval: not the old scorer's at iter_num
+        done = resuming and not fresh and tracking.eval_logged(  # this very eval: not the old model's at iter_num
             cfg.out_dir, iter_num, (pending_eval or {}).get("eval"))
         if resuming and not done and pending_eval is not None:
             losses = finish_eval(pending_eval)  # killed between ckpt.pt and the eval's log line
@@ -258,9 +259,9 @@ def train(explicit):
         if switch:  # θ too: the weights were trained at the old value
             print(switch_text(switch, iter_num))
     t_start, dt_avg, start_iter = time.time(), None, iter_num
-    while True:  # a resume's eval is done, unless the scorer switched
+    while True:  # a resume's eval is done, unless fresh (a new scorer, θ or block_size: evaluated first)
         due = iter_num % cfg.eval_interval == 0 or iter_num == cfg.max_iters
-        if (due and (not resuming or iter_num > start_iter)) or (switched and iter_num == start_iter):
+        if (due and (not resuming or iter_num > start_iter)) or (fresh and iter_num == start_iter):
             losses = estimate_loss(cfg, data, run, eval_model)
             if not all(map(math.isfinite, losses.values())):
                 raise TrainError(f"eval loss {losses} at iter {iter_num}: {diverged()}")

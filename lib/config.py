@@ -248,11 +248,6 @@ def model_config(cfg, explicit, ckpt, resuming):
                     "init would not apply (its trained weights load over it); train from scratch or switch the scorer")
                 raise TrainError(f"{k}={model_args[k]!r} differs from the checkpoint's {src[k]!r}: it cannot change "
                                  f"{why}")
-        done, goal = ckpt["iter_num"], ckpt.get("config", {}).get("max_iters", math.inf)
-        if switched and resuming and done >= goal and not explicit.get("overwrite"):  # a finished run is kept
-            raise TrainError(f"scorer={model_args['scorer']!r} would switch the finished {src['scorer']} run in "
-                             f"out_dir={cfg.out_dir!r} (iter {done} of max_iters={goal}) and overwrite it: start the "
-                             f"new scorer in another out_dir with init_from=<its ckpt.pt>, or add overwrite=True")
         if switched:  # old scorer's options don't apply
             model_args.update({k: getattr(GPTConfig, k) for k in OWN_OPTIONS if k not in explicit})
             if model_args["scorer"] == "ssmax" and "ssmax_s_init" not in explicit:
@@ -260,6 +255,12 @@ def model_config(cfg, explicit, ckpt, resuming):
         # every change the checkpoint's weights did not train with (θ, block_size...): recorded, not only a switch;
         # not the backend, which computes the same attention
         switch = {k: [src[k], model_args[k]] for k in CHANGEABLE if k != "backend" and model_args[k] != src[k]}
+        done, goal = ckpt["iter_num"], ckpt.get("config", {}).get("max_iters", math.inf)
+        if new_val_loss(switch) and resuming and done >= goal and not explicit.get("overwrite"):  # keep a finished run
+            what = ", ".join(f"{k}={model_args[k]!r}" for k in switch if k in explicit and new_val_loss([k]))
+            raise TrainError(f"{what} would change the finished {src['scorer']} run in out_dir={cfg.out_dir!r} (iter "
+                             f"{done} of max_iters={goal}) and replace its best.pt by a model of another val loss: "
+                             f"run the new setting in another out_dir with init_from=<its ckpt.pt>, or overwrite=True")
     try:
         GPTConfig(**model_args)
     except ValueError as e:
@@ -267,6 +268,13 @@ def model_config(cfg, explicit, ckpt, resuming):
     except TypeError as e:  # a field this model.py lacks (a checkpoint of another version or branch)
         raise TrainError(f"the checkpoint's model does not fit this model.py: {e}")
     return model_args, switch
+
+
+def new_val_loss(switch):
+    """Whether model_config's switch makes the val loss another quantity (a resume then starts its own best.pt and is
+    evaluated first, as a scorer switch is): the scorer, its options, θ and block_size do; dropout does not (eval runs
+    without it), nor the backend (the same attention)."""
+    return any(k not in ("dropout", "backend") for k in switch)
 
 
 def changed_from(ckpt, switch):

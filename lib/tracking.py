@@ -133,7 +133,7 @@ def repair_log(path, start=None):
 
 def eval_logged(out_dir, it, record=None):
     """Whether log.jsonl holds the eval of iter `it`: with `record` (a checkpoint's eval), that very line (record_eval
-    logs it whole), so an eval of a scorer switched at `it` is told from the old scorer's eval of `it`."""
+    logs it whole), so an eval of a model switched at `it` (scorer, θ, block_size) is told from the old one's."""
     line = record and {k: v for k, v in record.items() if k != "is_best"}
     return any(r == line if line else r.get("iter") == it and "val_loss" in r
                for r in read_log(os.path.join(out_dir, "log.jsonl")))

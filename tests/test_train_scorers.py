@@ -1,7 +1,8 @@
 """Scorers through train.py: init_from a softmax checkpoint with scorer=ssmax sets s0 and keeps every other weight;
 init_from trains at the checkpoint's block_size unless the command sets one; a resume that switches the scorer (the
 SSMax paper's variant f) trains on the batches an unswitched resume draws, keeps the shared weights' AdamW state and
-starts s fresh; sigmoid attention trains. Tiny models on tiny random data, CPU only."""
+starts s fresh; one that changes θ or block_size is evaluated first into its own best.pt (dropout: not), and on a
+finished run is refused; sigmoid attention trains. Tiny models on tiny random data, CPU only."""
 import math
 import os
 
@@ -12,7 +13,7 @@ import torch
 import train
 from model import ssmax_s_for_switch
 import test_train
-from test_train import read_log, step_losses, tiny_args
+from test_train import error_of, read_log, step_losses, tiny_args
 
 data_dir = test_train.data_dir  # its fixture: random ids
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny models, one thread
@@ -135,6 +136,54 @@ def test_a_scorer_switching_resume_keeps_adamw_state_of_shared_weights_and_start
     train.main(tiny_args(data_dir, dst, "init_from=resume", "max_iters=4", "scorer=ssmax", *extra))  # it trains on
     c = torch.load(dst / "ckpt.pt", map_location="cpu", weights_only=True)
     assert param_states(c)["transformer.h.0.attn.ssmax_s"]["step"] == 1 and c["iter_num"] == 4
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A resume that changes θ or block_size: its val loss is another quantity, as a switched scorer's is
+
+
+def worse_when(monkeypatch, changed):
+    """estimate_loss, 10 nats worse for a model that changed(cfg): a stand-in for a setting whose val loss is higher,
+    so a best.pt judged against the old setting's losses would never take it."""
+    real = train.estimate_loss
+    monkeypatch.setattr(train, "estimate_loss", lambda cfg, *a: {k: v + 10 * changed(cfg)
+                                                                 for k, v in real(cfg, *a).items()})
+
+
+@pytest.mark.parametrize("change", ["rope_theta=100.0", "block_size=8"])
+def test_a_resume_changing_theta_or_block_size_is_evaluated_first_and_starts_its_own_best_pt(data_dir, tmp_path,
+                                                                                            monkeypatch, change):
+    out = tmp_path / "run"
+    train.main(tiny_args(data_dir, out, "max_iters=4", "eval_interval=2"))
+    key, value = change.split("=")
+    worse_when(monkeypatch, lambda cfg: str(getattr(cfg, key)) == value)
+    train.main(tiny_args(data_dir, out, "init_from=resume", "max_iters=6", change, "overwrite=True"))
+    log = read_log(out)
+    assert [r["iter"] for r in log if "val_loss" in r] == [0, 2, 4, 4, 6]  # evaluated at the resume iteration
+    since = [r["val_loss"] for r in log[[i for i, r in enumerate(log) if "start_iter" in r][-1]:] if "val_loss" in r]
+    best = torch.load(out / "best.pt", map_location="cpu", weights_only=True)
+    assert str(best["model_args"][key]) == value and best["iter_num"] >= 4  # the new setting's best, not the old
+    assert best["best_val_loss"] == min(since)
+
+
+def test_a_resume_changing_only_dropout_keeps_the_old_best_pt(data_dir, tmp_path, monkeypatch):
+    out = tmp_path / "run"  # eval runs without dropout: its val loss is the same quantity
+    train.main(tiny_args(data_dir, out, "max_iters=4", "eval_interval=2"))
+    before = (out / "best.pt").read_bytes()
+    worse_when(monkeypatch, lambda cfg: cfg.dropout > 0)
+    train.main(tiny_args(data_dir, out, "init_from=resume", "max_iters=6", "dropout=0.1"))
+    assert [r["iter"] for r in read_log(out) if "val_loss" in r] == [0, 2, 4, 6]  # no second eval of iter 4
+    assert (out / "best.pt").read_bytes() == before  # judged against the old best, which stays
+
+
+@pytest.mark.parametrize("max_iters", [4, 6])
+def test_a_theta_change_on_resume_of_a_finished_run_is_refused_and_keeps_its_files(data_dir, tmp_path, max_iters):
+    out = tmp_path / "run"
+    train.main(tiny_args(data_dir, out, "max_iters=4", "eval_interval=2"))
+    before = {f: (out / f).read_bytes() for f in ("ckpt.pt", "best.pt", "log.jsonl")}
+    msg = error_of(tiny_args(data_dir, out, "resume=True", f"max_iters={max_iters}", "rope_theta=100.0"))
+    assert "rope_theta=100.0 would change the finished softmax run" in msg and "overwrite=True" in msg, msg
+    assert {f: (out / f).read_bytes() for f in before} == before
 
 
 # ----------------------------------------------------------------------------------------------------------------
