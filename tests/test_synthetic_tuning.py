@@ -105,7 +105,8 @@ def test_recalls_budget_ladder_changes_only_the_budget_and_the_pilot_runs_every_
 
 
 def test_the_pilot_picks_the_fastest_rung_where_every_setting_passes_the_gate_at_n():
-    def rows(task, acc):  # accuracy at N and at 2 N of each setting, seed 0
+    def rows(task, acc):  # accuracy at N and at 2 N of each setting, seed 0 (the settings not named: 1.0)
+        acc = {**dict.fromkeys(synthetic_suite.GPU_SETTINGS, 1.0), **acc}
         return [dict(task=task, setting=s, seed="0", length=str(m * 256), train_length="256", accuracy=str(a),
                      condition="", rope="nope") for s, a in acc.items() for m in (1, 2)]
     def steps(task, train_s):
@@ -120,6 +121,9 @@ def test_the_pilot_picks_the_fastest_rung_where_every_setting_passes_the_gate_at
     tied = steps("recall-gpu", 30) + steps(slow, 60) + steps(fast, 60)
     assert synthetic.select_budget(acc, tied) == slow  # the same time: fewer tokens (32 x 4,000 < 128 x 1,500)
     assert synthetic.select_budget([r for r in acc if r["task"] in ("recall-gpu", half)], times) is None
+    # plan.md: every setting reaches 0.95 at N; one evaluated nowhere (no rows) has not
+    assert synthetic.select_budget([r for r in acc if (r["task"], r["setting"]) != (fast, "ssmax")], times) == slow
+    assert synthetic.select_budget([r for r in acc if r["task"] == fast and r["setting"] != "ssmax"], times) is None
 
 
 def test_the_sweeps_gate_takes_a_mean_of_0_95_and_reads_only_the_nope_evaluation():
@@ -133,5 +137,6 @@ def test_the_pilots_gate_is_each_settings_mean_over_seeds_at_n():
     rows = [dict(task="recall-gpu", setting="softmax", seed=str(seed), length=str(m * 256), train_length="256",
                  accuracy=str(a), condition="", rope="nope") for seed, at_n in ((0, 0.92), (1, 1.0))
             for m, a in ((1, at_n), (2, 0.1))]  # mean 0.96 at N; 2 N is not the gate's
+    rows += [dict(rows[0], setting=s, accuracy="1.0") for s in synthetic_suite.GPU_SETTINGS if s != "softmax"]
     steps = [dict(task="recall-gpu", setting="softmax", seed=seed, train_s=10) for seed in (0, 1)]
     assert synthetic.select_budget(rows, steps) == "recall-gpu"
