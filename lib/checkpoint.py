@@ -43,15 +43,15 @@ def pick_device(name):
     return device
 
 def run_info(seed=None, repo=REPO):
-    """What every checkpoint and result file records: git SHA, whether tracked files differed from it (git_dirty)
-    and a hash of that diff, versions, device, seed. Untracked files (out_dirs, data) and results/ (reproduce.py
-    rewrites its tracked summaries) are not counted: the flag says whether the code was committed."""
+    """What every checkpoint and result file records: git SHA (a copy without git: $NANOSCORER_GIT_SHA, dirty None),
+    whether tracked files differed from it (git_dirty) and that diff's hash, versions, device, seed. Untracked files
+    and results/ (reproduce.py rewrites its summaries) are not counted: the flag says whether the code was committed."""
     sha = _git(repo, "rev-parse", "HEAD").strip() or None
     diff = _git(repo, "diff", "HEAD", "--", ":(top)", ":(top,exclude)results") if sha else ""
     triton = importlib.util.find_spec("triton") and importlib.metadata.version("triton")
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     # str(): weights_only refuses a TorchVersion
-    return dict(git_sha=sha, git_dirty=bool(diff) if sha else None,
+    return dict(git_sha=sha or os.environ.get("NANOSCORER_GIT_SHA") or None, git_dirty=bool(diff) if sha else None,
                 git_diff_sha256=hashlib.sha256(diff.encode()).hexdigest()[:16] if diff else None,
                 torch=str(torch.__version__), triton=triton or None, device=device, seed=seed)
 

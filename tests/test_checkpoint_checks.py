@@ -119,6 +119,14 @@ def test_run_info_names_the_gpu_a_run_had(monkeypatch):
     assert checkpoint.run_info(5)["device"] == "NVIDIA H200" and checkpoint.run_info(5)["seed"] == 5
 
 
+def test_run_info_takes_the_commit_from_the_environment_only_where_git_has_none(tmp_path, monkeypatch):
+    monkeypatch.setenv("NANOSCORER_GIT_SHA", "abc123")  # a lent device's copy has no .git: the command passes it
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # tmp_path: no repository above it either
+    info = checkpoint.run_info(0, repo=str(tmp_path))
+    assert (info["git_sha"], info["git_dirty"], info["git_diff_sha256"]) == ("abc123", None, None)
+    assert checkpoint.run_info(0)["git_sha"] == checkpoint._git(checkpoint.REPO, "rev-parse", "HEAD").strip()
+
+
 def test_data_provenance_warns_only_where_a_runs_own_folder_was_prepared_again(tmp_path, monkeypatch, capsys):
     for name, sha in (("docs", "new"), ("other", "new"), ("plain", None)):  # plain: another tool's files, no meta
         (tmp_path / "data" / name).mkdir(parents=True)
