@@ -58,6 +58,7 @@ NEW = {64: dict(fwd=[(128, 128, 8, 2), (64, 128, 8, 3), (128, 32, 4, 3)],
 MS = {"fwd": "fwd_ms", "dq": "bwd_ms", "dkdv": "bwd_ms"}  # what ranks a kernel's candidates
 TOL = 2e-2  # bf16 sums in another order differ by ~1e-3 of the largest entry
 REF_FACTOR = 2.0  # a candidate's float64 error may be this many times the default's (plus TOL)
+DEFAULT_S = 70  # a scorer's default row autotunes three kernels: 38-63 s on a GPU (lssar the longest)
 REF_SCORES = 2**25  # H T^2 of the float64 reference (one batch element): 268 MB a temporary, else skipped
 COLS = ("scorer", "D", "T", "B", "H", "kernel", "BLOCK_M", "BLOCK_N", "warps", "stages", "default", "fwd_ms",
         "bwd_ms", "fwdbwd_ms", "peak_mib", "err_default", "err_ref", "spill_bytes", "regs", "status")
@@ -117,7 +118,7 @@ def sweep(names, kernel_cands, B, H, T, D, dtype=torch.bfloat16, device="cuda", 
           measure=_measure, budget=None, max_spill=0):
     """Rows of COLS (and provenance): per scorer a "default" row (the autotuner's picks), then one per kernel and
     candidate of kernel_cands {"fwd" | "dq" | "dkdv": [(BLOCK_M, BLOCK_N, warps, stages)]}. budget: seconds after
-    which no candidate starts (a cut run still prints its summary)."""
+    which no candidate starts, and no scorer's default within DEFAULT_S of it (a cut run still prints its summary)."""
     cuda, rows, start = device != "cpu", [], time.time()
     info = dict(dtype=str(dtype)[6:], device=torch.cuda.get_device_name() if cuda else "cpu",
                 triton=triton.__version__, torch=torch.__version__)
@@ -134,6 +135,9 @@ def sweep(names, kernel_cands, B, H, T, D, dtype=torch.bfloat16, device="cuda", 
 
     print(f"{'scorer':<9}{'kernel':<8}{'M,N,warps,st':<16}", *(f"{c[:9]:>9}" for c in MEAS), "status")
     for name in names:
+        if budget is not None and time.time() - start > budget - DEFAULT_S:  # its autotune would end past the budget
+            print(f"budget of {budget:.0f} s: under {DEFAULT_S} s left for {name}'s default (its autotune): stopping")
+            return rows
         t0, g = time.time(), torch.Generator(device).manual_seed(0)
         q, k, v, do = (torch.randn(B, H, T, D, generator=g, device=device, dtype=dtype) for _ in range(4))
         params = {prm.name: torch.full((H,), prm.default, device=device) for prm in SCORERS[name].params}

@@ -97,6 +97,19 @@ def test_a_wrong_default_judges_no_candidate_the_float64_reference_does(monkeypa
     assert got["fwd", *GOOD[:2]]["status"] == "ok" and got["fwd", *GOOD[:2]]["err_ref"] < 1e-5
 
 
+def test_the_budget_starts_no_scorers_default_whose_autotune_would_end_past_it(monkeypatch, capsys):
+    now = [0.0]  # an injected clock: each timing takes 10 s
+
+    def measure(fn, grads, cuda):
+        now[0] += 10
+        return 1.0, None
+    monkeypatch.setattr(tiles, "time", types.SimpleNamespace(time=lambda: now[0]))
+    rows = tiles.sweep(["softmax", "ssmax"], {"fwd": [GOOD]}, B=1, H=2, T=40, D=16, dtype=torch.float32,
+                       device="cpu", measure=measure, budget=100)  # DEFAULT_S (70) + 30
+    assert [(r["scorer"], r["kernel"]) for r in rows] == [("softmax", "default"), ("softmax", "fwd")]
+    assert "under 70 s left for ssmax's default" in capsys.readouterr().out
+
+
 def test_default_candidates_are_shapes_the_autotuner_would_keep():
     for D, new in tiles.NEW.items():
         assert not [c for c in new["fwd"] if tiles.pruned(c, D, "fwd")], D  # else candidates() drops them
