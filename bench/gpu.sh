@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU checks of a lent-device session, one step per device call (each call may run 10 minutes; the machine keeps
-# its files while it stays warm, so later steps may follow earlier ones):
+# The GPU checks of a lent-device session; steps may follow each other in one call (each call may run 10 minutes;
+# device.txt and cuda_tests.log are appended to, so each step's lines stay):
 #
 #     LIMIT=300 bash bench/gpu.sh tests  # any step stopped at 300 s (default 570): under the device call's timeout_s
 #     bash bench/gpu.sh tests [K]  # CUDA-only tests: test_kernels*, test_sdpa, test_compile, test_reweight_ties (-k K)
@@ -44,8 +44,9 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 limit=${LIMIT:-570}
 case "${1:-}" in
     # SIGINT at the limit: pytest stops as on Ctrl-C and still prints the failures so far (last time they were lost)
-    tests) timeout -s INT -k 20 $limit python3 -m pytest -v -rA --tb=short -k "${2:-cuda}" tests/test_kernels*.py \
-               tests/test_sdpa.py tests/test_compile.py tests/test_reweight_ties.py > "$out/cuda_tests.log" 2>&1 ;;
+    tests) echo "==== tests -k ${2:-cuda}" >> "$out/cuda_tests.log"  # appended: a second tests step keeps the first
+           timeout -s INT -k 20 $limit python3 -m pytest -v -rA --tb=short -k "${2:-cuda}" tests/test_kernels*.py \
+               tests/test_sdpa.py tests/test_compile.py tests/test_reweight_ties.py >> "$out/cuda_tests.log" 2>&1 ;;
     bench) timeout $limit python3 bench/attention.py --D 128 --T 1024 4096 16384 --out "$out/kernels_d128" \
                > "$out/bench_d128.log" 2>&1 ;;
     bench64) timeout $limit python3 bench/attention.py --D 64 --T 2048 8192 --out "$out/kernels_d64" \

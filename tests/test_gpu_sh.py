@@ -1,0 +1,84 @@
+"""bench/gpu.sh without a GPU: stand-ins for nvidia-smi and python3 on PATH fabricate each step's outputs, so what
+the script leaves under $OUT (the device tool returns at most 8 files, 16 MiB each) and how it keeps LIMIT are
+checked here. The script runs from a copy of bench/ in tmp_path: no repository, as on the device."""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAX_FILES = 8  # the device tool's limit on the files that come back
+
+FAKE = textwrap.dedent('''\
+    import os, sys, time
+    argv = sys.argv[1:]
+    def fill(folder, names):
+        os.makedirs(folder, exist_ok=True)
+        for n in names:
+            os.makedirs(os.path.dirname(os.path.join(folder, n)) or ".", exist_ok=True)
+            open(os.path.join(folder, n), "w").write(n)
+    def suite(name, runs):
+        fill(f"out-results/{name}", ["accuracy.csv", "accuracy.png", "horizons.png", "per_prompt.csv.gz",
+                                     "steps.jsonl", "summary.json", "tables.md"]
+             + ["selected_budget.json"] * name.endswith("pilot"))
+        fill(f"out-{name}", [f"{r}.train.log" for r in runs] + [f"{r}/{f}" for r in runs
+                                                                 for f in ("log.jsonl", "ckpt.pt")])
+    if argv[:1] == ["-c"]:
+        print("first-gpu recall-gpu" if "synthetic_suite" in argv[1] else "torch 0 triton 0")
+    elif os.environ.get("FAKE_SLEEP"):  # a step that outlives LIMIT
+        print("started", flush=True)
+        time.sleep(float(os.environ["FAKE_SLEEP"]))
+    elif argv[:2] == ["-m", "pytest"]:
+        print("selected", argv[argv.index("-k") + 1])
+    elif argv[:1] == ["reproduce.py"] and "synthetic" in argv:
+        name = argv[argv.index("--name") + 1] if "--name" in argv else "synthetic-gpu"
+        seeds = [0] if "pilot" in name else range(10)
+        suite(name, [f"{t}-{s}-s{seed}" for t in ("first-gpu", "recall-gpu") for s in ("softmax", "ssmax",
+                                                                                        "softmax-logN", "softmax-qwen")
+                     for seed in seeds])
+    elif argv[:1] == ["reproduce.py"]:
+        fill("out-results/gpu-smoke", ["summary.json", "tables.md", "train_loss.png"]
+             + [f"s1337/{e}/{f}" for e in ("gate", "eval_long", "needle", "passkey") for f in ("a.csv", "b.png")])
+''')
+
+
+@pytest.fixture
+def gpu_sh(tmp_path):
+    """run(step, *args, **env) -> (returncode, seconds, $OUT's files relative to it)."""
+    (tmp_path / "bench").mkdir()
+    shutil.copy(os.path.join(REPO, "bench", "gpu.sh"), tmp_path / "bench" / "gpu.sh")
+    (tmp_path / "fake.py").write_text(FAKE)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} {tmp_path / "fake.py"} "$@"\n')
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'FAKE H200, 0, 143771 MiB'\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+
+    def run(*argv, **env):
+        out = tmp_path / "OUT"
+        shutil.rmtree(out, ignore_errors=True)  # as the device tool empties it before each call
+        out.mkdir()
+        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(out),
+               "GIT_CEILING_DIRECTORIES": str(tmp_path.parent), **env}
+        t0 = time.time()
+        p = subprocess.run(["bash", str(tmp_path / "bench" / "gpu.sh"), *argv], env=env, capture_output=True,
+                           text=True, timeout=60)
+        files = sorted(str(f.relative_to(out)) for f in out.rglob("*") if f.is_file())
+        return p.returncode, time.time() - t0, files
+    return run
+
+
+def test_two_tests_steps_in_one_call_keep_both_logs(gpu_sh, tmp_path):
+    out = tmp_path / "OUT"
+    gpu_sh("tests", "decode_after")
+    first = (out / "cuda_tests.log").read_text()
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "OUT": str(out)}
+    subprocess.run(["bash", str(tmp_path / "bench" / "gpu.sh"), "tests", "keep_P_ties"], env=env, check=True,
+                   capture_output=True)
+    log = (out / "cuda_tests.log").read_text()
+    assert log.startswith(first) and "selected decode_after" in log and "selected keep_P_ties" in log
