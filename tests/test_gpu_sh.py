@@ -28,7 +28,10 @@ FAKE = textwrap.dedent('''\
              + ["selected_budget.json"] * name.endswith("pilot"))
         fill(f"out-{name}", [f"{r}.train.log" for r in runs] + [f"{r}/{f}" for r in runs
                                                                  for f in ("log.jsonl", "ckpt.pt")])
-    if argv[:1] == ["-c"]:
+    if argv[:1] == ["-c"] and "tarfile" in argv[1]:  # the corpora unpacked: runs
+        sys.argv = argv[1:]
+        exec(argv[1])
+    elif argv[:1] == ["-c"]:
         print("first-gpu recall-gpu" if "synthetic_suite" in argv[1] else "torch 0 triton 0")
     elif os.environ.get("FAKE_SLEEP"):  # a step that outlives LIMIT
         print("started", flush=True)
@@ -42,8 +45,11 @@ FAKE = textwrap.dedent('''\
                                                                                         "softmax-logN", "softmax-qwen")
                      for seed in seeds])
     elif argv[:1] == ["reproduce.py"]:
-        fill("out-results/gpu-smoke", ["summary.json", "tables.md", "train_loss.png"]
+        import importlib.util  # the corpora's packages, found as lib.corpora finds them
+        bible = importlib.util.find_spec("bible")
+        fill("out-results/gpu-smoke", ["tables.md", "train_loss.png"]
              + [f"s1337/{e}/{f}" for e in ("gate", "eval_long", "needle", "passkey") for f in ("a.csv", "b.png")])
+        open("out-results/gpu-smoke/summary.json", "w").write(" ".join([str(bible and bible.origin), *argv]))
 ''')
 
 
@@ -78,7 +84,8 @@ def gpu_sh(tmp_path):
     (["synthetic-pilot"], ["accuracy.csv", "selected_budget.json", "steps.jsonl", "summary.json",
                            "synthetic_pilot.log", "tables.md"]),
     (["synthetic", "--tasks", "first-gpu", "recall-gpu"], ["accuracy.csv", "steps.jsonl", "summary.json",
-                                                          "synthetic.log", "tables.md"])])
+                                                          "synthetic.log", "tables.md"]),
+    (["repro"], ["repro.log", "summary.json"])])
 def test_each_step_leaves_at_most_8_files_what_a_commit_reads_plain_the_rest_in_one_archive(gpu_sh, tmp_path, argv,
                                                                                              plain):
     rc, _, files = gpu_sh(*argv)
@@ -86,11 +93,24 @@ def test_each_step_leaves_at_most_8_files_what_a_commit_reads_plain_the_rest_in_
     assert rc == 0 and files == sorted(["device.txt", archive, *plain]) and len(files) <= MAX_FILES
     with tarfile.open(tmp_path / "OUT" / archive) as tar:
         names = tar.getnames()
-    runs = 8 * (1 if argv[0] == "synthetic-pilot" else 10)  # every run's train.log and log.jsonl, no checkpoint
-    assert sum(n.endswith(".train.log") for n in names) == sum(n.endswith("log.jsonl") for n in names) == runs
-    assert not any(n.endswith("ckpt.pt") for n in names)
-    assert any(n.endswith("per_prompt.csv.gz") for n in names)
+    if argv[0].startswith("synthetic"):  # every run's train.log and log.jsonl, never a checkpoint
+        runs = 8 * (1 if argv[0] == "synthetic-pilot" else 10)
+        assert sum(n.endswith(".train.log") for n in names) == sum(n.endswith("log.jsonl") for n in names) == runs
+        assert not any(n.endswith("ckpt.pt") for n in names)
+    assert any(n.endswith("per_prompt.csv.gz" if argv[0] != "repro" else "s1337/needle/a.csv") for n in names)
     assert "warning" not in (tmp_path / "OUT" / "device.txt").read_text()
+
+
+def test_repro_is_a_smoke_that_reads_the_carried_corpora(gpu_sh, tmp_path):
+    (tmp_path / ".carry" / "bible").mkdir(parents=True)
+    (tmp_path / ".carry" / "bible" / "__init__.py").write_text("")
+    with tarfile.open(tmp_path / ".carry" / "corpora.tar.xz", "w:xz") as tar:
+        tar.add(tmp_path / ".carry" / "bible", "bible")
+    rc, _, files = gpu_sh("repro", TMPDIR=str(tmp_path))
+    ran = (tmp_path / "OUT" / "summary.json").read_text().split()
+    assert rc == 0 and ran[0] == str(tmp_path / "corpora" / "bible" / "__init__.py")
+    assert ran[1:] == ["reproduce.py", "--scale", "gpu", "--max_iters", "20", "--seeds", "1337", "--variants",
+                       "softmax", "ssmax", "--skip", "bench", "--name", "gpu-smoke"]
 
 
 def test_two_tests_steps_in_one_call_keep_both_logs(gpu_sh, tmp_path):
