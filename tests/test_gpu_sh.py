@@ -122,3 +122,10 @@ def test_two_tests_steps_in_one_call_keep_both_logs(gpu_sh, tmp_path):
                    capture_output=True)
     log = (out / "cuda_tests.log").read_text()
     assert log.startswith(first) and "selected decode_after" in log and "selected keep_P_ties" in log
+
+
+def test_a_step_past_its_limit_is_stopped_within_limit_and_leaves_its_log(gpu_sh, tmp_path):
+    rc, seconds, files = gpu_sh("train", LIMIT="18", FAKE_SLEEP="60", NANOSCORER_GIT_SHA="abc123")  # 3 s: the step
+    assert rc == 124 and seconds < 18 and "train_speed.log" in files
+    device = (tmp_path / "OUT" / "device.txt").read_text()
+    assert "exit 124" in device and "step: train (commit abc123)" in device  # no .git there: the commit passed in
