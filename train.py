@@ -28,9 +28,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import kernels_cpu
 import tasks
-from lib import cost, dataset, figures, folders, longrange, sft, tracking, vocab
-from lib.checkpoint import (CheckpointError, best_of, build_model, check_out_dir, clear_out_dir, data_state,
-                            read_checkpoint, rng_state, run_info, save_checkpoint, set_rng_state)
+from lib import cost, dataset, figures, folders, longrange, provenance, sft, tracking, vocab
+from lib.checkpoint import (CheckpointError, best_of, build_model, check_out_dir, clear_out_dir, read_checkpoint,
+                            rng_state, run_info, save_checkpoint, set_rng_state)
 from lib.config import (TrainConfig, TrainError, changed_from, model_config, new_val_loss, parse_args, resolve,
                         switch_text, usage)
 from lib.corpora import EMBEDDED
@@ -115,7 +115,7 @@ def load_data(cfg, run, explicit, ckpt):
         data.codec = vocab.data_record(data.dir)
         if ckpt is not None:  # the same symbols, not only as many
             vocab.language_model(run.source, ckpt, data.dir)
-        data.state = data_state(data.dir, ckpt, run.source, run.resuming, run.master)  # a resume: its splits
+        data.state = provenance.data_state(data.dir, ckpt, run.source, run.resuming, run.master)  # a resume: its splits
         data.size = {s: len(dataset.load_split(data.dir, s)) - T for s in dataset.SPLITS}
         data.inode = {s: os.stat(os.path.join(data.dir, f"{s}.bin")).st_ino for s in dataset.SPLITS}  # get_batch's
         if min(data.size.values()) < 1:

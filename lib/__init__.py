@@ -5,6 +5,8 @@ What the scripts share; nothing here is run directly.
     cost.py               a run's cost on a CPU, checked before it starts (train.py)
     checkpoint.py         run_info (provenance), atomic save, safe read (weights_only), the model a checkpoint builds,
                           what a run's out_dir may hold before it writes
+    provenance.py         the data a run trained on: its splits' sha256 in data_state, a resume on data prepared again
+                          refused, what an evaluation records of the data it reads (data_provenance)
     dataset.py            a corpus -> data/<name>/{train,val}.bin, a dataset fetched on first use, its readers
     meta.py               a prepared dataset's meta.json read and checked, its splits' sizes against it
     vocab.py              GPT-2's BPE offline, the character vocabulary, an imported model's tokenizer; which one a

@@ -3,10 +3,10 @@ Checkpoints and their provenance: what every checkpoint and result file records 
 safe read (weights_only=True: a file that carries code is refused, never run), the model a checkpoint or a task run
 builds (load_checkpoint, build_model; RealGPT for the real-valued tasks), the config a resume continues
 (saved_config) and which runs it may start (check_task, loaded_inits), what a run's out_dir may hold before a run
-writes there (check_out_dir), and the prepared splits a run trained on against those it resumes or is evaluated on
-(data_identity, data_provenance).
+writes there (check_out_dir), and the dataset an evaluation reads by default (trained_on; the splits' record a run
+keeps and an evaluation compares: lib/provenance.py).
 """
-import dataclasses, hashlib, importlib.metadata, importlib.util, os, re, subprocess, sys, zipfile
+import dataclasses, hashlib, importlib.metadata, importlib.util, os, re, subprocess, zipfile
 
 import torch
 import torch.nn as nn
@@ -14,8 +14,7 @@ import torch.nn.functional as F
 
 import tasks
 from lib import folders, tracking
-from lib.corpora import DataError
-from lib.meta import read_meta
+from lib.provenance import DATA_KEYS, data_folder
 from model import GPT, GPTConfig, param_name
 from scorers import SCORERS
 
@@ -160,10 +159,6 @@ def trained_on(paths, default):
     folder = data_folder(cfg)
     return folder if folder and not cfg.get("task") and os.path.isdir(folder) else default
 
-def data_folder(cfg):
-    """The prepared dataset a run's config (train.py's) trained on, None where it names none (an import)."""
-    return os.path.join(cfg.get("data_dir", "data"), cfg["dataset"]) if cfg.get("dataset") else None
-
 def load_checkpoint(path, device="cpu", **overrides):
     """GPT from a checkpoint written by train.py (read_checkpoint); overrides change config fields (e.g. backend)."""
     if overrides.get("backend") == "triton" and torch.device(device).type != "cuda" and not os.environ.get(
@@ -212,38 +207,6 @@ class RealGPT(GPT):
             return per
         return per.sum() / (scored.sum() if reduction == "mean" else 1)
 
-def data_identity(data_dir, ckpt=None):
-    """meta.json's sha256 of the prepared splits a run trains on (None: no meta.json), kept in its checkpoints'
-    data_state; given the checkpoint a resume continues, DataError where they differ: the dataset was prepared again
-    since (another seed, val_frac or text), and going on would train on documents its val loss had held out."""
-    sha = (read_meta(data_dir) or {}).get("sha256")  # checked: DataError where malformed
-    had = ((ckpt or {}).get("data_state") or {}).get("sha256")
-    folder = data_folder((ckpt or {}).get("config") or {})
-    if had and sha and had != sha and folder and os.path.realpath(folder) != os.path.realpath(data_dir):
-        raise DataError(f"this resume names the dataset {data_dir}, but its checkpoint trained on {folder} (its "
-                        f"config's data_dir/dataset): a resume goes on with its own data; give data_dir and dataset "
-                        f"as they were, or start a new run from the checkpoint (init_from=<its ckpt.pt>)")
-    if had and sha and had != sha:
-        raise DataError(f"{data_dir} was prepared again since this run trained on it (its splits' sha256 differ from "
-                        f"the checkpoint's): resuming would train on val documents; prepare it as it was (meta.json's "
-                        f"args); a new run (init_from=<its ckpt.pt>) would hold out val documents it trained on")
-    return sha
-
-def data_state(data_dir, ckpt, path, resuming, warn=True):
-    """What a language-model run's data_state keeps of its splits: their sha256 (data_identity; a resume's checked)
-    and earlier_sha256, the other splits of this folder its weights trained on (an init_from's parent on the folder
-    as prepared then, along a chain), which data_provenance compares too; one warning where a new run has some."""
-    sha = data_identity(data_dir, ckpt if resuming else None)
-    parent, folder = (ckpt or {}).get("data_state") or {}, data_folder((ckpt or {}).get("config") or {})
-    own = resuming or bool(folder) and os.path.realpath(folder) == os.path.realpath(data_dir)
-    seen = [*parent.get("earlier_sha256", []), parent.get("sha256")] if own and sha else []  # dicts: no set
-    earlier = [s for i, s in enumerate(seen) if s and s != sha and s not in seen[:i]]
-    if earlier and warn and not resuming:
-        print(f"warning: {path} trained on {data_dir} before it was prepared again: this new run's val may hold "
-              f"documents its weights trained on (its data_state's earlier_sha256 keeps those)", file=sys.stderr)
-    return {"sha256": sha, **({"earlier_sha256": earlier} if earlier else {})}
-
-DATA_KEYS = ("sha256", "earlier_sha256")  # what best.pt keeps of data_state
 BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "eval", "run_info", "codec", "hf",
              "changed")
 
@@ -252,23 +215,6 @@ def best_of(state):
     continues a run), but the splits' sha256 an evaluation compares (data_provenance)."""
     data = {"sha256": None, **(state.get("data_state") or {})}  # earlier_sha256: where the run has one
     return {**{k: state.get(k) for k in BEST_KEYS}, "data_state": {k: data[k] for k in DATA_KEYS if k in data}}
-
-def data_provenance(path, ckpt, data_dir):
-    """What an evaluation records of the data it reads a checkpoint on (each model's data_sha256, trained_sha256:
-    None where unknown; data_prepared_again), and one warning line where data_dir is the folder the run trained on
-    (its config's data_dir/dataset) prepared again since: its val documents may have been trained on. Another folder
-    is no warning (another corpus is a choice); neither is an older checkpoint that kept no sha256. The splits its
-    weights saw before (earlier_sha256: an init_from's parent on the folder as prepared then) count too."""
-    cfg, state = ckpt.get("config") or {}, ckpt.get("data_state") or {}
-    trained, sha = state.get("sha256"), data_identity(data_dir)
-    folder = data_folder(cfg)
-    own = bool(folder) and os.path.realpath(folder) == os.path.realpath(data_dir)
-    again = bool(own and sha and any(s and s != sha for s in [trained, *state.get("earlier_sha256", [])]))
-    if again:
-        print(f"warning: {path} trained on {data_dir} before it was prepared again (a sha256 of the splits its "
-              f"checkpoint records differs): its val documents may have been trained on; prepare it as it was then "
-              f"(meta.json's args say how it is now), or evaluate on another dataset", file=sys.stderr)
-    return dict(data_sha256=sha, trained_sha256=trained, data_prepared_again=again)
 
 def build_model(config, task=""):
     """The model a run of `task` trains: GPT for tokens, RealGPT for reals."""

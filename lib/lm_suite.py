@@ -7,8 +7,9 @@ import gzip, os
 from concurrent.futures import ThreadPoolExecutor
 
 from lib import dataset, plans, report, retrieval
-from lib.checkpoint import data_identity, iter_of, trained
+from lib.checkpoint import iter_of, trained
 from lib.folders import copy_whole, replace_synced
+from lib.provenance import data_identity
 from lib.runs import check_runs, complete, done, keep_train_log, kv, read_train_logs
 from lib.synthetic_suite import values
 

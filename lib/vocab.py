@@ -12,6 +12,7 @@ from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
 from lib.corpora import DataError, package_dir
 from lib.meta import read_meta  # checked: a tokenizer it does not name is never taken as GPT-2's
+from lib.provenance import data_provenance
 
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EOT = 50256          # <|endoftext|>
@@ -266,9 +267,9 @@ def language_model(path, ckpt, data_dir=None):
 
 def evaluated(paths, data_dir):
     """The checkpoints an evaluation reads (their records, mmap'd), each checked before any model runs to read
-    data_dir's tokens (language_model), and what it records of that data per model (checkpoint.data_provenance:
+    data_dir's tokens (language_model), and what it records of that data per model (provenance.data_provenance:
     one warning where a run's own dataset was prepared again since): (ckpts, provenances)."""
-    from lib.checkpoint import data_provenance, read_checkpoint  # lazy, as above: lib.checkpoint reads no codec
+    from lib.checkpoint import read_checkpoint  # lazy, as above: lib.checkpoint reads no codec
     ckpts = [language_model(p, read_checkpoint(p, mmap=True), data_dir) for p in paths]
     return ckpts, [data_provenance(p, c, data_dir) for p, c in zip(paths, ckpts)]
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from lib import checkpoint
-from lib.checkpoint import CheckpointError, check_out_dir, data_provenance, finished_part
+from lib.checkpoint import CheckpointError, check_out_dir, finished_part
+from lib.provenance import data_provenance
 from model import GPT, GPTConfig
 
 

@@ -214,7 +214,7 @@ def test_a_new_run_from_a_checkpoint_on_its_dataset_prepared_again_keeps_the_ear
     # it recorded only the new splits' sha256: its val held documents the parent trained on, and the evaluations'
     # data_provenance saw no difference
     from lib import dataset
-    from lib.checkpoint import data_provenance
+    from lib.provenance import data_provenance
     with open(tmp_path / "c.jsonl", "w") as f:
         f.writelines(json.dumps({"text": f"Document {i}: " + "some words " * (i % 5 + 8)}) + "\n" for i in range(60))
     data, docs = tmp_path / "data", str(tmp_path / "data" / "docs")

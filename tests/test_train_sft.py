@@ -190,7 +190,7 @@ def test_resuming_an_sft_run_on_a_changed_file_is_refused_and_its_evals_compare_
         tmp_path_factory, tmp_path, capsys):
     # a resume read the file anew: other examples, another val set for best.pt, max_iters of its epochs
     from conftest import PREPARED_AGAIN, one_line_error, random_ids_data, trained_on_copy, warnings_of
-    from lib.checkpoint import data_provenance
+    from lib.provenance import data_provenance
     from lib.dataset import sha256
     data, path = random_ids_data(tmp_path_factory, vocab.VOCAB_SIZE), write_sft(tmp_path / "sft.jsonl")
     tiny = ["device=cpu", "n_layer=1", "n_head=2", "n_embd=32", "ffn_hidden=64", "block_size=32", "batch_size=2",
