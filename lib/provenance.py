@@ -13,22 +13,29 @@ def data_folder(cfg):
     """The prepared dataset a run's config (train.py's) trained on, None where it names none (an import)."""
     return os.path.join(cfg.get("data_dir", "data"), cfg["dataset"]) if cfg.get("dataset") else None
 
-def data_identity(data_dir, ckpt=None):
-    """meta.json's sha256 of the prepared splits a run trains on (None: no meta.json), kept in its checkpoints'
-    data_state; given the checkpoint a resume continues, DataError where they differ: the dataset was prepared again
-    since (another seed, val_frac or text), and going on would train on documents its val loss had held out."""
-    sha = (read_meta(data_dir) or {}).get("sha256")  # checked: DataError where malformed
-    had = ((ckpt or {}).get("data_state") or {}).get("sha256")
-    folder = data_folder((ckpt or {}).get("config") or {})
-    if had and sha and had != sha and folder and os.path.realpath(folder) != os.path.realpath(data_dir):
-        raise DataError(f"this resume names the dataset {data_dir}, but its checkpoint trained on {folder} (its "
-                        f"config's data_dir/dataset): a resume goes on with its own data; give data_dir and dataset "
-                        f"as they were, or start a new run from the checkpoint (init_from=<its ckpt.pt>)")
+def kept_identity(sha, ckpt, key, changed):
+    """sha, the hash of the data a run trains on (a dataset's splits, an SFT file), which its checkpoints keep in
+    data_state[key]; given the checkpoint a resume continues, DataError(changed) where it kept another: going on
+    would train on data other than its own. None on either side (an older checkpoint, no meta.json) is no difference."""
+    had = ((ckpt or {}).get("data_state") or {}).get(key)
     if had and sha and had != sha:
-        raise DataError(f"{data_dir} was prepared again since this run trained on it (its splits' sha256 differ from "
-                        f"the checkpoint's): resuming would train on val documents; prepare it as it was (meta.json's "
-                        f"args); a new run (init_from=<its ckpt.pt>) would hold out val documents it trained on")
+        raise DataError(changed)
     return sha
+
+def data_identity(data_dir, ckpt=None):
+    """meta.json's sha256 of the prepared splits a run trains on (None: no meta.json), checked against a resume's
+    checkpoint (kept_identity): a dataset prepared again since (another seed, val_frac or text) would train it on
+    documents its val loss had held out."""
+    sha = (read_meta(data_dir) or {}).get("sha256")  # checked: DataError where malformed
+    folder = data_folder((ckpt or {}).get("config") or {})
+    elsewhere = folder and os.path.realpath(folder) != os.path.realpath(data_dir)
+    return kept_identity(sha, ckpt, "sha256", (
+        f"this resume names the dataset {data_dir}, but its checkpoint trained on {folder} (its config's "
+        f"data_dir/dataset): a resume goes on with its own data; give data_dir and dataset as they were, or start a "
+        f"new run from the checkpoint (init_from=<its ckpt.pt>)") if elsewhere else (
+        f"{data_dir} was prepared again since this run trained on it (its splits' sha256 differ from the "
+        f"checkpoint's): resuming would train on val documents; prepare it as it was (meta.json's args); a new run "
+        f"(init_from=<its ckpt.pt>) would hold out val documents it trained on"))
 
 def data_state(data_dir, ckpt, path, resuming, warn=True):
     """What a language-model run's data_state keeps of its splits: their sha256 (data_identity; a resume's checked)

@@ -12,6 +12,7 @@ import torch
 
 from lib import vocab
 from lib.dataset import DataError, sha256  # DataError: bad input, shown in one line
+from lib.provenance import kept_identity
 
 
 def check_sft_path(path):  # train.py asks first: its CPU cost check would count the default max_iters; "": no SFT
@@ -88,17 +89,14 @@ def check_codec(path, model):
 
 
 def sft_identity(path, ckpt=None):
-    """The sha256 of the SFT file a run trains on, kept in its checkpoints' data_state; given the checkpoint a resume
-    continues, DataError where they differ: the file was changed since (block_size, sft_val_frac and seed, the rest
-    of what makes its examples, are in the config), and going on would train on other examples and judge best.pt on
-    another val set."""
-    sha, had = sha256(path), ((ckpt or {}).get("data_state") or {}).get("sft_sha256")
-    if had and had != sha:
-        raise DataError(f"sft_data {path!r} changed since this run trained on it (its sha256 differs from the "
-                        f"checkpoint's): resuming would train on other examples and judge best.pt on another val set; "
-                        f"restore the file as it was; a new run from the checkpoint (init_from=<its ckpt.pt>) is no "
-                        f"clean way out: its val examples would be the new file's, some maybe trained on")
-    return sha
+    """The sha256 of the SFT file a run trains on, checked against a resume's checkpoint (kept_identity): a file
+    changed since (block_size, sft_val_frac and seed, the rest of what makes its examples, are in the config) would
+    train it on other examples and judge best.pt on another val set."""
+    return kept_identity(sha256(path), ckpt, "sft_sha256", (
+        f"sft_data {path!r} changed since this run trained on it (its sha256 differs from the checkpoint's): resuming "
+        f"would train on other examples and judge best.pt on another val set; restore the file as it was; a new run "
+        f"from the checkpoint (init_from=<its ckpt.pt>) is no clean way out: its val examples would be the new "
+        f"file's, some maybe trained on"))
 
 
 def held_out(n, frac):
