@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import tasks
 from lib import folders, tracking
-from lib.provenance import DATA_KEYS, data_folder
+from lib.provenance import data_folder, splits_kept
 from model import GPT, GPTConfig, param_name
 from scorers import SCORERS
 
@@ -213,8 +213,7 @@ BEST_KEYS = ("model", "model_args", "config", "iter_num", "best_val_loss", "eval
 def best_of(state):
     """best.pt's content: the weights and their record, not a resume's optimizer, RNG or data order (ckpt.pt
     continues a run), but the splits' sha256 an evaluation compares (data_provenance)."""
-    data = {"sha256": None, **(state.get("data_state") or {})}  # earlier_sha256: where the run has one
-    return {**{k: state.get(k) for k in BEST_KEYS}, "data_state": {k: data[k] for k in DATA_KEYS if k in data}}
+    return {**{k: state.get(k) for k in BEST_KEYS}, "data_state": splits_kept(state.get("data_state"))}
 
 def build_model(config, task=""):
     """The model a run of `task` trains: GPT for tokens, RealGPT for reals."""

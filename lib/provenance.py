@@ -53,6 +53,12 @@ def data_state(data_dir, ckpt, path, resuming, warn=True):
 
 DATA_KEYS = ("sha256", "earlier_sha256")  # what best.pt keeps of data_state
 
+def splits_kept(state):
+    """What of a data_state names the splits its weights trained on, which data_provenance compares (DATA_KEYS):
+    sha256 (None where unknown), earlier_sha256 where the run has one. best.pt keeps it, an SFT run its parent's."""
+    data = {"sha256": None, **(state or {})}
+    return {k: data[k] for k in DATA_KEYS if k in data}
+
 def data_provenance(path, ckpt, data_dir):
     """What an evaluation records of the data it reads a checkpoint on (each model's data_sha256, trained_sha256:
     None where unknown; data_prepared_again), and one warning line where data_dir is the folder the run trained on

@@ -12,7 +12,7 @@ import torch
 
 from lib import vocab
 from lib.dataset import DataError, sha256  # DataError: bad input, shown in one line
-from lib.provenance import kept_identity
+from lib.provenance import kept_identity, splits_kept
 
 
 def check_sft_path(path):  # train.py asks first: its CPU cost check would count the default max_iters; "": no SFT
@@ -57,8 +57,7 @@ def sft_data(cfg, ckpt, resuming):
     record = vocab.record(enc)  # enc None: GPT-2's (an HF codec's hashes its tokenizer.json: once)
     check_codec(cfg.sft_data, record)
     examples = split_sft(load_sft(cfg.sft_data, cfg.block_size, enc), cfg.sft_val_frac, cfg.seed)
-    parent = (ckpt or {}).get("data_state") or {}  # earlier_sha256: splits it pretrained on before (data_state)
-    state = {"sha256": parent.get("sha256"), **{k: parent[k] for k in ("earlier_sha256",) if k in parent},
+    state = {**splits_kept((ckpt or {}).get("data_state")),  # the splits it was pretrained on
              "sft_sha256": sft_identity(cfg.sft_data, ckpt if resuming else None)}
     return examples, record if enc else None, state
 
