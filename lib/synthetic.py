@@ -80,23 +80,27 @@ def reuse(path, want, what, redo, clear, whole=True, trained=None):
     old = json.loads(open(path).read() or "null") if os.path.isfile(path) else None
     rec, values = old.get("train", old) if isinstance(old, dict) else None, want.get("train", want)["values"]
     if isinstance(rec, dict) and "values" not in rec and trained and os.path.isfile(os.path.join(trained, "log.jsonl")):
-        rec["values"] = logged(trained)  # a marker, or an evaluation's record's training
+        rec["values"] = logged(train_log(trained))  # a marker, or an evaluation's record's training
     if isinstance(rec, dict) and isinstance(rec.get("values"), dict):
         rec["values"] = {k: rec["values"].get(k, v) for k, v in values.items()}
     return judge(old, want, what, redo, [clear], whole)
 
 
-def logged(trained):
+def train_log(trained):
+    """The records of a trained run's log.jsonl (tracking.read_log), which logged and trained_s read."""
+    return tracking.read_log(os.path.join(trained, "log.jsonl"))
+
+
+def logged(records):
     """The config a run's log.jsonl says it started with."""
-    with open(os.path.join(trained, "log.jsonl")) as f:
-        return plain(json.loads(f.readline())["config"])
+    return plain(records[0]["config"])
 
 
-def trained_s(trained):
+def trained_s(records):
     """A run's whole training in seconds, from its log.jsonl: each train.py call's last elapsed, summed. A resumed
     call counts from 0 again; the steps a kill cut off after the checkpoint left the log (run again)."""
     total = last = 0.0
-    for r in tracking.read_log(os.path.join(trained, "log.jsonl")):
+    for r in records:
         if "config" in r:  # a call's first line
             total, last = total + last, 0.0
         last = max(last, r.get("elapsed", 0.0))
@@ -133,10 +137,11 @@ def run_one(task, setting, seed, runs, n_eval, e, over, redo=False, evaluate=Tru
         _run("train.py", [config_file(e.config), *train["overrides"],
                            f"out_dir={trained}", "resume=True"], log)
         record(marker, train)
-    t1, train_s = time.time(), 0.0 if setting in RESCALED else trained_s(trained)  # a rescaling trains nothing
+    records = train_log(trained)  # read once: the training's time and its config
+    t1, train_s = time.time(), 0.0 if setting in RESCALED else trained_s(records)  # a rescaling trains nothing
     if not evaluate:
         return dict(task=task, setting="softmax", seed=seed, train_s=train_s, eval_s=0.0, ran=ran)
-    N = logged(trained)["block_size"]
+    N = logged(records)["block_size"]
     args = ["--lengths", *[str(m * N) for m in e.multiples], "--n", str(e.n_eval or n_eval), "--rope", *e.ropes,
             "--diagnose", str(32 if e.diagnose else 0), *(x.format(N=N) for x in RESCALED.get(setting, []))]
     settings, evaluated = os.path.join(out, "eval_settings.json"), os.path.join(out, "eval", "per_prompt.csv")
