@@ -191,7 +191,8 @@ def select_budget(rows, steps):
     """The GPU pilot's choice of recall's rung by its committed rule (results/synthetic-gpu/plan.md), from its
     accuracy.csv rows and steps.jsonl records: eligible, a rung where every one of its settings passes the gate at N
     (accuracy >= 0.95, mean over the pilot's seeds; a setting without rows fails); among them the least training
-    time (its runs' train_s summed), then the fewest tokens. None: no rung passes (recall is not testable at this scale within the ladder)."""
+    time (its runs' train_s summed), then the fewest tokens. None: no rung passes (recall is not testable at this
+    scale within the ladder)."""
     at_n = {(t, s): v for (t, s, m), v in accuracy_cells(rows).items() if t in RUNGS and m == 1}
     passes = lambda t, s: (t, s) in at_n and sum(at_n[t, s]) / len(at_n[t, s]) >= 0.95  # noqa: E731
     ok = [t for t in RUNGS if all(passes(t, s) for s in SUITE[t].settings)]  # a setting with no rows has not passed
