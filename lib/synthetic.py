@@ -7,13 +7,17 @@ seed-level statistics (the training seed is the unit), verdicts, tables and figu
 Runs live in out-synthetic[-quick]/<task>-<setting>-s<seed>/, results in out-results/<name>/ (the committed
 results/<name>/ with commit=True). A finished step is skipped when it was made with the settings asked now (each run
 records its training in its `done` marker and its evaluation in eval_settings.json), so an interrupted suite
-resumes; other settings refuse in one line unless redo=True (the run is made again).
+resumes; other settings refuse in one line unless redo=True (the run is made again). Reuse ignores the code: each
+run's steps.jsonl line names the commits that trained and evaluated it (made_at, from their run_info), summary.json
+counts them, and a call reusing runs of other code says so in one line.
 """
 import contextlib, ctypes, json, multiprocessing, os, runpy, signal, sys, time
 from concurrent.futures import ProcessPoolExecutor
 
 from lib import plans, tracking
+from lib.checkpoint import run_info
 from lib.folders import held, write_json
+from lib.report import read_json
 from lib.runs import StepError, judge, own_folders, plain, remove
 from lib.synthetic_suite import (  # noqa: F401 (the suite's definitions, for a reader and the tests)
     CONTROLS, CORE, DEFAULT_TASKS, GPU, LONG, LRS, N_EVAL, QUICK, REPO, RESCALED, RESCALINGS, SETTINGS, SHORT, SUITE,
@@ -107,6 +111,21 @@ def trained_s(records):
     return round(total + last, 1)
 
 
+def code(info):
+    """The code a run_info names: its commit, "+dirty:<diff hash>" where uncommitted changes ran too (None: none)."""
+    if isinstance(info, dict) and info.get("git_sha"):
+        return info["git_sha"] + f"+dirty:{info.get('git_diff_sha256')}" * bool(info.get("git_dirty"))
+
+
+def made_with(records, evaluated=None):
+    """The code that made a run: {"train": each train.py call's (log.jsonl's headers; a resume may add one), "eval":
+    eval_tasks.py's (its settings.json)}, None where a record predates run_info; evaluated None: trained only."""
+    made = dict(train=list(dict.fromkeys(code(r.get("run_info")) for r in records if "config" in r)))
+    if evaluated is not None:
+        made["eval"] = code((read_json(evaluated, "settings.json") or {}).get("run_info"))
+    return made
+
+
 def record(path, settings):
     write_json(path, plain(settings))
 
@@ -140,7 +159,8 @@ def run_one(task, setting, seed, runs, n_eval, e, over, redo=False, evaluate=Tru
     records = train_log(trained)  # read once: the training's time and its config
     t1, train_s = time.time(), 0.0 if setting in RESCALED else trained_s(records)  # a rescaling trains nothing
     if not evaluate:
-        return dict(task=task, setting="softmax", seed=seed, train_s=train_s, eval_s=0.0, ran=ran)
+        return dict(task=task, setting="softmax", seed=seed, train_s=train_s, eval_s=0.0, ran=ran,
+                    made_at=made_with(records))
     N = logged(records)["block_size"]
     args = ["--lengths", *[str(m * N) for m in e.multiples], "--n", str(e.n_eval or n_eval), "--rope", *e.ropes,
             "--diagnose", str(32 if e.diagnose else 0), *(x.format(N=N) for x in RESCALED.get(setting, []))]
@@ -152,7 +172,22 @@ def run_one(task, setting, seed, runs, n_eval, e, over, redo=False, evaluate=Tru
         os.makedirs(out, exist_ok=True)
         record(settings, dict(train=train, eval=args))  # before: an evaluation cut short is judged by it
         _run("eval_tasks.py", [os.path.join(trained, "ckpt.pt"), *args, "--out_dir", os.path.join(out, "eval")], log)
-    return dict(task=task, setting=setting, seed=seed, train_s=train_s, eval_s=round(time.time() - t1, 1), ran=ran)
+    return dict(task=task, setting=setting, seed=seed, train_s=train_s, eval_s=round(time.time() - t1, 1), ran=ran,
+                made_at=made_with(records, os.path.join(out, "eval")))
+
+
+def made_at(made, runs):
+    """{commit: the runs made (trained or evaluated) at it} (made: each run's made_with()), and a line where any was
+    made by other code than this call's (a scorer edited since): reuse judges settings, never the code."""
+    made = [list(dict.fromkeys([*m["train"], m["eval"]])) for m in made]  # in order: a set's varies by run
+    counts = {c or "unknown": sum(c in m for m in made) for c in dict.fromkeys(c for m in made for c in m)}
+    now = code(run_info())
+    other = [m for m in made if set(m) - {now}]
+    if other:
+        print(f"note: {len(other)} of {len(made)} runs were reused from other code than this call's ({now}): made at "
+              + ", ".join(f"{c} ({n})" for c, n in counts.items() if c != now) + "; to make them with this code "
+              f"remove their folders in {runs} or use another --name (--redo makes again only runs of other settings)")
+    return counts
 
 
 def recorded(runs, todo):
@@ -221,6 +256,7 @@ def suite(runs, results, todo, jobs, n_eval, command, task_names, redo, syntheti
     plan a --commit-results run began with (lib/plans.py), checked again before summary.json."""
     path = os.path.join(runs, "wall.json")
     wall, t0, last = (json.load(open(path))["wall_s"] if os.path.isfile(path) else 0), time.time(), time.time()
+    made = []  # each reported run's made_with()
     spawn = multiprocessing.get_context("spawn")  # fork would inherit torch's threads
     with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=_one_core) as pool:
         done = 0  # the rescalings read the softmax runs: a second round, once the first has finished
@@ -241,6 +277,7 @@ def suite(runs, results, todo, jobs, n_eval, command, task_names, redo, syntheti
                 print(f"[{done}/{len(todo)}] {r['task']} {r['setting']} seed {r['seed']}: train {r['train_s']} s, "
                       + (f"eval {r['eval_s']} s" if evaluate else "for its rescalings") +
                       f" ({time.time() - t0:.0f} s so far)", flush=True)
+                made += [r["made_at"]] * evaluate
                 with open(os.path.join(results, "steps.jsonl"), "a") as log:
                     log.write(json.dumps(r) + "\n")
                 if r["ran"]:
@@ -250,7 +287,8 @@ def suite(runs, results, todo, jobs, n_eval, command, task_names, redo, syntheti
                  settings={s: SETTINGS[s] for s in dict.fromkeys(s for _, s, _ in todo)}, ran=recorded(runs, todo),
                  tasks={t: dict(config=SUITE[t].config, extra=SUITE[t].extra, multiples=SUITE[t].multiples,
                                 seeds=sorted({seed for tt, _, seed in todo if tt == t}),
-                                n_eval=SUITE[t].n_eval or n_eval) for t in task_names})
+                                n_eval=SUITE[t].n_eval or n_eval) for t in task_names},
+                 made_at=made_at(made, runs))
     if began:
         setup["plan"] = plans.finish(results, began)
     synthetic_report.report(runs, results, todo, setup)

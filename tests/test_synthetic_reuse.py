@@ -94,8 +94,12 @@ def test_a_call_that_reuses_every_run_reports_its_own_time_apart_from_the_runs_o
     wall = json.loads((tmp_path / "out-synthetic" / "wall.json").read_text())["wall_s"]
     capsys.readouterr()
     suite()  # nothing trains or evaluates: it said "done in 0.1 min", the first call's time, as its own
-    done = capsys.readouterr().out.splitlines()[-1]
+    out = capsys.readouterr().out
+    done = out.splitlines()[-1]
     assert done.startswith("done: this call ") and f"the runs of every call {wall / 60:.1f} min (wall.json)" in done
+    from lib.checkpoint import run_info  # reused runs of this very code: no note, made_at this commit
+    summary = json.loads((tmp_path / "out-results" / "synthetic" / "summary.json").read_text())
+    assert "note:" not in out and summary["made_at"] == {synthetic.code(run_info()): 1}
 
 
 def test_a_later_call_leaves_no_earlier_calls_attention_files(suite, tmp_path):
@@ -203,3 +207,28 @@ def test_a_run_killed_and_resumed_records_the_whole_trainings_time(tmp_path, mon
         synthetic.run_one("first", "softmax", 0, str(tmp_path), 4, synthetic.SUITE["first"], over, evaluate=False)
     r = synthetic.run_one("first", "softmax", 0, str(tmp_path), 4, synthetic.SUITE["first"], over, evaluate=False)
     assert r["ran"] and 4 * 60 <= r["train_s"] < 5 * 60  # iters 0-3, not the resumed 2-3 alone (nor 2-3 twice)
+
+
+def test_reused_runs_made_at_another_commit_are_named_in_summary_json_and_in_one_printed_line(suite, tmp_path, capsys,
+                                                                                               monkeypatch):
+    # reuse judges settings alone: runs trained before a committed scorer edit were reported under the new commit
+    from lib.checkpoint import run_info
+    now, old = synthetic.code(run_info()), "0" * 40
+    res, run = tmp_path / "out-results" / "synthetic", tmp_path / "out-synthetic" / "first-softmax-s0"
+    e = dataclasses.replace(synthetic.SUITE["first"], extra=TINY, multiples=(1, 2))  # the fixture's run
+    monkeypatch.setitem(synthetic.SUITE, "first", e)
+    fresh = synthetic.run_one("first", "softmax", 0, str(run.parent), 4, e, overrides("first", "softmax"))
+    assert fresh["made_at"] == {"train": [now], "eval": now}
+    lines = (run / "log.jsonl").read_text().splitlines()  # trained at an older commit
+    head = json.loads(lines[0])
+    head["run_info"].update(git_sha=old, git_dirty=False)
+    (run / "log.jsonl").write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    evaluated = json.loads((run / "eval" / "settings.json").read_text())  # evaluated before run_info was recorded
+    (run / "eval" / "settings.json").write_text(json.dumps({"args": evaluated["args"]}))
+    suite()
+    out, summary = capsys.readouterr().out, json.loads((res / "summary.json").read_text())
+    assert json.loads((res / "steps.jsonl").read_text().splitlines()[-1])["made_at"] == {"train": [old], "eval": None}
+    assert summary["made_at"] == {old: 1, "unknown": 1} and synthetic.code(summary["run_info"]) == now
+    note = [line for line in out.splitlines() if line.startswith("note:")]
+    assert len(note) == 1 and f"1 of 1 runs were reused from other code than this call's ({now})" in note[0]
+    assert f"{old} (1), unknown (1)" in note[0] and "--redo" in note[0]

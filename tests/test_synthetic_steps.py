@@ -146,7 +146,8 @@ def test_suite_runs_jobs_workers_and_its_wall_time_counts_only_runs_that_trained
     monkeypatch.setattr(synthetic, "ProcessPoolExecutor", _Pool)
     ran = {0: True, 1: False}  # seed 1's run was reused
     monkeypatch.setattr(synthetic, "run_one", lambda t, s, seed, *a: dict(task=t, setting=s, seed=seed, train_s=1.0,
-                                                                         eval_s=1.0, ran=ran[seed]))
+                                                                         eval_s=1.0, ran=ran[seed],
+                                                                         made_at=dict(train=[None], eval=None)))
     reports = []
     report = type("Report", (), {"report": staticmethod(lambda *a: reports.append(a))})
     (tmp_path / "wall.json").write_text('{"wall_s": 100}')  # an earlier call's
