@@ -27,16 +27,17 @@ refuses to write summary.json if the plan changed since the run began (lib/plans
 report.py writes summary.json, the numbers RESULTS.md quotes; --rereport DIR writes it again from the per-seed data
 results/<name>/ keeps, with today's statistics (lib/rereport.py).
 """
-import argparse, importlib, os, sys
+import argparse, gzip, importlib, os, sys
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from lib import lm_suite, plans
+from lib import dataset, lm_suite, plans, report
 from lib.checkpoint import CheckpointError
 from lib.corpora import DataError
-from lib.folders import FolderError, held
+from lib.folders import FolderError, held, replace_synced
 from lib.lm_suite import PAPERS, SCALES, SWITCH_AT, VARIANTS  # noqa: F401 (the suite's definitions, for a reader)
-from lib.runs import REPO, StepError, Steps, own_folders  # noqa: F401 (REPO: where the scripts are)
+from lib.runs import REPO, StepError, Steps, own_folders, read_train_logs  # noqa: F401 (REPO: the scripts' folder)
 
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -88,7 +89,60 @@ def lm(a):
         own_folders("lm", results, root)
         began = plans.begin(results) if a.commit_results else None  # the rule, committed before the run
         os.makedirs(results, exist_ok=True)
-        lm_suite.run_steps(a, S, root, data_dir, Steps(results, a.redo), variants, began)
+        run_steps(a, S, root, data_dir, Steps(results, a.redo), variants, began)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The language-model suite's call: every seed's steps (lib/lm_suite.py), then summary.json
+
+def run_steps(a, S, root, data_dir, steps, variants, began=None):
+    """Every seed's steps, then the first seed's retrieval after fine-tuning, then summary.json from the steps'
+    records: what they ran, not what this command asked (the same, unless recorded before settings were); a skipped
+    step's output only where made with the same settings (summary.json's `skipped` says). began: the
+    plan a --commit-results run began with (lib/plans.py), checked again before summary.json."""
+    results = steps.results
+    roots = {seed: os.path.join(root, f"s{seed}") for seed in a.seeds}  # every seed's runs: its own folder
+    labels = {v: VARIANTS[v][1] for v in variants}
+    DATA = S.get("dataset", lm_suite.DATASET)
+    dataset.prepare(DATA, out_dir=data_dir)  # a no-op when up to date
+    N, data = S["model"]["block_size"], os.path.join(data_dir, DATA)
+    common = ["--data", data, "--seed", str(lm_suite.text_seed(a.texts, a.seeds[0]))]  # the first seed's retrieval
+    jobs = 1 if S["train"]["device"] != "cpu" else max(1, min(a.jobs, len(roots)))  # one GPU: one at a time
+    with ThreadPoolExecutor(jobs) as pool:  # each seed's steps in order; seeds side by side, a core each
+        list(pool.map(lambda sr: lm_suite.seed_steps(S, *sr, steps, data, variants, 1 if jobs > 1 else None,
+                                                     a.skip, a.texts), roots.items()))
+    M = S["train"]["max_iters"]
+    rows = report.loss_curves(read_train_logs(results, a.seeds), results, labels, int(SWITCH_AT * M), M)
+    if "sft" in S:  # else every seed's retrieval ran in seed_steps
+        lm_suite.sft_retrieval(S, a.seeds[0], roots[a.seeds[0]], steps, data, variants, common, a.skip)
+    if a.scale == "gpu" and "bench" not in a.skip:
+        steps.run("kernel benchmark", [os.path.join("bench", "attention.py"), "--out",
+                                       os.path.join(results, "kernels")], os.path.join(results, "kernels.png"))
+    ran = steps.ran("train") or dict(lm_suite.trained_with(S, data), recorded=False)
+    T, plan = ran["train"], {"plan": plans.finish(results, began)} if began else {}
+    report.summarize(results, roots, labels, N, rows, list(lm_suite.COPY_RUNS), scale=a.scale, dataset=ran["dataset"],
+                     config=ran, tokens_per_variant=T["batch_size"] * ran["model"]["block_size"] * T["max_iters"]
+                     * T["gradient_accumulation_steps"],
+                     wall_s=round(steps.wall_s(), 1), texts=a.texts or "shared", skipped=steps.skipped,
+                     left_out=steps.left_out, **plan)
+    if a.commit_results:
+        pack(results, a.seeds)
+    print(f"done: {results}/summary.json")
+
+
+def pack(results, seeds, keep=("gate/per_position.csv",)):
+    """--commit-results: each seed's CSVs gzipped (a tenth of the size; the report reads summary.json files and
+    `keep`), so ten seeds' per-sequence losses fit in the repository. Idempotent."""
+    for seed in seeds:
+        top = os.path.join(results, f"s{seed}")
+        for folder, _, files in os.walk(top):
+            for name in files:
+                path = os.path.join(folder, name)
+                if name.endswith(".csv") and os.path.relpath(path, top) not in keep:
+                    with open(path, "rb") as f, gzip.open(path + ".gz.tmp", "wb") as g:
+                        g.write(f.read())
+                    replace_synced([path + ".gz.tmp"], [path + ".gz"])  # before the .csv goes
+                    os.remove(path)
 
 
 def main(argv=None):

@@ -1,16 +1,16 @@
 """
 The language-model suite of reproduce.py (`python reproduce.py --scale cpu|gpu|cpu_char`): its scales and variants,
-each seed's steps (training, then eval_long, the copy gate and retrieval) run with lib/runs.py's Steps, and
-report.py's summary. reproduce.py's docstring says what it reproduces; lib/synthetic.py is the other suite.
+each seed's steps (training, then eval_long, the copy gate and retrieval) run with lib/runs.py's Steps; reproduce.py
+runs them all and writes report.py's summary. reproduce.py's docstring says what it reproduces; lib/synthetic.py is
+the other suite.
 """
-import gzip, os
-from concurrent.futures import ThreadPoolExecutor
+import os
 
-from lib import dataset, plans, report, retrieval
+from lib import retrieval
 from lib.checkpoint import iter_of, trained
-from lib.folders import copy_whole, replace_synced
+from lib.folders import copy_whole
 from lib.provenance import data_identity
-from lib.runs import check_runs, complete, done, keep_train_log, kv, read_train_logs
+from lib.runs import check_runs, complete, done, keep_train_log, kv
 from lib.synthetic_suite import values
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -244,55 +244,3 @@ def sft_retrieval(S, seed, runs, steps, data, variants, common, skip):
                       clear=[os.path.join(sft_dir, v)])
     for t in todo:
         steps.run(t["name"], t["cmd"], t["out"], None, t["settings"])
-
-
-def run_steps(a, S, root, data_dir, steps, variants, began=None):
-    """Every seed's steps, then the first seed's retrieval after fine-tuning, then summary.json from the steps'
-    records: what they ran, not what this command asked (the same, unless recorded before settings were); a skipped
-    step's output only where made with the same settings (summary.json's `skipped` says). began: the
-    plan a --commit-results run began with (lib/plans.py), checked again before summary.json."""
-    results = steps.results
-    roots = {seed: os.path.join(root, f"s{seed}") for seed in a.seeds}  # every seed's runs: its own folder
-    labels = {v: VARIANTS[v][1] for v in variants}
-    DATA = S.get("dataset", DATASET)
-    dataset.prepare(DATA, out_dir=data_dir)  # a no-op when up to date
-    N, data = S["model"]["block_size"], os.path.join(data_dir, DATA)
-    common = ["--data", data, "--seed", str(text_seed(a.texts, a.seeds[0]))]  # the first seed's retrieval
-    jobs = 1 if S["train"]["device"] != "cpu" else max(1, min(a.jobs, len(roots)))  # one GPU: one at a time
-    with ThreadPoolExecutor(jobs) as pool:  # each seed's steps in order; seeds side by side, a core each
-        list(pool.map(lambda sr: seed_steps(S, *sr, steps, data, variants, 1 if jobs > 1 else None, a.skip,
-                                          a.texts),
-                      roots.items()))
-    M = S["train"]["max_iters"]
-    rows = report.loss_curves(read_train_logs(results, a.seeds), results, labels, int(SWITCH_AT * M), M)
-    if "sft" in S:  # else every seed's retrieval ran in seed_steps
-        sft_retrieval(S, a.seeds[0], roots[a.seeds[0]], steps, data, variants, common, a.skip)
-    if a.scale == "gpu" and "bench" not in a.skip:
-        steps.run("kernel benchmark", [os.path.join("bench", "attention.py"), "--out", os.path.join(results,
-                                                                                                     "kernels")],
-                  os.path.join(results, "kernels.png"))
-    ran = steps.ran("train") or dict(trained_with(S, data), recorded=False)
-    plan = {"plan": plans.finish(results, began)} if began else {}
-    report.summarize(results, roots, labels, N, rows, list(COPY_RUNS), scale=a.scale, dataset=ran["dataset"],
-                     config=ran, tokens_per_variant=ran["train"]["batch_size"] * ran["model"]["block_size"]
-                     * ran["train"]["max_iters"] * ran["train"]["gradient_accumulation_steps"],
-                     wall_s=round(steps.wall_s(), 1), texts=a.texts or "shared", skipped=steps.skipped,
-                     left_out=steps.left_out, **plan)
-    if a.commit_results:
-        pack(results, a.seeds)
-    print(f"done: {results}/summary.json")
-
-
-def pack(results, seeds, keep=("gate/per_position.csv",)):
-    """--commit-results: each seed's CSVs gzipped (a tenth of the size; the report reads summary.json files and
-    `keep`), so ten seeds' per-sequence losses fit in the repository. Idempotent."""
-    for seed in seeds:
-        top = os.path.join(results, f"s{seed}")
-        for folder, _, files in os.walk(top):
-            for name in files:
-                path = os.path.join(folder, name)
-                if name.endswith(".csv") and os.path.relpath(path, top) not in keep:
-                    with open(path, "rb") as f, gzip.open(path + ".gz.tmp", "wb") as g:
-                        g.write(f.read())
-                    replace_synced([path + ".gz.tmp"], [path + ".gz"])  # before the .csv goes
-                    os.remove(path)

@@ -94,7 +94,7 @@ def asked(monkeypatch, tmp_path):
     """reproduce.py's lm suite up to run_steps: what it would run, with which scale, seeds and folders."""
     monkeypatch.chdir(tmp_path)
     got = {}
-    monkeypatch.setattr(lm_suite, "run_steps", lambda a, S, root, data_dir, steps, variants, began: got.update(
+    monkeypatch.setattr(reproduce, "run_steps", lambda a, S, root, data_dir, steps, variants, began: got.update(
         a=a, S=S, root=root, results=steps.results, variants=variants, began=began))
     return got
 
@@ -122,18 +122,18 @@ def test_summary_json_gets_the_training_as_run_and_the_plan_checked_at_the_end(m
                train={**S["train"], "max_iters": 100, "gradient_accumulation_steps": 4})
     steps = argparse.Namespace(results=str(tmp_path), ran=lambda key: ran, wall_s=lambda: 3.0, skipped={"x": "y"},
                                left_out={"gone"})
-    monkeypatch.setattr(lm_suite.dataset, "prepare", lambda *a, **k: None)
+    monkeypatch.setattr(reproduce.dataset, "prepare", lambda *a, **k: None)
     monkeypatch.setattr(lm_suite, "seed_steps", lambda *a: None)
-    monkeypatch.setattr(lm_suite.report, "loss_curves", lambda *a: [])
+    monkeypatch.setattr(reproduce.report, "loss_curves", lambda *a: [])
     got = {}
-    monkeypatch.setattr(lm_suite.report, "summarize", lambda *a, **k: got.update(k))
-    monkeypatch.setattr(lm_suite, "pack", lambda *a: None)
+    monkeypatch.setattr(reproduce.report, "summarize", lambda *a, **k: got.update(k))
+    monkeypatch.setattr(reproduce, "pack", lambda *a: None)
     monkeypatch.setattr(lm_suite, "sft_retrieval", lambda S, seed, root, steps, data, variants, common, skip:
                         got.update(retrieval=(seed, root, common)))
     a = argparse.Namespace(seeds=[2, 1], texts="per_seed", jobs=2, skip=[], scale="cpu", commit_results=True)
     began = dict(path="results/x/plan.md", blob="b", commit="c" * 40, run_started="t")
-    monkeypatch.setattr(lm_suite.plans, "finish", lambda results, b: dict(b, checked=True))
-    lm_suite.run_steps(a, S, "runs", "data", steps, ["softmax"], began)
+    monkeypatch.setattr(reproduce.plans, "finish", lambda results, b: dict(b, checked=True))
+    reproduce.run_steps(a, S, "runs", "data", steps, ["softmax"], began)
     assert got["tokens_per_variant"] == S["train"]["batch_size"] * S["model"]["block_size"] * 100 * 4
     assert got["config"] == ran and got["texts"] == "per_seed" and got["plan"] == dict(began, checked=True)
     assert got["retrieval"] == (2, os.path.join("runs", "s2"), ["--data", os.path.join("data", "english"), "--seed",
@@ -142,10 +142,10 @@ def test_summary_json_gets_the_training_as_run_and_the_plan_checked_at_the_end(m
 
     def changed(results, b):
         raise plans.PlanError("changed since the run began")
-    monkeypatch.setattr(lm_suite.plans, "finish", changed)
+    monkeypatch.setattr(reproduce.plans, "finish", changed)
     got.clear()
     with pytest.raises(plans.PlanError):
-        lm_suite.run_steps(a, S, "runs", "data", steps, ["softmax"], began)
+        reproduce.run_steps(a, S, "runs", "data", steps, ["softmax"], began)
     assert "plan" not in got  # no summary.json under a plan changed since the start
 
 

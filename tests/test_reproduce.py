@@ -233,8 +233,8 @@ def test_packing_gzips_each_seeds_csvs_but_what_the_report_reads(tmp_path):
     for sub in ("gate/per_position.csv", "copy/per_sequence.csv"):
         (tmp_path / "s1" / sub).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "s1" / sub).write_text("a,b\n1,2\n")
-    reproduce.lm_suite.pack(str(tmp_path), [1])
-    reproduce.lm_suite.pack(str(tmp_path), [1])  # a rerun changes nothing
+    reproduce.pack(str(tmp_path), [1])
+    reproduce.pack(str(tmp_path), [1])  # a rerun changes nothing
     assert (tmp_path / "s1" / "gate" / "per_position.csv").read_text() == "a,b\n1,2\n"
     assert sorted(p.name for p in (tmp_path / "s1" / "copy").iterdir()) == ["per_sequence.csv.gz"]
     assert gzip.open(tmp_path / "s1" / "copy" / "per_sequence.csv.gz", "rt").read() == "a,b\n1,2\n"
