@@ -10,7 +10,8 @@ from lib import retrieval
 from lib.checkpoint import iter_of, trained
 from lib.folders import copy_whole
 from lib.provenance import data_identity
-from lib.runs import check_runs, complete, done, keep_train_log, kv
+from lib.report import read_json
+from lib.runs import check_runs, done, keep_train_log, kv
 from lib.synthetic_suite import values
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -146,6 +147,14 @@ def text_seed(texts, seed):
     """The evaluations' --seed, which draws their test texts: 0 for every training seed ("shared", the default: seeds
     and texts are crossed, so texts can be the unit), or the training seed's own ("per_seed": distinct texts)."""
     return seed if texts == "per_seed" else 0
+
+
+def complete(out_dir, variants):
+    """eval_long.py's summary.json if it holds every variant, else None: one written by an earlier run with fewer
+    variants must not pass for done."""
+    path = os.path.join(out_dir, "summary.json")
+    summary = read_json(path)
+    return path if summary and {m["label"] for m in summary["models"]} >= set(variants) else None
 
 
 def seed_steps(S, seed, runs, steps, data, variants, threads, skip, texts=None):

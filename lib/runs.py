@@ -254,14 +254,6 @@ def own_folders(kind, results, runs):
                         f"another --name")
 
 
-def complete(out_dir, variants):
-    """eval_long.py's summary.json if it holds every variant, else None: one written by an earlier run with fewer
-    variants must not pass for done."""
-    path = os.path.join(out_dir, "summary.json")
-    summary = read_json(path)
-    return path if summary and {m["label"] for m in summary["models"]} >= set(variants) else None
-
-
 def keep_train_log(runs, variants, path):
     """Every variant's train.py log (runs/<variant>/log.jsonl) as one gzipped CSV: each step's loss (4 decimals: a
     curve) and each evaluation's train and val loss. Written whole or not at all."""

@@ -183,9 +183,9 @@ def test_an_interrupted_evaluation_is_not_taken_for_done(tmp_path):
     out.mkdir()
     write = lambda labels: (out / "summary.json").write_text(json.dumps({"models": [{"label": v} for v in labels]}))
     write(list(reproduce.VARIANTS)[:2])
-    assert runs.complete(str(out), reproduce.PAPERS) is None
+    assert reproduce.lm_suite.complete(str(out), reproduce.PAPERS) is None
     write(list(reproduce.VARIANTS))
-    assert runs.complete(str(out), reproduce.PAPERS) == str(out / "summary.json")
+    assert reproduce.lm_suite.complete(str(out), reproduce.PAPERS) == str(out / "summary.json")
 
 
 def test_a_run_cut_short_is_not_taken_for_trained(tmp_path):
