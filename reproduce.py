@@ -37,7 +37,8 @@ from lib.checkpoint import CheckpointError
 from lib.corpora import DataError
 from lib.folders import FolderError, held, replace_synced
 from lib.lm_suite import PAPERS, SCALES, SWITCH_AT, VARIANTS  # noqa: F401 (the suite's definitions, for a reader)
-from lib.runs import REPO, StepError, Steps, own_folders, read_train_logs  # noqa: F401 (REPO: the scripts' folder)
+from lib.runs import ADDED, StepError, Steps, own_folders, read_train_logs
+from lib.runs import REPO  # noqa: F401 (where the scripts are)
 
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -118,7 +119,9 @@ def run_steps(a, S, root, data_dir, steps, variants, began=None):
     if a.scale == "gpu" and "bench" not in a.skip:
         steps.run("kernel benchmark", [os.path.join("bench", "attention.py"), "--out",
                                        os.path.join(results, "kernels")], os.path.join(results, "kernels.png"))
-    ran = steps.ran("train") or dict(lm_suite.trained_with(S, data), recorded=False)
+    # not recorded (outputs from before settings records): the training the folder says, never today's splits
+    ran = steps.ran("train") or dict({k: v for k, v in (steps.made or lm_suite.trained_with(S, data)).items()
+                                      if k not in ADDED}, recorded=False)
     T, plan = ran["train"], {"plan": plans.finish(results, began)} if began else {}
     report.summarize(results, roots, labels, N, rows, list(lm_suite.COPY_RUNS), scale=a.scale, dataset=ran["dataset"],
                      config=ran, tokens_per_variant=T["batch_size"] * ran["model"]["block_size"] * T["max_iters"]

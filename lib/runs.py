@@ -8,7 +8,8 @@ A reproduction reads the same way as the synthetic suite: settings that differ f
 line (StepError) unless redo is asked. A step's settings are recorded before it runs (started.json) and again when it
 is done (steps.jsonl), so an output left by a kill is judged by what it was started with; an output with no record is
 of settings not known (other settings), except in a results folder whose records predate settings altogether, and
-a step whose steps.jsonl line predates them: those are taken as they are, with a warning.
+a step whose steps.jsonl line predates them: those are taken as they are, with a warning, where the training the
+folder's summary.json says they had is the one asked (else refused as other settings).
 """
 import csv, glob, gzip, json, os, shutil, subprocess, sys, threading, time
 
@@ -21,6 +22,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REUSE_FREED_MEMORY = dict(MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**31 - 1))
 TRAIN_LOG = ("variant", "iter", "loss", "train_loss", "val_loss")
 ADDED = ("sha256", "values")  # a training record's fields added since settings were first recorded (lm_suite)
+MADE = ("model", "train", "dataset")  # what a summary.json's config says of the training (lm_suite.trained_with's)
 
 
 class StepError(Exception):
@@ -69,12 +71,17 @@ def remove(*paths):
             os.remove(p)
 
 
-def mismatch(old, want, whole=True, known=True):
+def mismatch(old, want, whole=True, known=True, made=None):
     """What judge() finds different between `old`, a step's record, and `want`, in words ([]: the same, or an output
     recorded before settings were and whole, taken as it is). known False: no record at all, in a folder that records
-    settings (a run cut short between its output and its record): what it was made with is not known."""
+    settings (a run cut short between its output and its record): what it was made with is not known. made: for an
+    output recorded before settings were, the training its folder's summary.json says it had (Steps.made)."""
     if old is None and not known:
         return ["an output with no record of its settings (its run was cut short before recording them)"]
+    if old is None and made and isinstance(plain(want).get("train"), dict):  # a step reading a training
+        diff = differences({k: made.get(k) for k in MADE}, {k: plain(want)["train"].get(k) for k in MADE}, "train.")
+        if diff:
+            return [f"summary.json's {d}" for d in diff]
     if old is None:
         return [] if whole else ["an output made before settings were recorded, without all that is asked now"]
     return differences(old, plain(want))
@@ -93,11 +100,12 @@ def dated(old, want):
     return {**old, "train": had}
 
 
-def judge(old, want, what, redo, clear, whole=True, known=True):
+def judge(old, want, what, redo, clear, whole=True, known=True, made=None):
     """True if `old`, what a step's record says it was made with, is `want`; a step recorded before settings were
-    (None) is taken as it is, with a warning, where its output is whole and `known` (mismatch()). Other settings:
-    StepError, or with redo the `clear` paths are removed and False (it is made again)."""
-    diff = mismatch(old, want, whole, known)
+    (None) is taken as it is, with a warning, where its output is whole, `known` and its folder's training (`made`) is
+    the one asked (mismatch()). Other settings: StepError, or with redo the `clear` paths are removed and False (it
+    is made again)."""
+    diff = mismatch(old, want, whole, known, made)
     if old is None and not diff:
         print(f"warning: {what}: made before settings were recorded; taken as it is, as every output older than "
               f"settings records is", flush=True)
@@ -125,8 +133,11 @@ class Steps:
                     self.recorded[r["step"]] = r.get("settings")
         self.started = read_json(results, "started.json") or {}  # started, not yet done: later than steps.jsonl
         self.recorded.update(self.started)
-        # a folder whose records all predate settings: an output with no record is taken as it is, as theirs are
+        # a folder whose records all predate settings: an output with no record is taken as it is, as theirs are,
+        # where the training its summary.json says it had (made: its config and dataset) is the one asked
         self.legacy = bool(self.recorded) and not any(self.recorded.values())
+        summary = read_json(results, "summary.json") or {}
+        self.made = summary.get("config") and {"dataset": summary.get("dataset"), **summary["config"]}
         self.used = set()  # the steps whose outputs this call reuses or makes: ran() reads their records
         self.skipped, self.left_out = {}, set()  # skip(): step -> what became of it; outputs a report must not read
         self.wall0 = (read_json(results, "wall.json") or {}).get("wall_s", 0.0)
@@ -134,7 +145,7 @@ class Steps:
     def reuse(self, name, settings, clear=(), whole=True):
         """judge() of step `name`, whose output exists, against its record."""
         ok = judge(dated(self.recorded.get(name), settings), settings, f"step {name!r} in {self.results}", self.redo,
-                   clear, whole, name in self.recorded or self.legacy)
+                   clear, whole, name in self.recorded or self.legacy, self.made)
         if ok:
             self.used.add(name)
         return ok
@@ -146,7 +157,7 @@ class Steps:
             self.skipped[name] = "not made"
             return False
         old = dated(self.recorded.get(name), settings)
-        diff = mismatch(old, settings, whole, name in self.recorded or self.legacy)
+        diff = mismatch(old, settings, whole, name in self.recorded or self.legacy, self.made)
         if not diff:
             self.used.add(name)
             self.skipped[name] = "kept: made with the settings asked now" if old else \
@@ -208,9 +219,10 @@ class Steps:
 
     def ran(self, key):
         """The one value of settings[key] that every step this call reused or made, holding it, was made with (e.g.
-        "train"), or None where none records it (steps recorded before settings were)."""
-        got = [self.recorded[n][key] for n in self.used if self.recorded.get(n) and key in self.recorded[n]]
-        return got[0] if got and all(g == got[0] for g in got) else None
+        "train"), or None where none records it or one has no record (made before settings were: not known)."""
+        records = [self.recorded.get(n) for n in self.used]
+        got = [r[key] for r in records if r and key in r]
+        return got[0] if got and None not in records and all(g == got[0] for g in got) else None
 
 
 def check_runs(root, want, redo):

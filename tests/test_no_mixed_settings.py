@@ -92,3 +92,36 @@ def test_the_lm_suite_refuses_a_rerun_with_other_iterations_before_it_trains(tmp
     msg = one_line_error(reproduce.main, ["--scale", "cpu_char", "--seeds", "1", "--max_iters", "20", "--variants",
                                           "softmax", "--skip", "eval_long", "needle", "score", "passkey"])
     assert "step 'gate (seed 1)'" in msg and "variants" in msg  # a variant set other than its evaluation's
+
+
+@pytest.fixture
+def legacy(tmp_path, monkeypatch):
+    """A toy results folder from before settings were recorded, as results/cpu: steps.jsonl without settings, a
+    gate's output, its train_loss.csv and summary.json (the training it had); no seed's training log."""
+    import reproduce
+    from test_reproduce import TOY
+    S = {**TOY, "dataset": "english_char"}  # characters: the dataset is made in a second
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(reproduce.SCALES, "toy", S)
+    res = tmp_path / "out-results" / "toy"
+    (res / "s1" / "gate").mkdir(parents=True)
+    (res / "s1" / "gate" / "summary.json").write_text(json.dumps({
+        "models": [{"label": v} for v in S["variants"]], "run_info": {"git_sha": "a" * 40, "git_dirty": False}}))
+    (res / "steps.jsonl").write_text(json.dumps({"step": "gate (seed 1)", "command": "eval_long.py", "wall_s": 9}))
+    (res / "summary.json").write_text(json.dumps({"dataset": "english_char", "config": runs.plain(S), "wall_s": 500.0}))
+    (res / "train_loss.csv").write_text("variant,seed,iter,train_loss,val_loss\n" + "".join(
+        f"{v},1,8,5.0,{5 + i / 10}\n" for i, v in enumerate(S["variants"])))
+    return lambda *argv: ["--scale", "toy", "--seeds", "1", "--skip", "eval_long", "needle", "score", "passkey",
+                          *argv]
+
+
+def test_a_folder_from_before_settings_records_is_judged_by_the_training_its_summary_json_says(legacy, tmp_path):
+    import reproduce
+    msg = one_line_error(reproduce.main, legacy("--max_iters", "4"))  # it took 8 iterations' outputs as 4's (audit H)
+    assert "step 'gate (seed 1)'" in msg and "summary.json's train.train.max_iters 8 -> 4" in msg and "--redo" in msg
+    assert not (tmp_path / "out-repro-toy").exists()  # nothing trained
+    reproduce.main(legacy())  # its own training: reused as it is, with a warning
+    got = json.load(open(tmp_path / "out-results" / "toy" / "summary.json"))
+    assert got["config"]["train"]["max_iters"] == 8 and got["tokens_per_variant"] == 2 * 64 * 8
+    assert got["config"]["recorded"] is False and "sha256" not in got["config"]  # not today's splits: not known
+    assert not (tmp_path / "out-repro-toy").exists()
