@@ -112,8 +112,10 @@ def run_steps(a, S, root, data_dir, steps, variants, began=None):
     with ThreadPoolExecutor(jobs) as pool:  # each seed's steps in order; seeds side by side, a core each
         list(pool.map(lambda sr: lm_suite.seed_steps(S, *sr, steps, data, variants, 1 if jobs > 1 else None,
                                                      a.skip, a.texts), roots.items()))
-    M = S["train"]["max_iters"]
-    rows = report.loss_curves(read_train_logs(results, a.seeds), results, labels, int(SWITCH_AT * M), M)
+    M, logs = S["train"]["max_iters"], read_train_logs(results, a.seeds)
+    rows = None if logs else lm_suite.kept_losses(results)  # no seed's log: a folder from before they were kept
+    if rows is None:
+        rows = report.loss_curves(logs, results, labels, int(SWITCH_AT * M), M)
     if "sft" in S:  # else every seed's retrieval ran in seed_steps
         lm_suite.sft_retrieval(S, a.seeds[0], roots[a.seeds[0]], steps, data, variants, common, a.skip)
     if a.scale == "gpu" and "bench" not in a.skip:

@@ -4,7 +4,7 @@ each seed's steps (training, then eval_long, the copy gate and retrieval) run wi
 runs them all and writes report.py's summary. reproduce.py's docstring says what it reproduces; lib/synthetic.py is
 the other suite.
 """
-import os
+import csv, os
 
 from lib import retrieval
 from lib.checkpoint import iter_of, trained
@@ -155,6 +155,19 @@ def complete(out_dir, variants):
     path = os.path.join(out_dir, "summary.json")
     summary = read_json(path)
     return path if summary and {m["label"] for m in summary["models"]} >= set(variants) else None
+
+
+def kept_losses(results):
+    """The rows of a folder's train_loss.csv, as report.loss_curves returns them, where no seed's training log is there
+    (a folder from before they were kept): its curve and losses are kept, not written again from nothing; None
+    without one."""
+    path = os.path.join(results, "train_loss.csv")
+    if not os.path.isfile(path):
+        return None
+    print(f"{path}, train_loss.png and the losses are the folder's own: no seed's training log is here", flush=True)
+    with open(path, newline="") as f:
+        return [dict(r, seed=int(r["seed"]), iter=int(r["iter"]), train_loss=float(r["train_loss"]),
+                     val_loss=float(r["val_loss"])) for r in csv.DictReader(f)]
 
 
 def seed_steps(S, seed, runs, steps, data, variants, threads, skip, texts=None):

@@ -140,7 +140,8 @@ class Steps:
         self.made = summary.get("config") and {"dataset": summary.get("dataset"), **summary["config"]}
         self.used = set()  # the steps whose outputs this call reuses or makes: ran() reads their records
         self.skipped, self.left_out = {}, set()  # skip(): step -> what became of it; outputs a report must not read
-        self.wall0 = (read_json(results, "wall.json") or {}).get("wall_s", 0.0)
+        # a folder from before wall.json: its summary.json's time is the earlier calls'
+        self.wall0 = (read_json(results, "wall.json") or summary).get("wall_s", 0.0)
 
     def reuse(self, name, settings, clear=(), whole=True):
         """judge() of step `name`, whose output exists, against its record."""

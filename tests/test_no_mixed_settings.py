@@ -125,3 +125,14 @@ def test_a_folder_from_before_settings_records_is_judged_by_the_training_its_sum
     assert got["config"]["train"]["max_iters"] == 8 and got["tokens_per_variant"] == 2 * 64 * 8
     assert got["config"]["recorded"] is False and "sha256" not in got["config"]  # not today's splits: not known
     assert not (tmp_path / "out-repro-toy").exists()
+
+
+def test_a_folder_from_before_training_logs_were_kept_keeps_its_own_losses_and_wall_time(legacy, tmp_path):
+    import reproduce
+    res = tmp_path / "out-results" / "toy"
+    rows = (res / "train_loss.csv").read_text()
+    reproduce.main(legacy())  # it wrote train_loss.csv's header only, every loss null, wall_s 500 -> 1 (audit H)
+    got = json.load(open(res / "summary.json"))
+    assert (res / "train_loss.csv").read_text() == rows and got["wall_s"] >= 500
+    assert got["losses"]["ssmax"]["per_seed"]["1"]["val_loss"] == 5.1
+    assert got["losses"]["ssmax"]["val_minus_baseline"][0] == pytest.approx(0.1)
