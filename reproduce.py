@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from lib import dataset, lm_suite, plans, report
-from lib.checkpoint import CheckpointError
+from lib.checkpoint import CheckpointError, run_info
 from lib.corpora import DataError
 from lib.folders import FolderError, held, replace_synced
 from lib.lm_suite import PAPERS, SCALES, SWITCH_AT, VARIANTS  # noqa: F401 (the suite's definitions, for a reader)
@@ -129,7 +129,8 @@ def run_steps(a, S, root, data_dir, steps, variants, began=None):
                      config=ran, tokens_per_variant=T["batch_size"] * ran["model"]["block_size"] * T["max_iters"]
                      * T["gradient_accumulation_steps"],
                      wall_s=round(steps.wall_s(), 1), texts=a.texts or "shared", skipped=steps.skipped,
-                     left_out=steps.left_out, **plan)
+                     left_out=steps.left_out, run_info=run_info(), reused_made_at=lm_suite.made_at(steps.reused),
+                     **plan)
     if a.commit_results:
         pack(results, a.seeds)
     print(f"done: {results}/summary.json")

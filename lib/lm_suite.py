@@ -7,7 +7,7 @@ the other suite.
 import csv, os
 
 from lib import retrieval
-from lib.checkpoint import iter_of, trained
+from lib.checkpoint import iter_of, read_checkpoint, trained
 from lib.folders import copy_whole
 from lib.provenance import data_identity
 from lib.report import read_json
@@ -138,7 +138,7 @@ def pending(steps, todo):
     for t in todo:
         if t["skipped"]:
             steps.skip(t["name"], t["out"], t["settings"], t["clear"], t["whole"])
-        elif not (done(t["out"]) and steps.reuse(t["name"], t["settings"], t["clear"], t["whole"])):
+        elif not (done(t["out"]) and steps.reuse(t["name"], t["settings"], t["clear"], t["whole"], t["out"])):
             to_run.append(t)
     return to_run
 
@@ -168,6 +168,19 @@ def kept_losses(results):
     with open(path, newline="") as f:
         return [dict(r, seed=int(r["seed"]), iter=int(r["iter"]), train_loss=float(r["train_loss"]),
                      val_loss=float(r["val_loss"])) for r in csv.DictReader(f)]
+
+
+def made_at(reused):
+    """The commits the outputs a call reused (Steps.reused) were made at, as their own run_info says (a JSON output's,
+    a checkpoint's): {git_sha: steps}, " (uncommitted changes)" added where dirty, "not recorded" where none is."""
+    got = {}
+    for out in filter(None, reused.values()):
+        held = (read_json(out) if out.endswith(".json") else read_checkpoint(out, mmap=True) if out.endswith(".pt")
+                else None) or {}
+        info = held.get("run_info") or {}
+        sha = (info.get("git_sha") or "not recorded") + " (uncommitted changes)" * bool(info.get("git_dirty"))
+        got[sha] = got.get(sha, 0) + 1
+    return got
 
 
 def seed_steps(S, seed, runs, steps, data, variants, threads, skip, texts=None):

@@ -140,15 +140,17 @@ class Steps:
         self.made = summary.get("config") and {"dataset": summary.get("dataset"), **summary["config"]}
         self.used = set()  # the steps whose outputs this call reuses or makes: ran() reads their records
         self.skipped, self.left_out = {}, set()  # skip(): step -> what became of it; outputs a report must not read
+        self.reused = {}  # step -> its output, made by an earlier call (lm_suite.made_at: at which commit)
         # a folder from before wall.json: its summary.json's time is the earlier calls'
         self.wall0 = (read_json(results, "wall.json") or summary).get("wall_s", 0.0)
 
-    def reuse(self, name, settings, clear=(), whole=True):
-        """judge() of step `name`, whose output exists, against its record."""
+    def reuse(self, name, settings, clear=(), whole=True, out=None):
+        """judge() of step `name`, whose output `out` exists, against its record."""
         ok = judge(dated(self.recorded.get(name), settings), settings, f"step {name!r} in {self.results}", self.redo,
                    clear, whole, name in self.recorded or self.legacy, self.made)
         if ok:
             self.used.add(name)
+            self.reused[name] = out
         return ok
 
     def skip(self, name, out, settings, clear=(), whole=True):
@@ -161,6 +163,7 @@ class Steps:
         diff = mismatch(old, settings, whole, name in self.recorded or self.legacy, self.made)
         if not diff:
             self.used.add(name)
+            self.reused[name] = out
             self.skipped[name] = "kept: made with the settings asked now" if old else \
                 "kept: made before settings were recorded, taken as it is"
             return True
@@ -177,7 +180,7 @@ class Steps:
         log its command line, wall time and settings. threads: its cores. clear: what --redo removes first. whole:
         False where `out` lacks part of what is asked (an unrecorded older output then counts as other settings)."""
         settings = plain(settings or {"command": cmd})
-        if done(out) and self.reuse(name, settings, clear or [out], whole):
+        if done(out) and self.reuse(name, settings, clear or [out], whole, out):
             print(f"[skip] {name}: {out} exists")
             return
         print(f"[run] {name}: {' '.join(cmd)}", flush=True)

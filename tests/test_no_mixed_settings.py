@@ -136,3 +136,11 @@ def test_a_folder_from_before_training_logs_were_kept_keeps_its_own_losses_and_w
     assert (res / "train_loss.csv").read_text() == rows and got["wall_s"] >= 500
     assert got["losses"]["ssmax"]["per_seed"]["1"]["val_loss"] == 5.1
     assert got["losses"]["ssmax"]["val_minus_baseline"][0] == pytest.approx(0.1)
+
+
+def test_summary_json_records_this_calls_run_info_and_the_commits_its_reused_outputs_were_made_at(legacy, tmp_path):
+    import reproduce
+    reproduce.main(legacy())
+    got = json.load(open(tmp_path / "out-results" / "toy" / "summary.json"))
+    assert {"git_sha", "git_dirty", "torch"} <= set(got["run_info"])
+    assert got["reused_made_at"] == {"a" * 40: 1}  # the gate's own run_info: not this call's commit
