@@ -54,7 +54,8 @@ collect() {  # collect NAME PATH...: the PATHs in one $out/NAME.tar.gz, and the 
     for p in "$@"; do [ -e "$p" ] && paths+=("$p"); done
     [ ${#paths[@]} -gt 0 ] || return 0
     tar czf "$out/$name.tar.gz" "${paths[@]}"
-    for f in $plain; do find "${paths[@]}" -name "$f" -type f -exec cp {} "$out/" \; ; done
+    # -maxdepth 1: the folder's own files (a suite's per-seed evaluations hold summary.json files of their own)
+    for f in $plain; do find "${paths[@]}" -maxdepth 1 -name "$f" -type f -exec cp {} "$out/" \; ; done
 }
 plain="summary.json accuracy.csv steps.jsonl tables.md selected_budget.json"  # what a commit of the results reads
 name=synthetic-gpu prev=  # synthetic's folders: --name's, else the suite's own; results/ only with --commit-results

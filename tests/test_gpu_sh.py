@@ -48,7 +48,8 @@ FAKE = textwrap.dedent('''\
         import importlib.util  # the corpora's packages, found as lib.corpora finds them
         bible = importlib.util.find_spec("bible")
         fill("out-results/gpu-smoke", ["tables.md", "train_loss.png"]
-             + [f"s1337/{e}/{f}" for e in ("gate", "eval_long", "needle", "passkey") for f in ("a.csv", "b.png")])
+             + [f"s1337/{e}/{f}" for e in ("gate", "eval_long", "needle", "passkey")
+                  for f in ("a.csv", "b.png", "summary.json")])  # each evaluation's own summary.json too
         open("out-results/gpu-smoke/summary.json", "w").write(" ".join([str(bible and bible.origin), *argv]))
 ''')
 
