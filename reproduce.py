@@ -90,7 +90,8 @@ def lm(a):
         own_folders("lm", results, root)
         began = plans.begin(results) if a.commit_results else None  # the rule, committed before the run
         os.makedirs(results, exist_ok=True)
-        run_steps(a, S, root, data_dir, Steps(results, a.redo), variants, began)
+        run_steps(a, S, root, data_dir, Steps(results, a.redo, lm_suite.unrecorded_training(results)),
+                  variants, began)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -130,7 +131,7 @@ def run_steps(a, S, root, data_dir, steps, variants, began=None):
                      * T["gradient_accumulation_steps"],
                      wall_s=round(steps.wall_s(), 1), texts=a.texts or "shared", skipped=steps.skipped,
                      left_out=steps.left_out, run_info=run_info(), reused_made_at=lm_suite.made_at(steps.reused),
-                     **plan)
+                     unrecorded_training=steps.made, **plan)
     if a.commit_results:
         pack(results, a.seeds)
     print(f"done: {results}/summary.json")

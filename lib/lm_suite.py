@@ -170,6 +170,15 @@ def kept_losses(results):
                      val_loss=float(r["val_loss"])) for r in csv.DictReader(f)]
 
 
+def unrecorded_training(results):
+    """The training of a folder's outputs from before settings were recorded (runs.Steps' made): its older
+    summary.json's config, kept by every later one as unrecorded_training (reproduce.py), as their config says what
+    a later call ran (maybe other training); None in a folder without."""
+    summary = read_json(results, "summary.json") or {}
+    return summary.get("unrecorded_training", summary.get("config") and {"dataset": summary.get("dataset"),
+                                                                          **summary["config"]})
+
+
 def made_at(reused):
     """The commits the outputs a call reused (Steps.reused) were made at, as their own run_info says (a JSON output's,
     a checkpoint's): {git_sha: steps}, " (uncommitted changes)" added where dirty, "not recorded" where none is."""

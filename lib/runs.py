@@ -8,8 +8,8 @@ A reproduction reads the same way as the synthetic suite: settings that differ f
 line (StepError) unless redo is asked. A step's settings are recorded before it runs (started.json) and again when it
 is done (steps.jsonl), so an output left by a kill is judged by what it was started with; an output with no record is
 of settings not known (other settings), except in a results folder whose records predate settings altogether, and
-a step whose steps.jsonl line predates them: those are taken as they are, with a warning, where the training the
-folder's summary.json says they had is the one asked (else refused as other settings).
+a step whose steps.jsonl line predates them: those are taken as they are, with a warning, where the training they
+had (`made`: what the folder's summary.json says, kept there as it is rewritten) is the one asked (else refused).
 """
 import csv, glob, gzip, json, os, shutil, subprocess, sys, threading, time
 
@@ -123,7 +123,7 @@ class Steps:
     it is done) and done with (steps.jsonl), the wall time of every call up to its last finished step (wall.json, so
     an interrupted call counts), redo, and what became of the steps this call skips (skip())."""
 
-    def __init__(self, results, redo=False):
+    def __init__(self, results, redo=False, made=None):
         self.results, self.redo, self.lock, self.t0 = results, redo, threading.Lock(), time.time()
         self.recorded = {}  # step name -> its last settings; None where it ran before settings were recorded
         if os.path.isfile(os.path.join(results, "steps.jsonl")):
@@ -134,10 +134,10 @@ class Steps:
         self.started = read_json(results, "started.json") or {}  # started, not yet done: later than steps.jsonl
         self.recorded.update(self.started)
         # a folder whose records all predate settings: an output with no record is taken as it is, as theirs are,
-        # where the training its summary.json says it had (made: its config and dataset) is the one asked
+        # where the training they had (made: lm_suite.unrecorded_training, from its summary.json) is the one asked
         self.legacy = bool(self.recorded) and not any(self.recorded.values())
+        self.made = made
         summary = read_json(results, "summary.json") or {}
-        self.made = summary.get("config") and {"dataset": summary.get("dataset"), **summary["config"]}
         self.used = set()  # the steps whose outputs this call reuses or makes: ran() reads their records
         self.skipped, self.left_out = {}, set()  # skip(): step -> what became of it; outputs a report must not read
         self.reused = {}  # step -> its output, made by an earlier call (lm_suite.made_at: at which commit)

@@ -144,3 +144,19 @@ def test_summary_json_records_this_calls_run_info_and_the_commits_its_reused_out
     got = json.load(open(tmp_path / "out-results" / "toy" / "summary.json"))
     assert {"git_sha", "git_dirty", "torch"} <= set(got["run_info"])
     assert got["reused_made_at"] == {"a" * 40: 1}  # the gate's own run_info: not this call's commit
+
+
+def test_a_legacy_output_is_judged_by_its_own_training_after_a_call_with_other_training_rewrote_summary_json(
+        legacy, tmp_path):
+    import reproduce
+    res = tmp_path / "out-results" / "toy"
+    (res / "s1" / "eval_long_theta").mkdir()  # an 8-iteration eval_long, recorded before settings were
+    (res / "s1" / "gate" / "summary.json").rename(res / "s1" / "eval_long_theta" / "summary.json")
+    with open(res / "steps.jsonl", "a") as f:
+        f.write("\n" + json.dumps({"step": "eval_long theta (seed 1)", "command": "eval_long.py", "wall_s": 9}) + "\n")
+    two = ["--variants", "softmax", "ssmax"]  # fewer to train
+    reproduce.main(legacy("--max_iters", "4", *two))  # eval_long skipped: left out; the gate made again at 4
+    assert json.load(open(res / "summary.json"))["config"]["train"]["max_iters"] == 4
+    msg = one_line_error(reproduce.main, ["--scale", "toy", "--seeds", "1", "--max_iters", "4", *two, "--skip",
+                                          "needle", "score", "passkey"])  # taken as 4's: summary.json said 4 (V3)
+    assert "step 'eval_long theta (seed 1)'" in msg and "max_iters 8 -> 4" in msg
