@@ -11,7 +11,7 @@ from lib.checkpoint import iter_of, read_checkpoint, trained
 from lib.folders import copy_whole
 from lib.provenance import data_identity
 from lib.report import read_json
-from lib.runs import check_runs, done, keep_train_log, kv
+from lib.runs import check_runs, done, keep_train_log
 from lib.synthetic_suite import values
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -81,6 +81,11 @@ DATASET = "english"  # prepare_data.py: Shakespeare + King James Bible
 
 # ----------------------------------------------------------------------------------------------------------------
 # Training: (e) and (f) start from the softmax run
+
+def kv(d):
+    """train.py's key=value arguments."""
+    return [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in d.items()]
+
 
 def trained_with(S, data):
     """What every variant's training shares (its record: a step reading a checkpoint names the training behind it):

@@ -29,10 +29,6 @@ class StepError(Exception):
     """A step done with other settings than asked, or one that failed: reproduce.py prints it as one line."""
 
 
-def kv(d):
-    return [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in d.items()]
-
-
 def done(path):
     if path and os.path.dirname(path):  # a move cut by a kill (needle.py's shared folder): the rerun would refuse it
         finish_moves(os.path.dirname(path))
@@ -141,8 +137,10 @@ class Steps:
         self.used = set()  # the steps whose outputs this call reuses or makes: ran() reads their records
         self.skipped, self.left_out = {}, set()  # skip(): step -> what became of it; outputs a report must not read
         self.reused = {}  # step -> its output, made by an earlier call (lm_suite.made_at: at which commit)
-        # a folder from before wall.json: its summary.json's time is the earlier calls'
-        self.wall0 = (read_json(results, "wall.json") or summary).get("wall_s", 0.0)
+        wall = read_json(results, "wall.json")
+        self.wall0 = (wall or summary).get("wall_s", 0.0)  # a folder from before wall.json: summary.json's
+        if wall is None and "wall_s" in summary:  # kept: else each call that runs no step adds its time again
+            self.tick()
 
     def reuse(self, name, settings, clear=(), whole=True, out=None):
         """judge() of step `name`, whose output `out` exists, against its record."""

@@ -2,7 +2,7 @@
 settings refuses, or runs again with --redo; an output left by a killed step is judged by the settings it was started
 with (none recorded: refused); a seed's runs hold one training and may gain variants; the LM suite refuses a rerun
 with other iterations before it trains. CPU only."""
-import json
+import json, time
 
 import pytest
 
@@ -160,3 +160,13 @@ def test_a_legacy_output_is_judged_by_its_own_training_after_a_call_with_other_t
     msg = one_line_error(reproduce.main, ["--scale", "toy", "--seeds", "1", "--max_iters", "4", *two, "--skip",
                                           "needle", "score", "passkey"])  # taken as 4's: summary.json said 4 (V3)
     assert "step 'eval_long theta (seed 1)'" in msg and "max_iters 8 -> 4" in msg
+
+
+def test_a_folder_from_before_wall_json_does_not_add_a_call_that_runs_nothing_twice(legacy, tmp_path):
+    import reproduce
+    res = tmp_path / "out-results" / "toy"
+    reproduce.main(legacy())  # runs no step
+    assert json.load(open(res / "wall.json")) == {"wall_s": 500.0}  # summary.json's, kept for the next call
+    t0 = time.time()
+    reproduce.main(legacy())  # it counted from the last summary.json's, every call's time again (review V3)
+    assert 500 <= json.load(open(res / "summary.json"))["wall_s"] <= 500 + time.time() - t0 + 0.1

@@ -11,7 +11,7 @@ import torch
 
 from conftest import one_line_error
 from lib import compare
-from lib import checkpoint, report, runs
+from lib import checkpoint, lm_suite, report, runs
 import reproduce
 from lib.config import TrainConfig, model_config, parse_args
 from lib.checkpoint import save_checkpoint
@@ -31,7 +31,7 @@ TOY["variants"] = SUBSET
 @pytest.mark.parametrize("variant", [v for v, (over, _) in reproduce.VARIANTS.items() if over is not None])
 def test_every_variant_trained_from_scratch_has_settings_that_build_a_model(variant):
     over = reproduce.VARIANTS[variant][0]
-    explicit = parse_args(runs.kv({**reproduce.SCALES["cpu"]["model"], **over}))
+    explicit = parse_args(lm_suite.kv({**reproduce.SCALES["cpu"]["model"], **over}))
     args, _ = model_config(TrainConfig(**explicit), explicit, None, False)
     assert args["scorer"] == over["scorer"]
 
