@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from lib import dataset, lm_suite, plans, report
+from lib import compare, dataset, lm_suite, plans, report
 from lib.checkpoint import CheckpointError, run_info
 from lib.corpora import DataError
 from lib.folders import FolderError, held, replace_synced
@@ -114,9 +114,10 @@ def run_steps(a, S, root, data_dir, steps, variants, began=None):
         list(pool.map(lambda sr: lm_suite.seed_steps(S, *sr, steps, data, variants, 1 if jobs > 1 else None,
                                                      a.skip, a.texts), roots.items()))
     M, logs = S["train"]["max_iters"], read_train_logs(results, a.seeds)
-    rows = None if logs else lm_suite.kept_losses(results)  # no seed's log: a folder from before they were kept
-    if rows is None:
-        rows = report.loss_curves(logs, results, labels, int(SWITCH_AT * M), M)
+    kept = lm_suite.kept_losses(results, logs)  # seeds without a log: a folder from before they were kept
+    rows = kept if kept and not logs else report.loss_curves(logs, results, labels, int(SWITCH_AT * M), M) + kept
+    if kept and logs:  # loss_curves wrote the logs' rows only
+        compare.write_csv(os.path.join(results, "train_loss.csv"), rows, list(rows[0]))
     if "sft" in S:  # else every seed's retrieval ran in seed_steps
         lm_suite.sft_retrieval(S, a.seeds[0], roots[a.seeds[0]], steps, data, variants, common, a.skip)
     if a.scale == "gpu" and "bench" not in a.skip:

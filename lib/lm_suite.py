@@ -162,17 +162,19 @@ def complete(out_dir, variants):
     return path if summary and {m["label"] for m in summary["models"]} >= set(variants) else None
 
 
-def kept_losses(results):
-    """The rows of a folder's train_loss.csv, as report.loss_curves returns them, where no seed's training log is there
-    (a folder from before they were kept): its curve and losses are kept, not written again from nothing; None
-    without one."""
+def kept_losses(results, logs):
+    """The rows of a folder's train_loss.csv, as report.loss_curves returns them, of the seeds without a training log
+    in `logs` (a folder from before they were kept): kept, not lost where the file is written again; [] without."""
     path = os.path.join(results, "train_loss.csv")
     if not os.path.isfile(path):
-        return None
-    print(f"{path}, train_loss.png and the losses are the folder's own: no seed's training log is here", flush=True)
+        return []
     with open(path, newline="") as f:
-        return [dict(r, seed=int(r["seed"]), iter=int(r["iter"]), train_loss=float(r["train_loss"]),
-                     val_loss=float(r["val_loss"])) for r in csv.DictReader(f)]
+        kept = [dict(r, seed=int(r["seed"]), iter=int(r["iter"]), train_loss=float(r["train_loss"]),
+                     val_loss=float(r["val_loss"])) for r in csv.DictReader(f) if int(r["seed"]) not in logs]
+    if kept:
+        print(f"{path}: the losses of seeds {sorted({r['seed'] for r in kept})} are the folder's own: no training log "
+              f"of theirs is here", flush=True)
+    return kept
 
 
 def unrecorded_training(results):

@@ -2,7 +2,7 @@
 settings refuses, or runs again with --redo; an output left by a killed step is judged by the settings it was started
 with (none recorded: refused); a seed's runs hold one training and may gain variants; the LM suite refuses a rerun
 with other iterations before it trains. CPU only."""
-import json, time
+import json, shutil, time
 
 import pytest
 
@@ -170,3 +170,20 @@ def test_a_folder_from_before_wall_json_does_not_add_a_call_that_runs_nothing_tw
     t0 = time.time()
     reproduce.main(legacy())  # it counted from the last summary.json's, every call's time again (review V3)
     assert 500 <= json.load(open(res / "summary.json"))["wall_s"] <= 500 + time.time() - t0 + 0.1
+
+
+def test_a_seed_added_to_a_folder_from_before_training_logs_keeps_the_losses_of_the_seeds_without_one(legacy,
+                                                                                                       tmp_path):
+    import gzip
+    import reproduce
+    from test_reproduce import TOY
+    res = tmp_path / "out-results" / "toy"
+    shutil.copytree(res / "s1" / "gate", res / "s2" / "gate")  # seed 2: its gate and, kept since, its log
+    with open(res / "steps.jsonl", "a") as f:
+        f.write("\n" + json.dumps({"step": "gate (seed 2)", "command": "eval_long.py", "wall_s": 9}) + "\n")
+    with gzip.open(res / "s2" / "train_log.csv.gz", "wt") as f:
+        f.write("variant,iter,loss,train_loss,val_loss\n" + "".join(f"{v},8,,4.0,4.5\n" for v in TOY["variants"]))
+    reproduce.main(legacy("--seeds", "1", "2"))  # it kept seed 2's only (review V3)
+    got = json.load(open(res / "summary.json"))["losses"]["ssmax"]["per_seed"]
+    assert got["1"]["val_loss"] == 5.1 and got["2"]["val_loss"] == 4.5
+    assert {r.split(",")[1] for r in (res / "train_loss.csv").read_text().split()[1:]} == {"1", "2"}
