@@ -6,7 +6,7 @@ the other suite.
 """
 import csv, os
 
-from lib import retrieval
+from lib import compare, retrieval
 from lib.checkpoint import iter_of, read_checkpoint, trained
 from lib.folders import copy_whole
 from lib.provenance import data_identity
@@ -82,8 +82,7 @@ DATASET = "english"  # prepare_data.py: Shakespeare + King James Bible
 # ----------------------------------------------------------------------------------------------------------------
 # Training: (e) and (f) start from the softmax run
 
-def kv(d):
-    """train.py's key=value arguments."""
+def kv(d):  # train.py's key=value arguments
     return [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in d.items()]
 
 
@@ -187,14 +186,18 @@ def unrecorded_training(results):
 
 
 def made_at(reused):
-    """The commits the outputs a call reused (Steps.reused) were made at, as their own run_info says (a JSON output's,
-    a checkpoint's): {git_sha: steps}, " (uncommitted changes)" added where dirty, "not recorded" where none is."""
+    """The commits the outputs a call reused (Steps.reused) were made at, from their run_info (their own; a .jsonl's
+    .json, a .png's .csv rows): {git_sha: steps}, " (uncommitted changes)" where dirty, "not recorded" where none is."""
     got = {}
     for out in filter(None, reused.values()):
-        held = (read_json(out) if out.endswith(".json") else read_checkpoint(out, mmap=True) if out.endswith(".pt")
-                else None) or {}
-        info = held.get("run_info") or {}
-        sha = (info.get("git_sha") or "not recorded") + " (uncommitted changes)" * bool(info.get("git_dirty"))
+        stem, ext = os.path.splitext(out)
+        if ext == ".png":  # bench/attention.py: run_info's fields in every row of its .csv
+            info = next(iter(compare.read_csv(stem + ".csv")), {}) if os.path.isfile(stem + ".csv") else {}
+        else:
+            held = read_checkpoint(out, mmap=True) if ext == ".pt" else read_json(stem + ".json")  # .jsonl: beside
+            info = (held or {}).get("run_info") or {}
+        dirty = str(info.get("git_dirty")) == "True"  # the .csv's "True"
+        sha = (info.get("git_sha") or "not recorded") + " (uncommitted changes)" * dirty
         got[sha] = got.get(sha, 0) + 1
     return got
 

@@ -187,3 +187,14 @@ def test_a_seed_added_to_a_folder_from_before_training_logs_keeps_the_losses_of_
     got = json.load(open(res / "summary.json"))["losses"]["ssmax"]["per_seed"]
     assert got["1"]["val_loss"] == 5.1 and got["2"]["val_loss"] == 4.5
     assert {r.split(",")[1] for r in (res / "train_loss.csv").read_text().split()[1:]} == {"1", "2"}
+
+
+def test_made_at_reads_the_run_info_beside_an_output_that_holds_none_sft_data_and_the_kernel_benchmark(tmp_path):
+    from lib import lm_suite
+    (tmp_path / "sft_synthetic.jsonl").write_text("{}\n")  # needle.py sft_data: its run_info in the .json
+    (tmp_path / "sft_synthetic.json").write_text(json.dumps({"run_info": {"git_sha": "b" * 40, "git_dirty": False}}))
+    (tmp_path / "kernels.png").write_bytes(b"")  # bench/attention.py: run_info's fields in every row of the .csv
+    (tmp_path / "kernels.csv").write_text(f"scorer,ms,git_sha,git_dirty\nsoftmax,1.0,{'c' * 40},True\n")
+    got = lm_suite.made_at({"sft data": str(tmp_path / "sft_synthetic.jsonl"),
+                            "kernel benchmark": str(tmp_path / "kernels.png")})
+    assert got == {"b" * 40: 1, "c" * 40 + " (uncommitted changes)": 1}  # both were "not recorded" (review V3)
