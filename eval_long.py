@@ -37,7 +37,7 @@ WINDOW_RULE = ("window kx: mean loss over positions (k*N - N, k*N], the last N p
                "4); k*N <= L. ")  # then rope.passes_rule: the passes that ran
 POSITION_RULE = "position t = the loss of predicting token t+1 from tokens 1..t; trained positions are 1..N"
 OUTPUTS = ("per_position.csv", "per_position.png", "per_sequence.csv", "differences.csv", "differences.png",
-           "fading.csv", "fading_zmax.csv", "fading.png", "summary.json")  # summary.json last: runs.complete
+           "fading.csv", "fading_zmax.csv", "fading.png", "summary.json")  # summary.json last: lm_suite.complete
 
 # ----------------------------------------------------------------------------------------------------------------
 # Sequences and RoPE
