@@ -4,7 +4,7 @@ each seed's steps (training, then eval_long, the copy gate and retrieval) run wi
 runs them all and writes report.py's summary. reproduce.py's docstring says what it reproduces; lib/synthetic.py is
 the other suite.
 """
-import csv, os
+import os
 
 from lib import compare, retrieval
 from lib.checkpoint import iter_of, read_checkpoint, trained
@@ -159,21 +159,6 @@ def complete(out_dir, variants):
     path = os.path.join(out_dir, "summary.json")
     summary = read_json(path)
     return path if summary and {m["label"] for m in summary["models"]} >= set(variants) else None
-
-
-def kept_losses(results, logs):
-    """The rows of a folder's train_loss.csv, as report.loss_curves returns them, of the seeds without a training log
-    in `logs` (a folder from before they were kept): kept, not lost where the file is written again; [] without."""
-    path = os.path.join(results, "train_loss.csv")
-    if not os.path.isfile(path):
-        return []
-    with open(path, newline="") as f:
-        kept = [dict(r, seed=int(r["seed"]), iter=int(r["iter"]), train_loss=float(r["train_loss"]),
-                     val_loss=float(r["val_loss"])) for r in csv.DictReader(f) if int(r["seed"]) not in logs]
-    if kept:
-        print(f"{path}: the losses of seeds {sorted({r['seed'] for r in kept})} are the folder's own: no training log "
-              f"of theirs is here", flush=True)
-    return kept
 
 
 def unrecorded_training(results):
