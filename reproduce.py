@@ -90,8 +90,8 @@ def lm(a):
         own_folders("lm", results, root)
         began = plans.begin(results) if a.commit_results else None  # the rule, committed before the run
         os.makedirs(results, exist_ok=True)
-        run_steps(a, S, root, data_dir, Steps(results, a.redo, lm_suite.unrecorded_training(results)),
-                  variants, began)
+        steps = Steps(results, a.redo, lm_suite.unrecorded_training(results), lm_suite.own_args)
+        run_steps(a, S, root, data_dir, steps, variants, began)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ each seed's steps (training, then eval_long, the copy gate and retrieval) run wi
 runs them all and writes report.py's summary. reproduce.py's docstring says what it reproduces; lib/synthetic.py is
 the other suite.
 """
-import os
+import itertools, os
 
 from lib import compare, retrieval
 from lib.checkpoint import iter_of, read_checkpoint, trained
@@ -168,6 +168,20 @@ def unrecorded_training(results):
     summary = read_json(results, "summary.json") or {}
     return summary.get("unrecorded_training", summary.get("config") and {"dataset": summary.get("dataset"),
                                                                           **summary["config"]})
+
+
+def own_args(out, settings):
+    """Where the args an output records (its .json's: the scripts write them) differ from its command asked now on
+    the test texts' --seed and the --labels, in words: an output from before settings were recorded has no other
+    record of them (runs.Steps' own), so --texts per_seed or a --variants subset never takes one made otherwise."""
+    args = (read_json(os.path.splitext(out)[0] + ".json") or {}).get("args") if out else None
+    cmd, diff = settings.get("command") or [], []
+    for key in ("seed", "labels") if args else ():
+        if f"--{key}" in cmd and key in args:
+            asked = list(itertools.takewhile(lambda x: not x.startswith("--"), cmd[cmd.index(f"--{key}") + 1:]))
+            had = [str(x) for x in (args[key] if isinstance(args[key], list) else [args[key]])]
+            diff += [f"its args' --{key} {' '.join(had)[:60]} -> {' '.join(asked)[:60]}"] * (had != asked)
+    return diff
 
 
 def made_at(reused):

@@ -67,17 +67,19 @@ def remove(*paths):
             os.remove(p)
 
 
-def mismatch(old, want, whole=True, known=True, made=None):
+def mismatch(old, want, whole=True, known=True, made=None, own=()):
     """What judge() finds different between `old`, a step's record, and `want`, in words ([]: the same, or an output
     recorded before settings were and whole, taken as it is). known False: no record at all, in a folder that records
     settings (a run cut short between its output and its record): what it was made with is not known. made: for an
-    output recorded before settings were, the training its folder's summary.json says it had (Steps.made)."""
+    output recorded before settings were, the training its folder's summary.json says it had (Steps.made); own: where
+    its own args differ from the command asked (Steps.own), in words."""
     if old is None and not known:
         return ["an output with no record of its settings (its run was cut short before recording them)"]
     if old is None and made and isinstance(plain(want).get("train"), dict):  # a step reading a training
         diff = differences({k: made.get(k) for k in MADE}, {k: plain(want)["train"].get(k) for k in MADE}, "train.")
-        if diff:
-            return [f"summary.json's {d}" for d in diff]
+        own = [*(f"summary.json's {d}" for d in diff), *own]
+    if old is None and own:
+        return own
     if old is None:
         return [] if whole else ["an output made before settings were recorded, without all that is asked now"]
     return differences(old, plain(want))
@@ -96,12 +98,12 @@ def dated(old, want):
     return {**old, "train": had}
 
 
-def judge(old, want, what, redo, clear, whole=True, known=True, made=None):
+def judge(old, want, what, redo, clear, whole=True, known=True, made=None, own=()):
     """True if `old`, what a step's record says it was made with, is `want`; a step recorded before settings were
     (None) is taken as it is, with a warning, where its output is whole, `known` and its folder's training (`made`) is
     the one asked (mismatch()). Other settings: StepError, or with redo the `clear` paths are removed and False (it
     is made again)."""
-    diff = mismatch(old, want, whole, known, made)
+    diff = mismatch(old, want, whole, known, made, own)
     if old is None and not diff:
         print(f"warning: {what}: made before settings were recorded; taken as it is, as every output older than "
               f"settings records is", flush=True)
@@ -119,7 +121,7 @@ class Steps:
     it is done) and done with (steps.jsonl), the wall time of every call up to its last finished step (wall.json, so
     an interrupted call counts), redo, and what became of the steps this call skips (skip())."""
 
-    def __init__(self, results, redo=False, made=None):
+    def __init__(self, results, redo=False, made=None, own=None):
         self.results, self.redo, self.lock, self.t0 = results, redo, threading.Lock(), time.time()
         self.recorded = {}  # step name -> its last settings; None where it ran before settings were recorded
         if os.path.isfile(os.path.join(results, "steps.jsonl")):
@@ -132,7 +134,7 @@ class Steps:
         # a folder whose records all predate settings: an output with no record is taken as it is, as theirs are,
         # where the training they had (made: lm_suite.unrecorded_training, from its summary.json) is the one asked
         self.legacy = bool(self.recorded) and not any(self.recorded.values())
-        self.made = made
+        self.made, self.own = made, own or (lambda out, settings: [])  # own: lm_suite.own_args
         summary = read_json(results, "summary.json") or {}
         self.used = set()  # the steps whose outputs this call reuses or makes: ran() reads their records
         self.skipped, self.left_out = {}, set()  # skip(): step -> what became of it; outputs a report must not read
@@ -145,7 +147,7 @@ class Steps:
     def reuse(self, name, settings, clear=(), whole=True, out=None):
         """judge() of step `name`, whose output `out` exists, against its record."""
         ok = judge(dated(self.recorded.get(name), settings), settings, f"step {name!r} in {self.results}", self.redo,
-                   clear, whole, name in self.recorded or self.legacy, self.made)
+                   clear, whole, name in self.recorded or self.legacy, self.made, self.own(out, settings))
         if ok:
             self.used.add(name)
             self.reused[name] = out
@@ -158,7 +160,7 @@ class Steps:
             self.skipped[name] = "not made"
             return False
         old = dated(self.recorded.get(name), settings)
-        diff = mismatch(old, settings, whole, name in self.recorded or self.legacy, self.made)
+        diff = mismatch(old, settings, whole, name in self.recorded or self.legacy, self.made, self.own(out, settings))
         if not diff:
             self.used.add(name)
             self.reused[name] = out

@@ -106,7 +106,8 @@ def legacy(tmp_path, monkeypatch):
     res = tmp_path / "out-results" / "toy"
     (res / "s1" / "gate").mkdir(parents=True)
     (res / "s1" / "gate" / "summary.json").write_text(json.dumps({
-        "models": [{"label": v} for v in S["variants"]], "run_info": {"git_sha": "a" * 40, "git_dirty": False}}))
+        "models": [{"label": v} for v in S["variants"]], "run_info": {"git_sha": "a" * 40, "git_dirty": False},
+        "args": {"seed": 0, "labels": list(S["variants"])}}))  # shared texts, every variant
     (res / "steps.jsonl").write_text(json.dumps({"step": "gate (seed 1)", "command": "eval_long.py", "wall_s": 9}))
     (res / "summary.json").write_text(json.dumps({"dataset": "english_char", "config": runs.plain(S), "wall_s": 500.0}))
     (res / "train_loss.csv").write_text("variant,seed,iter,train_loss,val_loss\n" + "".join(
@@ -125,6 +126,15 @@ def test_a_folder_from_before_settings_records_is_judged_by_the_training_its_sum
     assert got["config"]["train"]["max_iters"] == 8 and got["tokens_per_variant"] == 2 * 64 * 8
     assert got["config"]["recorded"] is False and "sha256" not in got["config"]  # not today's splits: not known
     assert not (tmp_path / "out-repro-toy").exists()
+
+
+def test_a_legacy_output_is_reused_only_where_its_own_args_are_the_texts_and_labels_asked(legacy, tmp_path):
+    import reproduce
+    msg = one_line_error(reproduce.main, legacy("--texts", "per_seed"))  # it said per_seed over shared texts (V4)
+    assert "step 'gate (seed 1)'" in msg and "its args' --seed 0 -> 1" in msg and "--redo" in msg
+    msg = one_line_error(reproduce.main, legacy("--variants", "softmax", "ssmax"))  # 2 variants over 5's lists
+    assert "step 'gate (seed 1)'" in msg and "its args' --labels softmax ssmax ssmax_e" in msg
+    assert not (tmp_path / "out-repro-toy").exists()  # nothing trained
 
 
 def test_a_folder_from_before_training_logs_were_kept_keeps_its_own_losses_and_wall_time(legacy, tmp_path):
