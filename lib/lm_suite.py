@@ -164,10 +164,10 @@ def complete(out_dir, variants):
 def unrecorded_training(results):
     """The training of a folder's outputs from before settings were recorded (runs.Steps' made): its older
     summary.json's config, kept by every later one as unrecorded_training (reproduce.py), as their config says what
-    a later call ran (maybe other training); None in a folder without."""
+    a later call ran (maybe other training); {} in a folder without: not known (runs.mismatch refuses its outputs)."""
     summary = read_json(results, "summary.json") or {}
     return summary.get("unrecorded_training", summary.get("config") and {"dataset": summary.get("dataset"),
-                                                                          **summary["config"]})
+                                                                          **summary["config"]}) or {}
 
 
 def own_args(out, settings):

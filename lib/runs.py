@@ -6,10 +6,10 @@ the report needs from it is kept beside the results (train_log.csv.gz), and trai
 evaluation that needs its checkpoints is missing; each seed's runs record the training they hold (settings.json).
 A reproduction reads the same way as the synthetic suite: settings that differ from a step's record refuse in one
 line (StepError) unless redo is asked. A step's settings are recorded before it runs (started.json) and again when it
-is done (steps.jsonl), so an output left by a kill is judged by what it was started with; an output with no record is
-of settings not known (other settings), except in a results folder whose records predate settings altogether, and
-a step whose steps.jsonl line predates them: those are taken as they are, with a warning, where the training they
-had (`made`: what the folder's summary.json says, kept there as it is rewritten) is the one asked (else refused).
+is done (steps.jsonl), so an output left by a kill is judged by what it was started with; one with no record is of
+other settings, except where the records predate settings (a whole folder's, or the step's line): taken as it is,
+with a warning, where the training its folder's summary.json says (`made`, kept as it is rewritten; none: not known)
+and its own args (the test texts' seed, the labels) are the ones asked, else refused.
 """
 import csv, glob, gzip, json, os, shutil, subprocess, sys, threading, time
 
@@ -68,16 +68,17 @@ def remove(*paths):
 
 
 def mismatch(old, want, whole=True, known=True, made=None, own=()):
-    """What judge() finds different between `old`, a step's record, and `want`, in words ([]: the same, or an output
-    recorded before settings were and whole, taken as it is). known False: no record at all, in a folder that records
-    settings (a run cut short between its output and its record): what it was made with is not known. made: for an
-    output recorded before settings were, the training its folder's summary.json says it had (Steps.made); own: where
-    its own args differ from the command asked (Steps.own), in words."""
+    """What judge() finds different between `old`, a step's record, and `want`, in words ([]: the same). known False:
+    no record at all, in a folder that records settings (a run cut short before its record): not known. An output
+    recorded before settings were (None) is judged by `made`, the training its folder's summary.json says (Steps.made;
+    {}: not known; None: not judged so), `own`, where its args differ from the command (Steps.own), and `whole`."""
     if old is None and not known:
         return ["an output with no record of its settings (its run was cut short before recording them)"]
-    if old is None and made and isinstance(plain(want).get("train"), dict):  # a step reading a training
-        diff = differences({k: made.get(k) for k in MADE}, {k: plain(want)["train"].get(k) for k in MADE}, "train.")
-        own = [*(f"summary.json's {d}" for d in diff), *own]
+    if old is None and made is not None and isinstance(plain(want).get("train"), dict):  # a step reading a training
+        had, now = made or {}, plain(want)["train"]
+        diff = differences({k: had.get(k) for k in MADE}, {k: now.get(k) for k in MADE}, "train.")
+        said = [f"summary.json's {d}" for d in diff] if made else ["its training (no summary.json says it: not known)"]
+        own = [*said, *own]
     if old is None and own:
         return own
     if old is None:

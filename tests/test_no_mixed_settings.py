@@ -137,6 +137,14 @@ def test_a_legacy_output_is_reused_only_where_its_own_args_are_the_texts_and_lab
     assert not (tmp_path / "out-repro-toy").exists()  # nothing trained
 
 
+def test_a_legacy_folder_without_summary_json_refuses_its_outputs_as_of_a_training_not_known(legacy, tmp_path):
+    import reproduce
+    (tmp_path / "out-results" / "toy" / "summary.json").unlink()
+    msg = one_line_error(reproduce.main, legacy("--max_iters", "4"))  # it took any --max_iters (review V4)
+    assert "step 'gate (seed 1)'" in msg and "no summary.json says it: not known" in msg and "--redo" in msg
+    assert not (tmp_path / "out-repro-toy").exists()  # nothing trained
+
+
 def test_a_folder_from_before_training_logs_were_kept_keeps_its_own_losses_and_wall_time(legacy, tmp_path):
     import reproduce
     res = tmp_path / "out-results" / "toy"
