@@ -130,9 +130,9 @@ def run_steps(a, S, root, data_dir, steps, variants, began=None):
     report.summarize(results, roots, labels, N, rows, list(lm_suite.COPY_RUNS), scale=a.scale, dataset=ran["dataset"],
                      config=ran, tokens_per_variant=T["batch_size"] * ran["model"]["block_size"] * T["max_iters"]
                      * T["gradient_accumulation_steps"],
-                     wall_s=round(steps.wall_s(), 1), texts=a.texts or "shared", skipped=steps.skipped,
-                     left_out=steps.left_out, run_info=run_info(), reused_made_at=lm_suite.made_at(steps.reused),
-                     unrecorded_training=steps.made, **plan)
+                     wall_s=round(steps.wall_s(), 1), **steps.wall_notes, texts=a.texts or "shared",
+                     skipped=steps.skipped, left_out=steps.left_out, run_info=run_info(),
+                     reused_made_at=lm_suite.made_at(steps.reused), unrecorded_training=steps.made, **plan)
     if a.commit_results:
         pack(results, a.seeds)
     print(f"done: {results}/summary.json")

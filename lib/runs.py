@@ -87,9 +87,8 @@ def mismatch(old, want, whole=True, known=True, made=None, own=()):
 
 
 def dated(old, want):
-    """`old`, the record of a step or runs folder, as judged against `want`: a field its training record ("train")
-    lacks because it was added since (ADDED, or one of the config's values) is taken at today's value, as
-    lib/synthetic.py's reuse() takes it, so a record from before them is judged as before."""
+    """`old`, the record of a step or runs folder, as judged against `want`: a field of its training ("train") added
+    since (ADDED, or one of the config's values) is taken at today's value, as lib/synthetic.py's reuse() takes it."""
     had, now = (old or {}).get("train"), plain(want).get("train")
     if not (isinstance(had, dict) and isinstance(now, dict)):
         return old
@@ -100,10 +99,9 @@ def dated(old, want):
 
 
 def judge(old, want, what, redo, clear, whole=True, known=True, made=None, own=()):
-    """True if `old`, what a step's record says it was made with, is `want`; a step recorded before settings were
-    (None) is taken as it is, with a warning, where its output is whole, `known` and its folder's training (`made`) is
-    the one asked (mismatch()). Other settings: StepError, or with redo the `clear` paths are removed and False (it
-    is made again)."""
+    """True if `old`, what a step's record says it was made with, is `want`, or is a record from before settings were
+    (None) that mismatch() takes as it is (with a warning). Other settings: StepError, or with redo the `clear` paths
+    are removed and False (it is made again)."""
     diff = mismatch(old, want, whole, known, made, own)
     if old is None and not diff:
         print(f"warning: {what}: made before settings were recorded; taken as it is, as every output older than "
@@ -141,8 +139,11 @@ class Steps:
         self.skipped, self.left_out = {}, set()  # skip(): step -> what became of it; outputs a report must not read
         self.reused = {}  # step -> its output, made by an earlier call (lm_suite.made_at: at which commit)
         wall = read_json(results, "wall.json")
-        self.wall0 = (wall or summary).get("wall_s", 0.0)  # a folder from before wall.json: summary.json's
-        if wall is None and "wall_s" in summary:  # kept: else each call that runs no step adds its time again
+        first = wall is None and "wall_s" in summary  # from before wall.json: its wall_s timed the last call alone
+        wall = dict(wall_s_before="unknown", wall_s_legacy_last_call=summary["wall_s"]) if first else wall or {}
+        self.wall0 = wall.get("wall_s", 0.0)  # the calls since; wall_notes: what is known of those before
+        self.wall_notes = {k: v for k, v in wall.items() if k.startswith("wall_s_")}
+        if first:  # kept: else a call that runs no step would pass its own time for the legacy call's
             self.tick()
 
     def reuse(self, name, settings, clear=(), whole=True, out=None):
@@ -208,16 +209,15 @@ class Steps:
             self.write_started()
 
     def write_started(self):
-        """started.json: the steps started and not done, with their settings (steps.jsonl keeps one line a finished
-        step: its cost); none left, no file."""
+        """started.json: the steps started and not done, with their settings; none left, no file."""
         if not self.started:
             remove(os.path.join(self.results, "started.json"))
             return
         write_json(os.path.join(self.results, "started.json"), self.started, indent=1)
 
     def tick(self):
-        """wall.json: the calls before this one, and this one up to now."""
-        write_json(os.path.join(self.results, "wall.json"), {"wall_s": round(self.wall_s(), 1)})
+        """wall.json: the calls before this one (those before wall.json: not known), and this one up to now."""
+        write_json(os.path.join(self.results, "wall.json"), {"wall_s": round(self.wall_s(), 1), **self.wall_notes})
 
     def wall_s(self):
         return self.wall0 + time.time() - self.t0

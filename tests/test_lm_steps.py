@@ -121,7 +121,7 @@ def test_summary_json_gets_the_training_as_run_and_the_plan_checked_at_the_end(m
     ran = dict(lm_suite.trained_with(S, "data/english"),
                train={**S["train"], "max_iters": 100, "gradient_accumulation_steps": 4})
     steps = argparse.Namespace(results=str(tmp_path), ran=lambda key: ran, wall_s=lambda: 3.0, skipped={"x": "y"},
-                               left_out={"gone"}, reused={}, made=None)
+                               left_out={"gone"}, reused={}, made=None, wall_notes={})
     monkeypatch.setattr(reproduce.dataset, "prepare", lambda *a, **k: None)
     monkeypatch.setattr(lm_suite, "seed_steps", lambda *a: None)
     monkeypatch.setattr(reproduce.report, "loss_curves", lambda *a: [])
