@@ -114,7 +114,7 @@ def run_steps(a, S, root, data_dir, steps, variants, began=None):
         list(pool.map(lambda sr: lm_suite.seed_steps(S, *sr, steps, data, variants, 1 if jobs > 1 else None,
                                                      a.skip, a.texts), roots.items()))
     M, logs = S["train"]["max_iters"], read_train_logs(results, a.seeds)
-    kept = kept_losses(results, logs)  # seeds without a log: a folder from before they were kept
+    kept = kept_losses(results, logs, a.seeds)  # seeds without a log: a folder from before they were kept
     rows = kept if kept and not logs else report.loss_curves(logs, results, labels, int(SWITCH_AT * M), M) + kept
     if kept and logs:  # loss_curves wrote the logs' rows only
         compare.write_csv(os.path.join(results, "train_loss.csv"), rows, list(rows[0]))
@@ -138,18 +138,23 @@ def run_steps(a, S, root, data_dir, steps, variants, began=None):
     print(f"done: {results}/summary.json")
 
 
-def kept_losses(results, logs):
+def kept_losses(results, logs, seeds):
     """The rows of a folder's train_loss.csv, as report.loss_curves returns them, of the seeds without a training log
-    in `logs` (a folder from before they were kept): kept, not lost where the file is written again; [] without."""
+    in `logs` (a folder from before they were kept, or seeds not asked for now): kept, not lost where the file is
+    written again; [] without."""
     path = os.path.join(results, "train_loss.csv")
     if not os.path.isfile(path):
         return []
     with open(path, newline="") as f:
         kept = [dict(r, seed=int(r["seed"]), iter=int(r["iter"]), train_loss=float(r["train_loss"]),
                      val_loss=float(r["val_loss"])) for r in csv.DictReader(f) if int(r["seed"]) not in logs]
-    if kept:
-        print(f"{path}: the losses of seeds {sorted({r['seed'] for r in kept})} are the folder's own: no training log "
-              f"of theirs is here", flush=True)
+    held = sorted({r["seed"] for r in kept})
+    lost, other = [s for s in held if s in seeds], [s for s in held if s not in seeds]
+    if lost:  # train_loss.png is drawn from the logs alone
+        print(f"{path}: the losses of seeds {lost} are the folder's own: no training log of theirs is here"
+              + f"; train_loss.png, drawn from seeds {sorted(logs)}' logs, lacks them" * bool(logs), flush=True)
+    if other:
+        print(f"{path}: the losses of seeds {other}, not asked for now, are kept as they are", flush=True)
     return kept
 
 

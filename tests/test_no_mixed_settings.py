@@ -194,17 +194,22 @@ def test_a_legacy_summary_jsons_wall_s_is_kept_as_its_last_calls_time_never_as_e
     assert got["wall_s_legacy_last_call"] == 500.0
 
 
-def test_a_seed_added_to_a_folder_from_before_training_logs_keeps_the_losses_of_the_seeds_without_one(legacy,
-                                                                                                       tmp_path):
+def add_seed_2(res):
+    """Seed 2 in the legacy folder: its gate and, kept since, its training log."""
     import gzip
-    import reproduce
     from test_reproduce import TOY
-    res = tmp_path / "out-results" / "toy"
-    shutil.copytree(res / "s1" / "gate", res / "s2" / "gate")  # seed 2: its gate and, kept since, its log
+    shutil.copytree(res / "s1" / "gate", res / "s2" / "gate")
     with open(res / "steps.jsonl", "a") as f:
         f.write("\n" + json.dumps({"step": "gate (seed 2)", "command": "eval_long.py", "wall_s": 9}) + "\n")
     with gzip.open(res / "s2" / "train_log.csv.gz", "wt") as f:
         f.write("variant,iter,loss,train_loss,val_loss\n" + "".join(f"{v},8,,4.0,4.5\n" for v in TOY["variants"]))
+
+
+def test_a_seed_added_to_a_folder_from_before_training_logs_keeps_the_losses_of_the_seeds_without_one(legacy,
+                                                                                                       tmp_path):
+    import reproduce
+    res = tmp_path / "out-results" / "toy"
+    add_seed_2(res)
     reproduce.main(legacy("--seeds", "1", "2"))  # it kept seed 2's only (review V3)
     got = json.load(open(res / "summary.json"))["losses"]["ssmax"]["per_seed"]
     assert got["1"]["val_loss"] == 5.1 and got["2"]["val_loss"] == 4.5
@@ -220,3 +225,18 @@ def test_made_at_reads_the_run_info_beside_an_output_that_holds_none_sft_data_an
     got = lm_suite.made_at({"sft data": str(tmp_path / "sft_synthetic.jsonl"),
                             "kernel benchmark": str(tmp_path / "kernels.png")})
     assert got == {"b" * 40: 1, "c" * 40 + " (uncommitted changes)": 1}  # both were "not recorded" (review V3)
+
+
+def test_kept_losses_say_which_seeds_have_no_log_which_were_not_asked_and_that_train_loss_png_lacks_them(
+        legacy, tmp_path, capsys):
+    import reproduce
+    res = tmp_path / "out-results" / "toy"
+    add_seed_2(res)
+    reproduce.main(legacy("--seeds", "1", "2"))  # the figure was redrawn from seed 2 alone, silently (review V4)
+    out = capsys.readouterr().out
+    assert "seeds [1] are the folder's own: no training log of theirs is here; train_loss.png, drawn from seeds [2]' " \
+           "logs, lacks them" in out
+    reproduce.main(legacy())  # seed 2 has a log: it was said to have none (review V4)
+    out = capsys.readouterr().out
+    assert "seeds [1] are the folder's own: no training log of theirs is here\n" in out
+    assert "the losses of seeds [2], not asked for now, are kept as they are" in out
