@@ -173,7 +173,9 @@ def test_retrain_losses_runs_each_seeds_recorded_training_commands_and_keeps_the
 ])
 def test_the_cpu_char_scripts_refuse_bad_input_in_one_line_before_writing(script, argv, message, tmp_path):
     import subprocess, sys
+    committed = sorted(os.listdir(os.path.join(REPO, "results", "cpu_char")))
     got = subprocess.run([sys.executable, os.path.join(REPO, "results", "cpu_char", f"{script}.py"), *argv],
                          cwd=tmp_path, capture_output=True, text=True)
     assert got.returncode != 0 and got.stderr.startswith(message) and len(got.stderr.strip().splitlines()) == 1
-    assert os.listdir(tmp_path) == []
+    # nothing written, here or into the committed folder (retrain_losses' Steps had written its wall.json there)
+    assert os.listdir(tmp_path) == [] and sorted(os.listdir(os.path.join(REPO, "results", "cpu_char"))) == committed

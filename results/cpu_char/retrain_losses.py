@@ -16,14 +16,24 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = ("train softmax to the switch", "train softmax", "train ssa")  # the order reproduce.train_all ran them
 
 
-def retrain(seed, steps):
+def recorded_steps():
     recorded = {}
     for line in open(os.path.join(HERE, "steps.jsonl")):
         r = json.loads(line)
         recorded.setdefault(r["step"], r["command"].split(" "))  # the first run of a step (reruns resumed it)
+    return recorded
+
+
+def check(seed, recorded):
     for name in STEPS:
         if f"{name} (seed {seed})" not in recorded:
             raise StepError(f"--seeds {seed}: {HERE}/steps.jsonl records no step '{name} (seed {seed})'")
+
+
+def retrain(seed, steps):
+    recorded = recorded_steps()
+    check(seed, recorded)
+    for name in STEPS:
         cmd = recorded[f"{name} (seed {seed})"]
         steps.run(f"re{name} (seed {seed}, its log was lost)", cmd, threads=1)  # logged in steps.jsonl
     runs = next(a.split("=", 1)[1].strip("'") for a in recorded[f"train ssa (seed {seed})"] if a.startswith("out_dir="))
@@ -34,8 +44,10 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[1339, 1340])
     a = p.parse_args()
-    steps = Steps(HERE)
     try:
+        for seed in a.seeds:  # before Steps, which writes wall.json into this folder
+            check(seed, recorded_steps())
+        steps = Steps(HERE)
         with ThreadPoolExecutor(len(a.seeds)) as pool:
             list(pool.map(lambda seed: retrain(seed, steps), a.seeds))
     except StepError as e:
