@@ -31,14 +31,14 @@ def test_stopping_the_pool_ends_the_runs_in_flight_and_the_queued_ones_at_once(t
     while len(list(tmp_path.iterdir())) < 2 and time.time() - t0 < 60:  # both workers in a run
         time.sleep(0.05)
     workers = list(pool._processes)  # pids
-    t0 = time.time()
     synthetic._stop(pool)
     # by the OS's word: is_alive() may still say True while the executor's own thread reaps the process
-    assert time.time() - t0 < 10 and all(gone(pid) for pid in workers)
+    assert all(gone(pid) for pid in workers)
     time.sleep(1)
     # the queued runs never started (cancelled, or taken into the executor's call queue and never run: which of the
     # two is the executor's timing, not the suite's)
     assert sorted(f.name for f in tmp_path.iterdir()) == ["0", "1"]
+    # and the runs in flight were stopped, not waited for (a 60 s run waited for would end with its result): no clock
     assert not any(f.done() and not f.cancelled() and f.exception() is None for f in futures)
 
 
