@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from lib import compare, dataset, lm_suite, plans, report
+from lib import dataset, lm_suite, plans, report
 from lib.checkpoint import CheckpointError, run_info
 from lib.corpora import DataError
 from lib.folders import FolderError, held, replace_synced
@@ -115,9 +115,7 @@ def run_steps(a, S, root, data_dir, steps, variants, began=None):
                                                      a.skip, a.texts), roots.items()))
     M, logs = S["train"]["max_iters"], read_train_logs(results, a.seeds)
     kept = kept_losses(results, logs, a.seeds)  # seeds without a log: a folder from before they were kept
-    rows = kept if kept and not logs else report.loss_curves(logs, results, labels, int(SWITCH_AT * M), M) + kept
-    if kept and logs:  # loss_curves wrote the logs' rows only
-        compare.write_csv(os.path.join(results, "train_loss.csv"), rows, list(rows[0]))
+    rows = kept if kept and not logs else report.loss_curves(logs, results, labels, int(SWITCH_AT * M), M, kept)
     if "sft" in S:  # else every seed's retrieval ran in seed_steps
         lm_suite.sft_retrieval(S, a.seeds[0], roots[a.seeds[0]], steps, data, variants, common, a.skip)
     if a.scale == "gpu" and "bench" not in a.skip:

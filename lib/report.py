@@ -19,11 +19,11 @@ def read_json(*path):
     return json.load(open(path)) if os.path.isfile(path) else None
 
 
-def loss_curves(logs, results, variants, switch_iter, max_iters):
+def loss_curves(logs, results, variants, switch_iter, max_iters, kept=()):
     """SSMax Fig. 4: every variant's training loss (moving average), the mean over seeds with their range as a band;
     train_loss.csv: every eval of every seed. logs: {seed: {variant: records}} (runs.read_train_logs); variants:
     {name: legend}. Returns the CSV's rows. The (f) variant's log starts at the switch: the softmax run's steps before
-    it are its first part. A seed whose log kept only the evaluations adds rows, not a curve."""
+    it are its first part. A seed whose log kept only the evaluations adds rows, not a curve; so do `kept`'s rows."""
     rows, curves = [], {}
     for v in variants:
         for seed, by in logs.items():
@@ -35,7 +35,7 @@ def loss_curves(logs, results, variants, switch_iter, max_iters):
                 curves.setdefault(v, []).append(curve)
             rows += [dict(variant=v, seed=seed, iter=r["iter"], train_loss=r["train_loss"], val_loss=r["val_loss"])
                      for r in log if "val_loss" in r]
-    w = max(1, max_iters // 20)
+    rows, w = rows + list(kept), max(1, max_iters // 20)
     from matplotlib.figure import Figure  # no pyplot: no global state
     fig, palette = Figure(figsize=(9, 5), layout="tight"), figures.colors(len(curves))
     ax = fig.subplots()
