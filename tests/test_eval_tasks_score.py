@@ -3,10 +3,14 @@ prompt (a stand-in model whose logits are known), diagnose's entropy of each row
 mass (a stand-in whose attention rows are known), and what evaluate makes of them: each test condition scored with
 its own overrides and its own stream, the MSE's interval, one diagnosis per length, --logit_scale with its floor and
 its name, and the sizes checked before anything runs. Tiny sizes, CPU only."""
+import ast
 import csv
+import dataclasses
+import glob
 import json
 import math
-from dataclasses import asdict
+import os
+from dataclasses import asdict, replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,9 +22,11 @@ import eval_tasks
 import tasks
 from conftest import one_line_error
 from lib import tracking
-from lib.checkpoint import build_model, run_info, save_checkpoint
-from lib.config import TrainConfig
+from lib.checkpoint import REPO, build_model, run_info, save_checkpoint
+from lib.config import TrainConfig, run_config
+from lib.synthetic_suite import RESCALED, SETTINGS
 from model import GPTConfig
+from scorers import SCORERS, Param
 from test_tasks import cfg
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: tiny models, one thread
@@ -217,3 +223,45 @@ def test_a_diagnosis_of_a_task_with_no_known_target_says_its_target_mass_is_nan(
     assert all(math.isnan(float(r["target_mass"])) for r in rows(tmp_path / "ev", "attention.csv"))
     with pytest.raises(ValueError, match="task 'flipflop': no target position known"):
         tasks.target_positions(cfg("flipflop"), torch.zeros(2, 8, dtype=torch.long))
+
+
+def labels_of(overrides):
+    """setting() of a run trained with these config values, TrainConfig's defaults elsewhere."""
+    return eval_tasks.setting({**asdict(TrainConfig()), **overrides})
+
+
+# the labels the committed results and configs/ carry (results/synthetic*/accuracy.csv): grouped by them
+SUITE_LABELS = {"ssmax-fixed-s": "ssmax-fixed-s", "softmax-logN": "ssmax-s0-b3.47", "ssmax-s0.5": "ssmax-s0.5",
+                "ssmax-s2": "ssmax-s2", "softmax-wd0": "softmax-wd0", "ssmax-wd0": "ssmax-wd0",
+                "softmax-p3": "softmax-p3", **{s: "softmax" for s in RESCALED}}
+CONFIG_LABELS = {"lssar.py": "lssar-p15", "paper/lssar.py": "lssar-p15", "ssa_learn_n.py": "ssa-learn-n",
+                 "paper/ssa_learn_n.py": "ssa-learn-n", "ssmax_bias.py": "ssmax-bias", "paper/ssmax_bias.py":
+                 "ssmax-bias", "ssmax_nos.py": "ssmax-fixed-s", "paper/ssmax_nos.py": "ssmax-fixed-s",
+                 "cpu_quick.py": "ssmax", "sft.py": "softmax-wd0", "cpu_char.py": "softmax"}
+
+
+def test_setting_keeps_the_label_of_every_suite_setting_and_config():
+    for name, over in SETTINGS.items():  # a setting named by its scorer alone keeps that name
+        values = {k: v if k == "scorer" else ast.literal_eval(v) for k, v in (
+            o.format(log_N=math.log(32)).split("=", 1) for o in over)}  # N = 32: b = log N = 3.47
+        assert labels_of(values) == SUITE_LABELS.get(name, values["scorer"]), name
+    for path in glob.glob(os.path.join(REPO, "configs", "**", "*.py"), recursive=True):
+        values = {k: v for k, v in run_config(path).items() if k in asdict(TrainConfig())}
+        want = CONFIG_LABELS.get(os.path.relpath(path, os.path.join(REPO, "configs")), values.get("scorer", "softmax"))
+        assert labels_of(values) == want, path
+
+
+def test_setting_names_a_scorers_registry_option_away_from_its_default(monkeypatch):
+    # ssa_n=3 and a new scorer's a=1 and a=3 had each been one label: two settings pooled under one name
+    assert [labels_of(dict(scorer="ssa", **kw)) for kw in ({}, dict(ssa_n=3.0), dict(ssa_b_init=0.5, ssa_learn_n=True),
+                                                           dict(ssa_n=1.5, reweight_p=3.0))] == [
+        "ssa", "ssa-n3", "ssa-learn-n-b_init0.5", "ssa-p3"]  # ssa_n at its default 1.5: no mark
+    prm = Param("a", 1.0, init="powersoftmax_a_init", learn="powersoftmax_learn_a")
+    monkeypatch.setitem(SCORERS, "powersoftmax", replace(SCORERS["softmax"], params=(prm,)))
+    for f, default in (("powersoftmax_a_init", 1.0), ("powersoftmax_learn_a", True)):  # its GPTConfig fields
+        monkeypatch.setitem(GPTConfig.__dataclass_fields__, f, dataclasses.field(default=default))
+    got = [labels_of(dict(scorer="powersoftmax", **kw)) for kw in (
+        {}, dict(powersoftmax_a_init=1.0), dict(powersoftmax_a_init=3.0), dict(powersoftmax_learn_a=False),
+        dict(powersoftmax_a_init=3.0, weight_decay=0.0))]
+    assert got == ["powersoftmax", "powersoftmax", "powersoftmax-a_init3", "powersoftmax-no_learn_a",
+                   "powersoftmax-a_init3-wd0"]
