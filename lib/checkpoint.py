@@ -176,9 +176,21 @@ def trained(path, iters):
     iteration 0 included, so a run cut short leaves a ckpt.pt that must not pass for done."""
     return path if iter_of(path) == iters else None
 
+def _refusal(args):
+    """GPTConfig's error for these args, None where they make a config."""
+    try:
+        GPTConfig(**args)
+    except (TypeError, ValueError) as e:
+        return e
+    return None
+
 def model_of(ckpt, path, **overrides):
     """The model a checkpoint holds (its task's: RealGPT for reals), its weights loaded; CheckpointError, one line,
-    for args or weights this model.py does not take (a checkpoint of another version or branch)."""
+    for args or weights this model.py does not take (a checkpoint of another version or branch), or for an override
+    (a script's --backend) that its args take and the override does not: that value named, not the checkpoint."""
+    bad = overrides and _refusal(ckpt["model_args"]) is None and _refusal({**ckpt["model_args"], **overrides})
+    if bad:  # e.g. backend='sdpa' does not run scorer='ssa'; its backends: ...
+        raise CheckpointError(f"the model of {path!r}: {bad}")
     try:
         task = (ckpt.get("config") or {}).get("task", "")
         model = build_model(GPTConfig(**{**ckpt["model_args"], **overrides}), task)

@@ -155,6 +155,13 @@ def test_triton_backend_without_a_gpu_is_one_error_line_not_a_traceback(ckpt, mo
     assert "need a CUDA GPU" in one_line_error(sample.main, ["--ckpt", ckpt, "--backend", "triton"])
 
 
+def test_a_backend_that_does_not_run_the_scorer_is_named_as_the_bad_value_not_the_checkpoint(tmp_path):
+    # it read "'.../ckpt.pt' does not fit this model: ValueError: backend='sdpa' ...": the checkpoint blamed
+    msg = one_line_error(sample.main, ["--ckpt", write_ckpt(tmp_path / "ckpt.pt", "ssa"), "--backend", "sdpa"])
+    assert "backend='sdpa' does not run scorer='ssa'; its backends: torch, cpu" in msg
+    assert "does not fit" not in msg and "ckpt.pt" in msg  # which model, still
+
+
 def one_error_line(argv):  # sample.main's
     return one_line_error(sample.main, argv)
 
