@@ -12,6 +12,23 @@ import torch.nn.functional as F
 import scorers
 
 MASK_ROWS = 256  # query rows per SDPA call with fox's float mask
+# the kernel flags (scorers.Scorer.kernel_flags) and forget run here: softmax's, ssmax's (row logn: q scaled), fox's
+# (forget: c_i - c_j a float mask); any other entry would run as softmax
+FLAGS = (("plain", "linear", True, True, True, False), ("logn", "linear", True, True, True, False),
+         ("forget", "forget", True, True, True, True))
+
+
+def check(scorer, entry):
+    """One error line for an entry that lists 'sdpa' with kernel flags this file does not run (never softmax for it):
+    its flags are ones the Triton interpreter tests check against the reference."""
+    flags = (*entry.kernel_flags().values(), entry.forget)
+    if "sdpa" in entry.backends and flags not in FLAGS:
+        raise ValueError(f"scorer {scorer!r} lists backend 'sdpa', which runs only softmax's, ssmax's and fox's "
+                         f"kernel flags (kernels_sdpa.FLAGS), not {flags}: leave 'sdpa' out")
+
+
+for name, e in scorers.SCORERS.items():  # the registry's, at import; an entry added later, when called
+    check(name, e)
 
 
 def sdpa_attention(q, k, v, scorer, *, p=None, offset=0, **params):
@@ -20,6 +37,7 @@ def sdpa_attention(q, k, v, scorer, *, p=None, offset=0, **params):
     differences taken in fp32 (c itself grows with length). Causal mask: is_causal at offset 0, bottom-right after a
     cache, none for one row."""
     entry, p, params = scorers.get(scorer, p, params, "sdpa")
+    check(scorer, entry)
     if p is not None:
         raise ValueError(f"backend='sdpa' runs no re-weighting (p={p}); use backend='auto' (cpu or triton)")
     Tq, Tk = q.size(-2), k.size(-2)

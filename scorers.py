@@ -2,13 +2,9 @@
 nanoscorer's attention scorers: the registry that every other place reads, and the reference path.
 
 The exact definitions are SCORERS.md. One `Scorer` entry per scorer holds its reference function (below, written
-like the paper's equation), its per-head parameters, whether and by what its rows are divided, and the flags the
-fused paths compile from (kernels.py, kernels_cpu.py, flex). GPTConfig's checks, the model's parameters, train.py's
-options and the tests' case tables derive from SCORERS, and tests/test_registry.py checks that they agree. A new
-scorer is one function here and one entry in SCORERS (a GPTConfig field for each option its parameters name, a row in
-README.md's and SCORERS.md's tables): it runs on torch, cpu and flex. Triton needs its kernel math named
-(kernel_logit), kernels_math.py's branches and, for a learnt parameter, kernels.py's gradient sums: SCORERS.md,
-"Adding a scorer". A special case of another scorer (its parameters held fixed) is one entry, special_case(...).
+like the paper's equation), its per-head parameters, its row division and the flags the fused paths compile from;
+GPTConfig's checks, the model's parameters, train.py's options and the tests' tables derive from it (checked by
+tests/test_registry.py). Adding a scorer, or a special case of one (special_case): SCORERS.md, "Adding a scorer".
 
 - softmax: the baseline.
 - ssmax: Scalable-Softmax, Nakanishi 2025 "Scalable-Softmax Is Superior for Attention" (eq. 2, 4, 11): the logits
@@ -172,12 +168,12 @@ class Scorer:
     row: str = "plain"  # or logn (ssmax), norm (lssa), bias (sigmoid), forget (fox: c_i, c_j)
     kernel_logit: Optional[str] = None  # linear (z), ssa, softplus, sigmoid, softpick, stickbreaking, forget
     forget: bool = False  # FoX: logits + c_i - c_j, c (B, H, Tk) given as c= (the model's forget gates)
-    backends: tuple = ("torch", "cpu", "flex")  # model.attention's that run it; triton only with a kernel_logit
+    backends: tuple = ("torch", "cpu", "flex")  # model.attention's that run it; triton exactly with a kernel_logit
 
-    def __post_init__(self):  # no kernel math named: Triton would run another scorer's (a default once ran softmax's)
-        if "triton" in self.backends and self.kernel_logit is None:
-            raise ValueError(f"the Scorer of {self.weights.__name__} lists backend 'triton' but no kernel_logit: "
-                             f"name its kernel math (SCORERS.md, Adding a scorer, step 4) or leave 'triton' out")
+    def __post_init__(self):  # the flag-keyed paths (Triton, kernels_cpu.FAST) run only math tested on Triton
+        if ("triton" in self.backends) != (self.kernel_logit is not None):  # kernels_cpu.FAST once ran softmax for one
+            raise ValueError(f"the Scorer of {self.weights.__name__} has kernel_logit {self.kernel_logit!r}, backends "
+                             f"{self.backends}: kernel_logit goes with triton (SCORERS.md, Adding a scorer, step 4)")
 
     @property
     def sums_to_one(self):  # divided by its weights' own sum: re-weighting applies
@@ -270,9 +266,8 @@ def get(scorer, p=None, params=None, backend=None):
     return entry, None if p is None else float(p), {k: x for k, x in (params or {}).items() if x is not None}
 
 def prepare(q, k, v, scorer, p=None, offset=0, backend=None, **params):
-    """A fused path's inputs checked: the registry entry, p, and each of the scorer's parameters by name as a
-    per-head fp32 tensor on q's device (its default where not given; fox's c as given). q (B, H, Tq, D); k, v
-    (B, H, offset + Tq, D)."""
+    """A fused path's inputs checked (shapes: the asserts): the registry entry, p, and each of the scorer's parameters
+    by name as a per-head fp32 tensor on q's device (its default where not given; fox's c as given)."""
     entry, p, params = get(scorer, p, params, backend)
     assert q.dim() == 4 and k.shape == v.shape and k.shape[:2] == q.shape[:2] and k.shape[3] == q.shape[3], \
         f"q (B, H, Tq, D) and k, v (B, H, Tk, D) expected, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"

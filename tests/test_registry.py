@@ -20,7 +20,7 @@ import kernels_math
 import model
 from cases import cases, model_variants
 from kernels_math import _grad_factor, _keys, _logit, _prob_bwd, _row_setup, _terms
-from scorers import SCORERS
+from scorers import SCORERS, Scorer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKENDS = [b for b in model.BACKENDS if b != "auto"]
@@ -119,9 +119,10 @@ def test_every_kernel_helper_has_a_branch_for_every_registry_scorers_flags(score
     assert torch.isfinite(out).all()
 
 
-def test_a_new_entry_without_kernel_math_runs_its_own_math_on_cpu_and_is_kept_off_triton(monkeypatch):
-    # kernel_logit once defaulted to "linear": a new entry's cpu and Triton paths silently ran softmax
-    from scorers import Scorer
+def test_a_new_entry_runs_its_own_math_on_cpu_and_is_kept_off_the_paths_keyed_by_kernel_flags(monkeypatch):
+    # kernel_logit once defaulted to "linear": a new entry's cpu and Triton paths silently ran softmax; so did one
+    # naming "linear" without triton (kernels_cpu.FAST) or listing sdpa (auto's pick on the CPU)
+    import kernels_sdpa
     cube = lambda q, k, n_i, mask: (lambda w: w / w.sum(-1, keepdim=True))(  # (1 + relu z)^3, normalised
         (1 + (q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))).relu()) ** 3 * mask)
     entry = Scorer(cube, lambda z, ln_n, ln_d: 3 * torch.log1p(z.relu()))
@@ -131,8 +132,16 @@ def test_a_new_entry_without_kernel_math_runs_its_own_math_on_cpu_and_is_kept_of
     ref = model.attention(q, k, v, "cube", backend="torch")
     assert (ref - model.attention(q, k, v, "softmax", backend="torch")).abs().max() > 1e-2
     torch.testing.assert_close(model.attention(q, k, v, "cube", backend="cpu"), ref)
-    with pytest.raises(ValueError, match="the Scorer of <lambda> lists backend 'triton' but no kernel_logit"):
+    with pytest.raises(ValueError, match=r"the Scorer of <lambda> has kernel_logit None, backends \('torch', "
+                       r"'triton'\): kernel_logit goes with triton \(SCORERS.md, Adding a scorer, step 4\)"):
         Scorer(cube, entry.logit, backends=("torch", "triton"))
+    with pytest.raises(ValueError, match="Scorer of <lambda> has kernel_logit 'linear', backends .'torch', 'cpu'"):
+        Scorer(cube, entry.logit, kernel_logit="linear")
+    monkeypatch.setitem(SCORERS, "cube", dataclasses.replace(entry, backends=("torch", "sdpa", "cpu")))
+    with pytest.raises(ValueError, match="scorer 'cube' lists backend 'sdpa', which runs only softmax's, ssmax's"):
+        model.attention(q, k, v, "cube", backend="auto")
+    with pytest.raises(ValueError, match="scorer 'cube' lists backend 'sdpa'"):
+        importlib.reload(kernels_sdpa)  # a registry entry: at import
 
 
 def test_a_learnable_parameter_without_kernel_gradient_sums_fails_its_backward_in_one_line(monkeypatch):
@@ -157,7 +166,7 @@ def test_a_param_field_missing_from_gptconfig_is_one_line_naming_it(monkeypatch)
 
 @pytest.mark.parametrize("helper", HELPERS)
 def test_a_flag_value_no_helper_knows_fails_in_the_helpers_that_need_a_branch(helper):
-    new = dataclasses.replace(SCORERS["softmax"], row="new", kernel_logit="new")
+    new = dataclasses.replace(SCORERS["softmax"], row="new", kernel_logit="new", backends=("triton",))  # not on sdpa
     if helper not in REQUIRED:  # the template's default
         assert torch.isfinite(_run_helper(helper, new)).all()
         return
