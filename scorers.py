@@ -139,9 +139,11 @@ def row_lse(entry, q, k, n_i, mask, prm):
 # ----------------------------------------------------------------------------------------------------------------
 # The registry
 
+RESERVED = ("q", "k", "v", "scorer", "p", "offset", "backend", "chunk", "n_i", "mask", "c")  # taken by attention()
+
 @dataclass(frozen=True)
 class Param:
-    """A per-head parameter of a scorer. `name` is the paper's symbol and attention()'s keyword."""
+    """A per-head parameter of a scorer. `name` is the paper's symbol and attention()'s keyword (none of RESERVED)."""
     name: str
     default: float  # when attention() is not given it
     init: str = ""  # GPTConfig field of its start value ("": default)
@@ -174,6 +176,9 @@ class Scorer:
         if ("triton" in self.backends) != (self.kernel_logit is not None):  # kernels_cpu.FAST once ran softmax for one
             raise ValueError(f"the Scorer of {self.weights.__name__} has kernel_logit {self.kernel_logit!r}, backends "
                              f"{self.backends}: kernel_logit goes with triton (SCORERS.md, Adding a scorer, step 4)")
+        if taken := [prm.name for prm in self.params if prm.name in RESERVED]:  # p=3.0 ran re-weighting; c: fox's
+            raise ValueError(f"the Scorer of {self.weights.__name__} has a Param {taken[0]!r}, a name attention() "
+                             f"takes itself ({', '.join(RESERVED)}): give it another symbol")
 
     @property
     def sums_to_one(self):  # divided by its weights' own sum: re-weighting applies

@@ -144,6 +144,17 @@ def test_a_new_entry_runs_its_own_math_on_cpu_and_is_kept_off_the_paths_keyed_by
         importlib.reload(kernels_sdpa)  # a registry entry: at import
 
 
+def test_a_param_named_as_an_attention_keyword_is_refused_at_import():
+    import kernels, kernels_flex, kernels_sdpa, kernels_stick, scorers
+    for name in ("p", "c", "offset", "backend", "chunk"):  # p=3.0 ran re-weighting silently, c was taken for fox's
+        with pytest.raises(ValueError, match=f"the Scorer of score_ssa has a Param '{name}', a name attention"):
+            dataclasses.replace(SCORERS["ssa"], params=(scorers.Param(name, 1.0),))
+    takes = [model.attention, scorers.prepare, scorers.attention_weights, kernels.attention, kernels_cpu.attention,
+             kernels_flex.flex_attention, kernels_sdpa.sdpa_attention, kernels_stick.attention, scorers.score_softmax]
+    names = {n for f in takes for n, x in inspect.signature(f).parameters.items() if x.kind != x.VAR_KEYWORD}
+    assert names | {"c"} == set(scorers.RESERVED)  # attention()'s and its backends' keywords, the reference's, fox's c
+
+
 def test_a_learnable_parameter_without_kernel_gradient_sums_fails_its_backward_in_one_line(monkeypatch):
     import kernels
     from scorers import Param
