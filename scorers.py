@@ -221,8 +221,7 @@ SCORERS = {
     "softpick": Scorer(score_softpick, lambda z, ln_n, ln_d: torch.where(z > 0, _log_abs_expm1(z), -math.inf),
                        den_logit=lambda z, ln_n, ln_d: _log_abs_expm1(z), eps=SOFTPICK_EPS, kernel_logit="softpick",
                        backends=_FUSED),
-    # a reverse cumulative sum over each row's keys: no row template, no flex logit
-    "stickbreaking": Scorer(score_stickbreaking, None, row_sum=False, stats="plain_sum",
+    "stickbreaking": Scorer(score_stickbreaking, None, row_sum=False, stats="plain_sum",  # no row template, no logit
                             kernel_logit="stickbreaking", backends=("torch", "cpu", "triton")),
     "fox": Scorer(score_fox, lambda z, ln_n, ln_d: z, forget=True, row="forget", kernel_logit="forget",
                   backends=("torch", "sdpa", "triton", "flex")),
@@ -236,9 +235,10 @@ def check_options(config):
             if not hasattr(config, f):  # else an AttributeError for every scorer's model
                 raise ValueError(f"scorer {name!r} reads GPTConfig field {f}, which model.py's GPTConfig lacks: add "
                                  f"it (SCORERS.md, Adding a scorer, step 2)")
-            if getattr(config, f) != type(config).__dataclass_fields__[f].default and config.scorer != name:
+            owners = [n for n, e in SCORERS.items() if any(f in prm.fields() for prm in e.params)]  # + special cases
+            if getattr(config, f) != type(config).__dataclass_fields__[f].default and config.scorer not in owners:
                 raise ValueError(f"option {f}={getattr(config, f)!r} does not apply to scorer={config.scorer!r} "
-                                 f"(only to {name})")
+                                 f"(only to {', '.join(owners)})")
     for prm in SCORERS[config.scorer].params:
         off = [f for f in (prm.init, prm.learn) if prm.only_if and not getattr(config, prm.only_if)
                and getattr(config, f) != type(config).__dataclass_fields__[f].default]

@@ -20,7 +20,7 @@ import kernels_math
 import model
 from cases import cases, model_variants
 from kernels_math import _grad_factor, _keys, _logit, _prob_bwd, _row_setup, _terms
-from scorers import SCORERS, Scorer
+from scorers import SCORERS, Scorer, special_case
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKENDS = [b for b in model.BACKENDS if b != "auto"]
@@ -315,3 +315,13 @@ def test_a_special_case_is_one_entry_that_runs_with_its_parents_math_everywhere_
     assert gpt.transformer.h[0].attn.scorer_params() == {}  # nothing learns
     with pytest.raises(ValueError, match="option ssa_b_init=2.0 does not apply to scorer='stablemax'"):
         model.GPTConfig(scorer=stablemax, ssa_b_init=2.0)
+
+
+def test_a_special_case_that_keeps_a_parents_param_shares_its_option_with_the_parent(monkeypatch):
+    # ssa2 keeps ssa's b: GPTConfig(scorer="ssa", ssa_b_init=2.0) was refused "(only to ssa2)", one owner a field
+    monkeypatch.setitem(SCORERS, "ssa2", special_case(SCORERS["ssa"], n=2.0))
+    for scorer in ("ssa", "ssa2"):
+        cfg = model.GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=8, scorer=scorer, ssa_b_init=2.0)
+        torch.testing.assert_close(model.GPT(cfg).transformer.h[0].attn.scorer_params()["b"], torch.full((2,), 2.0))
+    with pytest.raises(ValueError, match=r"ssa_b_init=2.0 does not apply to scorer='softmax' \(only to ssa, ssa2\)$"):
+        model.GPTConfig(scorer="softmax", ssa_b_init=2.0)
