@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 import hf_scorers  # noqa: E402
-from scorers import SCORERS, score_softmax  # noqa: E402
+from scorers import SCORERS, score_softmax, special_case  # noqa: E402
 
 B, H, T, D = 1, 2, 300, 16  # n_i past 256: bf16 holds every integer only up to 256
 BF16_U = 2.0 ** -8  # bf16's unit roundoff: a value rounded once is within it, relative
@@ -33,8 +33,10 @@ def per_head(scorer):
     return {prm.name: [[prm.default + 0.3 * (h + 1) for h in range(H)]] for prm in SCORERS[scorer].params}
 
 
-def float64(params):
-    return {name: torch.tensor(x[0], dtype=torch.float64).view(H, 1, 1) for name, x in params.items()}
+def float64(scorer, params):
+    """Layer 0's parameters (H, 1, 1) for the reference, with a special case's fixed values (its weights take them)."""
+    fixed = {name: [[x] * H] for name, x in SCORERS[scorer].fixed}
+    return {name: torch.tensor(x[0], dtype=torch.float64).view(H, 1, 1) for name, x in {**fixed, **params}.items()}
 
 
 N_I = torch.arange(1, T + 1, dtype=torch.float64)[:, None]  # (T, 1): no mask, causal
@@ -47,9 +49,17 @@ def test_a_bf16_models_weights_are_scored_in_fp32_and_rounded_once(scorer):
     q, k, v = qkv()
     params = per_head(scorer)
     got = hf_scorers.attention(layer(scorer, params), q, k, v, None, scaling=D ** -0.5)[0].transpose(1, 2)
-    want = SCORERS[scorer].weights(q.double(), k.double(), N_I, CAUSAL, **float64(params)) @ v.double()
+    want = SCORERS[scorer].weights(q.double(), k.double(), N_I, CAUSAL, **float64(scorer, params)) @ v.double()
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.double(), want, rtol=BF16_U * 1.01, atol=1e-6)  # + fp32's own rounding
+
+
+@pytest.mark.parametrize("parent,fixed", [("ssa", dict(n=2.0)), ("ssmax", dict(s=0.5))])
+def test_a_special_case_is_checked_against_the_reference_at_its_fixed_values(monkeypatch, parent, fixed):
+    # the reference was called without the entry's fixed values: a special case's check failed (missing argument)
+    monkeypatch.setitem(SCORERS, "case", special_case(SCORERS[parent], **fixed))
+    monkeypatch.setattr(hf_scorers, "RUNS", (*hf_scorers.RUNS, "case"))
+    test_a_bf16_models_weights_are_scored_in_fp32_and_rounded_once("case")
 
 
 @pytest.mark.parametrize("scorer", ["ssmax", "softmax"])
@@ -57,7 +67,7 @@ def test_a_bf16_ssmax_scales_q_in_fp32_and_rounds_it_once_before_sdpa(scorer):
     q, k, v = qkv()
     params = per_head(scorer)
     got = hf_scorers.attention(layer(scorer, params), q, k, v, None, scaling=D ** -0.5)[0].transpose(1, 2)
-    prm = float64(params)
+    prm = float64(scorer, params)
     scaled = (q.double() * (prm["s"] * N_I.log() + prm["b"] if prm else 1)).to(torch.bfloat16)  # s log n_i + b
     assert torch.equal(got, F.scaled_dot_product_attention(scaled, k, v, is_causal=True))
     want = score_softmax(scaled.double(), k.double(), N_I, CAUSAL) @ v.double()  # SDPA's bf16 within a rounding
@@ -68,7 +78,7 @@ def test_a_scaling_other_than_1_over_sqrt_head_dim_is_refused_never_scored_at_it
     q, k, v = qkv(torch.float32)
     spec = layer("ssa", per_head("ssa"))
     ok = hf_scorers.attention(spec, q, k, v, None, scaling=D ** -0.5)[0].transpose(1, 2)  # as Llama passes it
-    want = SCORERS["ssa"].weights(q.double(), k.double(), N_I, CAUSAL, **float64(per_head("ssa"))) @ v.double()
+    want = SCORERS["ssa"].weights(q.double(), k.double(), N_I, CAUSAL, **float64("ssa", per_head("ssa"))) @ v.double()
     torch.testing.assert_close(ok.double(), want, rtol=1e-5, atol=1e-6)
     for scaling in (1.0, 2 * D ** -0.5):  # Granite's attention_multiplier, Gemma's query_pre_attn_scalar
         with pytest.raises(ValueError, match=rf"the scorers scale q.k by 1/sqrt\(head_dim\), not {scaling}$"):
