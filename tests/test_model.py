@@ -111,7 +111,8 @@ def test_the_chosen_scorer_is_the_one_that_runs():
         other = GPT(tiny(**kw)).eval()
         other.load_state_dict(ref.state_dict(), strict=False)  # same weights, another scorer
         logits, _ = other(idx, idx)
-        assert not torch.allclose(logits, base), f"{variant} gave softmax's logits"
+        assert not torch.allclose(logits, base), (f"{variant} gave softmax's logits: its default parameters must not "
+                                                  f"make it softmax (SCORERS.md, Adding a scorer, step 1)")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
