@@ -1,13 +1,20 @@
 """The FlexAttention peer (kernels_flex.py) against the float64 reference: its eager forward on CPU for every scorer it
 runs (its backward is CUDA-only: test_kernels_cuda.py), FoX's forget bias; a scorer without a kernel on a backend is
-refused there with one line, at the call and in the config."""
+refused there with one line, at the call and in the config; README's table of what backend=auto picks."""
+import dataclasses
+import os
+import re
+
 import pytest
 import torch
 
 import kernels
 import kernels_flex
 import model
+from scorers import SCORERS
 from test_kernels import FLEX, _err, _inputs, _param, _ref, triton_attention
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.filterwarnings("ignore")
@@ -85,3 +92,33 @@ def test_reference_adds_fox_c_i_minus_c_j_as_one_difference_in_fp32():
     c = c.cumsum(-1)
     ref = _ref(q.double(), k.double(), v.double(), "fox", offset=297, c=c.double())
     assert _err(_ref(q, k, v, "fox", offset=297, c=c), ref) < 2e-6
+
+
+def _backend_table():
+    """README.md's table of what backend=auto runs, as rows (the backend it needs, its CUDA cell's, its CPU cell's);
+    None: an else row, needing none, or a cell that defers to the rows below."""
+    lines = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read().splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("| the scorer's `backends`"))
+    rows = []
+    for line in lines[head + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [re.match(r"(?:else )?`(\w+)`", cell.strip()) for cell in line.split("|")[1:-1]]
+        rows.append(tuple(m and m.group(1) for m in cells))
+    return rows
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_readmes_backend_table_says_what_auto_backend_picks(device, monkeypatch):
+    # a scorer with the default backends (torch, cpu, flex) read "neither: torch" there, where auto picks cpu
+    col = 1 if device == "cuda" else 2
+    fits = dict(sdpa=lambda p, d: p is None, triton=lambda p, d: device == "cuda" and d in model.TRITON_HEAD_DIMS)
+    default = next(f.default for f in dataclasses.fields(type(SCORERS["softmax"])) if f.name == "backends")
+    for backends in {e.backends for e in SCORERS.values()} | {default, ("torch",)}:
+        entry = dataclasses.replace(SCORERS["softmax"], backends=backends,  # kernel_logit goes with triton
+                                    kernel_logit="linear" if "triton" in backends else None)
+        monkeypatch.setitem(model.SCORERS, "x", entry)
+        for p, d in ((None, 64), (3.0, 64), (None, 48)):  # re-weighted; a head size Triton's tiles do not take
+            said = [row[col] for row in _backend_table() if row[col] and (
+                row[0] is None or row[0] in backends and fits.get(row[0], lambda p, d: True)(p, d))]
+            assert said[0] == model.auto_backend("x", p, device, d), (backends, p, d)

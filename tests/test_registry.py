@@ -254,34 +254,6 @@ def test_the_scorer_table_of_each_doc_lists_the_registry_in_order(doc):
             assert re.findall(r"[a-z]+", row[col]) == list(SCORERS[row[0].strip("`")].backends), row[0]
 
 
-def _backend_table():
-    """README.md's table of what backend=auto runs, as rows (the backend it needs, its CUDA cell's, its CPU cell's);
-    None: an else row, needing none, or a cell that defers to the rows below."""
-    lines = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read().splitlines()
-    head = next(i for i, line in enumerate(lines) if line.startswith("| the scorer's `backends`"))
-    rows = []
-    for line in lines[head + 2:]:
-        if not line.startswith("|"):
-            break
-        cells = [re.match(r"(?:else )?`(\w+)`", cell.strip()) for cell in line.split("|")[1:-1]]
-        rows.append(tuple(m and m.group(1) for m in cells))
-    return rows
-
-
-@pytest.mark.parametrize("device", ["cuda", "cpu"])
-def test_readmes_backend_table_says_what_auto_backend_picks(device, monkeypatch):
-    # a scorer with the default backends (torch, cpu, flex) read "neither: torch" there, where auto picks cpu
-    col = 1 if device == "cuda" else 2
-    fits = dict(sdpa=lambda p, d: p is None, triton=lambda p, d: device == "cuda" and d in model.TRITON_HEAD_DIMS)
-    default = next(f.default for f in dataclasses.fields(type(SCORERS["softmax"])) if f.name == "backends")
-    for backends in {e.backends for e in SCORERS.values()} | {default, ("torch",)}:
-        monkeypatch.setitem(model.SCORERS, "x", dataclasses.replace(SCORERS["softmax"], backends=backends))
-        for p, d in ((None, 64), (3.0, 64), (None, 48)):  # re-weighted; a head size Triton's tiles do not take
-            said = [row[col] for row in _backend_table() if row[col] and (
-                row[0] is None or row[0] in backends and fits.get(row[0], lambda p, d: True)(p, d))]
-            assert said[0] == model.auto_backend("x", p, device, d), (backends, p, d)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # A special case: one entry with its parent's math (cases.STABLEMAX: ssa at b = n = 1)
 
