@@ -43,8 +43,9 @@ def pick_device(name):
 
 def run_info(seed=None, repo=REPO):
     """What every checkpoint and result file records: git SHA (a copy without git: $NANOSCORER_GIT_SHA, dirty None),
-    whether tracked files differed from it (git_dirty) and that diff's hash, versions, device, seed. Untracked files
-    and results/ (reproduce.py rewrites its summaries) are not counted: the flag says whether the code was committed."""
+    whether tracked files differed from it (git_dirty) and that diff's hash, versions, device, the CPU kernels'
+    instruction set (cpu_capability), seed. Untracked files and results/ (reproduce.py rewrites its summaries) are not
+    counted: the flag says whether the code was committed."""
     sha = _git(repo, "rev-parse", "HEAD").strip() or None
     diff = _git(repo, "diff", "HEAD", "--", ":(top)", ":(top,exclude)results") if sha else ""
     triton = importlib.util.find_spec("triton") and importlib.metadata.version("triton")
@@ -52,7 +53,9 @@ def run_info(seed=None, repo=REPO):
     # str(): weights_only refuses a TorchVersion
     return dict(git_sha=sha or os.environ.get("NANOSCORER_GIT_SHA") or None, git_dirty=bool(diff) if sha else None,
                 git_diff_sha256=hashlib.sha256(diff.encode()).hexdigest()[:16] if diff else None,
-                torch=str(torch.__version__), triton=triton or None, device=device, seed=seed)
+                torch=str(torch.__version__), triton=triton or None, device=device,
+                # AVX2 and AVX512 kernels round differently: runs repeat bit for bit only within one
+                cpu_capability=torch.backends.cpu.get_cpu_capability(), seed=seed)
 
 def save_checkpoint(obj, path):
     """Atomic (a temp file of this process's, synced, + rename, synced): a kill, a crash or a power loss mid-write

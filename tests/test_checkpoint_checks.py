@@ -1,8 +1,8 @@
 """lib/checkpoint.py's checks, called directly: --device's choice and its errors, what out_dir may hold before a run
 writes there (a file, results, overwrite), what a run's results are in words, the temp files a resume clears, a
 file that is no checkpoint, the config a resume continues, the start values a checkpoint's weights load over and
-when an evaluation's data is the run's own dataset prepared again since."""
-import json
+when an evaluation's data is the run's own dataset prepared again since, and what run_info records."""
+import json, os, subprocess, sys
 from dataclasses import asdict
 
 import pytest
@@ -118,6 +118,24 @@ def test_run_info_names_the_gpu_a_run_had(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     assert checkpoint.run_info(5)["device"] == "NVIDIA H200" and checkpoint.run_info(5)["seed"] == 5
+
+
+def test_run_info_records_the_cpu_kernels_instruction_set_on_every_device(tmp_path, monkeypatch):
+    # AVX2 and AVX512 kernels train to other weights: a record must say which ran (a CUDA run's CPU ops too)
+    assert checkpoint.run_info(0)["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    info = checkpoint.run_info(0)
+    assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    torch.save({"run_info": info}, tmp_path / "r.pt")  # a plain str: weights_only reads it
+    assert torch.load(tmp_path / "r.pt", weights_only=True)["run_info"] == info
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("no AVX2 here: ATEN_CPU_CAPABILITY=avx2 cannot be chosen")
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}  # how results/synthetic's AVX2 runs are repeated
+    show = "from lib.checkpoint import run_info; print(run_info()['cpu_capability'])"
+    got = subprocess.run([sys.executable, "-c", show], cwd=checkpoint.REPO, env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert got[-1:] == ["AVX2"]
 
 
 def test_run_info_takes_the_commit_from_the_environment_only_where_git_has_none(tmp_path, monkeypatch):
