@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from kernels_cpu import CHUNK
 from lib import folders, rescale, tracking
 from lib.checkpoint import model_of, pick_device, read_checkpoint, run_info
-from lib.compare import rescaled, unique_labels, wilson, write_csv
-from model import SCORERS, GPTConfig, auto_backend
+from lib.compare import rescaled, setting, unique_labels, wilson, write_csv
+from model import SCORERS, auto_backend
 from tasks import TARGETS, TASKS, get_batch, min_length, target_positions
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -42,21 +42,6 @@ def load(path, device="cpu", **overrides):
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
     return model_of(ckpt, path, **overrides).to(device).eval(), ckpt
-
-
-def setting(c):
-    """The scorer setting a run trained: its scorer, what sets it apart from its default (ssmax's fixed-s, s<v>, b<v>,
-    bias; learn-n; p<v>; other registry options: field less "<scorer>_", value: a_init3, learn_a, no_learn_a; wd0)."""
-    fixed_s, fixed_b = c["scorer"] == "ssmax" and not c["ssmax_learn_s"], not c.get("ssmax_learn_b", True)
-    extra = (["fixed-s" if c["ssmax_s_init"] == 1 else f"s{c['ssmax_s_init']:g}"] if fixed_s else []) + (
-        [f"b{c['ssmax_b_init']:.3g}" if fixed_b else "bias"] if c["ssmax_bias"] else []) + (
-        ["learn-n"] if c["ssa_learn_n"] else []) + ([f"p{c['reweight_p']:g}"] if c["reweight_p"] is not None else [])
-    for f in dict.fromkeys(f for prm in SCORERS[c["scorer"]].params for f in prm.fields()):  # only_if off: at default
-        name, default = f.removeprefix(c["scorer"] + "_"), GPTConfig.__dataclass_fields__[f].default
-        v = c.get(f, default)  # a field newer than the run: the run had its default
-        if v != default and f != "ssa_learn_n" and not f.startswith("ssmax_"):  # old labels kept: named above
-            extra.append(name if v is True else f"no_{name}" if v is False else f"{name}{v:g}")
-    return "-".join([c["scorer"], *extra, *(["wd0"] if c.get("weight_decay") == 0 else [])])
 
 
 def bytes_per_token(cfg):

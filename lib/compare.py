@@ -180,6 +180,25 @@ def wilson(k, n, z=1.96):
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
     return max(0.0, (p + z * z / (2 * n)) / d - half), min(1.0, (p + z * z / (2 * n)) / d + half)
 
+def setting(c):
+    """The scorer setting a run trained (c: its checkpoint's config): its scorer, what sets it apart from its default
+    (ssmax's fixed-s, s<v>, b<v>, bias; learn-n; p<v>; any other registry option: field less "<scorer>_" and value,
+    e.g. s_init2, a_init3, learn_a, no_learn_a; wd0). Runs that differ in an option never share a label."""
+    from model import SCORERS, GPTConfig  # torch: only where a config is labelled
+    fixed_s, fixed_b = c["scorer"] == "ssmax" and not c["ssmax_learn_s"], not c.get("ssmax_learn_b", True)
+    extra = (["fixed-s" if c["ssmax_s_init"] == 1 else f"s{c['ssmax_s_init']:g}"] if fixed_s else []) + (
+        [f"b{c['ssmax_b_init']:.3g}" if fixed_b else "bias"] if c["ssmax_bias"] else []) + (
+        ["learn-n"] if c["ssa_learn_n"] else []) + ([f"p{c['reweight_p']:g}"] if c["reweight_p"] is not None else [])
+    named = {"ssa_learn_n", "ssmax_learn_s", "ssmax_bias", "ssmax_learn_b",  # the labels above (kept as they were)
+             *["ssmax_s_init"] * fixed_s, *["ssmax_b_init"] * (fixed_b and c["ssmax_bias"])}
+    for f in dict.fromkeys(f for prm in SCORERS[c["scorer"]].params for f in prm.fields()):  # only_if off: at default
+        name, default = f.removeprefix(c["scorer"] + "_"), GPTConfig.__dataclass_fields__[f].default
+        v = c.get(f, default)  # a field newer than the run: the run had its default
+        if v != default and f not in named:  # a number by :g where that keeps it apart from others, else as repr
+            value = f"{v:g}" if isinstance(v, float | int) and float(f"{v:g}") == v else repr(v)
+            extra.append(name if v is True else f"no_{name}" if v is False else f"{name}{value}")
+    return "-".join([c["scorer"], *extra, *(["wd0"] if c.get("weight_decay") == 0 else [])])
+
 def rescaled(label, logit_scale):
     """A softmax model's name with the training-free rescaling it ran with (eval_tasks' "softmax-qwen"): rows with
     and without --logit_scale never share a label."""

@@ -265,3 +265,16 @@ def test_setting_names_a_scorers_registry_option_away_from_its_default(monkeypat
         dict(powersoftmax_a_init=3.0, weight_decay=0.0))]
     assert got == ["powersoftmax", "powersoftmax", "powersoftmax-a_init3", "powersoftmax-no_learn_a",
                    "powersoftmax-a_init3-wd0"]
+
+
+def test_setting_names_ssmax_start_values_that_learn_and_options_that_are_not_numbers(monkeypatch):
+    # ssmax learning s from 2, or b from 3, had been labelled as the defaults' runs: "ssmax", "ssmax-bias"
+    assert [labels_of(dict(scorer="ssmax", **kw)) for kw in (
+        {}, dict(ssmax_s_init=2.0), dict(ssmax_bias=True), dict(ssmax_bias=True, ssmax_b_init=3.0),
+        dict(ssmax_learn_s=False, ssmax_s_init=2.0), dict(ssmax_bias=True, ssmax_learn_b=False, ssmax_b_init=3.0))] == [
+        "ssmax", "ssmax-s_init2", "ssmax-bias", "ssmax-bias-b_init3", "ssmax-s2", "ssmax-b3"]
+    assert labels_of(dict(scorer="ssa", ssa_n=2.0000001)) == "ssa-n2.0000001"  # :g's 6 digits would read ssa-n2
+    prm = Param("a", 1.0, init="powersoftmax_mode")  # a str option: its repr, not a format error
+    monkeypatch.setitem(SCORERS, "powersoftmax", replace(SCORERS["softmax"], params=(prm,)))
+    monkeypatch.setitem(GPTConfig.__dataclass_fields__, "powersoftmax_mode", dataclasses.field(default="slow"))
+    assert labels_of(dict(scorer="powersoftmax", powersoftmax_mode="fast")) == "powersoftmax-mode'fast'"
