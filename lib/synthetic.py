@@ -112,9 +112,11 @@ def trained_s(records):
 
 
 def code(info):
-    """The code a run_info names: its commit, "+dirty:<diff hash>" where uncommitted changes ran too (None: none)."""
+    """The code a run_info names: its commit, "+dirty:<diff hash>" where uncommitted changes ran too, " on <the CPU
+    kernels' instruction set>" where recorded (AVX2's and AVX-512's train to other weights) (None: none)."""
     if isinstance(info, dict) and info.get("git_sha"):
-        return info["git_sha"] + f"+dirty:{info.get('git_diff_sha256')}" * bool(info.get("git_dirty"))
+        return (info["git_sha"] + f"+dirty:{info.get('git_diff_sha256')}" * bool(info.get("git_dirty"))
+                + f" on {info.get('cpu_capability')}" * bool(info.get("cpu_capability")))
 
 
 def made_with(records, evaluated=None):

@@ -221,7 +221,7 @@ def test_reused_runs_made_at_another_commit_are_named_in_summary_json_and_in_one
     assert fresh["made_at"] == {"train": [now], "eval": now}
     lines = (run / "log.jsonl").read_text().splitlines()  # trained at an older commit
     head = json.loads(lines[0])
-    head["run_info"].update(git_sha=old, git_dirty=False)
+    head["run_info"].update(git_sha=old, git_dirty=False, cpu_capability=None)  # recorded since: None before
     (run / "log.jsonl").write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
     evaluated = json.loads((run / "eval" / "settings.json").read_text())  # evaluated before run_info was recorded
     (run / "eval" / "settings.json").write_text(json.dumps({"args": evaluated["args"]}))
@@ -232,3 +232,22 @@ def test_reused_runs_made_at_another_commit_are_named_in_summary_json_and_in_one
     note = [line for line in out.splitlines() if line.startswith("note:")]
     assert len(note) == 1 and f"1 of 1 runs were reused from other code than this call's ({now})" in note[0]
     assert f"{old} (1), unknown (1)" in note[0] and "--redo" in note[0]
+
+
+def test_a_run_trained_on_other_cpu_kernels_is_named_as_made_by_other_code(suite, tmp_path, capsys, monkeypatch):
+    # AVX2 and AVX-512 kernels train to other weights: a run of this commit on AVX2 was reused as this call's own
+    from lib.checkpoint import run_info
+    now = synthetic.code(run_info())
+    run = tmp_path / "out-synthetic" / "first-softmax-s0"
+    e = dataclasses.replace(synthetic.SUITE["first"], extra=TINY, multiples=(1, 2))
+    monkeypatch.setitem(synthetic.SUITE, "first", e)
+    synthetic.run_one("first", "softmax", 0, str(run.parent), 4, e, overrides("first", "softmax"))
+    lines = (run / "log.jsonl").read_text().splitlines()
+    head = json.loads(lines[0])
+    other = "AVX2" if head["run_info"]["cpu_capability"] != "AVX2" else "DEFAULT"
+    head["run_info"]["cpu_capability"] = other
+    (run / "log.jsonl").write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    suite()
+    note = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert now.endswith(f" on {run_info()['cpu_capability']}") and len(note) == 1
+    assert f"on {other} (1)" in note[0]
