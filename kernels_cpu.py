@@ -14,7 +14,7 @@ branches of every torch.where, every chunk scored against the full square of its
 Same formulas and dtype as the reference (fp32 for half inputs), so it differs from it by rounding only.
 torch.compile traces all of it, the autograd.Function too, into the model's one graph.
 """
-import ctypes, math
+import math
 
 import torch
 import torch.nn.functional as F
@@ -29,18 +29,6 @@ FAST = {("plain", "linear", True, True, True): False, ("logn", "linear", True, T
         ("bias", "sigmoid", False, False, False): False, ("plain", "softpick", True, True, False): True,
         ("plain", "stickbreaking", False, False, False): True}
 MULTIPLY_MASK = ("softplus", "sigmoid", "softpick", "stickbreaking")  # LOGITs that cut future keys by a product
-
-
-def reuse_freed_memory():
-    """Keep the memory torch frees in the process: glibc unmaps large freed blocks, so each step page-faults its
-    large buffers (the logits) back in. With mmap off and no trimming freed blocks are reused; the process keeps its
-    peak memory. glibc only, else a no-op. train.py and bench/attention_cpu.py call it; importing this does nothing."""
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):  # not glibc (macOS, musl)
-        return False
-    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # malloc.h
-    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
 
 def _fast(entry):

@@ -26,7 +26,6 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import kernels_cpu
 import tasks
 from lib import cost, dataset, figures, folders, longrange, provenance, sft, tracking, vocab
 from lib.checkpoint import (CheckpointError, best_of, build_model, check_out_dir, clear_out_dir, read_checkpoint,
@@ -63,7 +62,7 @@ def setup(explicit):
     rank, world = (dist.get_rank(), dist.get_world_size()) if ddp else (0, 1)
     device_type = torch.device(device).type
     if device_type == "cpu":
-        kernels_cpu.reuse_freed_memory()  # no page faults on freed logits (kernels_cpu.py)
+        cost.reuse_freed_memory()  # no page faults on freed logits (lib/cost.py)
     ctx = torch.autocast(device_type, torch.bfloat16, enabled=device_type == "cuda")
     run = types.SimpleNamespace(ddp=ddp, rank=rank, world=world, master=rank == 0,  # only the master prints and writes
                                 device=device, device_type=device_type, ctx=ctx,

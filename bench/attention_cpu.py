@@ -4,7 +4,7 @@ CPU benchmark of the default paths (backend="auto"), in one run:
    B = 4, H = 4, D = 32, T = 256, 1024, 2048, fp32; the scorers' parameters learn (s, b), as in the model;
    --generic also times kernels_cpu's row template (its registry logits, no hand-written path: kernels_cpu.FAST);
    --p re-weights every normalised scorer (softmax and ssmax then run on kernels_cpu too); --reuse_memory keeps freed
-   memory as train.py does (kernels_cpu.reuse_freed_memory): else page faults make a path's time depend on the
+   memory as train.py does (cost.reuse_freed_memory): else page faults make a path's time depend on the
    allocations of the paths timed before it (the template's, up to 1.5x either way);
 2. training tokens/s per scorer for configs/cpu_quick.py at block_size 1024 (bench/train_speed.py), vs softmax.
 Timings take turns (every scorer once, then again) and report medians, so a shared CPU's load weighs on all alike.
@@ -28,6 +28,7 @@ sys.path.insert(0, ROOT)
 import kernels_cpu  # noqa: E402
 import model  # noqa: E402
 import train_speed  # noqa: E402  (bench/, this script's folder)
+from lib import cost  # noqa: E402
 
 PARAMS = {"ssmax": dict(s=1.0), "ssa": dict(b=1.0)}  # learnable per head in the model (ssa's n is fixed by default)
 REPEATS = {256: 15, 1024: 7, 2048: 5}
@@ -99,7 +100,7 @@ def main(argv=None):
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.reuse_memory:
-        kernels_cpu.reuse_freed_memory()
+        cost.reuse_freed_memory()
     t_start, load0 = time.time(), os.getloadavg()[0]
     lines = [f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
              f", torch {torch.__version__}; load average {load0:.1f} at the start", "",

@@ -1,8 +1,8 @@
 """
 A run's cost on a CPU, checked before it starts (train.py): a lower bound on its hours from its FLOPs, and a stop
-past CPU_LIMIT_HOURS unless allow_slow=True.
+past CPU_LIMIT_HOURS unless allow_slow=True; and the allocator setting that keeps a CPU step from page-faulting.
 """
-import os, time
+import ctypes, os, time
 from dataclasses import fields
 
 import torch
@@ -69,3 +69,15 @@ def cpu_cost_check(cfg, device_type, start_iter=0, rate=None):
                          f"{CPU_LIMIT_HOURS:g} h), so it stops before it starts: `python train.py "
                          f"configs/cpu_quick.py` trains a small model here in ~3 minutes; allow_slow=True runs this "
                          f"one anyway")
+
+
+def reuse_freed_memory():
+    """Keep the memory torch frees in the process: glibc unmaps large freed blocks, so each step page-faults its
+    large buffers (the logits) back in. With mmap off and no trimming freed blocks are reused; the process keeps its
+    peak memory. glibc only, else a no-op. train.py and bench/attention_cpu.py call it; importing this does nothing."""
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):  # not glibc (macOS, musl)
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # malloc.h
+    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))

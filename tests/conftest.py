@@ -16,9 +16,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", os.path.join(tempfile.gettempdir(), "nanoscorer-tiktoken-test"))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# CPU speed: the in-process training tests keep freed memory, as train.py does (kernels_cpu.reuse_freed_memory)
-import kernels_cpu  # noqa: E402  (after TRITON_INTERPRET and the path)
-kernels_cpu.reuse_freed_memory()
+# CPU speed: the in-process training tests keep freed memory, as train.py does (cost.reuse_freed_memory)
+from lib import cost  # noqa: E402  (after TRITON_INTERPRET and the path)
+cost.reuse_freed_memory()
 import torch  # noqa: E402
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # in case torch was imported before this file

@@ -262,8 +262,9 @@ def test_reuse_freed_memory_stops_the_page_faults_of_a_training_step_with_gpt2s_
     # reuse_freed_memory the freed blocks are reused and a later step faults in (almost) nothing.
     import subprocess, sys
     code = """if 1:
-        import resource, sys, torch, kernels_cpu, model
-        on = sys.argv[1] == "on" and kernels_cpu.reuse_freed_memory()
+        import resource, sys, torch, model
+        from lib import cost
+        on = sys.argv[1] == "on" and cost.reuse_freed_memory()
         gpt = model.GPT(model.GPTConfig(n_layer=1, n_head=2, n_embd=32, ffn_hidden=64, block_size=128))
         x = torch.randint(0, 50257, (4, 128))
         per_step = []
