@@ -28,13 +28,15 @@ FAST = {("plain", "linear", True, True, True): False, ("logn", "linear", True, T
         ("plain", "ssa", True, True, True): True, ("norm", "softplus", False, True, True): False,
         ("bias", "sigmoid", False, False, False): False, ("plain", "softpick", True, True, False): True,
         ("plain", "stickbreaking", False, False, False): True}
+READS = {("logn", "linear"): {"s", "b"}, ("plain", "ssa"): {"b", "n"}}  # the parameters they read; the others: none
 MULTIPLY_MASK = ("softplus", "sigmoid", "softpick", "stickbreaking")  # LOGITs that cut future keys by a product
 
 
 def _fast(entry):
-    """The LOGIT of the hand-written path that runs the entry (FAST), or None: the template, from its logits."""
-    flags = tuple(entry.kernel_flags().values())
-    return flags[1] if flags in FAST else None
+    """The LOGIT of the hand-written path that runs the entry (FAST: its flags, and the parameters that path reads), or
+    None: the template, from its logits (a new scorer with softmax's flags and a parameter of its own ran softmax)."""
+    flags, names = tuple(entry.kernel_flags().values()), {prm.name for prm in entry.params} | dict(entry.fixed).keys()
+    return flags[1] if flags in FAST and names == READS.get(flags[:2], set()) else None
 
 
 def _blocks(Tq):

@@ -12,19 +12,21 @@ import torch.nn.functional as F
 import scorers
 
 MASK_ROWS = 256  # query rows per SDPA call with fox's float mask
-# the kernel flags (scorers.Scorer.kernel_flags) and forget run here: softmax's, ssmax's (row logn: q scaled), fox's
-# (forget: c_i - c_j a float mask); any other entry would run as softmax
-FLAGS = (("plain", "linear", True, True, True, False), ("logn", "linear", True, True, True, False),
-         ("forget", "forget", True, True, True, True))
+# the kernel flags (scorers.Scorer.kernel_flags) and forget run here, and the parameters each reads: softmax's, ssmax's
+# (row logn: q scaled by s log n + b), fox's (forget: c_i - c_j a float mask); any other entry would run as softmax
+FLAGS = {("plain", "linear", True, True, True, False): set(), ("logn", "linear", True, True, True, False): {"s", "b"},
+         ("forget", "forget", True, True, True, True): set()}
 
 
 def check(scorer, entry):
     """One error line for an entry that lists 'sdpa' with kernel flags this file does not run (never softmax for it):
     its flags are ones the Triton interpreter tests check against the reference."""
     flags = (*entry.kernel_flags().values(), entry.forget)
-    if "sdpa" in entry.backends and flags not in FLAGS:
+    names = {prm.name for prm in entry.params} | dict(entry.fixed).keys()
+    if "sdpa" in entry.backends and FLAGS.get(flags) != names:  # a parameter of its own: softmax had run, unread
         raise ValueError(f"scorer {scorer!r} lists backend 'sdpa', which runs only softmax's, ssmax's and fox's "
-                         f"kernel flags (kernels_sdpa.FLAGS), not {flags}: leave 'sdpa' out")
+                         f"kernel flags and parameters (kernels_sdpa.FLAGS), not {flags} with parameters "
+                         f"{sorted(names) or 'none'}: leave 'sdpa' out")
 
 
 for name, e in scorers.SCORERS.items():  # the registry's, at import; an entry added later, when called

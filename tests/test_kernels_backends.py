@@ -122,3 +122,25 @@ def test_readmes_backend_table_says_what_auto_backend_picks(device, monkeypatch)
             said = [row[col] for row in _backend_table() if row[col] and (
                 row[0] is None or row[0] in backends and fits.get(row[0], lambda p, d: True)(p, d))]
             assert said[0] == model.auto_backend("x", p, device, d), (backends, p, d)
+
+
+def test_an_entry_with_softmaxs_flags_and_a_parameter_of_its_own_never_runs_a_hand_written_softmax(monkeypatch):
+    # its flags alone chose kernels_cpu.FAST's and SDPA's softmax: t never entered the weights, and never learnt
+    import kernels_cpu
+    import kernels_sdpa
+    from scorers import Param, Scorer, _masked_softmax, _z
+    temp = Scorer(lambda q, k, n_i, mask, t: _masked_softmax(t * _z(q, k), mask), lambda z, ln_n, ln_d, t: t * z,
+                  kernel_logit="linear", backends=("torch", "cpu", "triton"), params=(Param("t", 1.0),))
+    monkeypatch.setitem(SCORERS, "temp", temp)
+    assert kernels_cpu._fast(temp) is None and kernels_cpu._fast(SCORERS["ssmax"]) == "linear"
+    q, k, v = torch.randn(3, 1, 2, 8, 16).unbind(0)
+    t = torch.tensor([3.0, 3.0], requires_grad=True)
+    ref, out = (model.attention(q, k, v, "temp", backend=b, t=t) for b in ("torch", "cpu"))
+    assert (ref - model.attention(q, k, v, "softmax", backend="torch")).abs().max() > 0.1
+    torch.testing.assert_close(out, ref)
+    (g_ref,), (g,) = (torch.autograd.grad(o.square().sum(), t) for o in (ref, out))
+    torch.testing.assert_close(g, g_ref)
+    with pytest.raises(ValueError, match=r"scorer 'temp' lists backend 'sdpa', .* with parameters \['t'\]"):
+        kernels_sdpa.check("temp", dataclasses.replace(temp, backends=("torch", "sdpa", "cpu", "triton")))
+    for name in ("softmax", "ssmax", "fox"):  # the published ones still run there
+        kernels_sdpa.check(name, SCORERS[name])
