@@ -1,10 +1,10 @@
 """
 nanoscorer's attention scorers: the registry that every other place reads, and the reference path.
 
-The exact definitions are SCORERS.md. One `Scorer` entry per scorer holds its reference function (below, written
-like the paper's equation), its per-head parameters, its row division and the flags the fused paths compile from;
-GPTConfig's checks, the model's parameters, train.py's options and the tests' tables derive from it (checked by
-tests/test_registry.py). Adding a scorer, or a special case of one (special_case): SCORERS.md, "Adding a scorer".
+The exact definitions are SCORERS.md. One `Scorer` entry per scorer holds its reference function (below, like the
+paper's equation), its per-head parameters, its row division and the flags the fused paths compile from; GPTConfig's
+checks, the model's parameters, train.py's options and the tests' tables derive from it (tests/test_registry.py).
+Adding a scorer, or a special case of one (special_case): SCORERS.md, "Adding a scorer".
 
 - softmax: the baseline.
 - ssmax: Scalable-Softmax, Nakanishi 2025 "Scalable-Softmax Is Superior for Attention" (eq. 2, 4, 11): the logits
@@ -113,10 +113,9 @@ def tie_tolerance(n_i, lse, eps):
     return TIE * eps * (n_i + lse.abs())
 
 def reweight(P, n_i, p, lse):
-    """LSSAR eq. 5: R = ReLU(n_i P - o_i)^p, P' = R / sum R; o_i = 0 for rows i < 3, else 1.
-    A softmax of p log(n P - o) over the positive entries, since (n P)^p overflows fp32.
-    Positive means above tie_tolerance (eps of P's dtype, lse: row_lse; the fused paths agree); a row with none keeps
-    P. Only a uniform row has none: there n P - 1 is rounding noise that must not pick the branch."""
+    """LSSAR eq. 5: R = ReLU(n_i P - o_i)^p, P' = R / sum R; o_i = 0 for rows i < 3, else 1. A softmax of p log(n P - o)
+    over the positive entries ((n P)^p overflows fp32); positive: above tie_tolerance (eps of P's dtype, lse: row_lse;
+    the fused paths agree). A row with none keeps P: only a uniform row, whose n P - 1 is rounding noise, has none."""
     n = n_i.to(P.dtype)
     x = n * P - (n_i > 3).to(P.dtype)  # row i has n_i = i + 1, so i < 3 <=> n_i <= 3
     pos = x > tie_tolerance(n, lse, torch.finfo(P.dtype).eps)
@@ -240,9 +239,8 @@ def check_options(config):
                 raise ValueError(f"option {f}={getattr(config, f)!r} does not apply to scorer={config.scorer!r} "
                                  f"(only to {', '.join(owners)})")
     for prm in SCORERS[config.scorer].params:
-        off = [f for f in (prm.init, prm.learn) if prm.only_if and not getattr(config, prm.only_if)
-               and getattr(config, f) != type(config).__dataclass_fields__[f].default]
-        if off:  # e.g. ssmax_b_init without ssmax_bias: no b to set
+        if off := [f for f in (prm.init, prm.learn) if prm.only_if and not getattr(config, prm.only_if)
+                   and getattr(config, f) != type(config).__dataclass_fields__[f].default]:  # ssmax_b_init, no bias
             raise ValueError(f"option {off[0]}={getattr(config, off[0])!r} needs {prm.only_if}=True")
         if prm.low is not None and prm.init and not getattr(config, prm.init) > prm.low:
             raise ValueError(f"{config.scorer} needs {prm.init} > {prm.low:g}, got {getattr(config, prm.init)}")
@@ -260,15 +258,18 @@ def get(scorer, p=None, params=None, backend=None):
         raise ValueError(f"re-weighting p={p} must be in (0, 1e6]" if entry.sums_to_one else
                          f"re-weighting (p={p}) needs normalised rows; scorer={scorer!r} has none")
     if backend is not None and backend not in entry.backends:
-        raise ValueError(f"scorer {scorer!r} runs on backends {', '.join(entry.backends)}, not {backend!r} (no "
-                         f"kernel for it there yet)")
+        raise ValueError(f"scorer {scorer!r} runs on backends {', '.join(entry.backends)}, not {backend!r} (no kernel)")
     names = [prm.name for prm in entry.params] + ["c"] * entry.forget
-    unknown = [name for name in params or {} if name not in names]
-    if unknown:
+    if unknown := [name for name in params or {} if name not in names]:
         raise ValueError(f"scorer {scorer!r} has no parameter {unknown[0]!r}; its parameters: {names or 'none'}")
-    if entry.forget and (params or {}).get("c") is None:
+    given = {name: x for name, x in (params or {}).items() if x is not None}
+    if entry.forget and given.get("c") is None:
         raise ValueError(f"scorer {scorer!r} needs c= (B, H, Tk): the prefix sums of its log forget gates")
-    return entry, None if p is None else float(p), {k: x for k, x in (params or {}).items() if x is not None}
+    for prm in [prm for prm in entry.params if prm.low is not None and not torch.compiler.is_compiling()]:
+        x = torch.as_tensor(given.get(prm.name, prm.default))  # read on CPU only: on CUDA a sync, compiled a break
+        if x.device.type == "cpu" and not bool((x >= prm.low).all()):  # b < 0: NaN on torch and flex, not cpu
+            raise ValueError(f"scorer {scorer!r} needs {prm.name} >= {prm.low:g} (SCORERS.md), got {x.tolist()}")
+    return entry, None if p is None else float(p), given
 
 def prepare(q, k, v, scorer, p=None, offset=0, backend=None, **params):
     """A fused path's inputs checked (shapes: the asserts): the registry entry, p, and each of the scorer's parameters
@@ -280,9 +281,8 @@ def prepare(q, k, v, scorer, p=None, offset=0, backend=None, **params):
     assert k.shape[2] == offset + Tq, f"k has {k.shape[2]} keys but offset + Tq = {offset} + {Tq}"
     assert not entry.forget or params["c"].shape == k.shape[:3], \
         f"c (B, H, Tk) = {tuple(k.shape[:3])} expected, got {tuple(params['c'].shape)}"
-    fp32 = q.new_empty(0, dtype=torch.float32)
     return entry, p, {name: x if name == "c" else x.view(H).contiguous()
-                      for name, x in per_head(entry, params, H, fp32).items()}
+                      for name, x in per_head(entry, params, H, q.new_empty(0, dtype=torch.float32)).items()}
 
 # ----------------------------------------------------------------------------------------------------------------
 # Reference weights

@@ -213,3 +213,12 @@ def test_a_reweighting_p_out_of_range_is_one_line_on_every_backend(p, backend):
     q, k, v = (torch.randn(1, 1, 5, 16) for _ in range(3))
     with pytest.raises(ValueError, match=rf"re-weighting p={p} must be in \(0, 1e6\]"):
         attention(q, k, v, "lssa", p=p, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu", "triton", "flex"])
+def test_a_parameter_below_its_bound_is_one_line_on_every_backend(backend):
+    # ssa's b = -0.5 ran: NaN on torch and flex, finite on cpu and Triton (|b z|), 0.06 apart at small |z|
+    q, k, v = (torch.randn(1, 2, 5, 16) for _ in range(3))
+    with pytest.raises(ValueError, match=r"scorer 'ssa' needs b >= 0 \(SCORERS.md\), got \[-0.5, 1.0\]"):
+        attention(q, k, v, "ssa", b=torch.tensor([-0.5, 1.0]), backend=backend)
+    attention(q, k, v, "ssa", b=torch.zeros(2), backend=backend)  # at the bound: every backend agrees (uniform)
