@@ -12,8 +12,7 @@ Adding a scorer, or a special case of one (special_case): SCORERS.md, "Adding a 
 - ssa: Scaled Signed Averaging, Naim et al. 2025 "Improving in-context learning with a better scoring function"
   (eq. 5): weights (1 + b|z|)^(sgn(z) n), normalised.
 - lssa / lssar: Gao & Spratling 2025 "Softplus Attention with Re-weighting Boosts Length Extrapolation" (eq. 4, 5):
-  softplus of log(d)*log(n_i)-scaled cosine scores, l1-normalised; then ReLU(n_i*A - o_i)^p, l1-normalised again
-  (the paper's N, the keys a row attends to; o_i = 0 in the first three rows, else 1).
+  softplus of log(d) log(n_i)-scaled cosine scores, l1-normalised; then ReLU(n_i A - o_i)^p (N = n_i), l1-normalised.
 - sigmoid: Ramapuram et al. 2024 "Theory, Analysis, and Best Practices for Sigmoid Self-Attention": weights
   sigmoid(z - log n_i), not normalised.
 - softpick: Zuhri et al. 2025 "Softpick: No Attention Sink, No Massive Activations with Rectified Softmax"
@@ -47,8 +46,11 @@ def per_head(entry, params, H, like):
     """The scorer's parameters as (H, 1, 1) tensors (broadcast over (Tq, Tk)), registry defaults where not given."""
     full = {name: torch.full((H,), default, device=like.device)  # no sync per call
             for name, default in [*((prm.name, prm.default) for prm in entry.params), *entry.fixed]}
-    return {name: x if name == "c" else x.to(like.device, like.dtype).expand(H).view(H, 1, 1)  # c: per key
-            for name, x in {**full, **params}.items()}
+    prm = {name: x if name == "c" else torch.as_tensor(x, device=like.device, dtype=like.dtype)  # a number: all heads
+           for name, x in {**full, **params}.items()}
+    if bad := [name for name, x in prm.items() if name != "c" and x.shape not in ((), (1,), (H,))]:
+        raise ValueError(f"{bad[0]} has shape {tuple(prm[bad[0]].shape)}; allowed: one value a head ({H},) or one")
+    return {name: x if name == "c" else x.expand(H).view(H, 1, 1) for name, x in prm.items()}  # c: per key
 
 def upto(params, end):
     """The parameters for the first `end` keys: fox's per-key c cut there, the others as they are."""
@@ -68,12 +70,7 @@ def score_ssmax(q, k, n_i, mask, s, b):
     return _masked_softmax((s * torch.log(n_i.to(z.dtype)) + b) * z, mask)  # multiplies: not a (no-op) shift
 
 def score_ssa(q, k, n_i, mask, b, n):
-    z = _z(q, k)
-    # softmax of log w: no pow of negative bases, no overflow
-    # two branches: slope n b at z = 0 (sgn(z) log1p gives 0)
-    # clamps: the unused branch stays finite (no NaN grads)
-    logw = torch.where(z >= 0, torch.log1p(b * z.clamp(min=0)), -torch.log1p(-b * z.clamp(max=0)))
-    return _masked_softmax(n * logw, mask)
+    return _masked_softmax(_ssa_logit(_z(q, k), None, None, b, n), mask)  # softmax of log w: no pow, no overflow
 
 def score_lssa(q, k, n_i, mask):
     d = q.size(-1)
@@ -193,7 +190,8 @@ def special_case(parent, **values):
     return replace(parent, params=tuple(prm for prm in parent.params if prm.name not in values),
                    fixed=parent.fixed + tuple(values.items()))
 
-def _ssa_logit(z, ln_n, ln_d, b, n):  # slope n b at z = 0 (see score_ssa)
+def _ssa_logit(z, ln_n, ln_d, b, n):  # n log w = n sgn(z) log1p(b |z|): no pow of negative bases, no overflow
+    # two branches: slope n b at z = 0 (sgn(z) log1p gives 0); clamps: the unused branch finite (no NaN grads)
     return n * torch.where(z >= 0, torch.log1p(b * z.clamp(min=0)), -torch.log1p(-b * z.clamp(max=0)))
 
 def _log_abs_expm1(z):  # log|e^z - 1| = max(z, 0) + log(1 - e^-|z|); -inf at 0, where its gradient is 0, as the

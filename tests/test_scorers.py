@@ -222,3 +222,14 @@ def test_a_parameter_below_its_bound_is_one_line_on_every_backend(backend):
     with pytest.raises(ValueError, match=r"scorer 'ssa' needs b >= 0 \(SCORERS.md\), got \[-0.5, 1.0\]"):
         attention(q, k, v, "ssa", b=torch.tensor([-0.5, 1.0]), backend=backend)
     attention(q, k, v, "ssa", b=torch.zeros(2), backend=backend)  # at the bound: every backend agrees (uniform)
+
+
+@pytest.mark.parametrize("backend", ["torch", "sdpa", "cpu", "triton", "flex"])
+def test_a_parameter_given_as_a_number_is_every_heads_and_another_head_count_is_one_line(backend):
+    # s=2.0 was AttributeError 'float' object has no attribute 'to'; 3 heads of 2, expand's RuntimeError deep inside
+    q, k, v = (torch.randn(1, 2, 5, 16) for _ in range(3))
+    torch.testing.assert_close(attention(q, k, v, "ssmax", s=2.0, backend=backend),
+                               attention(q, k, v, "ssmax", s=torch.full((2,), 2.0), backend=backend))
+    with pytest.raises(ValueError, match=r"s has shape \(3,\); allowed: one value a head \(2,\) or one"):
+        attention(q, k, v, "ssmax", s=torch.ones(3), backend=backend)
+
