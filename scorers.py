@@ -261,8 +261,9 @@ def get(scorer, p=None, params=None, backend=None):
     if unknown := [name for name in params or {} if name not in names]:
         raise ValueError(f"scorer {scorer!r} has no parameter {unknown[0]!r}; its parameters: {names or 'none'}")
     given = {name: x for name, x in (params or {}).items() if x is not None}
-    if entry.forget and given.get("c") is None:
-        raise ValueError(f"scorer {scorer!r} needs c= (B, H, Tk): the prefix sums of its log forget gates")
+    if entry.forget and not (torch.is_tensor(c := given.get("c")) and c.dim() == 3):  # (H, Tk) ran on torch alone
+        raise ValueError(f"scorer {scorer!r} needs c= (B, H, Tk): the prefix sums of its log forget gates; got "
+                         f"{tuple(c.shape) if torch.is_tensor(c) else c}")
     for prm in [prm for prm in entry.params if prm.low is not None and not torch.compiler.is_compiling()]:
         x = torch.as_tensor(given.get(prm.name, prm.default))  # read on CPU only: on CUDA a sync, compiled a break
         if x.device.type == "cpu" and not bool((x >= prm.low).all()):  # b < 0: NaN on torch and flex, not cpu

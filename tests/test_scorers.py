@@ -233,3 +233,11 @@ def test_a_parameter_given_as_a_number_is_every_heads_and_another_head_count_is_
     with pytest.raises(ValueError, match=r"s has shape \(3,\); allowed: one value a head \(2,\) or one"):
         attention(q, k, v, "ssmax", s=torch.ones(3), backend=backend)
 
+
+@pytest.mark.parametrize("backend", ["torch", "sdpa", "triton", "flex"])
+def test_fox_c_without_its_batch_axis_is_one_line_on_every_backend(backend):
+    # c (H, Tk) ran on torch (broadcast) and sdpa, asserted against by Triton and flex
+    q, k, v = (torch.randn(1, 2, 5, 16) for _ in range(3))
+    with pytest.raises(ValueError, match=r"needs c= \(B, H, Tk\).*; got \(2, 5\)"):
+        attention(q, k, v, "fox", c=torch.zeros(2, 5), backend=backend)
+
