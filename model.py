@@ -31,6 +31,7 @@ def attention(q, k, v, scorer, *, p=None, offset=0, backend="torch", chunk=1024,
     names (ssmax: s, b). backend: torch (scorers.py's reference), sdpa (kernels_sdpa.py), cpu (kernels_cpu.py),
     triton (kernels.py; kernels_stick.py), flex (kernels_flex.py); auto: the fastest exact one for the device.
     The reference scores at most `chunk` query rows at a time, so its memory is O(chunk * Tk), not O(T^2)."""
+    assert q.size(-2) > 0, "q has no rows (Tq = 0): at least one query expected"  # else each backend fails its own way
     kw = dict(p=p, offset=offset, **params)
     backend = auto_backend(scorer, p, q.device, q.size(-1)) if backend == "auto" else backend
     if backend == "sdpa":

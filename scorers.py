@@ -277,7 +277,8 @@ def prepare(q, k, v, scorer, p=None, offset=0, backend=None, **params):
     assert q.dim() == 4 and k.shape == v.shape and k.shape[:2] == q.shape[:2] and k.shape[3] == q.shape[3], \
         f"q (B, H, Tq, D) and k, v (B, H, Tk, D) expected, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
     H, Tq = q.shape[1], q.shape[2]
-    assert k.shape[2] == offset + Tq, f"k has {k.shape[2]} keys but offset + Tq = {offset} + {Tq}"
+    assert Tq > 0 and k.shape[2] == offset + Tq, \
+        f"q has {Tq} rows (at least 1 expected) and k {k.shape[2]} keys, offset + Tq = {offset} + {Tq} expected"
     assert not entry.forget or params["c"].shape == k.shape[:3], \
         f"c (B, H, Tk) = {tuple(k.shape[:3])} expected, got {tuple(params['c'].shape)}"
     return entry, p, {name: x if name == "c" else x.view(H).contiguous()

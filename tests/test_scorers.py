@@ -241,3 +241,17 @@ def test_fox_c_without_its_batch_axis_is_one_line_on_every_backend(backend):
     with pytest.raises(ValueError, match=r"needs c= \(B, H, Tk\).*; got \(2, 5\)"):
         attention(q, k, v, "fox", c=torch.zeros(2, 5), backend=backend)
 
+
+@pytest.mark.parametrize("offset", [0, 3])
+@pytest.mark.parametrize("backend", ["torch", "sdpa", "cpu", "triton", "flex"])
+def test_no_query_rows_is_one_line_on_every_backend(backend, offset):
+    # Tq = 0: Triton ZeroDivisionError, flex and torch softpick IndexError, torch fox (offset > 0) a size mismatch
+    q, k, v = torch.randn(1, 2, 0, 16), torch.randn(1, 2, offset, 16), torch.randn(1, 2, offset, 16)
+    for name, entry in SCORERS.items():
+        if backend in entry.backends:
+            with pytest.raises(AssertionError, match=r"q has no rows \(Tq = 0\)"):
+                attention(q, k, v, name, offset=offset, backend=backend, **({"c": torch.zeros(1, 2, offset)}
+                                                                            if entry.forget else {}))
+    import kernels  # called directly, the kernels refuse it too (scorers.prepare)
+    with pytest.raises(AssertionError, match=r"q has 0 rows \(at least 1 expected\)"):
+        kernels.attention(q, k, v, "softmax", offset=offset)
