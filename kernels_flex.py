@@ -45,13 +45,15 @@ def flex_attention(q, k, v, scorer, *, p=None, offset=0, **params):
     mask shifted by offset. lssa is a softmax over log(softplus(u)), sigmoid one over log(w) times sum_j w = exp(lse);
     another divisor L = sum_j exp(den_logit) + eps (the row template) rescales by exp(lse) / L, den_logit's lse from
     one more pass; re-weighting is a second pass over the first pass's lse. q, k, v are padded to multiples of 128
-    (other lengths gave NaN gradients). Compiled on CUDA; eager on CPU, forward only."""
+    (other lengths gave NaN gradients); lssa's run in fp32. Compiled on CUDA; eager on CPU, forward only."""
     from torch.nn.attention.flex_attention import create_block_mask
     global _flex_compiled
     entry, p, params = scorers.prepare(q, k, v, scorer, p, offset, backend="flex", **params)
     B, H, Tq, D = q.shape
     Tk = k.size(2)
-    if entry.cosine:
+    dtype = q.dtype
+    if entry.cosine:  # in fp32: bf16 unit vectors round cos, which log(d) log(n_i) scales (outputs 10x off)
+        q, k, v = (x.to(torch.promote_types(dtype, torch.float32)) for x in (q, k, v))
         q, k, scale = F.normalize(q, dim=-1), F.normalize(k, dim=-1), 1.0
     else:
         scale = 1.0 / math.sqrt(D)
@@ -78,4 +80,4 @@ def flex_attention(q, k, v, scorer, *, p=None, offset=0, **params):
             run(q, k, v, block_mask, scale, entry.den_logit, pos0, params, math.log(D), None, None)[1]
         ratio = torch.exp(lse1 - torch.logaddexp(den, torch.full_like(den, entry.eps).log()))
         out = torch.where(torch.isinf(lse1).unsqueeze(-1), 0.0, out * ratio.unsqueeze(-1).to(out.dtype))
-    return out[:, :, :Tq]
+    return out[:, :, :Tq].to(dtype)

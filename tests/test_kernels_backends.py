@@ -54,6 +54,21 @@ def test_flex_adds_fox_c_i_minus_c_j_as_one_difference_not_c_i_then_c_j():
 
 
 @pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("negative", [False, True])
+def test_flex_lssa_normalises_bf16_q_and_k_in_fp32_as_the_other_backends(negative):
+    # bf16 unit vectors rounded cos, which log(d) log(n_i) scales: outputs 2.6e-2 off (5.3e-2 with every cosine
+    # negative), against 2e-3 (bf16's output rounding) for torch and cpu
+    q, k, v, _ = _inputs(64, 0, 16, B=1)
+    if negative:  # every cosine near -1
+        k, q = k.abs() + 1.0, torch.zeros_like(q).index_fill(-1, torch.tensor([0]), -30.0)
+    q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
+    ref = _ref(q.double(), k.double(), v.double(), "lssa", p=15.0)
+    out = kernels_flex.flex_attention(q, k, v, "lssa", p=15.0)
+    own = _err(model.attention(q, k, v, "lssa", p=15.0, backend="cpu"), ref)
+    assert out.dtype == torch.bfloat16 and _err(out, ref) <= 1.5 * own, (_err(out, ref), own)
+
+
+@pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("scorer,kw", [case for case, _ in FLEX], ids=[i for _, i in FLEX])
 def test_flex_keeps_float64_in_log_n_the_tie_tolerance_and_fox_c(scorer, kw):
     """A float64 model's flex scores in float64: log n_i, n_i and FoX's c in float32 were 1e-8..4e-7 off."""
