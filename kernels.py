@@ -131,11 +131,11 @@ def fits(kernel, shape, D):
 
 
 def _pick(tune, tune_fp32, kernel):
-    """early_config_prune: the shapes of the inputs' dtype that fit (above). Pass 2 of re-weighting runs the config
+    """early_config_prune: the shapes of the dots' dtype that fit (above). Pass 2 of re-weighting runs the config
     pass 1 was timed with, and pass 1 has no accumulator, so timing alone would not rule those out."""
     def prune(configs, named_args, **kwargs):
         D = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
-        shapes = tune_fp32 if named_args["Q"].dtype == torch.float32 else tune
+        shapes = tune_fp32 if named_args["Q"].dtype == torch.float32 or kwargs.get("DT") == tl.float32 else tune
         shape = lambda c: (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)  # noqa: E731
         return [c for c in configs if shape(c) in shapes and fits(kernel, shape(c), D)] or configs  # interpreter's
     return prune
@@ -559,7 +559,8 @@ def _forward(q, k, v, s, b, n, qs, ks, flags, p, offset, sm_scale, eps):
 def _backward(do, q, k, v, out, M1, M2, s, b, n, qs, ks, flags, p, offset, sm_scale, exact_sigma):
     B, H, Tq, D = q.shape
     Tk, BH = k.shape[2], B * H
-    DT, PREC = _dot_types(q.dtype)
+    # lssa's fp16 in tf32 dots (fp16's precision, fp32's range): a zero q or k's 1e12 |q|^-1 overflowed, inf * 0 NaN
+    DT, PREC = (tl.float32, "tf32") if flags["ROW"] == "norm" and q.dtype == torch.float16 else _dot_types(q.dtype)
     do = do.contiguous()
     exact_sigma = (p is not None or exact_sigma) and flags["NORMALISE"]
     # exact: dq writes SIGMA; else sigma is delta (one buffer)

@@ -1,7 +1,7 @@
 """Edge rows of the fused kernels against the float64 reference: all-equal scores (the prefix mean), identical keys
 under re-weighting (ties: n P - 1 only rounding) in fp32 and 16 bits, the tie tolerance decided alike by the
-reference, the kernels and FlexAttention, huge logits, large p on long rows, lssa's tiny weights; no NaN/Inf for
-finite inputs, and clear errors for bad shapes. CPU, Triton's interpreter."""
+reference, the kernels and FlexAttention, huge logits, large p on long rows, lssa's tiny weights and fp16 zero
+vectors; no NaN/Inf for finite inputs, and clear errors for bad shapes. CPU, Triton's interpreter."""
 import functools
 import math
 
@@ -109,6 +109,20 @@ def test_lssa_rows_with_all_scores_near_minus_one_keep_tiny_weights():
     ref = _ref(q.double(), k.double(), v.double(), "lssa", offset=199)
     out = kernels.attention(q, k, v, "lssa", offset=199)
     assert torch.isfinite(out).all() and _err(out, ref) < 1e-4
+
+
+@pytest.mark.parametrize("zero", ["q", "k"])
+def test_lssa_fp16_zero_query_or_key_leaves_the_other_rows_gradients_finite(zero):
+    # F.normalize's clamp makes a zero vector's inverse norm 1e12: fp16 dots overflowed to inf, and inf * 0 spread NaN
+    # to the dq of every row that saw a zero key (the dk of every key a zero query saw); only the zero vector's own
+    # gradient overflows, as on the cpu path
+    q, k, v, do = _inputs(20, 5, 16, B=1)
+    (q if zero == "q" else k)[:, :, 7] = 0.0
+    cpu = _run(functools.partial(model.attention, backend="cpu"), "lssa", {}, q, k, v, do, torch.float16, 5)
+    fused = _run(triton_attention, "lssa", {}, q, k, v, do, torch.float16, 5)
+    for a, b in zip(fused, cpu):
+        ok = torch.isfinite(b)
+        assert torch.equal(torch.isfinite(a), ok) and _err(a[ok], b[ok].double()) < 4e-3
 
 
 def test_shape_errors_are_clear():
