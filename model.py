@@ -132,8 +132,8 @@ class GPTConfig:
         if self.fgate_bias_init and not (SCORERS[self.scorer].forget and math.isfinite(self.fgate_bias_init)):
             raise ValueError(f"option fgate_bias_init={self.fgate_bias_init!r} applies only to a scorer with a "
                              f"forget gate (fox), finite; scorer={self.scorer!r}")
-        if self.reweight_p is not None and not 0 < self.reweight_p <= 1e6:  # past ~1e10 fp32's r^p breaks in Triton
-            raise ValueError(f"reweight_p={self.reweight_p} must be in (0, 1e6] (or None for no re-weighting)")
+        if self.reweight_p is not None and not 0 < self.reweight_p <= 100:  # Triton's backward: fp32's p log2 y
+            raise ValueError(f"reweight_p={self.reweight_p} must be in (0, 100] (or None for no re-weighting)")
         bad = [f"{k}={v!r}" for k, v in asdict(self).items() if isinstance(v, float) and not math.isfinite(v)]
         if bad:  # the command line refuses them (lib/config); a config built in code, convert_scorer's, too
             raise ValueError(f"{', '.join(bad)}: must be finite")

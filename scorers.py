@@ -252,8 +252,8 @@ def get(scorer, p=None, params=None, backend=None):
         raise ValueError(f"unknown scorer {scorer!r}; allowed: {', '.join(SCORERS)}")
     entry = SCORERS[scorer]
     p = entry.p if p is None else p
-    if p is not None and not (entry.sums_to_one and 0 < p <= 1e6):  # as GPTConfig: p = 0 or nan differed by backend
-        raise ValueError(f"re-weighting p={p} must be in (0, 1e6]" if entry.sums_to_one else
+    if p is not None and not (entry.sums_to_one and 0 < p <= 100):  # as GPTConfig: p = 0 or nan differed by backend
+        raise ValueError(f"re-weighting p={p} must be in (0, 100]" if entry.sums_to_one else
                          f"re-weighting (p={p}) needs normalised rows; scorer={scorer!r} has none")
     if backend is not None and backend not in entry.backends:
         raise ValueError(f"scorer {scorer!r} runs on backends {', '.join(entry.backends)}, not {backend!r} (no kernel)")
