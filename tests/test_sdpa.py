@@ -1,8 +1,6 @@
 """The fast exact paths against the float64 reference (model.attention, backend="torch"): softmax and ssmax on torch's
 SDPA (backend="sdpa"), kernels_cpu.py (backend="cpu") for ssa, lssa, lssar and re-weighting on any scorer, and
 backend="auto", which picks between them, in the model and its KV cache."""
-import os
-
 import pytest
 import torch
 
