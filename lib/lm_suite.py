@@ -9,7 +9,7 @@ import itertools, os
 from lib import compare, retrieval
 from lib.checkpoint import iter_of, read_checkpoint, trained
 from lib.folders import copy_whole
-from lib.provenance import data_identity
+from lib.provenance import code, data_identity
 from lib.report import read_json
 from lib.runs import check_runs, done, keep_train_log
 from lib.synthetic_suite import values
@@ -186,7 +186,7 @@ def own_args(out, settings):
 
 def made_at(reused):
     """The commits the outputs a call reused (Steps.reused) were made at, from their run_info (their own; a .jsonl's
-    .json, a .png's .csv rows): {git_sha: steps}, " (uncommitted changes)" where dirty, "not recorded" where none is."""
+    .json, a .png's .csv rows): {code (provenance.code, as the synthetic suite's): steps}, "not recorded" where none is."""
     got = {}
     for out in filter(None, reused.values()):
         stem, ext = os.path.splitext(out)
@@ -195,8 +195,7 @@ def made_at(reused):
         else:
             held = read_checkpoint(out, mmap=True) if ext == ".pt" else read_json(stem + ".json")  # .jsonl: beside
             info = (held or {}).get("run_info") or {}
-        dirty = str(info.get("git_dirty")) == "True"  # the .csv's "True"
-        sha = (info.get("git_sha") or "not recorded") + " (uncommitted changes)" * dirty
+        sha = code({**info, "git_dirty": str(info.get("git_dirty")) == "True"}) or "not recorded"  # the .csv's "True"
         got[sha] = got.get(sha, 0) + 1
     return got
 

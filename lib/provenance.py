@@ -2,7 +2,8 @@
 The data a run trained on, recorded and checked: the sha256 of a prepared dataset's splits (meta.json's) that a run's
 checkpoints keep in their data_state (data_identity), with the earlier splits its weights saw through an init_from's
 parent (data_state), a resume refused on a dataset prepared again since, and what an evaluation records of the data
-it reads a checkpoint on, warning where a run's own dataset was prepared again (data_provenance).
+it reads a checkpoint on, warning where a run's own dataset was prepared again (data_provenance); and the code a
+result names (code: commit, uncommitted diff, CPU kernels), one label for both suites' made_at.
 """
 import os, sys
 
@@ -75,3 +76,11 @@ def data_provenance(path, ckpt, data_dir):
               f"checkpoint records differs): its val documents may have been trained on; prepare it as it was then "
               f"(meta.json's args say how it is now), or evaluate on another dataset", file=sys.stderr)
     return dict(data_sha256=sha, trained_sha256=trained, data_prepared_again=again)
+
+
+def code(info):
+    """The code a run_info names: its commit, "+dirty:<diff hash>" where uncommitted changes ran too, " on <the CPU
+    kernels' instruction set>" where recorded (AVX2's and AVX-512's train to other weights) (None: none)."""
+    if isinstance(info, dict) and info.get("git_sha"):
+        return (info["git_sha"] + f"+dirty:{info.get('git_diff_sha256')}" * bool(info.get("git_dirty"))
+                + f" on {info.get('cpu_capability')}" * bool(info.get("cpu_capability")))

@@ -16,6 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from lib import plans, tracking
 from lib.checkpoint import run_info
+from lib.provenance import code
 from lib.folders import held, write_json
 from lib.report import read_json
 from lib.runs import StepError, judge, own_folders, plain, remove
@@ -109,14 +110,6 @@ def trained_s(records):
             total, last = total + last, 0.0
         last = max(last, r.get("elapsed", 0.0))
     return round(total + last, 1)
-
-
-def code(info):
-    """The code a run_info names: its commit, "+dirty:<diff hash>" where uncommitted changes ran too, " on <the CPU
-    kernels' instruction set>" where recorded (AVX2's and AVX-512's train to other weights) (None: none)."""
-    if isinstance(info, dict) and info.get("git_sha"):
-        return (info["git_sha"] + f"+dirty:{info.get('git_diff_sha256')}" * bool(info.get("git_dirty"))
-                + f" on {info.get('cpu_capability')}" * bool(info.get("cpu_capability")))
 
 
 def made_with(records, evaluated=None):

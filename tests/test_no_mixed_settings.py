@@ -224,7 +224,7 @@ def test_made_at_reads_the_run_info_beside_an_output_that_holds_none_sft_data_an
     (tmp_path / "kernels.csv").write_text(f"scorer,ms,git_sha,git_dirty\nsoftmax,1.0,{'c' * 40},True\n")
     got = lm_suite.made_at({"sft data": str(tmp_path / "sft_synthetic.jsonl"),
                             "kernel benchmark": str(tmp_path / "kernels.png")})
-    assert got == {"b" * 40: 1, "c" * 40 + " (uncommitted changes)": 1}  # both were "not recorded" (review V3)
+    assert got == {"b" * 40: 1, "c" * 40 + "+dirty:None": 1}  # both were "not recorded" (review V3); no diff hash
 
 
 def test_kept_losses_say_which_seeds_have_no_log_which_were_not_asked_and_that_train_loss_png_lacks_them(
