@@ -92,9 +92,9 @@ def main(argv=None):
     least = {"train_batch": 1, "train_block": 1, "train_steps": 0, "threads": 1}  # threads None: torch's own
     bad = [f"--T {t}" for t in args.T if t < 1] + [f"--{k} {getattr(args, k)}" for k, m in least.items()
                                                    if getattr(args, k) is not None and getattr(args, k) < m]
-    bad += [f"--p {args.p}"] * (args.p is not None and not args.p > 0)
+    bad += [f"--p {args.p}"] * (args.p is not None and not 0 < args.p <= 100)  # as scorers.get
     if bad:  # found before the benchmark runs, not as a traceback after it
-        ap.error(f"{', '.join(bad)}: sizes, --threads >= 1, --train_steps >= 0 (0: skip), --p > 0")
+        ap.error(f"{', '.join(bad)}: sizes, --threads >= 1, --train_steps >= 0 (0: skip), --p in (0, 100]")
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         ap.error(f"--out {args.out!r}: its folder does not exist (the tables are written there at the end)")
     if args.threads is not None:

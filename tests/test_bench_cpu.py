@@ -27,7 +27,7 @@ def test_a_tiny_run_writes_one_row_per_scorer_and_path(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, words", [(["--train_steps", "-1"], "--train_steps -1"), (["--T", "64", "0"], "--T 0"),
                                          (["--threads", "0"], "--threads 0"), (["--p", "0"], "--p 0.0"),
-                                         (["--train_block", "0"], "--train_block 0"),
+                                         (["--p", "200"], "--p 200.0"), (["--train_block", "0"], "--train_block 0"),
                                          (["--out", "no/such/folder/cpu.md"], "its folder does not exist")])
 def test_a_bad_value_is_one_error_line_before_anything_is_timed(argv, words, capsys):
     with pytest.raises(SystemExit) as e:  # --train_steps -1 was a StatisticsError, a missing --out folder a
