@@ -266,7 +266,7 @@ def get(scorer, p=None, params=None, backend=None):
                          f"{tuple(c.shape) if torch.is_tensor(c) else c}")
     for prm in [prm for prm in entry.params if prm.low is not None and not torch.compiler.is_compiling()]:
         x = torch.as_tensor(given.get(prm.name, prm.default))  # read on CPU only: on CUDA a sync, compiled a break
-        if x.device.type == "cpu" and not bool((x >= prm.low).all()):  # b < 0: NaN on torch and flex, not cpu
+        if x.device.type == "cpu" and bool((x < prm.low).any()):  # b < 0: NaN on torch and flex; NaN: divergence
             raise ValueError(f"scorer {scorer!r} needs {prm.name} >= {prm.low:g} (SCORERS.md), got {x.tolist()}")
     return entry, None if p is None else float(p), given
 

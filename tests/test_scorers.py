@@ -222,6 +222,8 @@ def test_a_parameter_below_its_bound_is_one_line_on_every_backend(backend):
     with pytest.raises(ValueError, match=r"scorer 'ssa' needs b >= 0 \(SCORERS.md\), got \[-0.5, 1.0\]"):
         attention(q, k, v, "ssa", b=torch.tensor([-0.5, 1.0]), backend=backend)
     attention(q, k, v, "ssa", b=torch.zeros(2), backend=backend)  # at the bound: every backend agrees (uniform)
+    out = attention(q, k, v, "ssa", b=torch.tensor([math.nan, 1.0]), backend=backend)  # a diverged b: train.py's nan
+    assert out.isnan().any()  # loss says so (it was refused as below the bound on the CPU only)
 
 
 @pytest.mark.parametrize("backend", ["torch", "sdpa", "cpu", "triton", "flex"])
