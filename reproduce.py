@@ -27,12 +27,12 @@ refuses to write summary.json if the plan changed since the run began (lib/plans
 report.py writes summary.json, the numbers RESULTS.md quotes; --rereport DIR writes it again from the per-seed data
 results/<name>/ keeps, with today's statistics (lib/rereport.py).
 """
-import argparse, csv, gzip, importlib, os, sys
+import argparse, gzip, importlib, os, sys
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from lib import dataset, lm_suite, plans, report
+from lib import compare, dataset, lm_suite, plans, report
 from lib.checkpoint import CheckpointError, run_info
 from lib.corpora import DataError
 from lib.folders import FolderError, held, replace_synced
@@ -143,9 +143,8 @@ def kept_losses(results, logs, seeds):
     path = os.path.join(results, "train_loss.csv")
     if not os.path.isfile(path):
         return []
-    with open(path, newline="") as f:
-        kept = [dict(r, seed=int(r["seed"]), iter=int(r["iter"]), train_loss=float(r["train_loss"]),
-                     val_loss=float(r["val_loss"])) for r in csv.DictReader(f) if int(r["seed"]) not in logs]
+    kept = [dict(r, seed=int(r["seed"]), iter=int(r["iter"]), train_loss=float(r["train_loss"]),
+                 val_loss=float(r["val_loss"])) for r in compare.read_csv(path) if int(r["seed"]) not in logs]
     held = sorted({r["seed"] for r in kept})
     lost, other = [s for s in held if s in seeds], [s for s in held if s not in seeds]
     if lost:  # train_loss.png is drawn from the logs alone
