@@ -16,8 +16,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 from lib import plans, tracking
 from lib.checkpoint import run_info
-from lib.provenance import code
 from lib.folders import held, write_json
+from lib.provenance import code
 from lib.report import read_json
 from lib.runs import StepError, judge, own_folders, plain, remove
 from lib.synthetic_suite import (  # noqa: F401 (the suite's definitions, for a reader and the tests)
